@@ -1,0 +1,188 @@
+// Package bmdb is Shepherd's only door to PostgreSQL, the bare-metal database
+// (BMDB): connection, schema checks, worker sessions, transactions with retry,
+// exclusive work leases, backoff and the audit history.
+//
+// The semantics it guarantees are those of DESIGN.md: leases are exclusive per
+// machine and exclusion group (enforced by a primary key, so they hold under
+// READ COMMITTED with any number of workers), a lease belongs to a
+// heartbeating session and dies with it, and every step is written to
+// work_history in causal order.
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	// ErrSessionExpired is returned by every operation of a session that the
+	// BMDB (or its owner's local deadline) no longer considers alive. Work
+	// under it must stop: its leases are, or will soon be, someone else's.
+	ErrSessionExpired = errors.New("bmdb session expired")
+	// ErrNothingToDo is returned by Work when no machine is eligible.
+	ErrNothingToDo = errors.New("no machine to work on")
+	// ErrLeaseLost is returned by Finish, Fail and Cancel when the lease is no
+	// longer held (reaped after its session expired). Nothing was committed.
+	ErrLeaseLost = errors.New("work lease no longer held")
+	// ErrWorkDone is returned when Finish, Fail or Cancel is called on work
+	// that has already ended.
+	ErrWorkDone = errors.New("work already ended")
+)
+
+// Options tunes a DB. The zero value is usable.
+type Options struct {
+	// Metrics receives transaction and session counters; nil disables them.
+	Metrics *Metrics
+	// MaxConns bounds the connection pool (default: pgxpool's, at least 4).
+	MaxConns int32
+	// MaxRetries bounds the retries of a transaction that failed with a
+	// serialization failure or a deadlock (default 10).
+	MaxRetries int
+}
+
+// DB is a connection pool to the BMDB. It is safe for concurrent use.
+type DB struct {
+	pool       *pgxpool.Pool
+	metrics    *Metrics
+	maxRetries int
+}
+
+// Open connects to the BMDB at dsn. It does not check the schema: call
+// CheckSchema (or MigrateUp) before relying on it.
+func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's parse errors may quote the DSN, password included.
+		return nil, errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	} else if cfg.MaxConns < 4 {
+		cfg.MaxConns = 4
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to BMDB at %s: %w", redactedTarget(cfg.ConnConfig), err)
+	}
+	if opts.MaxRetries <= 0 {
+		opts.MaxRetries = 10
+	}
+	return &DB{pool: pool, metrics: opts.Metrics, maxRetries: opts.MaxRetries}, nil
+}
+
+// redactedTarget names the server of a DSN without its credentials.
+func redactedTarget(cfg *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+}
+
+// Close closes every connection.
+func (db *DB) Close() { db.pool.Close() }
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("pinging BMDB: %w", err)
+	}
+	return nil
+}
+
+// Transact runs fn in a READ COMMITTED transaction, retrying it (a bounded
+// number of times, after a short jittered pause) when PostgreSQL aborts it
+// with a serialization failure or a deadlock. fn may run more than once and
+// must not have effects outside the transaction. Writes on behalf of a lease
+// use Session.Transact instead, which also checks the session.
+func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	return db.transact(ctx, nil, fn)
+}
+
+// transact is Transact with an optional session check as its first statement.
+func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := db.transactOnce(ctx, s, fn)
+		switch {
+		case err == nil:
+			db.metrics.transaction("committed")
+			return nil
+		case isRetryable(err) && attempt < db.maxRetries:
+			db.metrics.transaction("retried")
+			pause := time.Duration(1+attempt) * time.Millisecond
+			pause += time.Duration(rand.Int64N(int64(pause) * 4))
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("BMDB transaction: %w (while retrying: %w)", ctx.Err(), err)
+			case <-time.After(pause):
+			}
+		default:
+			db.metrics.transaction(failureKind(err))
+			return err
+		}
+	}
+}
+
+func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+	if s != nil && s.expired() {
+		return ErrSessionExpired
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning BMDB transaction: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if s != nil {
+		var one int
+		err := tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			s.markExpired()
+			return ErrSessionExpired
+		}
+		if err != nil {
+			return fmt.Errorf("checking BMDB session: %w", err)
+		}
+	}
+	if err := fn(ctx, &Tx{tx: tx}); err != nil {
+		if s != nil && isForeignKeyOn(err, "work_session_id_fkey") {
+			s.markExpired()
+			return ErrSessionExpired
+		}
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing BMDB transaction: %w", err)
+	}
+	return nil
+}
+
+// isRetryable reports errors after which the same transaction may succeed.
+func isRetryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "40001" || pgErr.Code == "40P01"
+	}
+	return false
+}
+
+func isForeignKeyOn(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == constraint
+}
+
+// failureKind labels a transaction that did not commit, for metrics.
+func failureKind(err error) string {
+	switch {
+	case errors.Is(err, ErrSessionExpired):
+		return "session_expired"
+	case errors.Is(err, ErrNothingToDo), errors.Is(err, ErrLeaseLost):
+		return "rolled_back"
+	case isRetryable(err):
+		return "retries_exhausted"
+	default:
+		return "failed"
+	}
+}

@@ -1,0 +1,69 @@
+package bmdb
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// HistoryEntry is one row of the work audit history.
+type HistoryEntry struct {
+	// ID orders entries causally: an event that depends on another has a
+	// larger ID.
+	ID        int64
+	Machine   uuid.UUID
+	Process   string
+	Event     string
+	Timestamp time.Time
+	// Cause is the failure cause of Failed, the reason of Lost and Canceled
+	// events when there is one, and empty otherwise.
+	Cause string
+	// Session is the session that held the lease (uuid.Nil when none).
+	Session uuid.UUID
+}
+
+func scanHistory(rows pgx.Rows) ([]HistoryEntry, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
+		var e HistoryEntry
+		var cause *string
+		var session *uuid.UUID
+		err := row.Scan(&e.ID, &e.Machine, &e.Process, &e.Event, &e.Timestamp, &cause, &session)
+		if cause != nil {
+			e.Cause = *cause
+		}
+		if session != nil {
+			e.Session = *session
+		}
+		return e, err
+	})
+}
+
+// History returns the work history of machine in causal order.
+func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, error) {
+	rows, err := db.pool.Query(ctx, qHistoryOfMachine, machine)
+	if err != nil {
+		return nil, fmt.Errorf("reading history of %s: %w", machine, err)
+	}
+	h, err := scanHistory(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading history of %s: %w", machine, err)
+	}
+	return h, nil
+}
+
+// HistoryAfter returns up to limit entries of all machines with an ID above
+// after, in causal order: audits page through the whole history with it.
+func (db *DB) HistoryAfter(ctx context.Context, after int64, limit int) ([]HistoryEntry, error) {
+	rows, err := db.pool.Query(ctx, qHistoryAll, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading history: %w", err)
+	}
+	h, err := scanHistory(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading history: %w", err)
+	}
+	return h, nil
+}

@@ -1,0 +1,83 @@
+package bmdb
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics counts what the BMDB layer does, for the daemon's /metrics. A nil
+// *Metrics is valid and counts nothing, so library users and tests need not
+// care.
+type Metrics struct {
+	transactions    *prometheus.CounterVec
+	sessionsStarted *prometheus.CounterVec
+	sessionsExpired *prometheus.CounterVec
+	sessionsReaped  prometheus.Counter
+	leasesReaped    prometheus.Counter
+}
+
+// TransactionResults are the values of the result label of
+// shepherd_bmdb_transactions_total.
+var TransactionResults = []string{"committed", "retried", "rolled_back", "session_expired", "retries_exhausted", "failed"}
+
+// NewMetrics creates the BMDB metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_transactions_total",
+			Help: "BMDB transaction attempts by outcome: committed, retried (serialization failure or deadlock, run again), rolled_back (nothing to do, lease lost), session_expired, retries_exhausted, failed.",
+		}, []string{"result"}),
+		sessionsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_sessions_started_total",
+			Help: "BMDB sessions started by this process, by component.",
+		}, []string{"component"}),
+		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_sessions_expired_total",
+			Help: "BMDB sessions of this process that expired before being closed (heartbeat failed or local deadline passed), by component.",
+		}, []string{"component"}),
+		sessionsReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_sessions_reaped_total",
+			Help: "Expired BMDB sessions (of any replica) deleted by this process's reaper.",
+		}),
+		leasesReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_leases_reaped_total",
+			Help: "Work leases of expired sessions released by this process's reaper and recorded as Lost.",
+		}),
+	}
+	for _, r := range TransactionResults {
+		m.transactions.WithLabelValues(r)
+	}
+	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped)
+	return m
+}
+
+// InitComponent makes the per-component series exist at zero.
+func (m *Metrics) InitComponent(component string) {
+	if m == nil {
+		return
+	}
+	m.sessionsStarted.WithLabelValues(component)
+	m.sessionsExpired.WithLabelValues(component)
+}
+
+func (m *Metrics) transaction(result string) {
+	if m != nil {
+		m.transactions.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) sessionStarted(component string) {
+	if m != nil {
+		m.sessionsStarted.WithLabelValues(component).Inc()
+	}
+}
+
+func (m *Metrics) sessionExpired(component string) {
+	if m != nil {
+		m.sessionsExpired.WithLabelValues(component).Inc()
+	}
+}
+
+func (m *Metrics) reaped(sessions, leases int) {
+	if m != nil {
+		m.sessionsReaped.Add(float64(sessions))
+		m.leasesReaped.Add(float64(leases))
+	}
+}

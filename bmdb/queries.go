@@ -1,0 +1,187 @@
+package bmdb
+
+// Every SQL statement the BMDB layer runs lives in this file, so that a
+// reviewer can read the whole data access of Shepherd in one place. All values
+// are passed as parameters; the only composition is claimQuery's, which
+// splices a constant candidate condition from candidates.go into a constant
+// template.
+
+const (
+	// Schema and sessions.
+
+	qSessionInsert = `
+INSERT INTO sessions (session_id, session_component_name, session_runtime_info, session_interval_seconds, session_deadline)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $4))`
+
+	// qSessionPoke extends a live session; it changes nothing (and the caller
+	// learns the session is gone) once the deadline has passed.
+	qSessionPoke = `
+UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds)
+WHERE session_id = $1 AND session_deadline > now()`
+
+	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
+
+	// qSessionsExpiredLock picks expired sessions for reaping. SKIP LOCKED lets
+	// every replica reap at once without waiting on each other.
+	qSessionsExpiredLock = `
+SELECT session_id FROM sessions
+WHERE session_deadline < now()
+ORDER BY session_deadline
+LIMIT 100
+FOR UPDATE SKIP LOCKED`
+
+	// qSessionOwnLock locks a session that is being closed by its owner.
+	qSessionOwnLock = `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`
+
+	// qLeasesRelease releases every lease of the given sessions and records
+	// each release as its own history event ($2: Lost or Canceled).
+	qLeasesRelease = `
+WITH released AS (
+    DELETE FROM work WHERE session_id = ANY($1) RETURNING machine_id, process, session_id
+)
+INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+SELECT machine_id, process, $2, session_id, $3 FROM released`
+
+	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
+
+	qSessionsList = `
+SELECT session_id, session_component_name, session_runtime_info, session_created_at,
+       session_interval_seconds, session_deadline, session_deadline > now()
+FROM sessions ORDER BY session_created_at`
+
+	// Work leases.
+
+	// claimTemplate leases up to @limit machines that satisfy the process's
+	// candidate condition (spliced in for /*CONDITION*/), that no lease of the
+	// process's exclusion group covers, and that have no active backoff for
+	// the process. FOR NO KEY UPDATE SKIP LOCKED makes concurrent claimers
+	// pass over each other's candidates instead of queueing on them, without
+	// conflicting with the key-share locks that foreign keys take. Under READ
+	// COMMITTED the anti-join may read a snapshot older than a lease committed
+	// a moment ago: the primary key of work is the last word, ON CONFLICT DO
+	// NOTHING turns the lost race into a candidate that is not leased, and the
+	// caller retries.
+	claimTemplate = `
+WITH candidates AS (
+    SELECT m.machine_id FROM machines m
+    WHERE (/*CONDITION*/)
+      AND NOT EXISTS (
+        SELECT 1 FROM work w
+        WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+      AND NOT EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+    LIMIT @limit
+    FOR NO KEY UPDATE OF m SKIP LOCKED
+), leased AS (
+    INSERT INTO work (machine_id, exclusion_group, process, session_id)
+    SELECT machine_id, @group, @process, @session FROM candidates
+    ON CONFLICT DO NOTHING
+    RETURNING machine_id
+), started AS (
+    INSERT INTO work_history (machine_id, process, event, session_id)
+    SELECT machine_id, @process, 'Started', @session FROM leased
+)
+SELECT c.machine_id, l.machine_id IS NOT NULL FROM candidates c LEFT JOIN leased l USING (machine_id)`
+
+	// countTemplate counts the machines a claim could lease now.
+	countTemplate = `
+SELECT count(*) FROM machines m
+WHERE (/*CONDITION*/)
+  AND NOT EXISTS (
+    SELECT 1 FROM work w
+    WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+  AND NOT EXISTS (
+    SELECT 1 FROM work_backoff b
+    WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())`
+
+	// qWorkFinish ends a lease successfully: the lease and any backoff go,
+	// Finished is recorded. No row returned means the lease was not held.
+	qWorkFinish = `
+WITH lease AS (
+    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
+    RETURNING machine_id
+), cleared AS (
+    DELETE FROM work_backoff b USING lease WHERE b.machine_id = lease.machine_id AND b.process = $2
+)
+INSERT INTO work_history (machine_id, process, event, session_id)
+SELECT machine_id, $2, 'Finished', $3 FROM lease
+RETURNING id`
+
+	// qWorkEnd ends a lease with Failed or Canceled ($4) and a cause ($5).
+	qWorkEnd = `
+WITH lease AS (
+    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
+    RETURNING machine_id
+)
+INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+SELECT machine_id, $2, $4, $3, $5 FROM lease
+RETURNING id`
+
+	qBackoffLastInterval = `
+SELECT last_interval_seconds FROM work_backoff WHERE machine_id = $1 AND process = $2 FOR UPDATE`
+
+	qBackoffUpsert = `
+INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5)
+ON CONFLICT (machine_id, process) DO UPDATE
+SET until = excluded.until, cause = excluded.cause, last_interval_seconds = excluded.last_interval_seconds`
+
+	qBackoffGet = `
+SELECT machine_id, process, until, cause, last_interval_seconds, until > now()
+FROM work_backoff WHERE machine_id = $1 AND process = $2`
+
+	qBackoffsActiveCount = `SELECT count(*) FROM work_backoff WHERE process = $1 AND until > now()`
+
+	qLeasesOfProcessCount = `SELECT count(*) FROM work WHERE process = $1`
+
+	// History.
+
+	qHistoryOfMachine = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+FROM work_history WHERE machine_id = $1 ORDER BY id`
+
+	qHistoryAll = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+FROM work_history WHERE id > $1 ORDER BY id LIMIT $2`
+
+	// Machines and tags.
+
+	qMachineInsert = `INSERT INTO machines DEFAULT VALUES RETURNING machine_id`
+
+	qProvidedInsert = `
+INSERT INTO machine_provided (machine_id, provider, provider_id, address, location)
+VALUES ($1, $2, $3, $4, $5)`
+
+	qProvidedGet = `
+SELECT machine_id, provider, provider_id, address, location FROM machine_provided WHERE machine_id = $1`
+
+	qProvidedByProvider = `
+SELECT machine_id, provider, provider_id, address, location FROM machine_provided
+WHERE provider = $1 ORDER BY provider_id`
+
+	qProvidedUpdate = `
+UPDATE machine_provided SET address = $3, location = $4
+WHERE provider = $1 AND provider_id = $2 AND (address <> $3 OR location <> $4)`
+
+	qAgentStartedInsert = `
+INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+VALUES ($1, now(), $2)
+ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started_at, agent_public_key = excluded.agent_public_key`
+
+	qAgentStartedGet = `
+SELECT agent_started_at, agent_public_key FROM machine_agent_started WHERE machine_id = $1`
+
+	qAgentTagsDelete = `
+WITH hb AS (DELETE FROM machine_agent_heartbeat WHERE machine_id = $1)
+DELETE FROM machine_agent_started WHERE machine_id = $1`
+
+	qHeartbeatUpsert = `
+INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1, now())
+ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`
+
+	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
+)
+
+// qSchemaVersion reads golang-migrate's bookkeeping table.
+const qSchemaVersion = `SELECT version, dirty FROM schema_migrations LIMIT 1`

@@ -1,0 +1,310 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"k8s.io/klog/v2"
+)
+
+// SessionConfig describes a worker session.
+type SessionConfig struct {
+	// Component names the owner in the sessions table (for operators), e.g.
+	// "shepherd-agentstart".
+	Component string
+	// RuntimeInfo describes the owner (host, pid, version); defaulted.
+	RuntimeInfo string
+	// Interval is how long the session stays alive in the database without a
+	// heartbeat. It is rounded up to whole seconds (at least 1 s); the owner
+	// heartbeats every Interval/2. Default 10 s.
+	Interval time.Duration
+	// Margin is how much earlier than the database the owner gives up on its
+	// session: the local deadline is the send time of the last successful
+	// heartbeat + Interval - Margin. Default Interval/5.
+	Margin time.Duration
+	// ReapInterval is how often this session reaps expired sessions (of any
+	// replica). Default Interval.
+	ReapInterval time.Duration
+}
+
+func (c SessionConfig) withDefaults() SessionConfig {
+	if c.Component == "" {
+		c.Component = "shepherd"
+	}
+	if c.RuntimeInfo == "" {
+		host, _ := os.Hostname()
+		c.RuntimeInfo = fmt.Sprintf("host=%s pid=%d", host, os.Getpid())
+	}
+	if c.Interval <= 0 {
+		c.Interval = 10 * time.Second
+	}
+	c.Interval = time.Duration(ceilSeconds(c.Interval)) * time.Second
+	if c.Margin <= 0 || c.Margin >= c.Interval/2 {
+		c.Margin = c.Interval / 5
+	}
+	if c.ReapInterval <= 0 {
+		c.ReapInterval = c.Interval
+	}
+	return c
+}
+
+// Session is a heartbeating worker session: the owner of work leases. A
+// session is lost when a heartbeat finds it expired in the database or when
+// its local deadline passes without a successful heartbeat, which happens
+// before the database would let anyone reap it. Once lost, every context
+// bound to it is cancelled and every operation returns ErrSessionExpired: a
+// partitioned worker stops acting before another can start.
+type Session struct {
+	db  *DB
+	id  uuid.UUID
+	cfg SessionConfig
+
+	lost     chan struct{}
+	lostOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{}
+}
+
+// StartSession creates a session and starts its heartbeat. ctx bounds only
+// the creation; the heartbeat runs until Close or until the session is lost.
+func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
+	cfg = cfg.withDefaults()
+	s := &Session{
+		db:      db,
+		id:      uuid.New(),
+		cfg:     cfg,
+		lost:    make(chan struct{}),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	sent := time.Now()
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.tx.Exec(ctx, qSessionInsert, s.id, cfg.Component, cfg.RuntimeInfo, int32(cfg.Interval/time.Second))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting BMDB session for %s: %w", cfg.Component, err)
+	}
+	db.metrics.sessionStarted(cfg.Component)
+	go s.heartbeat(sent.Add(cfg.Interval - cfg.Margin))
+	return s, nil
+}
+
+// ID is the session's identifier in the sessions table and in history.
+func (s *Session) ID() uuid.UUID { return s.id }
+
+// Done is closed when the session is lost or closed.
+func (s *Session) Done() <-chan struct{} { return s.lost }
+
+// Bind returns a context that is cancelled (with cause ErrSessionExpired)
+// when the session is lost, or when parent is done. Work under a lease runs
+// under such a context, so that it stops when the lease may no longer be its.
+func (s *Session) Bind(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-s.lost:
+			cancel(ErrSessionExpired)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// Transact runs fn in a transaction whose first statement checks that the
+// session is alive; see DB.Transact for retries. It returns
+// ErrSessionExpired, without running fn, once the session is gone.
+func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	return s.db.transact(ctx, s, fn)
+}
+
+func (s *Session) expired() bool {
+	select {
+	case <-s.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Session) markExpired() {
+	s.lostOnce.Do(func() {
+		klog.Warningf("BMDB session %s (%s) lost: cancelling all work under it", s.id, s.cfg.Component)
+		s.db.metrics.sessionExpired(s.cfg.Component)
+		close(s.lost)
+	})
+}
+
+// StopHeartbeat stops the heartbeat without closing the session, which then
+// expires in the database after its interval. Tests use it to simulate a
+// crashed owner.
+func (s *Session) StopHeartbeat() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	<-s.stopped
+}
+
+// heartbeat pokes the session every Interval/2 and reaps expired sessions
+// every ReapInterval, until stopped or lost.
+func (s *Session) heartbeat(localDeadline time.Time) {
+	defer close(s.stopped)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+		case <-s.lost:
+		}
+		cancel()
+	}()
+
+	deadline := time.NewTimer(time.Until(localDeadline))
+	defer deadline.Stop()
+	poke := time.NewTimer(s.cfg.Interval / 2)
+	defer poke.Stop()
+	reap := time.NewTicker(s.cfg.ReapInterval)
+	defer reap.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			klog.Warningf("BMDB session %s: no successful heartbeat before the local deadline", s.id)
+			s.markExpired()
+			return
+		case <-poke.C:
+			sent := time.Now()
+			alive, err := s.poke(ctx, localDeadline)
+			switch {
+			case err != nil:
+				if ctx.Err() != nil {
+					return
+				}
+				klog.Warningf("BMDB session %s: heartbeat failed, retrying: %v", s.id, err)
+				poke.Reset(min(time.Second, s.cfg.Interval/10))
+			case !alive:
+				s.markExpired()
+				return
+			default:
+				localDeadline = sent.Add(s.cfg.Interval - s.cfg.Margin)
+				deadline.Reset(time.Until(localDeadline))
+				poke.Reset(s.cfg.Interval / 2)
+			}
+		case <-reap.C:
+			if _, _, err := s.db.Reap(ctx); err != nil && ctx.Err() == nil {
+				klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)
+			}
+		}
+	}
+}
+
+// poke extends the session's deadline; it reports false when the session
+// was already expired in the database.
+func (s *Session) poke(ctx context.Context, localDeadline time.Time) (bool, error) {
+	ctx, cancel := context.WithDeadline(ctx, localDeadline)
+	defer cancel()
+	tag, err := s.db.pool.Exec(ctx, qSessionPoke, s.id)
+	s.db.metrics.transaction(map[bool]string{true: "committed", false: "failed"}[err == nil])
+	if err != nil {
+		return false, fmt.Errorf("poking session: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Close ends the session: it stops the heartbeat, releases the leases still
+// held (each recorded as Canceled) and deletes the session. Callers should
+// first end their work themselves; Close is the safety net. Closing a lost
+// session only stops its heartbeat: the reaper records its leases as Lost.
+func (s *Session) Close(ctx context.Context) error {
+	s.StopHeartbeat()
+	if s.expired() {
+		return nil
+	}
+	defer s.lostOnce.Do(func() { close(s.lost) })
+	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		var one int
+		err := tx.tx.QueryRow(ctx, qSessionOwnLock, s.id).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // already reaped
+		}
+		if err != nil {
+			return err
+		}
+		ids := []uuid.UUID{s.id}
+		if _, err := tx.tx.Exec(ctx, qLeasesRelease, ids, EventCanceled, "session closed"); err != nil {
+			return err
+		}
+		_, err = tx.tx.Exec(ctx, qSessionsDelete, ids)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("closing BMDB session %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Reap deletes expired sessions (of any owner), releasing their leases and
+// recording each release as a Lost event. Every live session runs it
+// periodically; concurrent reapers skip each other's rows.
+func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
+	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		sessions, leases = 0, 0
+		rows, err := tx.tx.Query(ctx, qSessionsExpiredLock)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		tag, err := tx.tx.Exec(ctx, qLeasesRelease, ids, EventLost, "session expired")
+		if err != nil {
+			return err
+		}
+		leases = int(tag.RowsAffected())
+		tag, err = tx.tx.Exec(ctx, qSessionsDelete, ids)
+		sessions = int(tag.RowsAffected())
+		return err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("reaping expired BMDB sessions: %w", err)
+	}
+	if sessions > 0 {
+		klog.Infof("Reaped %d expired BMDB sessions, released %d leases", sessions, leases)
+	}
+	db.metrics.reaped(sessions, leases)
+	return sessions, leases, nil
+}
+
+// SessionInfo is a row of the sessions table, for operators.
+type SessionInfo struct {
+	ID          uuid.UUID
+	Component   string
+	RuntimeInfo string
+	Created     time.Time
+	Interval    time.Duration
+	Deadline    time.Time
+	Alive       bool
+}
+
+// Sessions lists all sessions, live and expired but not yet reaped.
+func (db *DB) Sessions(ctx context.Context) ([]SessionInfo, error) {
+	rows, err := db.pool.Query(ctx, qSessionsList)
+	if err != nil {
+		return nil, fmt.Errorf("listing sessions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SessionInfo, error) {
+		var si SessionInfo
+		var seconds int32
+		err := row.Scan(&si.ID, &si.Component, &si.RuntimeInfo, &si.Created, &seconds, &si.Deadline, &si.Alive)
+		si.Interval = time.Duration(seconds) * time.Second
+		return si, err
+	})
+}

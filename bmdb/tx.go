@@ -1,0 +1,133 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Tx is a BMDB transaction, handed to the functions given to Transact and
+// Finish. Its methods are the typed reads and writes of machines and tags;
+// there is no raw SQL access, so that every statement stays in this package.
+type Tx struct {
+	tx pgx.Tx
+}
+
+// Provided is a machine_provided tag: where a machine comes from and how to
+// reach it.
+type Provided struct {
+	Machine    uuid.UUID
+	Provider   string
+	ProviderID string
+	Address    string
+	Location   string
+}
+
+// AddMachine creates a machine with its provided tag and returns its id.
+func (t *Tx) AddMachine(ctx context.Context, p Provided) (uuid.UUID, error) {
+	var id uuid.UUID
+	if err := t.tx.QueryRow(ctx, qMachineInsert).Scan(&id); err != nil {
+		return uuid.Nil, fmt.Errorf("creating machine: %w", err)
+	}
+	if _, err := t.tx.Exec(ctx, qProvidedInsert, id, p.Provider, p.ProviderID, p.Address, p.Location); err != nil {
+		return uuid.Nil, fmt.Errorf("tagging machine %s as provided by %s/%s: %w", id, p.Provider, p.ProviderID, err)
+	}
+	return id, nil
+}
+
+// UpdateProvided changes the address and location of a provided machine; it
+// reports whether anything changed.
+func (t *Tx) UpdateProvided(ctx context.Context, p Provided) (bool, error) {
+	tag, err := t.tx.Exec(ctx, qProvidedUpdate, p.Provider, p.ProviderID, p.Address, p.Location)
+	if err != nil {
+		return false, fmt.Errorf("updating %s/%s: %w", p.Provider, p.ProviderID, err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// ProvidedBy lists the machines of one provider, by provider id.
+func (t *Tx) ProvidedBy(ctx context.Context, provider string) ([]Provided, error) {
+	rows, err := t.tx.Query(ctx, qProvidedByProvider, provider)
+	if err != nil {
+		return nil, fmt.Errorf("listing machines of %s: %w", provider, err)
+	}
+	return pgx.CollectRows(rows, scanProvided)
+}
+
+func scanProvided(row pgx.CollectableRow) (Provided, error) {
+	var p Provided
+	err := row.Scan(&p.Machine, &p.Provider, &p.ProviderID, &p.Address, &p.Location)
+	return p, err
+}
+
+// ErrNotFound is returned by reads of a tag a machine does not have.
+var ErrNotFound = errors.New("not found")
+
+// Provided reads the provided tag of machine.
+func (t *Tx) Provided(ctx context.Context, machine uuid.UUID) (Provided, error) {
+	rows, err := t.tx.Query(ctx, qProvidedGet, machine)
+	if err != nil {
+		return Provided{}, fmt.Errorf("reading provided tag of %s: %w", machine, err)
+	}
+	p, err := pgx.CollectExactlyOneRow(rows, scanProvided)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Provided{}, fmt.Errorf("machine %s is not provided: %w", machine, ErrNotFound)
+	}
+	return p, err
+}
+
+// SetAgentStarted records that machine's agent started with publicKey.
+func (t *Tx) SetAgentStarted(ctx context.Context, machine uuid.UUID, publicKey []byte) error {
+	if _, err := t.tx.Exec(ctx, qAgentStartedInsert, machine, publicKey); err != nil {
+		return fmt.Errorf("recording agent start on %s: %w", machine, err)
+	}
+	return nil
+}
+
+// AgentStarted reads when machine's agent started and its public key.
+func (t *Tx) AgentStarted(ctx context.Context, machine uuid.UUID) (time.Time, []byte, error) {
+	var at time.Time
+	var key []byte
+	err := t.tx.QueryRow(ctx, qAgentStartedGet, machine).Scan(&at, &key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, nil, fmt.Errorf("agent of %s not started: %w", machine, ErrNotFound)
+	}
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("reading agent start of %s: %w", machine, err)
+	}
+	return at, key, nil
+}
+
+// DeleteAgentTags removes the agent-started and heartbeat tags of machine,
+// which hands it back to AgentStart.
+func (t *Tx) DeleteAgentTags(ctx context.Context, machine uuid.UUID) error {
+	if _, err := t.tx.Exec(ctx, qAgentTagsDelete, machine); err != nil {
+		return fmt.Errorf("deleting agent tags of %s: %w", machine, err)
+	}
+	return nil
+}
+
+// Heartbeat records a heartbeat of machine's agent, at the database's now.
+func (t *Tx) Heartbeat(ctx context.Context, machine uuid.UUID) error {
+	if _, err := t.tx.Exec(ctx, qHeartbeatUpsert, machine); err != nil {
+		return fmt.Errorf("recording heartbeat of %s: %w", machine, err)
+	}
+	return nil
+}
+
+// LastHeartbeat reads the last heartbeat of machine's agent.
+func (t *Tx) LastHeartbeat(ctx context.Context, machine uuid.UUID) (time.Time, error) {
+	var at time.Time
+	err := t.tx.QueryRow(ctx, qHeartbeatGet, machine).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("no heartbeat of %s: %w", machine, ErrNotFound)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading heartbeat of %s: %w", machine, err)
+	}
+	return at, nil
+}

@@ -1,0 +1,265 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// History events.
+const (
+	EventStarted  = "Started"
+	EventFinished = "Finished"
+	EventFailed   = "Failed"
+	EventCanceled = "Canceled"
+	// EventLost records a lease released by the reaper because its session
+	// expired: the worker may or may not have completed its action.
+	EventLost = "Lost"
+)
+
+// maxClaimRaces bounds how often a claim is retried when every candidate it
+// found was leased by a concurrent claimer a moment before.
+const maxClaimRaces = 16
+
+// Work is an exclusive lease of one machine for one process, held by a
+// session. Exactly one of Finish, Fail or Cancel ends it; until then no other
+// process of the same exclusion group can lease the machine.
+type Work struct {
+	// Machine is the leased machine.
+	Machine uuid.UUID
+	// Process is the process holding the lease.
+	Process Process
+	// Started is when the lease was taken (local clock).
+	Started time.Time
+
+	s    *Session
+	mu   sync.Mutex
+	done bool
+}
+
+// Work leases one machine that satisfies candidates for process. It returns
+// ErrNothingToDo when none is eligible. Losing a race against a concurrent
+// claimer is retried here, never returned.
+func (s *Session) Work(ctx context.Context, process Process, candidates Candidates) (*Work, error) {
+	works, err := s.WorkBatch(ctx, process, candidates, 1)
+	if err != nil {
+		return nil, err
+	}
+	return works[0], nil
+}
+
+// WorkBatch leases up to limit machines in one transaction, so that a
+// sourcer feeding many workers pays one round of queries per batch instead of
+// one per machine. It returns at least one lease, or ErrNothingToDo.
+func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Candidates, limit int) ([]*Work, error) {
+	if err := process.Validate(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("claiming work for %s: limit %d < 1", process.Name, limit)
+	}
+	query, args := candidates.query(claimTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+		"session": s.id,
+		"limit":   limit,
+	})
+	for race := 0; race < maxClaimRaces; race++ {
+		var leased []uuid.UUID
+		var found int
+		err := s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+			leased, found = leased[:0], 0
+			rows, err := tx.tx.Query(ctx, query, args)
+			if err != nil {
+				return err
+			}
+			var id uuid.UUID
+			var ok bool
+			_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+				found++
+				if ok {
+					leased = append(leased, id)
+				}
+				return nil
+			})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, err)
+		}
+		if len(leased) > 0 {
+			now := time.Now()
+			works := make([]*Work, len(leased))
+			for i, id := range leased {
+				works[i] = &Work{Machine: id, Process: process, Started: now, s: s}
+			}
+			return works, nil
+		}
+		if found == 0 {
+			return nil, ErrNothingToDo
+		}
+		// Every candidate was leased by someone else between our snapshot and
+		// our insert: look again.
+	}
+	return nil, ErrNothingToDo
+}
+
+// Session is the session that holds the lease.
+func (w *Work) Session() *Session { return w.s }
+
+func (w *Work) end() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return ErrWorkDone
+	}
+	w.done = true
+	return nil
+}
+
+// Finish ends the lease successfully. In one transaction it checks the
+// session, deletes the lease and the process's backoff on the machine,
+// records Finished, and runs fn to record the outcome (tags). If the lease is
+// no longer held, or fn fails, nothing is committed.
+func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	if err := w.end(); err != nil {
+		return err
+	}
+	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		var id int64
+		err := tx.tx.QueryRow(ctx, qWorkFinish, w.Machine, w.Process.Name, w.s.id).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost
+		}
+		if err != nil {
+			return err
+		}
+		if fn == nil {
+			return nil
+		}
+		return fn(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+// Fail ends the lease with a failure: it records Failed with cause and
+// backs the process off the machine, by backoff.Initial on a first failure
+// and by the previous interval times backoff.Exponent (up to Maximum) while
+// the previous failure's backoff row still exists. If the lease is no longer
+// held, nothing is committed.
+func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
+	if err := w.end(); err != nil {
+		return err
+	}
+	var seconds int64
+	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
+			return err
+		}
+		var previous int64
+		err := tx.tx.QueryRow(ctx, qBackoffLastInterval, w.Machine, w.Process.Name).Scan(&previous)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		seconds = backoff.NextSeconds(previous)
+		until := backoff.until(seconds)
+		_, err = tx.tx.Exec(ctx, qBackoffUpsert, w.Machine, w.Process.Name, until.Seconds(), cause, seconds)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("failing %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+// Cancel ends the lease without an outcome: it records Canceled and keeps any
+// backoff, so the machine is eligible again as soon as its backoff allows.
+func (w *Work) Cancel(ctx context.Context) error {
+	if err := w.end(); err != nil {
+		return err
+	}
+	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		return endLease(ctx, tx, w, EventCanceled, "")
+	})
+	if err != nil {
+		return fmt.Errorf("cancelling %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+func endLease(ctx context.Context, tx *Tx, w *Work, event, cause string) error {
+	var causeArg *string
+	if cause != "" {
+		causeArg = &cause
+	}
+	var id int64
+	err := tx.tx.QueryRow(ctx, qWorkEnd, w.Machine, w.Process.Name, w.s.id, event, causeArg).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	return err
+}
+
+// EligibleCount counts the machines a claim for process could lease now. The
+// daemon refreshes its eligible gauge with it, once per process and period.
+func (db *DB) EligibleCount(ctx context.Context, process Process, candidates Candidates) (int64, error) {
+	query, args := candidates.query(countTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+	})
+	var n int64
+	if err := db.pool.QueryRow(ctx, query, args).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting eligible machines for %s: %w", process.Name, err)
+	}
+	return n, nil
+}
+
+// ActiveBackoffs counts the machines process is backing off from now.
+func (db *DB) ActiveBackoffs(ctx context.Context, process Process) (int64, error) {
+	var n int64
+	if err := db.pool.QueryRow(ctx, qBackoffsActiveCount, process.Name).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting backoffs of %s: %w", process.Name, err)
+	}
+	return n, nil
+}
+
+// LeaseCount counts the leases process holds now, across all replicas.
+func (db *DB) LeaseCount(ctx context.Context, process Process) (int64, error) {
+	var n int64
+	if err := db.pool.QueryRow(ctx, qLeasesOfProcessCount, process.Name).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting leases of %s: %w", process.Name, err)
+	}
+	return n, nil
+}
+
+// BackoffState is a work_backoff row.
+type BackoffState struct {
+	Machine             uuid.UUID
+	Process             string
+	Until               time.Time
+	Cause               string
+	LastIntervalSeconds int64
+	Active              bool
+}
+
+// BackoffOf returns the backoff of process on machine, or nil if none.
+func (db *DB) BackoffOf(ctx context.Context, machine uuid.UUID, process Process) (*BackoffState, error) {
+	var b BackoffState
+	err := db.pool.QueryRow(ctx, qBackoffGet, machine, process.Name).Scan(
+		&b.Machine, &b.Process, &b.Until, &b.Cause, &b.LastIntervalSeconds, &b.Active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading backoff of %s on %s: %w", process.Name, machine, err)
+	}
+	return &b, nil
+}
