@@ -185,3 +185,18 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 
 // qSchemaVersion reads golang-migrate's bookkeeping table.
 const qSchemaVersion = `SELECT version, dirty FROM schema_migrations LIMIT 1`
+
+// statsTemplate reads a process's eligible count (countTemplate's
+// condition), active backoffs and leases in one statement.
+const statsTemplate = `
+SELECT
+  (SELECT count(*) FROM machines m
+   WHERE (/*CONDITION*/)
+     AND NOT EXISTS (
+       SELECT 1 FROM work w
+       WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+     AND NOT EXISTS (
+       SELECT 1 FROM work_backoff b
+       WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())),
+  (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
+  (SELECT count(*) FROM work WHERE process = @process)`

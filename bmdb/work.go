@@ -112,14 +112,21 @@ func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Can
 // Session is the session that holds the lease.
 func (w *Work) Session() *Session { return w.s }
 
-func (w *Work) end() error {
+// end runs the transaction that ends the lease, at most once successfully:
+// a failed attempt (database unreachable, commit function error) leaves the
+// work open, so that the caller can still Fail or Cancel it.
+func (w *Work) end(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.done {
 		return ErrWorkDone
 	}
-	w.done = true
-	return nil
+	err := w.s.Transact(ctx, fn)
+	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
+		// Ended, by us or by the lease's loss: nothing more can be done.
+		w.done = true
+	}
+	return err
 }
 
 // Finish ends the lease successfully. In one transaction it checks the
@@ -127,10 +134,7 @@ func (w *Work) end() error {
 // records Finished, and runs fn to record the outcome (tags). If the lease is
 // no longer held, or fn fails, nothing is committed.
 func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	if err := w.end(); err != nil {
-		return err
-	}
-	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
 		var id int64
 		err := tx.tx.QueryRow(ctx, qWorkFinish, w.Machine, w.Process.Name, w.s.id).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -156,11 +160,7 @@ func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) 
 // the previous failure's backoff row still exists. If the lease is no longer
 // held, nothing is committed.
 func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
-	if err := w.end(); err != nil {
-		return err
-	}
-	var seconds int64
-	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
 		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
 			return err
 		}
@@ -169,7 +169,7 @@ func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		seconds = backoff.NextSeconds(previous)
+		seconds := backoff.NextSeconds(previous)
 		until := backoff.until(seconds)
 		_, err = tx.tx.Exec(ctx, qBackoffUpsert, w.Machine, w.Process.Name, until.Seconds(), cause, seconds)
 		return err
@@ -183,10 +183,7 @@ func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
 // Cancel ends the lease without an outcome: it records Canceled and keeps any
 // backoff, so the machine is eligible again as soon as its backoff allows.
 func (w *Work) Cancel(ctx context.Context) error {
-	if err := w.end(); err != nil {
-		return err
-	}
-	err := w.s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
 		return endLease(ctx, tx, w, EventCanceled, "")
 	})
 	if err != nil {
@@ -220,6 +217,30 @@ func (db *DB) EligibleCount(ctx context.Context, process Process, candidates Can
 		return 0, fmt.Errorf("counting eligible machines for %s: %w", process.Name, err)
 	}
 	return n, nil
+}
+
+// ProcessStats is a snapshot of one process's queue, for gauges.
+type ProcessStats struct {
+	// Eligible machines could be leased now.
+	Eligible int64
+	// Backoffs are active backoffs of the process.
+	Backoffs int64
+	// Leases are leases of the process, across all replicas.
+	Leases int64
+}
+
+// Stats reads a process's queue in one query, so that a replica's gauges
+// cost one transaction per process and refresh period.
+func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
+	query, args := candidates.query(statsTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+	})
+	var st ProcessStats
+	if err := db.pool.QueryRow(ctx, query, args).Scan(&st.Eligible, &st.Backoffs, &st.Leases); err != nil {
+		return ProcessStats{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+	}
+	return st, nil
 }
 
 // ActiveBackoffs counts the machines process is backing off from now.

@@ -1,0 +1,192 @@
+package controlloop
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Rate is a token-bucket limit on the database queries a process's sourcing
+// makes: one query per Interval on average, with bursts of Burst. Its flag
+// form is "interval,burst", e.g. "250ms,8"; an interval of 0 means no limit.
+type Rate struct {
+	Interval time.Duration
+	Burst    int
+}
+
+// ParseRate parses the "interval,burst" flag form.
+func ParseRate(s string) (Rate, error) {
+	iv, b, ok := strings.Cut(strings.TrimSpace(s), ",")
+	if !ok {
+		return Rate{}, fmt.Errorf("rate %q: want interval,burst (e.g. 250ms,8)", s)
+	}
+	interval, err := time.ParseDuration(strings.TrimSpace(iv))
+	if err != nil {
+		return Rate{}, fmt.Errorf("rate %q: interval: %w", s, err)
+	}
+	if interval < 0 {
+		return Rate{}, fmt.Errorf("rate %q: interval must not be negative", s)
+	}
+	burst, err := strconv.Atoi(strings.TrimSpace(b))
+	if err != nil {
+		return Rate{}, fmt.Errorf("rate %q: burst: want a whole number", s)
+	}
+	if burst < 1 {
+		return Rate{}, fmt.Errorf("rate %q: burst must be at least 1", s)
+	}
+	return Rate{Interval: interval, Burst: burst}, nil
+}
+
+func (r Rate) String() string { return fmt.Sprintf("%s,%d", r.Interval, r.Burst) }
+
+// Limiter builds the token bucket.
+func (r Rate) Limiter() *rate.Limiter {
+	if r.Interval == 0 {
+		return rate.NewLimiter(rate.Inf, r.Burst)
+	}
+	return rate.NewLimiter(rate.Every(r.Interval), r.Burst)
+}
+
+// rateValue adapts a *Rate to flag.Value.
+type rateValue struct{ r *Rate }
+
+func (v rateValue) String() string {
+	if v.r == nil {
+		return ""
+	}
+	return v.r.String()
+}
+
+func (v rateValue) Set(s string) error {
+	r, err := ParseRate(s)
+	if err != nil {
+		return err
+	}
+	*v.r = r
+	return nil
+}
+
+// Config is one process's runner configuration.
+type Config struct {
+	// Parallelism is the number of workers, i.e. of machines acted on at
+	// once by this replica.
+	Parallelism int
+	// QueryRate limits sourcing queries.
+	QueryRate Rate
+	// IdlePoll is how long sourcing waits before asking again after it found
+	// nothing: it bounds the reaction latency while idle and sets the idle
+	// load (one transaction per IdlePoll, whatever the parallelism).
+	IdlePoll time.Duration
+	// Backoff is the default backoff of failed work.
+	Backoff bmdb.Backoff
+	// Session configures the process's BMDB session.
+	Session bmdb.SessionConfig
+	// ShutdownGrace is how long in-flight work may run after the runner's
+	// context is done before it is cancelled.
+	ShutdownGrace time.Duration
+	// MetricsRefresh is the period of the eligible and backoff gauges'
+	// queries.
+	MetricsRefresh time.Duration
+
+	backoffInitialSet, backoffMaximumSet, backoffExponentSet bool
+}
+
+// DefaultConfig is the configuration of a process before flags.
+func DefaultConfig(info Info) Config {
+	return Config{
+		Parallelism:    4,
+		QueryRate:      Rate{Interval: 250 * time.Millisecond, Burst: 8},
+		IdlePoll:       700 * time.Millisecond,
+		Backoff:        info.DefaultBackoff,
+		Session:        bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
+		ShutdownGrace:  10 * time.Second,
+		MetricsRefresh: 10 * time.Second,
+	}
+}
+
+// durationFlag records whether it was set, so that Check can tell an
+// explicit bad value from a default.
+type durationFlag struct {
+	d   *time.Duration
+	set *bool
+}
+
+func (f durationFlag) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f durationFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*f.d, *f.set = d, true
+	return nil
+}
+
+type floatFlag struct {
+	f   *float64
+	set *bool
+}
+
+func (f floatFlag) String() string {
+	if f.f == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*f.f, 'g', -1, 64)
+}
+
+func (f floatFlag) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return errors.New("want a number")
+	}
+	*f.f, *f.set = v, true
+	return nil
+}
+
+// RegisterFlags registers the process's flags on fs, each named
+// <prefix>_<name> in klog's underscore style, with the values already in c
+// as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	p := prefix + "_"
+	fs.IntVar(&c.Parallelism, p+"loop_parallelism", c.Parallelism, "number of "+prefix+" workers in this replica")
+	fs.Var(rateValue{&c.QueryRate}, p+"db_query_rate", "limit on "+prefix+" sourcing queries, as interval,burst (e.g. 250ms,8; interval 0 = unlimited)")
+	fs.DurationVar(&c.IdlePoll, p+"idle_poll", c.IdlePoll, "how often "+prefix+" looks for work while it has none (bounds reaction latency and idle load)")
+	fs.Var(durationFlag{&c.Backoff.Initial, &c.backoffInitialSet}, p+"backoff_initial", "first backoff after a "+prefix+" failure (at least 1s)")
+	fs.Var(durationFlag{&c.Backoff.Maximum, &c.backoffMaximumSet}, p+"backoff_maximum", "longest backoff after repeated "+prefix+" failures (at least the initial backoff)")
+	fs.Var(floatFlag{&c.Backoff.Exponent, &c.backoffExponentSet}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
+	fs.Float64Var(&c.Backoff.Jitter, p+"backoff_jitter", c.Backoff.Jitter, "fraction of the backoff added at random to its end, so that a fleet-wide failure does not return in one wave (0..1)")
+}
+
+// Check validates the configuration; its errors name the flag.
+func (c *Config) Check(prefix string) error {
+	p := "-" + prefix + "_"
+	switch {
+	case c.Parallelism < 1:
+		return fmt.Errorf("%sloop_parallelism %d: must be at least 1", p, c.Parallelism)
+	case c.QueryRate.Burst < 1:
+		return fmt.Errorf("%sdb_query_rate: burst must be at least 1", p)
+	case c.IdlePoll <= 0:
+		return fmt.Errorf("%sidle_poll %s: must be positive", p, c.IdlePoll)
+	case c.backoffExponentSet && !(c.Backoff.Exponent >= 1):
+		return fmt.Errorf("%sbackoff_exponent %g: must be at least 1", p, c.Backoff.Exponent)
+	case c.backoffInitialSet && c.Backoff.Initial < time.Second:
+		return fmt.Errorf("%sbackoff_initial %s: must be at least 1s", p, c.Backoff.Initial)
+	case c.Backoff.Maximum < c.Backoff.Initial:
+		return fmt.Errorf("%sbackoff_maximum %s: must not be below %sbackoff_initial %s", p, c.Backoff.Maximum, p, c.Backoff.Initial)
+	case c.Backoff.Jitter < 0 || c.Backoff.Jitter > 1:
+		return fmt.Errorf("%sbackoff_jitter %g: must be between 0 and 1", p, c.Backoff.Jitter)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+// Package controlloop runs database-coordinated control loops: for each
+// process it keeps one BMDB session per replica, sources eligible machines
+// under exclusive leases, hands them to a bounded pool of workers, and
+// records every outcome (Finish, Fail with backoff, Cancel) in the BMDB.
+//
+// A process author implements Process: the name and defaults, which
+// machines need the process, and what to do with one machine. Everything
+// else (leases, backoff, sessions, fencing, rate limits, metrics, shutdown)
+// is the runner's.
+package controlloop
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Info describes a process to the runner.
+type Info struct {
+	// Process is the BMDB identity of the process: its name in leases and
+	// history, and its exclusion group.
+	Process bmdb.Process
+	// Label names the process in flags (-<label>_loop_parallelism) and in
+	// metrics ({process="<label>"}); lower case, e.g. "agentstart".
+	Label string
+	// DefaultBackoff applies to failures unless flags override it or the
+	// process replaces it on a task.
+	DefaultBackoff bmdb.Backoff
+}
+
+// Process is one control loop's domain logic.
+type Process interface {
+	// Info is called once, before the runner starts.
+	Info() Info
+	// Candidates selects the machines that need the process. It is called
+	// once, after flags are parsed, so it may depend on them.
+	Candidates() bmdb.Candidates
+	// Run acts on one leased machine. ctx is cancelled when the lease may no
+	// longer be held (session lost) or at shutdown after the grace period;
+	// Run must then stop acting on the world and return. Returning nil
+	// finishes the work (running t.Commit in the finishing transaction);
+	// returning an error fails it with t.Backoff.
+	Run(ctx context.Context, t *Task) error
+}
+
+// Task is one leased machine handed to Process.Run.
+type Task struct {
+	// Machine is the leased machine.
+	Machine uuid.UUID
+	// Backoff is applied if Run fails. It starts as the process's configured
+	// default; Run may replace it for a specific failure mode (for example a
+	// changed host key that an operator must look at backs off longer).
+	Backoff bmdb.Backoff
+	// Commit, if set by Run, runs inside the transaction that finishes the
+	// work, after the lease is confirmed: record the outcome (tags) there, so
+	// that it is committed if and only if the lease was still held.
+	Commit func(ctx context.Context, tx *bmdb.Tx) error
+
+	work *bmdb.Work
+}
+
+// Transact runs fn in a transaction of the task's session (which checks that
+// the session is alive first), for reads and writes the process needs while
+// it acts, such as looking up the machine's provided tag.
+func (t *Task) Transact(ctx context.Context, fn func(ctx context.Context, tx *bmdb.Tx) error) error {
+	return t.work.Session().Transact(ctx, fn)
+}

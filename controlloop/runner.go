@@ -1,0 +1,316 @@
+package controlloop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Runner runs one process: a sourcer that claims machines in batches for
+// the idle workers, and Parallelism workers that act on them. All workers
+// share one BMDB session (one heartbeat per process and replica); when it
+// is lost the workers' contexts are cancelled and the sourcer starts a new
+// one. Idle workers do not touch the database: only the sourcer polls, once
+// per IdlePoll while there is nothing to do.
+type Runner struct {
+	db         *bmdb.DB
+	process    Process
+	info       Info
+	cfg        Config
+	metrics    *Metrics
+	candidates bmdb.Candidates
+
+	session atomic.Pointer[bmdb.Session]
+}
+
+// New prepares a runner; cfg must have passed Check.
+func New(db *bmdb.DB, p Process, cfg Config, m *Metrics) (*Runner, error) {
+	info := p.Info()
+	if err := info.Process.Validate(); err != nil {
+		return nil, err
+	}
+	if info.Label == "" {
+		return nil, fmt.Errorf("process %s has no label", info.Process.Name)
+	}
+	if err := cfg.Check(info.Label); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("controlloop.New: nil metrics")
+	}
+	m.initProcess(info.Label, cfg.Parallelism)
+	return &Runner{db: db, process: p, info: info, cfg: cfg, metrics: m, candidates: p.Candidates()}, nil
+}
+
+// Info is the process's description.
+func (r *Runner) Info() Info { return r.info }
+
+// Ready reports whether the runner holds a live session.
+func (r *Runner) Ready() bool {
+	s := r.session.Load()
+	if s == nil {
+		return false
+	}
+	select {
+	case <-s.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+// Run runs the loop until ctx is done, then stops sourcing, gives in-flight
+// work ShutdownGrace to end, cancels what is left (recorded as Canceled) and
+// closes the session. It returns nil after a clean shutdown.
+func (r *Runner) Run(ctx context.Context) error {
+	label := r.info.Label
+	klog.Infof("%s: starting %d workers (query rate %s, idle poll %s)", label, r.cfg.Parallelism, r.cfg.QueryRate, r.cfg.IdlePoll)
+
+	// Work outlives ctx by the grace period.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopGrace := context.AfterFunc(ctx, func() {
+		klog.Infof("%s: stopping; in-flight work has %s to end", label, r.cfg.ShutdownGrace)
+		time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
+	})
+	defer stopGrace()
+
+	tasks := make(chan *Task)
+	idle := make(chan struct{}, r.cfg.Parallelism)
+	for range r.cfg.Parallelism {
+		idle <- struct{}{}
+	}
+
+	var workers errgroup.Group
+	for range r.cfg.Parallelism {
+		workers.Go(func() error {
+			for t := range tasks {
+				r.work(workCtx, t)
+				idle <- struct{}{}
+			}
+			return nil
+		})
+	}
+	gaugesCtx, stopGauges := context.WithCancel(ctx)
+	var gauges errgroup.Group
+	gauges.Go(func() error { r.refreshGauges(gaugesCtx); return nil })
+
+	r.source(ctx, tasks, idle)
+	close(tasks)
+	workers.Wait()
+	stopGauges()
+	gauges.Wait()
+
+	if s := r.session.Swap(nil); s != nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.Close(closeCtx); err != nil {
+			klog.Warningf("%s: %v", label, err)
+		}
+	}
+	r.metrics.sessionHeld.WithLabelValues(label).Set(0)
+	klog.Infof("%s: stopped", label)
+	return nil
+}
+
+// source claims machines for idle workers until ctx is done. It holds one
+// idle token per worker it may feed; a task carries its token to the worker,
+// which returns it when done.
+func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}) {
+	label := r.info.Label
+	limiter := r.cfg.QueryRate.Limiter()
+	var errorPause time.Duration
+	pause := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	onError := func(format string, args ...any) bool {
+		r.metrics.sourcingErrors.WithLabelValues(label).Inc()
+		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
+		klog.Warningf("%s: "+format+" (retrying in %s)", append([]any{label}, append(args, errorPause)...)...)
+		return pause(errorPause)
+	}
+
+	for {
+		// Wait for one idle worker, then take every other idle one.
+		select {
+		case <-ctx.Done():
+			return
+		case <-idle:
+		}
+		n := 1
+	gather:
+		for n < r.cfg.Parallelism {
+			select {
+			case <-idle:
+				n++
+			default:
+				break gather
+			}
+		}
+		giveBack := func(k int) {
+			for range k {
+				idle <- struct{}{}
+			}
+		}
+
+		sess, err := r.currentSession(ctx)
+		if err != nil {
+			giveBack(n)
+			if ctx.Err() != nil || !onError("cannot start a BMDB session: %v", err) {
+				return
+			}
+			continue
+		}
+		if err := limiter.Wait(ctx); err != nil {
+			giveBack(n)
+			return
+		}
+		works, err := sess.WorkBatch(ctx, r.info.Process, r.candidates, n)
+		switch {
+		case err == nil:
+			errorPause = 0
+			r.metrics.sourcing.WithLabelValues(label, "leased").Inc()
+			giveBack(n - len(works))
+			for _, w := range works {
+				r.metrics.started.WithLabelValues(label).Inc()
+				tasks <- &Task{Machine: w.Machine, Backoff: r.cfg.Backoff, work: w}
+			}
+		case errors.Is(err, bmdb.ErrNothingToDo):
+			errorPause = 0
+			r.metrics.sourcing.WithLabelValues(label, "empty").Inc()
+			giveBack(n)
+			if !pause(r.cfg.IdlePoll) {
+				return
+			}
+		case ctx.Err() != nil:
+			giveBack(n)
+			return
+		case errors.Is(err, bmdb.ErrSessionExpired):
+			giveBack(n)
+			r.metrics.sourcingErrors.WithLabelValues(label).Inc()
+			klog.Warningf("%s: session lost, starting a new one", label)
+		default:
+			giveBack(n)
+			if !onError("sourcing: %v", err) {
+				return
+			}
+		}
+	}
+}
+
+// currentSession returns the live session, starting a new one when there is
+// none or the last was lost.
+func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
+	if r.Ready() {
+		return r.session.Load(), nil
+	}
+	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(0)
+	s, err := r.db.StartSession(ctx, r.cfg.Session)
+	if err != nil {
+		return nil, err
+	}
+	r.session.Store(s)
+	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(1)
+	klog.Infof("%s: holding BMDB session %s", r.info.Label, s.ID())
+	return s, nil
+}
+
+// work runs the process on one task and ends its lease.
+func (r *Runner) work(workCtx context.Context, t *Task) {
+	label := r.info.Label
+	r.metrics.workersActive.WithLabelValues(label).Inc()
+	defer r.metrics.workersActive.WithLabelValues(label).Dec()
+
+	ctx, cancel := t.work.Session().Bind(workCtx)
+	runErr := r.run(ctx, t)
+	stopped := ctx.Err() != nil
+	cancel()
+
+	// Ending the lease must work after the grace period cancelled workCtx;
+	// it cannot outlive the session, whose transactions check it.
+	endCtx, endCancel := context.WithTimeout(context.WithoutCancel(workCtx), 30*time.Second)
+	defer endCancel()
+	var result string
+	var err error
+	switch {
+	case runErr == nil:
+		result = ResultFinished
+		err = t.work.Finish(endCtx, t.Commit)
+		if err != nil && !isLeaseGone(err) {
+			// The outcome could not be recorded: fail the work so that the
+			// lease is released and the failure is in history.
+			klog.Errorf("%s: %v", label, err)
+			result = ResultFailed
+			err = t.work.Fail(endCtx, t.Backoff, fmt.Sprintf("recording the outcome failed: %v", err))
+		}
+	case stopped:
+		// Shutdown or session lost: no verdict on the machine.
+		result = ResultCanceled
+		err = t.work.Cancel(endCtx)
+	default:
+		result = ResultFailed
+		klog.Warningf("%s: %s: %v", label, t.Machine, runErr)
+		err = t.work.Fail(endCtx, t.Backoff, runErr.Error())
+	}
+	if err != nil {
+		if !isLeaseGone(err) {
+			klog.Errorf("%s: ending work on %s: %v (the lease is released when its session expires)", label, t.Machine, err)
+		}
+		result = ResultLost
+	}
+	r.metrics.finished.WithLabelValues(label, result).Inc()
+	r.metrics.duration.WithLabelValues(label, result).Observe(time.Since(t.work.Started).Seconds())
+}
+
+func isLeaseGone(err error) bool {
+	return errors.Is(err, bmdb.ErrLeaseLost) || errors.Is(err, bmdb.ErrSessionExpired)
+}
+
+// run calls the process, turning a panic into an error.
+func (r *Runner) run(ctx context.Context, t *Task) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.metrics.panics.WithLabelValues(r.info.Label).Inc()
+			klog.Errorf("%s: panic on %s: %v\n%s", r.info.Label, t.Machine, p, debug.Stack())
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return r.process.Run(ctx, t)
+}
+
+// refreshGauges updates the queue gauges with one query per period.
+func (r *Runner) refreshGauges(ctx context.Context) {
+	label := r.info.Label
+	tick := time.NewTicker(r.cfg.MetricsRefresh)
+	defer tick.Stop()
+	for {
+		st, err := r.db.Stats(ctx, r.info.Process, r.candidates)
+		if err == nil {
+			r.metrics.eligible.WithLabelValues(label).Set(float64(st.Eligible))
+			r.metrics.backoffs.WithLabelValues(label).Set(float64(st.Backoffs))
+			r.metrics.leases.WithLabelValues(label).Set(float64(st.Leases))
+		} else if ctx.Err() == nil {
+			klog.V(1).Infof("%s: refreshing gauges: %v", label, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

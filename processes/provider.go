@@ -1,0 +1,24 @@
+// Package processes holds Shepherd's control-loop processes, one package
+// each (agentstart, recovery), and the Provider abstraction through which
+// they act on the world.
+package processes
+
+import (
+	"context"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Provider is what the processes need from the world a machine lives in:
+// a simulated fleet, a static inventory reached over SSH and Redfish, a
+// cloud API. Implementations must honour ctx: when it is cancelled the lease
+// may no longer be held, and the provider must stop acting.
+type Provider interface {
+	// Name identifies the provider in machine_provided.provider.
+	Name() string
+	// StartAgent starts (or restarts) the agent on the machine and returns
+	// the agent's public key.
+	StartAgent(ctx context.Context, m bmdb.Provided) (publicKey []byte, err error)
+	// Reboot power-cycles or reboots the machine.
+	Reboot(ctx context.Context, m bmdb.Provided) error
+}
