@@ -271,9 +271,13 @@ func findBinDir(lookPath func(string) (string, error), glob string) (string, err
 	initdb, err1 := lookPath("initdb")
 	pgctl, err2 := lookPath("pg_ctl")
 	if err1 == nil && err2 == nil {
-		// pg_ctl runs the postgres binary next to itself; initdb must come
-		// from the same installation or the data directory may not match.
-		if filepath.Dir(initdb) == filepath.Dir(pgctl) {
+		// Symlinks on PATH (/usr/local/bin/pg_ctl -> .../15/bin/pg_ctl) are
+		// resolved: pg_ctl runs the postgres binary next to its real self,
+		// and initdb must come from that same installation or the data
+		// directory may not match the server.
+		initdb, err1 = filepath.EvalSymlinks(initdb)
+		pgctl, err2 = filepath.EvalSymlinks(pgctl)
+		if err1 == nil && err2 == nil && filepath.Dir(initdb) == filepath.Dir(pgctl) {
 			return filepath.Dir(pgctl), nil
 		}
 	}

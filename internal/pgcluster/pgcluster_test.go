@@ -1,0 +1,266 @@
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// These tests need the real server binaries and fail, rather than skip, when
+// they are missing: a skipped database test is a test that silently stopped
+// protecting anything.
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startCluster starts a Fast cluster in a fresh directory and stops it when
+// the test ends.
+func startCluster(t *testing.T, opts Options) *Cluster {
+	t.Helper()
+	ctx := testContext(t)
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	opts.Fast = true
+	opts.Logf = t.Logf
+	c, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(context.Background()); err != nil {
+			t.Errorf("Stop in cleanup: %v", err)
+		}
+	})
+	return c
+}
+
+func connect(t *testing.T, ctx context.Context, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", dsn, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func queryInt(t *testing.T, ctx context.Context, conn *pgx.Conn, sql string) int {
+	t.Helper()
+	var n int
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func TestLifecycle(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	c := startCluster(t, Options{Dir: dir})
+
+	if want := "postgres://postgres@127.0.0.1:"; !strings.HasPrefix(c.DSN("x"), want) {
+		t.Errorf("DSN = %q, want prefix %q", c.DSN("x"), want)
+	}
+	conn := connect(t, ctx, c.DSN("postgres"))
+	if n := queryInt(t, ctx, conn, "SELECT 1"); n != 1 {
+		t.Fatalf("SELECT 1 = %d", n)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A template must have no connections while it is copied.
+	if err := c.CreateDatabase(ctx, "src", ""); err != nil {
+		t.Fatalf("CreateDatabase(src): %v", err)
+	}
+	src, err := pgx.Connect(ctx, c.DSN("src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Exec(ctx, "CREATE TABLE copied (x int); INSERT INTO copied VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+	src.Close(ctx)
+
+	// A name that would break naive SQL or URL building.
+	odd := `odd "name"; DROP/x?`
+	if err := c.CreateDatabase(ctx, odd, "src"); err != nil {
+		t.Fatalf("CreateDatabase(%q): %v", odd, err)
+	}
+	oddConn := connect(t, ctx, c.DSN(odd))
+	var got string
+	if err := oddConn.QueryRow(ctx, "SELECT current_database()").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != odd {
+		t.Errorf("connected to %q, want %q", got, odd)
+	}
+	if n := queryInt(t, ctx, oddConn, "SELECT x FROM copied"); n != 7 {
+		t.Errorf("copied.x in the copy of src = %d, want 7", n)
+	}
+	if err := c.CreateDatabase(ctx, odd, ""); err == nil {
+		t.Error("creating an existing database succeeded")
+	}
+
+	for _, mode := range []string{"fast", "immediate"} {
+		port := c.Port
+		if err := c.Restart(ctx, mode); err != nil {
+			t.Fatalf("Restart(%s): %v", mode, err)
+		}
+		if c.Port != port {
+			t.Errorf("Restart(%s) moved the port from %d to %d", mode, port, c.Port)
+		}
+		if err := conn.Ping(ctx); err == nil {
+			t.Errorf("a connection survived Restart(%s)", mode)
+		}
+		conn = connect(t, ctx, c.DSN("postgres"))
+		if n := queryInt(t, ctx, conn, "SELECT x FROM kept"); n != 42 {
+			t.Errorf("after Restart(%s): kept.x = %d, want 42", mode, n)
+		}
+	}
+	if err := c.Restart(ctx, "gentle"); err == nil {
+		t.Error("Restart with an unknown mode succeeded")
+	}
+
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+	if _, err := pgx.Connect(ctx, c.DSN("postgres")); err == nil {
+		t.Error("connected to a stopped cluster")
+	}
+
+	// Starting again on the same directory reuses the cluster and its data,
+	// as the daemon's demo mode does across runs.
+	c2 := startCluster(t, Options{Dir: dir})
+	conn2 := connect(t, ctx, c2.DSN("postgres"))
+	if n := queryInt(t, ctx, conn2, "SELECT x FROM kept"); n != 42 {
+		t.Errorf("after reuse: kept.x = %d, want 42", n)
+	}
+}
+
+// A server still running on the data directory, left by a run that never
+// called Stop, is replaced rather than making Start fail.
+func TestStartStopsLeftover(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	c1 := startCluster(t, Options{Dir: dir})
+	c2 := startCluster(t, Options{Dir: dir})
+	connect(t, ctx, c2.DSN("postgres"))
+	if c1.Port != c2.Port {
+		if _, err := pgx.Connect(ctx, c1.DSN("postgres")); err == nil {
+			t.Error("the leftover server still accepts connections")
+		}
+	}
+}
+
+// A start failure carries the server log, which says why.
+func TestStartPortTaken(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+
+	c, err := Start(testContext(t), Options{Dir: t.TempDir(), Port: port, Fast: true, Logf: t.Logf})
+	if err == nil {
+		c.Stop(context.Background())
+		t.Fatal("Start on a taken port succeeded")
+	}
+	t.Logf("Start on a taken port: %v", err)
+	if !errors.Is(err, errAddrInUse) || !strings.Contains(err.Error(), "Address already in use") {
+		t.Errorf("error does not show the server log's reason:\n%v", err)
+	}
+}
+
+func TestStartNeedsDir(t *testing.T) {
+	if _, err := Start(testContext(t), Options{}); err == nil {
+		t.Error("Start without Dir succeeded")
+	}
+}
+
+func writeExecutable(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func notOnPath(string) (string, error) { return "", errors.New("not found") }
+
+func TestFindBinDirNewestVersion(t *testing.T) {
+	root := t.TempDir()
+	for _, v := range []string{"9.6", "10", "15", "16"} {
+		writeExecutable(t, filepath.Join(root, v, "bin", "initdb"))
+		if v != "16" { // incomplete installation: no pg_ctl
+			writeExecutable(t, filepath.Join(root, v, "bin", "pg_ctl"))
+		}
+	}
+	got, err := findBinDir(notOnPath, filepath.Join(root, "*", "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(root, "15", "bin"); got != want {
+		t.Errorf("findBinDir = %s, want %s", got, want)
+	}
+}
+
+func TestFindBinDirPrefersPath(t *testing.T) {
+	root := t.TempDir()
+	for _, v := range []string{"15", "16"} {
+		writeExecutable(t, filepath.Join(root, v, "bin", "initdb"))
+		writeExecutable(t, filepath.Join(root, v, "bin", "pg_ctl"))
+	}
+	glob := filepath.Join(root, "*", "bin")
+
+	pathDir := filepath.Join(root, "path")
+	writeExecutable(t, filepath.Join(pathDir, "initdb"))
+	writeExecutable(t, filepath.Join(pathDir, "pg_ctl"))
+	onPath := func(name string) (string, error) { return filepath.Join(pathDir, name), nil }
+	if got, err := findBinDir(onPath, glob); err != nil || got != pathDir {
+		t.Errorf("findBinDir with binaries on PATH = %s, %v; want %s", got, err, pathDir)
+	}
+
+	// Symlinks on PATH, as in /usr/local/bin/pg_ctl -> /usr/lib/postgresql/15/bin/pg_ctl.
+	linkDir := filepath.Join(root, "links")
+	if err := os.MkdirAll(linkDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"initdb", "pg_ctl"} {
+		if err := os.Symlink(filepath.Join(root, "15", "bin", name), filepath.Join(linkDir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onPath = func(name string) (string, error) { return filepath.Join(linkDir, name), nil }
+	if got, err := findBinDir(onPath, glob); err != nil || got != filepath.Join(root, "15", "bin") {
+		t.Errorf("findBinDir with symlinks on PATH = %s, %v; want %s", got, err, filepath.Join(root, "15", "bin"))
+	}
+}
+
+func TestFindBinDirNotFound(t *testing.T) {
+	_, err := findBinDir(notOnPath, filepath.Join(t.TempDir(), "*", "bin"))
+	if !errors.Is(err, ErrBinariesNotFound) {
+		t.Fatalf("findBinDir = %v, want ErrBinariesNotFound", err)
+	}
+	if !strings.Contains(err.Error(), `apt-get install -y postgresql`) {
+		t.Errorf("error does not say what to install: %v", err)
+	}
+}
