@@ -11,7 +11,7 @@ const (
 
 	qSessionInsert = `
 INSERT INTO sessions (session_id, session_component_name, session_runtime_info, session_interval_seconds, session_deadline)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $4))`
+VALUES ($1, $2, $3, $4::int, now() + make_interval(secs => $4::int))`
 
 	// qSessionPoke extends a live session; it changes nothing (and the caller
 	// learns the session is gone) once the deadline has passed.
@@ -172,13 +172,37 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started
 	qAgentStartedGet = `
 SELECT agent_started_at, agent_public_key FROM machine_agent_started WHERE machine_id = $1`
 
-	qAgentTagsDelete = `
-WITH hb AS (DELETE FROM machine_agent_heartbeat WHERE machine_id = $1)
-DELETE FROM machine_agent_started WHERE machine_id = $1`
+	qAgentStartedDelete = `DELETE FROM machine_agent_started WHERE machine_id = $1`
+
+	// qHeartbeatDelete runs after the agent_started row of the machine was
+	// written or deleted in the same transaction. That write waited for any
+	// heartbeat statement holding the row (qHeartbeatAgents locks it), so this
+	// statement, with a newer snapshot, sees and deletes the heartbeat such a
+	// statement wrote: no heartbeat of an old agent outlives it.
+	qHeartbeatDelete = `DELETE FROM machine_agent_heartbeat WHERE machine_id = $1`
 
 	qHeartbeatUpsert = `
 INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1, now())
 ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`
+
+	// qHeartbeatAgents records heartbeats of many agents at once ($1
+	// machines, $2 their agents' public keys, pairwise), only for machines
+	// whose recorded agent has that key, and returns those machines. FOR
+	// SHARE holds the agent_started rows until commit: a concurrent change of
+	// the agent (SetAgentStarted, DeleteAgentTags) either waits for this
+	// statement and then deletes its heartbeat, or commits first and this
+	// statement, re-checking the row, skips the machine. ORDER BY takes the
+	// locks in one order.
+	qHeartbeatAgents = `
+INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
+SELECT s.machine_id, now()
+FROM machine_agent_started s
+JOIN unnest($1::uuid[], $2::bytea[]) AS a(machine_id, agent_public_key)
+  ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
+ORDER BY s.machine_id
+FOR SHARE OF s
+ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at
+RETURNING machine_id`
 
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )
@@ -200,3 +224,21 @@ SELECT
        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
+
+// SSH host keys pinned on first use (machine_ssh_host_key).
+const (
+	// qSSHHostKeyPin pins a key unless the machine has one already; the
+	// caller reads the pinned key back in a second statement, which under
+	// READ COMMITTED sees a key a concurrent pinner committed first.
+	qSSHHostKeyPin = `
+INSERT INTO machine_ssh_host_key (machine_id, host_key) VALUES ($1, $2)
+ON CONFLICT (machine_id) DO NOTHING`
+
+	qSSHHostKeyGet = `SELECT host_key, pinned_at FROM machine_ssh_host_key WHERE machine_id = $1`
+
+	qSSHHostKeyDelete = `DELETE FROM machine_ssh_host_key WHERE machine_id = $1`
+)
+
+// explainPrefix turns a query into EXPLAIN (ANALYZE, BUFFERS) of it, for
+// ExplainClaim.
+const explainPrefix = `EXPLAIN (ANALYZE, BUFFERS, VERBOSE, SETTINGS) `

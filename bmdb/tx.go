@@ -80,10 +80,16 @@ func (t *Tx) Provided(ctx context.Context, machine uuid.UUID) (Provided, error) 
 	return p, err
 }
 
-// SetAgentStarted records that machine's agent started with publicKey.
+// SetAgentStarted records that machine's agent started with publicKey. It
+// drops the heartbeat of any previous agent: the new one has not heartbeated
+// yet.
 func (t *Tx) SetAgentStarted(ctx context.Context, machine uuid.UUID, publicKey []byte) error {
 	if _, err := t.tx.Exec(ctx, qAgentStartedInsert, machine, publicKey); err != nil {
 		return fmt.Errorf("recording agent start on %s: %w", machine, err)
+	}
+	// A second statement, after the first took the row: see qHeartbeatDelete.
+	if _, err := t.tx.Exec(ctx, qHeartbeatDelete, machine); err != nil {
+		return fmt.Errorf("dropping the previous agent's heartbeat on %s: %w", machine, err)
 	}
 	return nil
 }
@@ -105,8 +111,11 @@ func (t *Tx) AgentStarted(ctx context.Context, machine uuid.UUID) (time.Time, []
 // DeleteAgentTags removes the agent-started and heartbeat tags of machine,
 // which hands it back to AgentStart.
 func (t *Tx) DeleteAgentTags(ctx context.Context, machine uuid.UUID) error {
-	if _, err := t.tx.Exec(ctx, qAgentTagsDelete, machine); err != nil {
-		return fmt.Errorf("deleting agent tags of %s: %w", machine, err)
+	// Two statements, agent first: see qHeartbeatDelete.
+	for _, q := range []string{qAgentStartedDelete, qHeartbeatDelete} {
+		if _, err := t.tx.Exec(ctx, q, machine); err != nil {
+			return fmt.Errorf("deleting agent tags of %s: %w", machine, err)
+		}
 	}
 	return nil
 }
@@ -117,6 +126,37 @@ func (t *Tx) Heartbeat(ctx context.Context, machine uuid.UUID) error {
 		return fmt.Errorf("recording heartbeat of %s: %w", machine, err)
 	}
 	return nil
+}
+
+// AgentKey names a running agent: the machine it runs on and its public key.
+type AgentKey struct {
+	Machine   uuid.UUID
+	PublicKey []byte
+}
+
+// HeartbeatAgents records, in one statement, a heartbeat for each of agents
+// whose machine's recorded agent still has that public key, and returns those
+// machines. An agent whose key no longer matches was replaced, or its tags
+// were deleted by Recovery: its heartbeat must not make the machine look
+// alive, so the caller should stop heartbeating it.
+func (t *Tx) HeartbeatAgents(ctx context.Context, agents []AgentKey) ([]uuid.UUID, error) {
+	if len(agents) == 0 {
+		return nil, nil
+	}
+	machines := make([]uuid.UUID, len(agents))
+	keys := make([][]byte, len(agents))
+	for i, a := range agents {
+		machines[i], keys[i] = a.Machine, a.PublicKey
+	}
+	rows, err := t.tx.Query(ctx, qHeartbeatAgents, machines, keys)
+	if err != nil {
+		return nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+	}
+	alive, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+	}
+	return alive, nil
 }
 
 // LastHeartbeat reads the last heartbeat of machine's agent.

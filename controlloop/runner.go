@@ -250,7 +250,7 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 	switch {
 	case runErr == nil:
 		result = ResultFinished
-		err = t.work.Finish(endCtx, t.Commit)
+		err = t.work.Finish(endCtx, r.guardCommit(t))
 		if err != nil && !isLeaseGone(err) {
 			// The outcome could not be recorded: fail the work so that the
 			// lease is released and the failure is in history.
@@ -291,6 +291,24 @@ func (r *Runner) run(ctx context.Context, t *Task) (err error) {
 		}
 	}()
 	return r.process.Run(ctx, t)
+}
+
+// guardCommit wraps the task's commit function so that a panic in it, which
+// is process code too, fails the work instead of crashing the daemon.
+func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) error {
+	if t.Commit == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx *bmdb.Tx) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				r.metrics.panics.WithLabelValues(r.info.Label).Inc()
+				klog.Errorf("%s: panic committing %s: %v\n%s", r.info.Label, t.Machine, p, debug.Stack())
+				err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		return t.Commit(ctx, tx)
+	}
 }
 
 // refreshGauges updates the queue gauges with one query per period.

@@ -12,7 +12,9 @@ import (
 // Provider is what the processes need from the world a machine lives in:
 // a simulated fleet, a static inventory reached over SSH and Redfish, a
 // cloud API. Implementations must honour ctx: when it is cancelled the lease
-// may no longer be held, and the provider must stop acting.
+// may no longer be held, and the provider must stop acting. A failure mode
+// that deserves its own backoff (a changed SSH host key) is returned wrapped
+// by WithBackoff; the processes apply it with ApplyBackoff.
 type Provider interface {
 	// Name identifies the provider in machine_provided.provider.
 	Name() string

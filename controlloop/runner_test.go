@@ -1,0 +1,569 @@
+package controlloop_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes"
+)
+
+// The runner's guarantees (leases, backoff, fencing, shutdown) are the
+// database's, so its tests run against a real PostgreSQL.
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
+
+// testProcess is a process whose action is the test's function.
+type testProcess struct {
+	info       controlloop.Info
+	candidates bmdb.Candidates
+	run        func(ctx context.Context, t *controlloop.Task) error
+}
+
+func (p *testProcess) Info() controlloop.Info                             { return p.info }
+func (p *testProcess) Candidates() bmdb.Candidates                        { return p.candidates }
+func (p *testProcess) Run(ctx context.Context, t *controlloop.Task) error { return p.run(ctx, t) }
+
+// newProcess returns a process over AgentStartCandidates: a machine needs it
+// until its work finishes with commitAgent, so that a test can see every
+// machine done exactly once.
+func newProcess(run func(ctx context.Context, t *controlloop.Task) error) *testProcess {
+	return &testProcess{
+		info: controlloop.Info{
+			Process:        bmdb.Process{Name: "TestProcess"},
+			Label:          "test",
+			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
+		},
+		candidates: bmdb.AgentStartCandidates(),
+		run:        run,
+	}
+}
+
+// commitAgent makes t's machine no longer a candidate once its work finishes.
+func commitAgent(t *controlloop.Task) {
+	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.SetAgentStarted(ctx, t.Machine, []byte("key"))
+	}
+}
+
+type env struct {
+	t   *testing.T
+	dsn string
+	db  *bmdb.DB
+	reg *prometheus.Registry
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dsn := bmdbtest.NewDatabase(t)
+	reg := prometheus.NewRegistry()
+	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(db.Close)
+	return &env{t: t, dsn: dsn, db: db, reg: reg}
+}
+
+func (e *env) addMachines(n int) []uuid.UUID {
+	e.t.Helper()
+	var ids []uuid.UUID
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		ids = ids[:0]
+		for i := range n {
+			id, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: fmt.Sprintf("%s-%d", uuid.NewString(), i)})
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("adding machines: %v", err)
+	}
+	return ids
+}
+
+// fastConfig is a runner configuration for tests: no query rate limit and
+// short polls, so that tests wait on work rather than on pacing.
+func fastConfig(p controlloop.Process, parallelism int) controlloop.Config {
+	cfg := controlloop.DefaultConfig(p.Info())
+	cfg.Parallelism = parallelism
+	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
+	cfg.IdlePoll = 50 * time.Millisecond
+	cfg.MetricsRefresh = time.Second
+	return cfg
+}
+
+// runner is a running Runner.
+type runner struct {
+	*controlloop.Runner
+	stop    context.CancelFunc
+	done    chan error
+	stopped bool
+}
+
+// start runs p until the test ends or Stop is called.
+func (e *env) start(p controlloop.Process, cfg controlloop.Config) *runner {
+	e.t.Helper()
+	r, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg))
+	if err != nil {
+		e.t.Fatalf("controlloop.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &runner{Runner: r, stop: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	e.t.Cleanup(func() { rr.Stop(e.t, time.Minute) })
+	return rr
+}
+
+// Stop stops the runner and waits for Run to return, at most timeout.
+func (r *runner) Stop(t *testing.T, timeout time.Duration) time.Duration {
+	t.Helper()
+	if r.stopped {
+		return 0
+	}
+	r.stopped = true
+	start := time.Now()
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("Run did not return within %s of its context being cancelled", timeout)
+	}
+	return time.Since(start)
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// history reads the whole work history.
+func (e *env) history() []bmdb.HistoryEntry {
+	e.t.Helper()
+	var all []bmdb.HistoryEntry
+	for {
+		after := int64(0)
+		if len(all) > 0 {
+			after = all[len(all)-1].ID
+		}
+		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
+		if err != nil {
+			e.t.Fatalf("HistoryAfter: %v", err)
+		}
+		if len(page) == 0 {
+			return all
+		}
+		all = append(all, page...)
+	}
+}
+
+// eventsByMachine groups the history's events per machine, in order.
+func eventsByMachine(h []bmdb.HistoryEntry) map[uuid.UUID][]string {
+	m := map[uuid.UUID][]string{}
+	for _, e := range h {
+		m[e.Machine] = append(m[e.Machine], e.Event)
+	}
+	return m
+}
+
+// checkNoOverlap fails unless, per machine, every Started is followed by its
+// end before the next Started: no two leases of the machine overlapped.
+func checkNoOverlap(t *testing.T, h []bmdb.HistoryEntry) {
+	t.Helper()
+	open := map[uuid.UUID]bool{}
+	for _, e := range h {
+		if e.Event == bmdb.EventStarted {
+			if open[e.Machine] {
+				t.Errorf("history %d: %s started on %s while a lease was held", e.ID, e.Process, e.Machine)
+			}
+			open[e.Machine] = true
+		} else {
+			open[e.Machine] = false
+		}
+	}
+}
+
+func (e *env) count(event string) int {
+	n := 0
+	for _, h := range e.history() {
+		if h.Event == event {
+			n++
+		}
+	}
+	return n
+}
+
+// metric sums the samples of a counter family in the env's registry.
+func (e *env) metric(name string, labels map[string]string) float64 {
+	e.t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatalf("Gather: %v", err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func TestRunnerFinishesEveryMachine(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(20)
+
+	var active, maxActive atomic.Int32
+	var mu sync.Mutex
+	runs := map[uuid.UUID]int{}
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		n := active.Add(1)
+		defer active.Add(-1)
+		for {
+			m := maxActive.Load()
+			if n <= m || maxActive.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		mu.Lock()
+		runs[task.Machine]++
+		mu.Unlock()
+		time.Sleep(30 * time.Millisecond)
+		commitAgent(task)
+		return nil
+	})
+	r := e.start(p, fastConfig(p, 4))
+
+	waitFor(t, 20*time.Second, "every machine to be finished", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == len(machines), nil
+	})
+	// Idle now: nothing more may be started.
+	time.Sleep(200 * time.Millisecond)
+	r.Stop(t, 10*time.Second)
+
+	if got := maxActive.Load(); got != 4 {
+		t.Errorf("at most %d runs at once, want 4 (the parallelism)", got)
+	}
+	h := e.history()
+	checkNoOverlap(t, h)
+	byMachine := eventsByMachine(h)
+	for _, m := range machines {
+		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
+			t.Errorf("history of %s: %s, want Started,Finished", m, got)
+		}
+		if runs[m] != 1 {
+			t.Errorf("%s ran %d times, want once", m, runs[m])
+		}
+	}
+	if got := e.metric("shepherd_work_finished_total", map[string]string{"process": "test", "result": "finished"}); got != 20 {
+		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 20", got)
+	}
+}
+
+// A failure mode that asks for its own backoff gets it persisted; the other
+// failures get the process's default.
+func TestRunnerCustomBackoff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(10)
+	hostKey := map[uuid.UUID]bool{}
+	for i, m := range machines {
+		hostKey[m] = i%2 == 0
+	}
+	custom := bmdb.Backoff{Initial: 6 * time.Hour, Maximum: 48 * time.Hour, Exponent: 2}
+
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		if hostKey[task.Machine] {
+			err := processes.WithBackoff(errors.New("ssh: host key changed"), custom)
+			return processes.ApplyBackoff(task, fmt.Errorf("starting agent: %w", err))
+		}
+		return processes.ApplyBackoff(task, errors.New("ssh: connection reset"))
+	})
+	e.start(p, fastConfig(p, 3))
+
+	waitFor(t, 20*time.Second, "every machine to fail", func() (bool, error) {
+		return e.count(bmdb.EventFailed) == len(machines), nil
+	})
+	for _, m := range machines {
+		b, err := e.db.BackoffOf(context.Background(), m, p.info.Process)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b == nil {
+			t.Fatalf("%s: no backoff", m)
+		}
+		want, cause := int64(60), "ssh: connection reset"
+		if hostKey[m] {
+			want, cause = 6*3600, "starting agent: ssh: host key changed"
+		}
+		if b.LastIntervalSeconds != want || b.Cause != cause || !b.Active {
+			t.Errorf("%s: backoff %ds (active %t) cause %q, want %ds active cause %q", m, b.LastIntervalSeconds, b.Active, b.Cause, want, cause)
+		}
+	}
+}
+
+// A panic in Run, or in the commit function Run leaves, fails that work with
+// the panic as its cause; the runner carries on.
+func TestRunnerPanic(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(4)
+	panicRun, panicCommit := machines[0], machines[1]
+
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		switch task.Machine {
+		case panicRun:
+			panic("boom in run")
+		case panicCommit:
+			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error { panic("boom in commit") }
+			return nil
+		}
+		commitAgent(task)
+		return nil
+	})
+	e.start(p, fastConfig(p, 1))
+
+	waitFor(t, 20*time.Second, "every machine to be done", func() (bool, error) {
+		return e.count(bmdb.EventFailed) == 2 && e.count(bmdb.EventFinished) == 2, nil
+	})
+	// Still running: new work is done.
+	late := e.addMachines(1)[0]
+	waitFor(t, 20*time.Second, "a machine added after the panics to be finished", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == 3, nil
+	})
+
+	for _, m := range []uuid.UUID{panicRun, panicCommit} {
+		h, err := e.db.History(context.Background(), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := h[len(h)-1]
+		if last.Event != bmdb.EventFailed || !strings.Contains(last.Cause, "panic") {
+			t.Errorf("%s: last event %s %q, want Failed with a panic cause", m, last.Event, last.Cause)
+		}
+	}
+	if h := eventsByMachine(e.history())[late]; strings.Join(h, ",") != "Started,Finished" {
+		t.Errorf("late machine: %v", h)
+	}
+	if got := e.metric("shepherd_work_panics_total", map[string]string{"process": "test"}); got != 2 {
+		t.Errorf("shepherd_work_panics_total = %g, want 2", got)
+	}
+}
+
+// At shutdown, work that outlives the grace period is cancelled (recorded as
+// Canceled), and no lease or session is left behind.
+func TestRunnerShutdownCancelsAfterGrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(3)
+
+	var running atomic.Int32
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		running.Add(1)
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	cfg := fastConfig(p, 3)
+	cfg.ShutdownGrace = 300 * time.Millisecond
+	r := e.start(p, cfg)
+	waitFor(t, 20*time.Second, "all machines in progress", func() (bool, error) {
+		return running.Load() == 3, nil
+	})
+	took := r.Stop(t, 10*time.Second)
+	if took < cfg.ShutdownGrace {
+		t.Errorf("Run returned after %s, before the grace period of %s", took, cfg.ShutdownGrace)
+	}
+
+	byMachine := eventsByMachine(e.history())
+	for _, m := range machines {
+		if got := strings.Join(byMachine[m], ","); got != "Started,Canceled" {
+			t.Errorf("history of %s: %s, want Started,Canceled", m, got)
+		}
+		if b, err := e.db.BackoffOf(context.Background(), m, p.info.Process); err != nil || b != nil {
+			t.Errorf("%s: backoff %+v (%v), want none after a cancel", m, b, err)
+		}
+	}
+	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
+		t.Errorf("leases after shutdown: %d (%v), want 0", n, err)
+	}
+	if s, err := e.db.Sessions(context.Background()); err != nil || len(s) != 0 {
+		t.Errorf("sessions after shutdown: %v (%v), want none", s, err)
+	}
+}
+
+// At shutdown, work that ends within the grace period is finished, and no
+// new work is started.
+func TestRunnerShutdownLetsWorkFinish(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(6)
+
+	var running atomic.Int32
+	release := make(chan struct{})
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		running.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		commitAgent(task)
+		return nil
+	})
+	cfg := fastConfig(p, 2)
+	cfg.ShutdownGrace = time.Minute
+	r := e.start(p, cfg)
+	waitFor(t, 20*time.Second, "two machines in progress", func() (bool, error) {
+		return running.Load() == 2, nil
+	})
+	time.AfterFunc(300*time.Millisecond, func() { close(release) })
+	r.Stop(t, 30*time.Second)
+
+	if got := e.count(bmdb.EventStarted); got != 2 {
+		t.Errorf("%d leases taken, want 2: sourcing must stop at shutdown", got)
+	}
+	if got := e.count(bmdb.EventFinished); got != 2 {
+		t.Errorf("%d works finished, want the 2 in flight", got)
+	}
+	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
+		t.Errorf("leases after shutdown: %d (%v), want 0", n, err)
+	}
+	_ = machines
+}
+
+// An idle runner does not poll the database once per worker: its load is
+// bounded by the idle poll, whatever the parallelism.
+func TestRunnerIdleLoad(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error { return nil })
+	cfg := controlloop.DefaultConfig(p.Info())
+	cfg.Parallelism = 64
+	r := e.start(p, cfg)
+	waitFor(t, 10*time.Second, "a session", func() (bool, error) { return r.Ready(), nil })
+
+	const window = 3 * time.Second
+	tx0 := e.metric("shepherd_bmdb_transactions_total", nil)
+	src0 := e.metric("shepherd_sourcing_queries_total", nil)
+	time.Sleep(window)
+	tx := e.metric("shepherd_bmdb_transactions_total", nil) - tx0
+	src := e.metric("shepherd_sourcing_queries_total", nil) - src0
+
+	perSecond := tx / window.Seconds()
+	t.Logf("idle with %d workers: %.0f transactions, %.0f sourcing queries in %s", cfg.Parallelism, tx, src, window)
+	if perSecond >= 3 {
+		t.Errorf("idle runner made %.1f transactions/s, want < 3", perSecond)
+	}
+	if maxSrc := window.Seconds()/cfg.IdlePoll.Seconds() + 2; src > maxSrc {
+		t.Errorf("idle runner made %.0f sourcing queries in %s, want at most %.0f (one per idle poll)", src, window, maxSrc)
+	}
+}
+
+// When the runner's session is lost, the work under it is stopped (its
+// context cancelled with bmdb.ErrSessionExpired), the reaper records the
+// leases as Lost, and the runner carries on with a new session.
+func TestRunnerSessionLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(3)
+
+	var mu sync.Mutex
+	causes := map[uuid.UUID]error{}
+	var blocked atomic.Int32
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		mu.Lock()
+		_, again := causes[task.Machine]
+		mu.Unlock()
+		if !again {
+			blocked.Add(1)
+			<-ctx.Done()
+			mu.Lock()
+			causes[task.Machine] = context.Cause(ctx)
+			mu.Unlock()
+			return context.Cause(ctx)
+		}
+		commitAgent(task)
+		return nil
+	})
+	cfg := fastConfig(p, 3)
+	cfg.Session.Interval = 2 * time.Second
+	e.start(p, cfg)
+	waitFor(t, 20*time.Second, "all machines in progress", func() (bool, error) {
+		return blocked.Load() == 3, nil
+	})
+
+	// Expire the session behind the runner's back, as a partition longer
+	// than its interval would.
+	conn, err := pgx.Connect(context.Background(), e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `UPDATE sessions SET session_deadline = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+
+	waitFor(t, 30*time.Second, "every machine to be finished under a new session", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == len(machines), nil
+	})
+	h := e.history()
+	checkNoOverlap(t, h)
+	byMachine := eventsByMachine(h)
+	for _, m := range machines {
+		if !errors.Is(causes[m], bmdb.ErrSessionExpired) {
+			t.Errorf("%s: first run stopped with %v, want %v", m, causes[m], bmdb.ErrSessionExpired)
+		}
+		if got := strings.Join(byMachine[m], ","); got != "Started,Lost,Started,Finished" {
+			t.Errorf("history of %s: %s, want Started,Lost,Started,Finished", m, got)
+		}
+	}
+	if got := e.metric("shepherd_work_finished_total", map[string]string{"result": "lost"}); got != 3 {
+		t.Errorf("shepherd_work_finished_total{result=lost} = %g, want 3", got)
+	}
+}

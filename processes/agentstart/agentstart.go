@@ -1,0 +1,77 @@
+// Package agentstart is the ShepherdAgentStart process: it starts the
+// Shepherd agent on provided machines that have none, and records the agent's
+// public key so that Recovery can later tell whether it is alive.
+package agentstart
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes"
+)
+
+// Process is AgentStart's identity in the BMDB. It shares the "Shepherd"
+// exclusion group with Recovery: starting an agent on a machine that is being
+// rebooted (or the reverse) would race the two actions on the same hardware.
+// Treat it as a constant.
+var Process = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
+
+// Label names the process in flags (-agentstart_...) and metrics.
+const Label = "agentstart"
+
+// AgentStart implements controlloop.Process.
+type AgentStart struct {
+	provider processes.Provider
+}
+
+// New returns the AgentStart process acting through p.
+func New(p processes.Provider) *AgentStart {
+	return &AgentStart{provider: p}
+}
+
+// Info implements controlloop.Process. The default backoff is long: an
+// unreachable machine is usually unreachable for a while, and hammering it
+// fills history without helping.
+func (*AgentStart) Info() controlloop.Info {
+	return controlloop.Info{
+		Process:        Process,
+		Label:          Label,
+		DefaultBackoff: bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2},
+	}
+}
+
+// Candidates implements controlloop.Process: provided machines without a
+// started agent.
+func (*AgentStart) Candidates() bmdb.Candidates { return bmdb.AgentStartCandidates() }
+
+// Run implements controlloop.Process: it starts the agent through the
+// provider and, on success, records the agent's public key when the work
+// finishes, so that the tag exists if and only if the lease was still held.
+// A provider error carrying a processes.BackoffError sets the task's backoff.
+func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
+	var m bmdb.Provided
+	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		m, err = tx.Provided(ctx, t.Machine)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("looking up machine: %w", err)
+	}
+	key, err := a.provider.StartAgent(ctx, m)
+	if err != nil {
+		return processes.ApplyBackoff(t, fmt.Errorf("starting agent on %s/%s: %w", m.Provider, m.ProviderID, err))
+	}
+	if len(key) == 0 {
+		// Without a key nothing could later authenticate the agent.
+		return errors.New("starting agent on " + m.Provider + "/" + m.ProviderID + ": provider returned no public key")
+	}
+	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.SetAgentStarted(ctx, t.Machine, key)
+	}
+	return nil
+}

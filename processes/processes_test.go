@@ -1,0 +1,483 @@
+package processes_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
+	"github.com/shepherd-fleet/shepherd/processes/sim"
+)
+
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
+
+var (
+	_ controlloop.Process = (*agentstart.AgentStart)(nil)
+	_ controlloop.Process = (*recovery.Recovery)(nil)
+)
+
+func TestApplyBackoff(t *testing.T) {
+	def := bmdb.Backoff{Initial: time.Minute}
+	custom := bmdb.Backoff{Initial: time.Hour}
+	outer := bmdb.Backoff{Initial: 2 * time.Hour}
+	base := errors.New("ssh: host key changed")
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bmdb.Backoff
+	}{
+		{"plain", base, def},
+		{"custom", processes.WithBackoff(base, custom), custom},
+		{"wrapped", fmt.Errorf("starting agent: %w", processes.WithBackoff(base, custom)), custom},
+		{"outermost wins", processes.WithBackoff(processes.WithBackoff(base, custom), outer), outer},
+	} {
+		task := &controlloop.Task{Backoff: def}
+		got := processes.ApplyBackoff(task, tc.err)
+		if got != tc.err {
+			t.Errorf("%s: ApplyBackoff changed the error to %v", tc.name, got)
+		}
+		if task.Backoff != tc.want {
+			t.Errorf("%s: backoff %+v, want %+v", tc.name, task.Backoff, tc.want)
+		}
+		if !errors.Is(got, base) || !strings.HasSuffix(got.Error(), base.Error()) {
+			t.Errorf("%s: %v does not show or wrap %v", tc.name, got, base)
+		}
+	}
+	if processes.WithBackoff(nil, custom) != nil {
+		t.Errorf("WithBackoff(nil) is not nil")
+	}
+}
+
+func TestInfo(t *testing.T) {
+	a := agentstart.New(nil).Info()
+	r := recovery.New(nil, recovery.DefaultConfig()).Info()
+	if a.Process.Name != "ShepherdAgentStart" || a.Label != "agentstart" ||
+		a.DefaultBackoff != (bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2}) {
+		t.Errorf("AgentStart: %+v", a)
+	}
+	if r.Process.Name != "ShepherdRecovery" || r.Label != "recovery" ||
+		r.DefaultBackoff != (bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2}) {
+		t.Errorf("Recovery: %+v", r)
+	}
+	if a.Process.ExclusionGroup == "" || a.Process.ExclusionGroup != r.Process.ExclusionGroup {
+		t.Errorf("AgentStart (%q) and Recovery (%q) do not exclude each other", a.Process.ExclusionGroup, r.Process.ExclusionGroup)
+	}
+	if a.Process != agentstart.Process || r.Process != recovery.Process {
+		t.Errorf("Info does not use the exported Process values")
+	}
+	for _, p := range []bmdb.Process{a.Process, r.Process} {
+		if err := p.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestRecoveryConfig(t *testing.T) {
+	var cfg recovery.Config
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	for name, want := range map[string]string{"recovery_start_timeout": "30m0s", "recovery_heartbeat_timeout": "10m0s"} {
+		if f := fs.Lookup(name); f == nil || f.DefValue != want {
+			t.Errorf("-%s: %+v, want default %s", name, f, want)
+		}
+	}
+	if err := fs.Parse([]string{"-recovery_start_timeout=1m", "-recovery_heartbeat_timeout=20s"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg != (recovery.Config{StartTimeout: time.Minute, HeartbeatTimeout: 20 * time.Second}) {
+		t.Errorf("parsed %+v", cfg)
+	}
+	if err := cfg.Check(); err != nil {
+		t.Error(err)
+	}
+	cfg.HeartbeatTimeout = 0
+	if err := cfg.Check(); err == nil || !strings.Contains(err.Error(), "-recovery_heartbeat_timeout") {
+		t.Errorf("Check of a zero heartbeat timeout: %v", err)
+	}
+}
+
+type env struct {
+	t       *testing.T
+	db      *bmdb.DB
+	metrics *controlloop.Metrics
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(db.Close)
+	return &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
+}
+
+// run runs p through a runner with fast test settings and backoff b until
+// the test ends.
+func (e *env) run(p controlloop.Process, b bmdb.Backoff) {
+	e.t.Helper()
+	cfg := controlloop.DefaultConfig(p.Info())
+	cfg.Parallelism = 4
+	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
+	cfg.IdlePoll = 50 * time.Millisecond
+	cfg.Backoff = b
+	r, err := controlloop.New(e.db, p, cfg, e.metrics)
+	if err != nil {
+		e.t.Fatalf("controlloop.New: %v", err)
+	}
+	e.goUntilCleanup(r.Run)
+}
+
+// goUntilCleanup runs fn until the test ends.
+func (e *env) goUntilCleanup(fn func(ctx context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("stopping: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) history() []bmdb.HistoryEntry {
+	e.t.Helper()
+	var all []bmdb.HistoryEntry
+	for {
+		after := int64(0)
+		if len(all) > 0 {
+			after = all[len(all)-1].ID
+		}
+		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
+		if err != nil {
+			e.t.Fatalf("HistoryAfter: %v", err)
+		}
+		if len(page) == 0 {
+			return all
+		}
+		all = append(all, page...)
+	}
+}
+
+// count counts events per machine of process.
+func count(h []bmdb.HistoryEntry, process bmdb.Process, event string) map[uuid.UUID]int {
+	n := map[uuid.UUID]int{}
+	for _, e := range h {
+		if e.Process == process.Name && e.Event == event {
+			n[e.Machine]++
+		}
+	}
+	return n
+}
+
+// checkExclusive fails unless no two leases of the Shepherd exclusion
+// group (AgentStart and Recovery) on one machine overlapped.
+func checkExclusive(t *testing.T, h []bmdb.HistoryEntry) {
+	t.Helper()
+	holder := map[uuid.UUID]string{}
+	for _, e := range h {
+		if e.Event == bmdb.EventStarted {
+			if p := holder[e.Machine]; p != "" {
+				t.Errorf("history %d: %s started on %s while %s held it", e.ID, e.Process, e.Machine, p)
+			}
+			holder[e.Machine] = e.Process
+		} else {
+			if holder[e.Machine] != e.Process {
+				t.Errorf("history %d: %s %s on %s, but %q held it", e.ID, e.Process, e.Event, e.Machine, holder[e.Machine])
+			}
+			holder[e.Machine] = ""
+		}
+	}
+}
+
+// agentState reads whether each machine has an agent started and a
+// heartbeat.
+func (e *env) agentState(machines []bmdb.Provided) (started, beating int) {
+	e.t.Helper()
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		started, beating = 0, 0
+		for _, m := range machines {
+			if _, _, err := tx.AgentStarted(ctx, m.Machine); err == nil {
+				started++
+			} else if !errors.Is(err, bmdb.ErrNotFound) {
+				return err
+			}
+			if _, err := tx.LastHeartbeat(ctx, m.Machine); err == nil {
+				beating++
+			} else if !errors.Is(err, bmdb.ErrNotFound) {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return started, beating
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The shipped loops against the simulated fleet: AgentStart starts every
+// agent (retrying failures after a backoff); when heartbeats stop, Recovery
+// reboots the machines and deletes their tags, and AgentStart takes them
+// again.
+func TestAgentStartAndRecoveryWithSim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	fleet := sim.New(e.db, sim.Config{
+		Machines:              20,
+		AgentStartFailureRate: 0.25,
+		ActionTime:            10 * time.Millisecond,
+		HeartbeatInterval:     100 * time.Millisecond,
+	})
+	if err := fleet.Seed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var machines []bmdb.Provided
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		machines, err = tx.ProvidedBy(ctx, sim.Name)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Constant backoffs: a machine that fails a few times in a row must not
+	// make the test wait for a long one.
+	fast := bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}
+	stopAgents := e.goUntilCleanup(fleet.Run)
+	e.run(agentstart.New(fleet), fast)
+	e.run(recovery.New(fleet, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fast)
+
+	t0 := time.Now()
+	waitFor(t, 30*time.Second, "every agent started and heartbeating", func() bool {
+		started, beating := e.agentState(machines)
+		return started == len(machines) && beating == len(machines)
+	})
+	t.Logf("phase 1: %s", time.Since(t0))
+	h := e.history()
+	// Heartbeats arrive 15 times per heartbeat timeout.
+	if n := len(count(h, recovery.Process, bmdb.EventStarted)); n != 0 {
+		t.Errorf("Recovery acted on %d machines whose agents heartbeat", n)
+	}
+
+	// Every agent stops heartbeating.
+	stopAgents()
+	t0 = time.Now()
+	waitFor(t, 30*time.Second, "Recovery to reboot every machine", func() bool {
+		return len(count(e.history(), recovery.Process, bmdb.EventFinished)) == len(machines)
+	})
+
+	// Agents run again: AgentStart takes the machines again, and they stay
+	// up.
+	t.Logf("phase 2: %s", time.Since(t0))
+	t0 = time.Now()
+	e.goUntilCleanup(fleet.Run)
+	waitFor(t, 30*time.Second, "every agent restarted and heartbeating", func() bool {
+		started, beating := e.agentState(machines)
+		return started == len(machines) && beating == len(machines)
+	})
+
+	t.Logf("phase 3: %s", time.Since(t0))
+	h = e.history()
+	checkExclusive(t, h)
+	failed := 0
+	for _, e := range h {
+		if e.Process == agentstart.Process.Name && e.Event == bmdb.EventFailed {
+			failed++
+			if !strings.Contains(e.Cause, "sim: agent start failed") {
+				t.Errorf("AgentStart failure cause %q", e.Cause)
+			}
+		}
+	}
+	if failed == 0 {
+		t.Errorf("no AgentStart failure with a failure rate of 0.25")
+	}
+	starts := count(h, agentstart.Process, bmdb.EventFinished)
+	reboots := count(h, recovery.Process, bmdb.EventFinished)
+	for _, m := range machines {
+		if starts[m.Machine] < 2 || reboots[m.Machine] < 1 {
+			t.Errorf("%s: %d agent starts and %d reboots, want at least 2 and 1", m.ProviderID, starts[m.Machine], reboots[m.Machine])
+		}
+	}
+}
+
+// fakeProvider fails every action; on some machines with a custom backoff,
+// with a custom backoff, as a provider does for a changed SSH host key.
+type fakeProvider struct {
+	hostKeyChanged map[string]bool
+	backoff        bmdb.Backoff
+}
+
+func (*fakeProvider) Name() string { return "fake" }
+
+func (p *fakeProvider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
+	return nil, p.fail(m)
+}
+
+func (p *fakeProvider) Reboot(ctx context.Context, m bmdb.Provided) error { return p.fail(m) }
+
+func (p *fakeProvider) fail(m bmdb.Provided) error {
+	if p.hostKeyChanged[m.ProviderID] {
+		return processes.WithBackoff(errors.New("ssh: host key changed"), p.backoff)
+	}
+	return errors.New("ssh: connection refused")
+}
+
+// A provider's failure mode with its own backoff gets that backoff
+// persisted, by either process; the other failures get the default.
+func TestProviderCustomBackoff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	provider := &fakeProvider{hostKeyChanged: map[string]bool{}, backoff: bmdb.Backoff{Initial: 12 * time.Hour, Maximum: 48 * time.Hour, Exponent: 2}}
+	var machines []uuid.UUID
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		machines = machines[:0]
+		for i := range 6 {
+			id := fmt.Sprintf("fake-%d", i)
+			provider.hostKeyChanged[id] = i%2 == 0
+			m, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "fake", ProviderID: id})
+			if err != nil {
+				return err
+			}
+			machines = append(machines, m)
+		}
+		// The last two have a dead agent, for Recovery.
+		for _, m := range machines[4:] {
+			if err := tx.SetAgentStarted(ctx, m, []byte("dead")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := agentstart.New(provider)
+	rec := recovery.New(provider, recovery.Config{StartTimeout: time.Millisecond, HeartbeatTimeout: time.Millisecond})
+	e.run(as, as.Info().DefaultBackoff)
+	e.run(rec, rec.Info().DefaultBackoff)
+
+	waitFor(t, 20*time.Second, "every machine to fail", func() bool {
+		h := e.history()
+		return len(count(h, agentstart.Process, bmdb.EventFailed)) == 4 && len(count(h, recovery.Process, bmdb.EventFailed)) == 2
+	})
+	for i, m := range machines {
+		process := agentstart.Process
+		want := int64(5 * 60)
+		if i >= 4 {
+			process, want = recovery.Process, 60
+		}
+		if i%2 == 0 {
+			want = 12 * 3600
+		}
+		b, err := e.db.BackoffOf(ctx, m, process)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b == nil || b.LastIntervalSeconds != want {
+			t.Errorf("machine %d: %s backoff %+v, want %ds", i, process.Name, b, want)
+		}
+	}
+}
+
+// Two replicas, each with its own simulated agents and loops, share one
+// fleet: every machine gets exactly one live agent, the leases of the two
+// never overlap, and both replicas do part of the work.
+func TestTwoReplicasShareTheFleet(t *testing.T) {
+	t.Parallel()
+	dsn := bmdbtest.NewDatabase(t)
+	ctx := context.Background()
+	fast := bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}
+	var replicas []*env
+	var fleets []*sim.Provider
+	cfg := sim.Config{Machines: 30, AgentStartFailureRate: 0.2, ActionTime: 20 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond}
+	for range 2 {
+		reg := prometheus.NewRegistry()
+		db, err := bmdb.Open(ctx, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		e := &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
+		fleet := sim.New(db, cfg)
+		if err := fleet.Seed(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.goUntilCleanup(fleet.Run)
+		e.run(agentstart.New(fleet), fast)
+		e.run(recovery.New(fleet, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fast)
+		replicas = append(replicas, e)
+		fleets = append(fleets, fleet)
+	}
+	e := replicas[0]
+	var machines []bmdb.Provided
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		machines, err = tx.ProvidedBy(ctx, sim.Name)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(machines) != cfg.Machines {
+		t.Fatalf("%d machines after both replicas seeded, want %d", len(machines), cfg.Machines)
+	}
+
+	waitFor(t, 30*time.Second, "every agent started and heartbeating", func() bool {
+		started, beating := e.agentState(machines)
+		return started == len(machines) && beating == len(machines)
+	})
+	// Each machine's agent runs in the replica that started it.
+	waitFor(t, 10*time.Second, "each replica to run only the agents it started", func() bool {
+		return fleets[0].Running()+fleets[1].Running() == len(machines)
+	})
+	h := e.history()
+	checkExclusive(t, h)
+	sessions := map[uuid.UUID]bool{}
+	for _, e := range h {
+		if e.Process == agentstart.Process.Name && e.Event == bmdb.EventFinished {
+			sessions[e.Session] = true
+		}
+	}
+	if fleets[0].Running() == 0 || fleets[1].Running() == 0 || len(sessions) < 2 {
+		t.Errorf("one replica did all the work: agents %d and %d, from %d sessions", fleets[0].Running(), fleets[1].Running(), len(sessions))
+	}
+	if n := len(count(h, recovery.Process, bmdb.EventStarted)); n != 0 {
+		t.Errorf("Recovery acted on %d machines whose agents heartbeat", n)
+	}
+}

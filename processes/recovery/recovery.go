@@ -1,0 +1,123 @@
+// Package recovery is the ShepherdRecovery process: it reboots machines
+// whose agent never came up or stopped heartbeating, and hands them back to
+// AgentStart by deleting their agent tags.
+package recovery
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes"
+)
+
+// Process is Recovery's identity in the BMDB; it excludes AgentStart
+// through the shared "Shepherd" group. Treat it as a constant.
+var Process = bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"}
+
+// Label names the process in flags (-recovery_...) and metrics.
+const Label = "recovery"
+
+// Default timeouts.
+const (
+	DefaultStartTimeout     = 30 * time.Minute
+	DefaultHeartbeatTimeout = 10 * time.Minute
+)
+
+// Config says when an agent counts as dead.
+type Config struct {
+	// StartTimeout is how long a started agent may take to send its first
+	// heartbeat.
+	StartTimeout time.Duration
+	// HeartbeatTimeout is how old the last heartbeat of a running agent may
+	// get.
+	HeartbeatTimeout time.Duration
+}
+
+// DefaultConfig returns the default timeouts.
+func DefaultConfig() Config {
+	return Config{StartTimeout: DefaultStartTimeout, HeartbeatTimeout: DefaultHeartbeatTimeout}
+}
+
+// RegisterFlags registers -recovery_start_timeout and
+// -recovery_heartbeat_timeout on fs, with c's values as defaults (the
+// package defaults for zero fields).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	fs.DurationVar(&c.StartTimeout, Label+"_start_timeout", c.StartTimeout,
+		"reboot a machine whose agent was started this long ago and never heartbeated")
+	fs.DurationVar(&c.HeartbeatTimeout, Label+"_heartbeat_timeout", c.HeartbeatTimeout,
+		"reboot a machine whose agent's last heartbeat is this old")
+}
+
+// Check validates the configuration; its errors name the flag.
+func (c *Config) Check() error {
+	if c.StartTimeout <= 0 {
+		return fmt.Errorf("-%s_start_timeout %s: must be positive", Label, c.StartTimeout)
+	}
+	if c.HeartbeatTimeout <= 0 {
+		return fmt.Errorf("-%s_heartbeat_timeout %s: must be positive", Label, c.HeartbeatTimeout)
+	}
+	return nil
+}
+
+// Recovery implements controlloop.Process.
+type Recovery struct {
+	provider processes.Provider
+	cfg      Config
+}
+
+// New returns the Recovery process acting through p; cfg must have passed
+// Check.
+func New(p processes.Provider, cfg Config) *Recovery {
+	return &Recovery{provider: p, cfg: cfg}
+}
+
+// Info implements controlloop.Process. The default backoff retries sooner
+// than AgentStart's: a machine in Recovery is already known to be broken,
+// and a reboot is cheap.
+func (*Recovery) Info() controlloop.Info {
+	return controlloop.Info{
+		Process:        Process,
+		Label:          Label,
+		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2},
+	}
+}
+
+// Candidates implements controlloop.Process: machines whose agent never
+// heartbeated within StartTimeout or whose heartbeat is older than
+// HeartbeatTimeout.
+func (r *Recovery) Candidates() bmdb.Candidates {
+	return bmdb.RecoveryCandidates(r.cfg.StartTimeout, r.cfg.HeartbeatTimeout)
+}
+
+// Run implements controlloop.Process: it reboots the machine through the
+// provider and, when the work finishes, deletes its agent tags, which makes
+// it an AgentStart candidate again. A provider error carrying a
+// processes.BackoffError sets the task's backoff.
+func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
+	var m bmdb.Provided
+	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		m, err = tx.Provided(ctx, t.Machine)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("looking up machine: %w", err)
+	}
+	if err := r.provider.Reboot(ctx, m); err != nil {
+		return processes.ApplyBackoff(t, fmt.Errorf("rebooting %s/%s: %w", m.Provider, m.ProviderID, err))
+	}
+	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.DeleteAgentTags(ctx, t.Machine)
+	}
+	return nil
+}
