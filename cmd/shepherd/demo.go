@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+)
+
+// demoDatabase names the database demo mode creates in its cluster.
+const demoDatabase = "shepherd"
+
+// demoDefaults are the flag defaults demo mode changes, so that a visitor
+// sees Recovery reboot machines and failed machines retried within a minute
+// or two, not after the production timeouts (10 min, 30 min, 5 min backoffs).
+// Flags are grouped: a group is changed only if the operator set none of
+// its flags, so that an explicit -agentstart_backoff_initial 10m is not met
+// by a demo maximum below it.
+var demoDefaults = [][][2]string{
+	{{"recovery_heartbeat_timeout", "30s"}},
+	{{"recovery_start_timeout", "1m"}},
+	{{"sim_heartbeat_loss_rate", "0.5"}},
+	{{"agentstart_backoff_initial", "10s"}, {"agentstart_backoff_maximum", "2m"}},
+	{{"recovery_backoff_initial", "10s"}, {"recovery_backoff_maximum", "2m"}},
+}
+
+// applyDemoDefaults sets the demo defaults of the flags the command line did
+// not set, and returns them as -name=value for the log.
+func applyDemoDefaults(fs *flag.FlagSet) []string {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var applied []string
+group:
+	for _, g := range demoDefaults {
+		for _, kv := range g {
+			if set[kv[0]] {
+				continue group
+			}
+		}
+		for _, kv := range g {
+			if err := fs.Set(kv[0], kv[1]); err != nil {
+				panic(fmt.Sprintf("demo default -%s=%s: %v", kv[0], kv[1], err)) // a bug in the table above
+			}
+			applied = append(applied, "-"+kv[0]+"="+kv[1])
+		}
+	}
+	return applied
+}
+
+// startDemo provides the database of demo mode: a private PostgreSQL
+// cluster in stateDir (created on first use, reused afterwards, so that the
+// simulated fleet and its history survive restarts), with a migrated
+// database. The caller stops the cluster after the loops have stopped.
+//
+// Demo mode exists so that one command, with nothing provisioned, shows the
+// whole system working; it is never how a fleet is run.
+func startDemo(ctx context.Context, stateDir string, changedDefaults []string) (*pgcluster.Cluster, string, error) {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
+	}
+	klog.Infof("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $%s), so shepherd runs a private PostgreSQL in %s and a simulated fleet (-provider sim)", envDSN, abs)
+	klog.Infof("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $%s)", envDSN)
+
+	if len(changedDefaults) > 0 {
+		klog.Infof("DEMO MODE: flag defaults changed so that both loops show work within a minute or two (give a flag to override): %s", strings.Join(changedDefaults, " "))
+	}
+
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Logf: klog.Infof})
+	if err != nil {
+		return nil, "", fmt.Errorf("demo mode: starting PostgreSQL: %w", err)
+	}
+	fail := func(err error) (*pgcluster.Cluster, string, error) {
+		stopDemo(c)
+		return nil, "", err
+	}
+	err = c.CreateDatabase(ctx, demoDatabase, "")
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P04": // duplicate_database: kept from an earlier run
+	case err != nil:
+		return fail(fmt.Errorf("demo mode: %w", err))
+	}
+	dsn := c.DSN(demoDatabase)
+	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+		return fail(fmt.Errorf("demo mode: %w", err))
+	}
+	klog.Infof("DEMO MODE: BMDB ready at 127.0.0.1:%d/%s; its data stays in %s between runs (delete the directory to start afresh)", c.Port, demoDatabase, abs)
+	return c, dsn, nil
+}
+
+// stopDemo stops demo mode's PostgreSQL.
+func stopDemo(c *pgcluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		klog.Errorf("DEMO MODE: stopping PostgreSQL: %v", err)
+		return
+	}
+	klog.Infof("DEMO MODE: PostgreSQL in %s stopped", c.DataDir)
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestDemoMode runs the binary with no database, as 'go run ./cmd/shepherd'
+// does: within 30 s it must serve metrics showing AgentStart work done, and
+// SIGTERM must stop it and its PostgreSQL. A second run reuses the state.
+func TestDemoMode(t *testing.T) {
+	t.Parallel()
+	stateDir := filepath.Join(t.TempDir(), "state")
+	dataDir := filepath.Join(stateDir, "data")
+	t.Cleanup(func() { killPostgres(t, dataDir) })
+
+	started := time.Now()
+	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
+	waitFor(t, 30*time.Second-time.Since(started), "AgentStart work finished in demo mode", func() (bool, string) {
+		m, _ := d.metrics()
+		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
+		return v > 0, fmt.Sprintf(`shepherd_work_finished_total{process="agentstart",result="finished"} is %g`, v)
+	})
+	t.Logf("demo mode showed finished work %s after start", time.Since(started).Round(time.Millisecond))
+	for _, want := range []string{"DEMO MODE: no database given", "shepherd migrate up", "DEMO MODE: flag defaults changed", "-recovery_heartbeat_timeout=30s"} {
+		if !strings.Contains(d.log(), want) {
+			t.Errorf("demo log lacks %q", want)
+		}
+	}
+	d.stop(30 * time.Second)
+	if pid, ok := postmasterRunning(dataDir); ok {
+		t.Errorf("PostgreSQL (pid %d) still runs on %s after the daemon stopped", pid, dataDir)
+	}
+
+	// The state persists: the second run reuses the cluster and its fleet.
+	again := startShepherd(t, "demo-again", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
+	waitFor(t, 30*time.Second, "the second demo run to be ready", func() (bool, string) {
+		code, body, err := again.get("/readyz")
+		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
+	})
+	if !strings.Contains(again.log(), "reusing the cluster") || strings.Contains(again.log(), "sim: created") {
+		t.Errorf("the second run did not reuse the first run's cluster and fleet")
+	}
+	again.stop(30 * time.Second)
+	if pid, ok := postmasterRunning(dataDir); ok {
+		t.Errorf("PostgreSQL (pid %d) still runs on %s after the second run stopped", pid, dataDir)
+	}
+}
+
+// postmasterRunning reports the PostgreSQL server running on dataDir, if
+// any: its pid file names a live postgres process on that directory.
+func postmasterRunning(dataDir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil || !strings.Contains(string(cmdline), "postgres") || !strings.Contains(string(cmdline), dataDir) {
+		return 0, false
+	}
+	return pid, true
+}
+
+// killPostgres stops a server a failed test left running on dataDir.
+func killPostgres(t *testing.T, dataDir string) {
+	pid, ok := postmasterRunning(dataDir)
+	if !ok {
+		return
+	}
+	t.Logf("stopping PostgreSQL (pid %d) left running on %s", pid, dataDir)
+	_ = syscall.Kill(pid, syscall.SIGQUIT)
+	for i := 0; i < 50; i++ {
+		if _, ok := postmasterRunning(dataDir); !ok {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,453 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// shepherdProcess is a running shepherd binary.
+type shepherdProcess struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+
+	mu    sync.Mutex
+	lines []string
+	addr  string // HTTP address, from its log
+
+	done     chan struct{}
+	exitCode int
+	exitedAt time.Time
+}
+
+// serveRE matches the log line that names the HTTP address.
+var serveRE = regexp.MustCompile(`Serving /metrics, /healthz and /readyz on http://(\S+)`)
+
+// childEnv is the environment of the binary: ours without a DSN, so that
+// only what a test passes decides between a database and demo mode.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, envDSN+"=") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// startShepherd starts the binary with args. It is killed, if still
+// running, when the test ends; its log is shown if the test failed.
+func startShepherd(t *testing.T, name string, env []string, args ...string) *shepherdProcess {
+	t.Helper()
+	p := &shepherdProcess{t: t, name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(shepherdBinary, args...)
+	p.cmd.Env = env
+	// A test binary that dies must not leave daemons behind.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stdout = p.cmd.Stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go p.read(out)
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			p.dumpLog()
+		}
+	})
+	return p
+}
+
+func (p *shepherdProcess) read(out io.Reader) {
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		p.mu.Lock()
+		p.lines = append(p.lines, line)
+		if m := serveRE.FindStringSubmatch(line); m != nil && p.addr == "" {
+			p.addr = m[1]
+		}
+		p.mu.Unlock()
+	}
+	err := p.cmd.Wait()
+	p.mu.Lock()
+	p.exitedAt = time.Now()
+	p.exitCode = p.cmd.ProcessState.ExitCode()
+	if err != nil && p.exitCode == 0 {
+		p.exitCode = -1
+	}
+	p.mu.Unlock()
+	close(p.done)
+}
+
+func (p *shepherdProcess) dumpLog() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lines := p.lines
+	if len(lines) > 80 {
+		lines = lines[len(lines)-80:]
+	}
+	p.t.Logf("%s: last %d log lines:\n%s", p.name, len(lines), strings.Join(lines, "\n"))
+}
+
+// log returns everything the process wrote so far.
+func (p *shepherdProcess) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+// logCount counts the log lines containing s.
+func (p *shepherdProcess) logCount(s string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// httpAddr waits for the process to log its HTTP address.
+func (p *shepherdProcess) httpAddr() string {
+	p.t.Helper()
+	var addr string
+	waitFor(p.t, 30*time.Second, p.name+" serving HTTP", func() (bool, string) {
+		p.mu.Lock()
+		addr = p.addr
+		p.mu.Unlock()
+		if addr == "" && p.exited() {
+			p.t.Fatalf("%s exited with status %d before serving HTTP:\n%s", p.name, p.exitCode, p.log())
+		}
+		return addr != "", "no address logged yet"
+	})
+	return addr
+}
+
+func (p *shepherdProcess) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *shepherdProcess) signal(sig os.Signal) time.Time {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signalling %s: %v", p.name, err)
+	}
+	return time.Now()
+}
+
+// wait waits for the process to exit and returns its status and when it
+// exited.
+func (p *shepherdProcess) wait(timeout time.Duration) (int, time.Time) {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("%s did not exit within %s", p.name, timeout)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitCode, p.exitedAt
+}
+
+// stop sends SIGTERM and expects exit status 0 within timeout.
+func (p *shepherdProcess) stop(timeout time.Duration) time.Duration {
+	p.t.Helper()
+	sent := p.signal(syscall.SIGTERM)
+	code, at := p.wait(timeout)
+	if code != 0 {
+		p.t.Fatalf("%s exited with status %d after SIGTERM, want 0", p.name, code)
+	}
+	return at.Sub(sent)
+}
+
+// get fetches path from the process's HTTP server.
+func (p *shepherdProcess) get(path string) (int, string, error) {
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + p.httpAddr() + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// metrics scrapes /metrics.
+func (p *shepherdProcess) metrics() (metrics, string) {
+	p.t.Helper()
+	code, body, err := p.get("/metrics")
+	if err != nil || code != http.StatusOK {
+		p.t.Fatalf("%s: GET /metrics: status %d, %v", p.name, code, err)
+	}
+	var parser expfmt.TextParser
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		p.t.Fatalf("%s: parsing /metrics: %v", p.name, err)
+	}
+	return fams, body
+}
+
+type metrics map[string]*dto.MetricFamily
+
+// value returns the value of the series of name whose labels include
+// labels (name=value pairs), or -1 when there is none.
+func (m metrics) value(name string, labels ...string) float64 {
+	fam := m[name]
+	if fam == nil {
+		return -1
+	}
+series:
+	for _, s := range fam.GetMetric() {
+		for i := 0; i+1 < len(labels); i += 2 {
+			found := false
+			for _, lp := range s.GetLabel() {
+				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue series
+			}
+		}
+		switch {
+		case s.Counter != nil:
+			return s.Counter.GetValue()
+		case s.Gauge != nil:
+			return s.Gauge.GetValue()
+		case s.Histogram != nil:
+			return float64(s.Histogram.GetSampleCount())
+		case s.Untyped != nil:
+			return s.Untyped.GetValue()
+		}
+	}
+	return -1
+}
+
+// waitFor polls cond until it holds, failing the test with cond's last
+// explanation after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, why)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// openDB opens the BMDB at dsn for the test's own checks.
+func openDB(t *testing.T, dsn string) *bmdb.DB {
+	t.Helper()
+	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+// fullHistory reads the whole work history in causal order.
+func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
+	t.Helper()
+	var all []bmdb.HistoryEntry
+	var after int64
+	for {
+		page, err := db.HistoryAfter(context.Background(), after, 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return all
+		}
+		all = append(all, page...)
+		after = page[len(page)-1].ID
+	}
+}
+
+// auditLeases proves from history order that no two leases of one
+// exclusion group (AgentStart and Recovery share one) overlapped on a
+// machine, and that every lease ended. It returns the number of leases.
+func auditLeases(t *testing.T, history []bmdb.HistoryEntry) int {
+	t.Helper()
+	holder := map[string]bmdb.HistoryEntry{} // machine -> its open Started
+	leases := 0
+	for _, e := range history {
+		key := e.Machine.String()
+		switch e.Event {
+		case bmdb.EventStarted:
+			if h, ok := holder[key]; ok {
+				t.Errorf("overlap on %s: %s (session %s) started at history id %d while %s (session %s) held it since id %d",
+					e.Machine, e.Process, e.Session, e.ID, h.Process, h.Session, h.ID)
+			}
+			holder[key] = e
+			leases++
+		default:
+			h, ok := holder[key]
+			if !ok || h.Process != e.Process || h.Session != e.Session {
+				t.Errorf("history id %d: %s %s on %s by session %s ends no lease it holds", e.ID, e.Process, e.Event, e.Machine, e.Session)
+			}
+			delete(holder, key)
+		}
+	}
+	for _, h := range holder {
+		t.Errorf("lease of %s on %s (history id %d) never ended", h.Process, h.Machine, h.ID)
+	}
+	return leases
+}
+
+// tcpProxy forwards connections to a target, and can make the target look
+// unreachable (new connections are closed at once, open ones are cut)
+// without giving up its port.
+type tcpProxy struct {
+	l      net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]bool
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{l: l, target: target, conns: map[net.Conn]bool{}}
+	go p.serve()
+	t.Cleanup(func() {
+		l.Close()
+		p.setDown(true)
+	})
+	return p
+}
+
+func (p *tcpProxy) addr() string { return p.l.Addr().String() }
+
+func (p *tcpProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		down := p.down
+		if !down {
+			p.conns[c] = true
+		}
+		p.mu.Unlock()
+		if down {
+			c.Close()
+			continue
+		}
+		go p.forward(c)
+	}
+}
+
+func (p *tcpProxy) forward(c net.Conn) {
+	defer p.forget(c)
+	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	if p.down {
+		p.mu.Unlock()
+		up.Close()
+		return
+	}
+	p.conns[up] = true
+	p.mu.Unlock()
+	defer p.forget(up)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+func (p *tcpProxy) forget(c net.Conn) {
+	c.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// setDown makes the target unreachable (true) or reachable again.
+func (p *tcpProxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			c.Close()
+		}
+	}
+}
+
+// testPassword is put into DSNs so that tests can check that no log shows it.
+const testPassword = "s3cret-test-password"
+
+// viaProxy returns dsn rerouted through a new proxy to its server.
+func viaProxy(t *testing.T, dsn string) (string, *tcpProxy) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal("cannot parse the test DSN")
+	}
+	proxy := newTCPProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	host, port, _ := net.SplitHostPort(proxy.addr())
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Host = proxy.addr()
+		if _, hasPassword := u.User.Password(); !hasPassword && bmdbtest.Cluster() != nil {
+			// The private cluster trusts local connections and never asks
+			// for it: a password that lets tests check it is never logged.
+			u.User = url.UserPassword(u.User.Username(), testPassword)
+		}
+		return u.String(), proxy
+	}
+	// key=value: later keys override earlier ones.
+	return dsn + " host=" + host + " port=" + port, proxy
+}

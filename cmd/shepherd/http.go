@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+)
+
+// readyPingTimeout bounds the database ping of /readyz: a probe that hangs
+// on a dead database would be as bad as a wrong answer.
+const readyPingTimeout = time.Second
+
+// readiness is what /readyz reports on. The daemon fills it in as it starts:
+// until the loops run (database schema checked, fleet seeded), and again
+// once it is stopping, the daemon is not ready.
+type readiness struct {
+	state atomic.Pointer[readyState]
+}
+
+type readyState struct {
+	// phase is "" while running, else why the daemon is not (yet) ready.
+	phase   string
+	db      *bmdb.DB
+	runners []*controlloop.Runner
+}
+
+func (r *readiness) set(phase string) { r.state.Store(&readyState{phase: phase}) }
+
+func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner) {
+	r.state.Store(&readyState{db: db, runners: runners})
+}
+
+// check returns nil when ready, else the reasons, one per line.
+func (r *readiness) check(ctx context.Context) []string {
+	st := r.state.Load()
+	if st == nil {
+		return []string{"starting"}
+	}
+	if st.phase != "" {
+		return []string{st.phase}
+	}
+	var problems []string
+	pingCtx, cancel := context.WithTimeout(ctx, readyPingTimeout)
+	defer cancel()
+	if err := st.db.Ping(pingCtx); err != nil {
+		problems = append(problems, fmt.Sprintf("database: %v", err))
+	}
+	for _, rn := range st.runners {
+		if !rn.Ready() {
+			problems = append(problems, rn.Info().Label+": no live BMDB session")
+		}
+	}
+	return problems
+}
+
+// newHandler serves the metrics of reg and the probes.
+func newHandler(reg *prometheus.Registry, ready *readiness) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// /healthz answers as long as the process serves HTTP at all: a
+	// database outage must not make an orchestrator restart every replica.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	// /readyz says whether this replica is doing its job right now.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		problems := ready.check(req.Context())
+		if len(problems) > 0 {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready:\n%s\n", strings.Join(problems, "\n"))
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// serveHTTP listens on addr (a port of 0 picks a free one, logged) and
+// serves h until stop is called.
+func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-listen %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	klog.Infof("Serving /metrics, /healthz and /readyz on http://%s", l.Addr())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.Errorf("HTTP server: %v", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
