@@ -13,9 +13,11 @@ import (
 // failure starts at Initial again.
 type Backoff struct {
 	// Initial is the first interval. Below one second it is raised to one
-	// second, the resolution the BMDB stores.
+	// second, the resolution the BMDB stores; above MaxBackoff it is lowered
+	// to MaxBackoff.
 	Initial time.Duration
-	// Maximum caps the interval. Below Initial it is raised to Initial.
+	// Maximum caps the interval. Below Initial it is raised to Initial;
+	// above MaxBackoff it is lowered to MaxBackoff.
 	Maximum time.Duration
 	// Exponent multiplies the previous interval. Below 1 it is raised to 1,
 	// which gives a constant Initial.
@@ -31,14 +33,17 @@ type Backoff struct {
 // time.Duration (nanoseconds in an int64, about 292 years) and in SQL.
 const maxBackoffSeconds = int64(math.MaxInt64 / int64(time.Second) / 2)
 
-// Normalize raises values below their floor, as documented on Backoff.
+// MaxBackoff is the longest interval a backoff can have, about 146 years.
+const MaxBackoff = time.Duration(maxBackoffSeconds) * time.Second
+
+// Normalize raises values below their floor and lowers those above their
+// ceiling, as documented on Backoff.
 func (b Backoff) Normalize() Backoff {
 	if math.IsNaN(b.Exponent) || b.Exponent < 1 {
 		b.Exponent = 1
 	}
-	if b.Initial < time.Second {
-		b.Initial = time.Second
-	}
+	b.Initial = min(max(b.Initial, time.Second), MaxBackoff)
+	b.Maximum = min(b.Maximum, MaxBackoff)
 	if b.Maximum < b.Initial {
 		b.Maximum = b.Initial
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,11 +37,16 @@ var (
 	ErrWorkDone = errors.New("work already ended")
 )
 
+// commitTimeout bounds a COMMIT that runs after its caller's context was
+// cancelled.
+const commitTimeout = 10 * time.Second
+
 // Options tunes a DB. The zero value is usable.
 type Options struct {
 	// Metrics receives transaction and session counters; nil disables them.
 	Metrics *Metrics
-	// MaxConns bounds the connection pool (default: pgxpool's, at least 4).
+	// MaxConns bounds the connection pool (default 24, or the DSN's
+	// pool_max_conns).
 	MaxConns int32
 	// MaxRetries bounds the retries of a transaction that failed with a
 	// serialization failure or a deadlock (default 10).
@@ -62,10 +68,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		// pgx's parse errors may quote the DSN, password included.
 		return nil, errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
 	}
-	if opts.MaxConns > 0 {
+	switch {
+	case opts.MaxConns > 0:
 		cfg.MaxConns = opts.MaxConns
-	} else if cfg.MaxConns < 4 {
-		cfg.MaxConns = 4
+	case !strings.Contains(dsn, "pool_max_conns"):
+		// pgxpool's default (the number of CPUs) starves a replica whose
+		// workers, sourcers and heartbeats share the pool.
+		cfg.MaxConns = 24
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -153,7 +162,12 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 		}
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// Once fn has succeeded, a cancelled ctx must not abandon the commit: its
+	// outcome would be unknown (the server may have committed), and a lease
+	// committed unknown to its claimer stays held until its session ends.
+	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(commitCtx); err != nil {
 		return fmt.Errorf("committing BMDB transaction: %w", err)
 	}
 	return nil

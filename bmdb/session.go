@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,11 +66,21 @@ type Session struct {
 	id  uuid.UUID
 	cfg SessionConfig
 
+	// localDeadline is when the owner gives up on the session unless a
+	// heartbeat succeeds first; checked on every transaction, so that a
+	// process resumed after a freeze notices before its timer goroutine runs.
+	localDeadline atomic.Pointer[time.Time]
+
 	lost     chan struct{}
 	lostOnce sync.Once
-	stop     chan struct{}
-	stopOnce sync.Once
-	stopped  chan struct{}
+	// silence stops the pokes and reaps (StopHeartbeat), silenced confirms
+	// it; stop ends the heartbeat goroutine (Close), stopped confirms it.
+	silence     chan struct{}
+	silenceOnce sync.Once
+	silenced    chan struct{}
+	stop        chan struct{}
+	stopOnce    sync.Once
+	stopped     chan struct{}
 }
 
 // StartSession creates a session and starts its heartbeat. ctx bounds only
@@ -77,12 +88,14 @@ type Session struct {
 func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
 	cfg = cfg.withDefaults()
 	s := &Session{
-		db:      db,
-		id:      uuid.New(),
-		cfg:     cfg,
-		lost:    make(chan struct{}),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		db:       db,
+		id:       uuid.New(),
+		cfg:      cfg,
+		lost:     make(chan struct{}),
+		silence:  make(chan struct{}),
+		silenced: make(chan struct{}),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
 	}
 	sent := time.Now()
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
@@ -93,7 +106,9 @@ func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, er
 		return nil, fmt.Errorf("starting BMDB session for %s: %w", cfg.Component, err)
 	}
 	db.metrics.sessionStarted(cfg.Component)
-	go s.heartbeat(sent.Add(cfg.Interval - cfg.Margin))
+	deadline := sent.Add(cfg.Interval - cfg.Margin)
+	s.localDeadline.Store(&deadline)
+	go s.heartbeat(deadline)
 	return s, nil
 }
 
@@ -125,14 +140,25 @@ func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx 
 	return s.db.transact(ctx, s, fn)
 }
 
+// expired reports whether the session is lost, marking it lost when its
+// local deadline has passed.
 func (s *Session) expired() bool {
 	select {
 	case <-s.lost:
 		return true
 	default:
-		return false
 	}
+	if time.Now().After(*s.localDeadline.Load()) {
+		s.markExpired()
+		return true
+	}
+	return false
 }
+
+// Alive reports whether the owner may still act under the session: it has
+// not been lost and its local deadline has not passed. Process code about to
+// act on the world can check it as a last fence.
+func (s *Session) Alive() bool { return !s.expired() }
 
 func (s *Session) markExpired() {
 	s.lostOnce.Do(func() {
@@ -142,23 +168,38 @@ func (s *Session) markExpired() {
 	})
 }
 
-// StopHeartbeat stops the heartbeat without closing the session, which then
-// expires in the database after its interval. Tests use it to simulate a
-// crashed owner.
+// StopHeartbeat stops poking the session (and reaping others) without
+// closing it, as if its owner were cut off from the database: the session
+// expires in the database after its interval, and its owner loses it at the
+// local deadline, before that (Done closes, bound contexts are cancelled).
+// No poke is sent once it returns. Tests use it to simulate a crashed or
+// partitioned owner.
 func (s *Session) StopHeartbeat() {
+	s.silenceOnce.Do(func() { close(s.silence) })
+	select {
+	case <-s.silenced:
+	case <-s.stopped:
+	}
+}
+
+// halt ends the heartbeat goroutine, local deadline included.
+func (s *Session) halt() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.stopped
 }
 
 // heartbeat pokes the session every Interval/2 and reaps expired sessions
-// every ReapInterval, until stopped or lost.
+// every ReapInterval, until silenced, and loses the session at its local
+// deadline, until halted or lost.
 func (s *Session) heartbeat(localDeadline time.Time) {
 	defer close(s.stopped)
+	// ctx bounds the heartbeat's queries: they stop with the pokes.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		select {
 		case <-s.stop:
+		case <-s.silence:
 		case <-s.lost:
 		}
 		cancel()
@@ -170,11 +211,19 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 	defer poke.Stop()
 	reap := time.NewTicker(s.cfg.ReapInterval)
 	defer reap.Stop()
+	silence := s.silence
 
 	for {
 		select {
-		case <-ctx.Done():
+		case <-s.stop:
 			return
+		case <-s.lost:
+			return
+		case <-silence:
+			silence = nil
+			poke.Stop()
+			reap.Stop()
+			close(s.silenced)
 		case <-deadline.C:
 			klog.Warningf("BMDB session %s: no successful heartbeat before the local deadline", s.id)
 			s.markExpired()
@@ -183,10 +232,9 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			sent := time.Now()
 			alive, err := s.poke(ctx, localDeadline)
 			switch {
+			case ctx.Err() != nil:
+				// Silenced, halted or lost meanwhile: the next round sees which.
 			case err != nil:
-				if ctx.Err() != nil {
-					return
-				}
 				klog.Warningf("BMDB session %s: heartbeat failed, retrying: %v", s.id, err)
 				poke.Reset(min(time.Second, s.cfg.Interval/10))
 			case !alive:
@@ -194,6 +242,8 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 				return
 			default:
 				localDeadline = sent.Add(s.cfg.Interval - s.cfg.Margin)
+				next := localDeadline
+				s.localDeadline.Store(&next)
 				deadline.Reset(time.Until(localDeadline))
 				poke.Reset(s.cfg.Interval / 2)
 			}
@@ -223,7 +273,7 @@ func (s *Session) poke(ctx context.Context, localDeadline time.Time) (bool, erro
 // first end their work themselves; Close is the safety net. Closing a lost
 // session only stops its heartbeat: the reaper records its leases as Lost.
 func (s *Session) Close(ctx context.Context) error {
-	s.StopHeartbeat()
+	s.halt()
 	if s.expired() {
 		return nil
 	}

@@ -1,0 +1,218 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// Every test of this package but the pure arithmetic ones runs against a
+// real PostgreSQL: the guarantees under test live in constraints and locks.
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
+
+// The two shipped processes, as the daemon declares them: one exclusion
+// group, so that they never act on one machine at the same time.
+var (
+	agentStart = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
+	recovery   = bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"}
+)
+
+// env is one test's database, opened through bmdb and, for the test's own
+// checks and tampering, through a raw pgx pool.
+type env struct {
+	t   testing.TB
+	dsn string
+	db  *bmdb.DB
+	raw *pgxpool.Pool
+}
+
+// newEnv gives t a fresh migrated database.
+func newEnv(t testing.TB, opts bmdb.Options) *env {
+	t.Helper()
+	return openEnv(t, bmdbtest.NewDatabase(t), opts)
+}
+
+func openEnv(t testing.TB, dsn string, opts bmdb.Options) *env {
+	t.Helper()
+	ctx := context.Background()
+	db, err := bmdb.Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(db.Close)
+	raw, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to the test database: %v", err)
+	}
+	t.Cleanup(raw.Close)
+	return &env{t: t, dsn: dsn, db: db, raw: raw}
+}
+
+// session starts a session that is closed when the test ends.
+func (e *env) session(cfg bmdb.SessionConfig) *bmdb.Session {
+	e.t.Helper()
+	return startSession(e.t, e.db, cfg)
+}
+
+func startSession(t testing.TB, db *bmdb.DB, cfg bmdb.SessionConfig) *bmdb.Session {
+	t.Helper()
+	if cfg.Component == "" {
+		cfg.Component = "test"
+	}
+	s, err := db.StartSession(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("StartSession: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(context.Background()); err != nil {
+			t.Errorf("closing session: %v", err)
+		}
+	})
+	return s
+}
+
+// addMachines creates n provided machines.
+func (e *env) addMachines(n int) []uuid.UUID {
+	e.t.Helper()
+	ids := make([]uuid.UUID, 0, n)
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		ids = ids[:0]
+		for i := range n {
+			id, err := tx.AddMachine(ctx, bmdb.Provided{
+				Provider:   "test",
+				ProviderID: fmt.Sprintf("%s-%d", uuid.NewString(), i),
+				Address:    fmt.Sprintf("192.0.2.%d", i%250),
+			})
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("adding machines: %v", err)
+	}
+	return ids
+}
+
+func (e *env) history(machine uuid.UUID) []bmdb.HistoryEntry {
+	e.t.Helper()
+	h, err := e.db.History(context.Background(), machine)
+	if err != nil {
+		e.t.Fatalf("History: %v", err)
+	}
+	return h
+}
+
+func (e *env) backoffOf(machine uuid.UUID, p bmdb.Process) *bmdb.BackoffState {
+	e.t.Helper()
+	b, err := e.db.BackoffOf(context.Background(), machine, p)
+	if err != nil {
+		e.t.Fatalf("BackoffOf: %v", err)
+	}
+	return b
+}
+
+func (e *env) leaseCount(p bmdb.Process) int64 {
+	e.t.Helper()
+	n, err := e.db.LeaseCount(context.Background(), p)
+	if err != nil {
+		e.t.Fatalf("LeaseCount: %v", err)
+	}
+	return n
+}
+
+// agentStarted reports whether machine carries the machine_agent_started tag.
+func (e *env) agentStarted(machine uuid.UUID) bool {
+	e.t.Helper()
+	var found bool
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		_, _, err := tx.AgentStarted(ctx, machine)
+		found = err == nil
+		if errors.Is(err, bmdb.ErrNotFound) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("reading agent-started tag: %v", err)
+	}
+	return found
+}
+
+// claim leases one machine for p, failing the test if there is none.
+func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Work {
+	t.Helper()
+	w, err := s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatalf("Work(%s): %v", p.Name, err)
+	}
+	return w
+}
+
+// expectNothing checks that p cannot source any machine in s.
+func expectNothing(t testing.TB, s *bmdb.Session, p bmdb.Process) {
+	t.Helper()
+	w, err := s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+	if err == nil {
+		t.Fatalf("Work(%s) leased %s, want ErrNothingToDo", p.Name, w.Machine)
+	}
+	if !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Fatalf("Work(%s): %v, want ErrNothingToDo", p.Name, err)
+	}
+}
+
+// waitWork polls Work until p sources a machine.
+func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Duration) *bmdb.Work {
+	t.Helper()
+	var w *bmdb.Work
+	waitFor(t, timeout, p.Name+" sourcing a machine", func() (bool, error) {
+		var err error
+		w, err = s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+		if errors.Is(err, bmdb.ErrNothingToDo) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	return w
+}
+
+// waitFor polls cond until it holds, failing the test after timeout. It
+// returns how long the condition took.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("waiting for %s: still false after %v", what, timeout)
+		}
+		<-tick.C
+	}
+}
+
+// events lists the event names of h.
+func events(h []bmdb.HistoryEntry) []string {
+	var out []string
+	for _, e := range h {
+		out = append(out, e.Event)
+	}
+	return out
+}

@@ -1,0 +1,324 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// A session whose heartbeat stops loses its leases to the reaper that
+// another live session runs, within its interval plus a reap period. Its own
+// work was cancelled before that, the release is in history as Lost, and a
+// late Finish or Fail from the dead session fails and changes nothing.
+func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	cfg := bmdb.SessionConfig{Interval: time.Second, ReapInterval: 500 * time.Millisecond}
+	live := e.session(cfg)
+	dead := e.session(cfg)
+	ms := e.addMachines(2)
+	works, err := dead.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
+	if err != nil || len(works) != 2 {
+		t.Fatalf("WorkBatch: %d leases, %v", len(works), err)
+	}
+	workCtx, cancel := dead.Bind(ctx)
+	defer cancel()
+	var fencedAt time.Time
+	fenced := make(chan struct{})
+	go func() {
+		<-workCtx.Done()
+		fencedAt = time.Now()
+		close(fenced)
+	}()
+
+	stopped := time.Now()
+	dead.StopHeartbeat()
+	waitFor(t, 20*time.Second, "the reaper to release the dead session's leases", func() (bool, error) {
+		n, err := e.db.LeaseCount(ctx, agentStart)
+		return n == 0, err
+	})
+	took := time.Since(stopped)
+	bound := cfg.Interval + cfg.ReapInterval
+	t.Logf("leases released %v after the heartbeat stopped (interval + reap period: %v)", took, bound)
+	// The slack absorbs scheduling and query latency on a loaded machine.
+	if took > bound+2*time.Second {
+		t.Errorf("leases released %v after the heartbeat stopped, want within about %v", took, bound)
+	}
+
+	select {
+	case <-fenced:
+	case <-time.After(5 * time.Second):
+		t.Fatal("work under the dead session still running after its leases were released")
+	}
+	if cause := context.Cause(workCtx); !errors.Is(cause, bmdb.ErrSessionExpired) {
+		t.Errorf("work context cancelled with %v, want ErrSessionExpired", cause)
+	}
+	for _, m := range ms {
+		h := e.history(m)
+		if got := events(h); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+			t.Fatalf("history of %s: %v, want Started, Lost", m, got)
+		}
+		lost := h[1]
+		if lost.Session != dead.ID() || lost.Process != agentStart.Name || lost.Cause == "" {
+			t.Errorf("Lost entry %+v, want session %s, process %s and a reason", lost, dead.ID(), agentStart.Name)
+		}
+		if !fencedAt.Before(lost.Timestamp) {
+			t.Errorf("work under the dead session cancelled at %v, not before its lease was released at %v", fencedAt, lost.Timestamp)
+		}
+	}
+	sessions, err := e.db.Sessions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, si := range sessions {
+		if si.ID == dead.ID() {
+			t.Errorf("dead session still in the sessions table: %+v", si)
+		}
+	}
+
+	// The late outcome of the dead session's work.
+	late := func(err error) {
+		t.Helper()
+		if !errors.Is(err, bmdb.ErrLeaseLost) && !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("late outcome: %v, want ErrLeaseLost or ErrSessionExpired", err)
+		}
+	}
+	late(works[0].Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.SetAgentStarted(ctx, works[0].Machine, []byte("key"))
+	}))
+	late(works[1].Fail(ctx, bmdb.Backoff{}, "late"))
+	for _, m := range ms {
+		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+			t.Errorf("history of %s after the late outcome: %v, want Started, Lost", m, got)
+		}
+		if e.agentStarted(m) {
+			t.Errorf("late Finish recorded the agent of %s", m)
+		}
+		if b := e.backoffOf(m, agentStart); b != nil {
+			t.Errorf("late Fail left a backoff on %s: %+v", m, b)
+		}
+	}
+
+	// The machines are free for the living.
+	got, err := live.WorkBatch(ctx, recovery, bmdb.ProvidedCandidates(), 2)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("live session claiming the released machines: %d, %v", len(got), err)
+	}
+}
+
+// Fencing: once its heartbeat stops, a session gives up (Done closes, bound
+// contexts are cancelled, operations are refused) while the database still
+// considers it alive, so its work has stopped before anyone can take over.
+func TestSessionFencing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{Interval: 2 * time.Second})
+	e.addMachines(1)
+	w := claim(t, s, agentStart)
+	workCtx, cancel := s.Bind(ctx)
+	defer cancel()
+
+	if !s.Alive() {
+		t.Fatal("fresh session not alive")
+	}
+	s.StopHeartbeat()
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("session not lost 10 s after its heartbeat stopped")
+	}
+	firedAt := time.Now()
+	if s.Alive() {
+		t.Error("session alive after Done closed")
+	}
+	var deadline time.Time
+	var alive bool
+	err := e.raw.QueryRow(ctx, `SELECT session_deadline, session_deadline > now() FROM sessions WHERE session_id = $1`,
+		s.ID()).Scan(&deadline, &alive)
+	if err != nil {
+		t.Fatalf("reading the session's deadline: %v", err)
+	}
+	t.Logf("session lost locally %v before its database deadline", deadline.Sub(firedAt))
+	if !alive || !firedAt.Before(deadline) {
+		t.Errorf("session lost locally at %v, not before its database deadline %v (alive in the database: %v)", firedAt, deadline, alive)
+	}
+	select {
+	case <-workCtx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("bound context not cancelled after the session was lost")
+	}
+	if cause := context.Cause(workCtx); !errors.Is(cause, bmdb.ErrSessionExpired) {
+		t.Errorf("bound context cancelled with %v, want ErrSessionExpired", cause)
+	}
+
+	ran := false
+	if err := s.Transact(ctx, func(context.Context, *bmdb.Tx) error { ran = true; return nil }); !errors.Is(err, bmdb.ErrSessionExpired) || ran {
+		t.Errorf("Transact on a lost session: %v (ran: %v), want ErrSessionExpired without running", err, ran)
+	}
+	if _, err := s.Work(ctx, recovery, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+		t.Errorf("Work on a lost session: %v, want ErrSessionExpired", err)
+	}
+	if err := w.Finish(ctx, nil); !errors.Is(err, bmdb.ErrSessionExpired) {
+		t.Errorf("Finish on a lost session: %v, want ErrSessionExpired", err)
+	}
+	// A context bound after the loss is cancelled at once.
+	late, lateCancel := s.Bind(ctx)
+	defer lateCancel()
+	select {
+	case <-late.Done():
+	case <-time.After(5 * time.Second):
+		t.Error("context bound after the loss not cancelled")
+	}
+}
+
+// Transact (and everything built on it) returns ErrSessionExpired once the
+// session is gone, whether its owner closed it or the database expired it
+// behind the owner's back; in the latter case the owner learns it then.
+func TestTransactAfterSessionGone(t *testing.T) {
+	t.Parallel()
+	t.Run("closed", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		e := newEnv(t, bmdb.Options{})
+		s := e.session(bmdb.SessionConfig{})
+		if err := s.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		ran := false
+		if err := s.Transact(ctx, func(context.Context, *bmdb.Tx) error { ran = true; return nil }); !errors.Is(err, bmdb.ErrSessionExpired) || ran {
+			t.Errorf("Transact on a closed session: %v (ran: %v), want ErrSessionExpired", err, ran)
+		}
+	})
+	t.Run("expired in the database", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		e := newEnv(t, bmdb.Options{})
+		s := e.session(bmdb.SessionConfig{Interval: time.Minute})
+		if _, err := e.raw.Exec(ctx, `UPDATE sessions SET session_deadline = now() - interval '1 second' WHERE session_id = $1`, s.ID()); err != nil {
+			t.Fatal(err)
+		}
+		ran := false
+		if err := s.Transact(ctx, func(context.Context, *bmdb.Tx) error { ran = true; return nil }); !errors.Is(err, bmdb.ErrSessionExpired) || ran {
+			t.Errorf("Transact on an expired session: %v (ran: %v), want ErrSessionExpired", err, ran)
+		}
+		select {
+		case <-s.Done():
+		default:
+			t.Errorf("session not marked lost after the database refused it")
+		}
+	})
+	t.Run("reaped with a lease", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		e := newEnv(t, bmdb.Options{})
+		s := e.session(bmdb.SessionConfig{Interval: time.Minute})
+		m := e.addMachines(1)[0]
+		w := claim(t, s, agentStart)
+		if _, err := e.raw.Exec(ctx, `UPDATE sessions SET session_deadline = now() - interval '1 second' WHERE session_id = $1`, s.ID()); err != nil {
+			t.Fatal(err)
+		}
+		sessions, leases, err := e.db.Reap(ctx)
+		if err != nil || sessions != 1 || leases != 1 {
+			t.Fatalf("Reap: %d sessions, %d leases, %v; want 1, 1", sessions, leases, err)
+		}
+		// The owner has not noticed yet; the database refuses it anyway.
+		err = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, m, []byte("key"))
+		})
+		if !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("Finish from a reaped session: %v, want ErrSessionExpired", err)
+		}
+		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+			t.Errorf("history: %v, want Started, Lost", got)
+		}
+		if e.agentStarted(m) {
+			t.Errorf("Finish from a reaped session recorded its tag")
+		}
+		if _, err := s.Work(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("Work from a reaped session: %v, want ErrSessionExpired", err)
+		}
+	})
+}
+
+// A claim racing the reaper of its own session: the session check passed,
+// but the session row is deleted before the lease is written. The foreign key
+// refuses the lease and the claim reports ErrSessionExpired.
+func TestClaimBySessionBeingReaped(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{Interval: time.Minute})
+	m := e.addMachines(1)[0]
+
+	tx, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `DELETE FROM sessions WHERE session_id = $1`, s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Work(ctx, agentStart, bmdb.ProvidedCandidates())
+		done <- err
+	}()
+	waitFor(t, 10*time.Second, "the claim to wait on the session being deleted", func() (bool, error) {
+		var n int
+		err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return n > 0, err
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, bmdb.ErrSessionExpired) {
+		t.Fatalf("claim by a session deleted under it: %v, want ErrSessionExpired", err)
+	}
+	if got := e.history(m); len(got) != 0 {
+		t.Errorf("history: %v, want nothing", events(got))
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Errorf("session not marked lost")
+	}
+}
+
+// Close releases the leases still held, as Canceled, and deletes the session.
+func TestCloseReleasesLeases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	ms := e.addMachines(2)
+	if _, err := s.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Errorf("Done not closed by Close")
+	}
+	if n := e.leaseCount(agentStart); n != 0 {
+		t.Errorf("%d leases left after Close", n)
+	}
+	for _, m := range ms {
+		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventCanceled}) {
+			t.Errorf("history of %s: %v, want Started, Canceled", m, got)
+		}
+	}
+	sessions, err := e.db.Sessions(ctx)
+	if err != nil || len(sessions) != 0 {
+		t.Errorf("sessions after Close: %v, %v; want none", sessions, err)
+	}
+}

@@ -1,0 +1,186 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// TestStress runs 32 workers in 4 sessions (each with its own connection
+// pool, like 4 replicas) over 200 machines for 10 s. Half the workers run
+// AgentStart and half Recovery, one exclusion group; each cycle claims one or
+// a few machines and randomly finishes, fails (with a short backoff) or
+// cancels. Then the whole history is audited: per machine and exclusion
+// group, every Started is followed by exactly one terminal event of the same
+// lease before the next Started, so no two leases ever overlapped.
+func TestStress(t *testing.T) {
+	t.Parallel()
+	const (
+		replicas          = 4
+		workersPerReplica = 8
+		machines          = 200
+		duration          = 10 * time.Second
+	)
+	e := newEnv(t, bmdb.Options{})
+	e.addMachines(machines)
+	sessions := make([]*bmdb.Session, replicas)
+	for i := range sessions {
+		db, err := bmdb.Open(context.Background(), e.dsn, bmdb.Options{MaxConns: workersPerReplica + 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		sessions[i] = startSession(t, db, bmdb.SessionConfig{Component: fmt.Sprintf("replica-%d", i)})
+	}
+
+	var (
+		started, finished, failed, canceled, empty atomic.Int64
+		errMu                                      sync.Mutex
+		errs                                       []error
+	)
+	report := func(err error) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		if len(errs) < 20 {
+			errs = append(errs, err)
+		}
+	}
+	backoff := bmdb.Backoff{Initial: time.Second}
+
+	ctx, cancel := context.WithTimeout(t.Context(), duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r, s := range sessions {
+		for i := range workersPerReplica {
+			p := []bmdb.Process{agentStart, recovery}[i%2]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(r), uint64(i)))
+				// Ending a lease must not be cut short by the end of the run.
+				endCtx := context.WithoutCancel(ctx)
+				for ctx.Err() == nil {
+					works, err := s.WorkBatch(ctx, p, bmdb.ProvidedCandidates(), 1+rng.IntN(3))
+					switch {
+					case errors.Is(err, bmdb.ErrNothingToDo):
+						empty.Add(1)
+						continue
+					case err != nil && ctx.Err() != nil:
+						return
+					case err != nil:
+						report(fmt.Errorf("%s: claiming: %w", p.Name, err))
+						continue
+					}
+					started.Add(int64(len(works)))
+					for _, w := range works {
+						switch rng.IntN(3) {
+						case 0:
+							err = w.Finish(endCtx, func(ctx context.Context, tx *bmdb.Tx) error {
+								return tx.Heartbeat(ctx, w.Machine)
+							})
+							finished.Add(1)
+						case 1:
+							err = w.Fail(endCtx, backoff, "stress")
+							failed.Add(1)
+						default:
+							err = w.Cancel(endCtx)
+							canceled.Add(1)
+						}
+						if err != nil {
+							report(fmt.Errorf("%s: ending work on %s: %w", p.Name, w.Machine, err))
+						}
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("%d leases: %d finished, %d failed, %d canceled; %d empty claims",
+		started.Load(), finished.Load(), failed.Load(), canceled.Load(), empty.Load())
+	for _, err := range errs {
+		t.Errorf("unexpected error: %v", err)
+	}
+	if started.Load() < 500 {
+		t.Errorf("only %d leases in %v: too few to prove anything", started.Load(), duration)
+	}
+
+	// The audit, from history alone.
+	groups := map[string]string{agentStart.Name: agentStart.ExclusionGroup, recovery.Name: recovery.ExclusionGroup}
+	type key struct {
+		machine uuid.UUID
+		group   string
+	}
+	open := map[key]bmdb.HistoryEntry{}
+	count := map[string]int64{}
+	// Machines on which both processes held leases, one after the other:
+	// the group was exercised, not just each process against itself.
+	lastProcess := map[key]string{}
+	handovers := 0
+	var after int64
+	violations := 0
+	violation := func(format string, args ...any) {
+		violations++
+		if violations <= 10 {
+			t.Errorf(format, args...)
+		}
+	}
+	for {
+		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
+		if err != nil {
+			t.Fatalf("HistoryAfter: %v", err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, h := range page {
+			after = h.ID
+			count[h.Event]++
+			group, ok := groups[h.Process]
+			if !ok {
+				violation("history entry of unknown process: %+v", h)
+				continue
+			}
+			k := key{h.Machine, group}
+			cur, held := open[k]
+			switch h.Event {
+			case bmdb.EventStarted:
+				if held {
+					violation("overlap on %s in group %s: %+v started while %+v still held", h.Machine, group, h, cur)
+				}
+				open[k] = h
+				if prev, ok := lastProcess[k]; ok && prev != h.Process {
+					handovers++
+				}
+				lastProcess[k] = h.Process
+			case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
+				if !held || cur.Process != h.Process || cur.Session != h.Session {
+					violation("%+v ends no lease it held (open lease: %+v, held: %v)", h, cur, held)
+				}
+				delete(open, k)
+			default:
+				violation("unknown event: %+v", h)
+			}
+		}
+	}
+	for k, h := range open {
+		violation("lease on %s in group %s never ended: %+v", k.machine, k.group, h)
+	}
+	t.Logf("history: %v; %d handovers between the two processes", count, handovers)
+	if count[bmdb.EventStarted] != started.Load() || count[bmdb.EventFinished] != finished.Load() ||
+		count[bmdb.EventFailed] != failed.Load() || count[bmdb.EventCanceled] != canceled.Load() || count[bmdb.EventLost] != 0 {
+		t.Errorf("history counts %v, want %d Started, %d Finished, %d Failed, %d Canceled, no Lost",
+			count, started.Load(), finished.Load(), failed.Load(), canceled.Load())
+	}
+	if handovers == 0 {
+		t.Errorf("no machine passed between AgentStart and Recovery: the exclusion group was not exercised")
+	}
+}
