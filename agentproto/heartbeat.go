@@ -1,0 +1,183 @@
+package agentproto
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// NonceSize is the length of a heartbeat's random nonce.
+const NonceSize = 16
+
+// SignatureDomain starts the signed bytes of a heartbeat. It binds the
+// signature to this message type and protocol version: the agent's key
+// signs nothing else today, and if it ever does, a signature made for one
+// purpose can never be passed off as made for another.
+const SignatureDomain = "shepherd-heartbeat-v1\x00"
+
+// ErrBadSignature is returned by Heartbeat.Verify when the signature does
+// not match the key.
+var ErrBadSignature = errors.New("heartbeat signature does not verify with the agent's key")
+
+// Heartbeat is the body an agent POSTs to its heartbeat URL.
+type Heartbeat struct {
+	// MachineID is the machine the agent runs on, from its Init.
+	MachineID uuid.UUID
+	// Timestamp is the agent's clock when it sent the heartbeat. The
+	// endpoint rejects timestamps too far from its own clock and, per
+	// machine, timestamps not newer than the last accepted one; together
+	// they make a captured heartbeat useless for replay.
+	Timestamp time.Time
+	// Nonce is random, so that no two heartbeats sign the same bytes even
+	// when a coarse clock repeats a timestamp.
+	Nonce [NonceSize]byte
+	// Signature is the ed25519 signature of SignedBytes.
+	Signature []byte
+}
+
+type heartbeatWire struct {
+	Version   int    `json:"version"`
+	MachineID string `json:"machine_id"`
+	Timestamp string `json:"timestamp"`
+	Nonce     string `json:"nonce"`
+	Signature string `json:"signature"`
+}
+
+var heartbeatShape = shape{
+	"version":    nil,
+	"machine_id": nil,
+	"timestamp":  nil,
+	"nonce":      nil,
+	"signature":  nil,
+}
+
+// NewHeartbeat returns a heartbeat of machine at ts with a fresh random
+// nonce, signed with key.
+func NewHeartbeat(machine uuid.UUID, ts time.Time, key ed25519.PrivateKey) (Heartbeat, error) {
+	h := Heartbeat{MachineID: machine, Timestamp: ts}
+	if _, err := rand.Read(h.Nonce[:]); err != nil {
+		return Heartbeat{}, fmt.Errorf("generating heartbeat nonce: %w", err)
+	}
+	if err := h.Sign(key); err != nil {
+		return Heartbeat{}, err
+	}
+	return h, nil
+}
+
+// Sign sets h.Signature with key.
+func (h *Heartbeat) Sign(key ed25519.PrivateKey) error {
+	if len(key) != ed25519.PrivateKeySize {
+		return fmt.Errorf("signing heartbeat: private key is %d bytes, want %d", len(key), ed25519.PrivateKeySize)
+	}
+	if err := checkTimestamp(h.Timestamp); err != nil {
+		return err
+	}
+	h.Signature = ed25519.Sign(key, h.SignedBytes())
+	return nil
+}
+
+// SignedBytes returns the bytes a heartbeat's signature covers: a fixed
+// binary layout (no field can bleed into another, and no two encodings of a
+// field exist), so that signer and verifier need not agree on JSON details:
+//
+//	SignatureDomain                      22 bytes, "shepherd-heartbeat-v1\x00"
+//	Version                               4 bytes, big-endian uint32
+//	MachineID                            16 bytes, the UUID's bytes
+//	Timestamp                             8 bytes, big-endian int64 Unix nanoseconds
+//	Nonce                                16 bytes
+func (h Heartbeat) SignedBytes() []byte {
+	b := make([]byte, 0, len(SignatureDomain)+4+16+8+NonceSize)
+	b = append(b, SignatureDomain...)
+	b = binary.BigEndian.AppendUint32(b, Version)
+	b = append(b, h.MachineID[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(h.Timestamp.UnixNano()))
+	b = append(b, h.Nonce[:]...)
+	return b
+}
+
+// Verify checks h's signature with pub. A key of the wrong size (the BMDB
+// stores bytes, not a typed key) is an error, not a panic.
+func (h Heartbeat) Verify(pub ed25519.PublicKey) error {
+	if len(pub) != ed25519.PublicKeySize {
+		return fmt.Errorf("verifying heartbeat: agent public key is %d bytes, want %d", len(pub), ed25519.PublicKeySize)
+	}
+	if len(h.Signature) != ed25519.SignatureSize || !ed25519.Verify(pub, h.SignedBytes(), h.Signature) {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+// EncodeHeartbeat returns h as JSON.
+func EncodeHeartbeat(h Heartbeat) ([]byte, error) {
+	if h.MachineID == uuid.Nil {
+		return nil, invalidf("heartbeat: machine_id is missing")
+	}
+	if err := checkTimestamp(h.Timestamp); err != nil {
+		return nil, err
+	}
+	if len(h.Signature) != ed25519.SignatureSize {
+		return nil, invalidf("heartbeat: signature is %d bytes, want %d", len(h.Signature), ed25519.SignatureSize)
+	}
+	b, err := json.Marshal(heartbeatWire{
+		Version:   Version,
+		MachineID: h.MachineID.String(),
+		Timestamp: h.Timestamp.UTC().Format(time.RFC3339Nano),
+		Nonce:     base64.StdEncoding.EncodeToString(h.Nonce[:]),
+		Signature: base64.StdEncoding.EncodeToString(h.Signature),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding heartbeat: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeHeartbeat parses a heartbeat body. It checks the form only; the
+// signature, timestamp window and replay are the endpoint's to check.
+func DecodeHeartbeat(data []byte) (Heartbeat, error) {
+	var w heartbeatWire
+	if err := decodeStrict(data, MaxHeartbeatSize, "heartbeat", heartbeatShape, &w); err != nil {
+		return Heartbeat{}, err
+	}
+	if w.Version == 0 {
+		return Heartbeat{}, invalidf("heartbeat: version is missing")
+	}
+	var h Heartbeat
+	var err error
+	if h.MachineID, err = parseMachineID(w.MachineID, "heartbeat"); err != nil {
+		return Heartbeat{}, err
+	}
+	if w.Timestamp == "" {
+		return Heartbeat{}, invalidf("heartbeat: timestamp is missing")
+	}
+	if h.Timestamp, err = time.Parse(time.RFC3339Nano, w.Timestamp); err != nil {
+		return Heartbeat{}, invalidf("heartbeat: timestamp %q is not RFC 3339", truncate(w.Timestamp))
+	}
+	if err := checkTimestamp(h.Timestamp); err != nil {
+		return Heartbeat{}, err
+	}
+	nonce, err := decodeBase64(w.Nonce, NonceSize, "heartbeat: nonce")
+	if err != nil {
+		return Heartbeat{}, err
+	}
+	copy(h.Nonce[:], nonce)
+	if h.Signature, err = decodeBase64(w.Signature, ed25519.SignatureSize, "heartbeat: signature"); err != nil {
+		return Heartbeat{}, err
+	}
+	return h, nil
+}
+
+// checkTimestamp rejects times that Unix nanoseconds cannot represent
+// (before 1970 or after 2262), which the signed bytes could not carry.
+func checkTimestamp(ts time.Time) error {
+	if ts.Before(time.Unix(0, 0)) || !time.Unix(0, ts.UnixNano()).Equal(ts) {
+		return invalidf("heartbeat: timestamp %s is outside 1970 to 2262", ts.UTC().Format(time.RFC3339))
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package heartbeat
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Results of a heartbeat request, the values of the result label of
+// shepherd_heartbeats_total.
+const (
+	// ResultAccepted: verified and recorded in machine_agent_heartbeat.
+	ResultAccepted = "accepted"
+	// ResultBadRequest: not a well-formed heartbeat (method, size, JSON,
+	// fields, protocol version).
+	ResultBadRequest = "bad_request"
+	// ResultBadSignature: the signature does not verify with the public key
+	// of the machine's recorded agent (a wrong key, a wrong machine id, a
+	// forgery, or an agent that has since been replaced).
+	ResultBadSignature = "bad_signature"
+	// ResultUnknownMachine: no agent is recorded for the machine (it does
+	// not exist, or AgentStart has not started one, or Recovery removed it).
+	ResultUnknownMachine = "unknown_machine"
+	// ResultStale: the timestamp is further from the server's clock than
+	// Options.MaxClockSkew, in either direction.
+	ResultStale = "stale"
+	// ResultReplay: the timestamp is not newer than the last heartbeat this
+	// server accepted from the machine.
+	ResultReplay = "replay"
+	// ResultRateLimited: the source sent more than its rate allows.
+	ResultRateLimited = "rate_limited"
+	// ResultError: the BMDB failed or was too busy; the agent retries at its
+	// next interval.
+	ResultError = "error"
+)
+
+// Results lists every value of the result label.
+var Results = []string{
+	ResultAccepted, ResultBadRequest, ResultBadSignature, ResultUnknownMachine,
+	ResultStale, ResultReplay, ResultRateLimited, ResultError,
+}
+
+// Metrics counts what the heartbeat endpoint does. A nil *Metrics counts
+// nothing.
+type Metrics struct {
+	heartbeats *prometheus.CounterVec
+}
+
+// NewMetrics creates the heartbeat metrics and registers them with reg.
+// Every result series exists at zero from the start, so that alerts on
+// rates (say, of bad_signature) work before the first such request.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_heartbeats_total",
+			Help: "Agent heartbeat requests received by this replica, by result: accepted, bad_request, bad_signature, unknown_machine, stale, replay, rate_limited, error.",
+		}, []string{"result"}),
+	}
+	for _, r := range Results {
+		m.heartbeats.WithLabelValues(r)
+	}
+	reg.MustRegister(m.heartbeats)
+	return m
+}
+
+func (m *Metrics) count(result string) {
+	if m != nil {
+		m.heartbeats.WithLabelValues(result).Inc()
+	}
+}

@@ -1,0 +1,449 @@
+// Package heartbeat is Shepherd's endpoint for agent heartbeats: the HTTP
+// handler (and, if wanted, the server) that accepts the signed heartbeats
+// of agentproto and records them in machine_agent_heartbeat, which is what
+// keeps a machine out of Recovery.
+//
+// Anyone who can reach the endpoint can send it anything, so a request is
+// only recorded when its signature verifies with the public key the
+// machine's agent answered AgentStart with, its timestamp is within
+// MaxClockSkew of this server's clock, and it is newer than the machine's
+// last accepted heartbeat. The checks run cheapest first, and a flood from
+// one source must not crowd out the agents:
+//
+//  1. A token bucket per source address (Options.SourceRate, SourceBurst)
+//     rejects excess requests before their body is read.
+//  2. The body is bounded (agentproto.MaxHeartbeatSize) and decoded
+//     strictly; then the timestamp window and the per-machine replay check
+//     run from memory.
+//  3. The agent's key comes from an in-memory cache, filled from the BMDB
+//     (at most Options.MaxKeyLookups lookups at once): a flood of forged
+//     heartbeats for a known machine costs no database work.
+//  4. Verified heartbeats are written in batches by one writer (see
+//     recorder), conditionally on the key still being the machine's agent
+//     key, so that the cache can never make a replaced agent's heartbeat
+//     count.
+//
+// Replays: within one replica, a heartbeat is accepted only if its signed
+// timestamp is newer than the last one accepted for the machine, which
+// rejects any replay. That memory is per replica: with several replicas
+// behind one address, a captured heartbeat replayed to another replica
+// within MaxClockSkew of its timestamp is accepted once there. The damage
+// is bounded: it can only make the machine's agent look alive until
+// MaxClockSkew after the agent really sent it, far shorter than Recovery's
+// heartbeat timeout (minutes). Persisting the last timestamp in the BMDB
+// would close that gap at the price of a schema change.
+package heartbeat
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/time/rate"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/agentproto"
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Path is where Handler serves heartbeats. Shepherd's agent-start code
+// builds the agents' heartbeat_url from the endpoint's external address and
+// this path.
+const Path = "/agent/v1/heartbeat"
+
+// Options tunes a Server. The zero value gives the documented defaults.
+type Options struct {
+	// Metrics counts requests by result; nil counts nothing.
+	Metrics *Metrics
+	// MaxClockSkew is how far a heartbeat's timestamp may be from this
+	// server's clock, either way (default 60 s). Agents' clocks must be
+	// that close to Shepherd's; it also bounds cross-replica replays (see
+	// the package documentation).
+	MaxClockSkew time.Duration
+	// SourceRate and SourceBurst are each source's token bucket (default
+	// 20 requests/s, burst 40): far above an agent's one per interval,
+	// even with several agents behind one NAT address, and far below what
+	// would load the database.
+	SourceRate  rate.Limit
+	SourceBurst int
+	// MaxSources bounds how many sources' buckets are kept (default
+	// 100000); beyond that, refilled buckets and then arbitrary ones are
+	// forgotten.
+	MaxSources int
+	// SourceKey names the source of a request for rate limiting (default
+	// RemoteIPKey).
+	SourceKey func(*http.Request) string
+	// MaxKeyLookups bounds concurrent reads of agent keys from the BMDB
+	// (default 2), so that heartbeats for machines whose key is not cached
+	// (mostly forgeries, from many sources) cannot take the database's
+	// connections from everything else.
+	MaxKeyLookups int
+	// KeyCacheTTL is how long an agent key (and the machine's last
+	// timestamp) stays cached without use (default 10 min, at least
+	// 2*MaxClockSkew + 1 min). The key cache is an optimization: the write
+	// re-checks the key.
+	KeyCacheTTL time.Duration
+	// KeyRefetchInterval is the shortest time between two reads of the
+	// same machine's key after a signature failed to verify with the cached
+	// one (default 5 s): often enough to pick up a restarted agent's new
+	// key at once, rarely enough that forgeries cannot hammer the database.
+	KeyRefetchInterval time.Duration
+	// MaxMachines bounds the per-machine state (cached key, last accepted
+	// timestamp) (default 1<<20). Entries exist only for machines with a
+	// recorded agent, so the fleet size bounds it anyway.
+	MaxMachines int
+	// MaxBatch bounds the heartbeats written in one statement (default
+	// 500).
+	MaxBatch int
+	// DBTimeout bounds each BMDB operation, including the wait for a
+	// lookup slot (default 5 s).
+	DBTimeout time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxClockSkew <= 0 {
+		o.MaxClockSkew = 60 * time.Second
+	}
+	if o.SourceRate <= 0 {
+		o.SourceRate = 20
+	}
+	if o.SourceBurst <= 0 {
+		o.SourceBurst = 40
+	}
+	if o.MaxSources <= 0 {
+		o.MaxSources = 100000
+	}
+	if o.SourceKey == nil {
+		o.SourceKey = RemoteIPKey
+	}
+	if o.MaxKeyLookups <= 0 {
+		o.MaxKeyLookups = 2
+	}
+	if o.KeyCacheTTL <= 0 {
+		o.KeyCacheTTL = 10 * time.Minute
+	}
+	// An entry swept while its last timestamp could still pass the skew
+	// check would let that heartbeat be replayed.
+	if o.KeyCacheTTL < 2*o.MaxClockSkew+time.Minute {
+		o.KeyCacheTTL = 2*o.MaxClockSkew + time.Minute
+	}
+	if o.KeyRefetchInterval <= 0 {
+		o.KeyRefetchInterval = 5 * time.Second
+	}
+	if o.MaxMachines <= 0 {
+		o.MaxMachines = 1 << 20
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 500
+	}
+	if o.DBTimeout <= 0 {
+		o.DBTimeout = 5 * time.Second
+	}
+	return o
+}
+
+// Server checks and records agent heartbeats. It is safe for concurrent
+// use and holds no goroutines of its own.
+type Server struct {
+	db       *bmdb.DB
+	opts     Options
+	limiters *sourceLimiters
+	lookups  chan struct{} // semaphore of key lookups
+	recorder *recorder
+	errLog   rateLimitedLog
+
+	mu        sync.Mutex
+	machines  map[uuid.UUID]*machineState
+	lastSweep time.Time
+}
+
+// machineState is what the server remembers of a machine's agent.
+type machineState struct {
+	key        ed25519.PublicKey // as recorded in machine_agent_started
+	keyFetched time.Time
+	lastTS     time.Time // signed timestamp of the last accepted heartbeat
+	lastUsed   time.Time
+}
+
+// New returns a Server recording heartbeats in db.
+func New(db *bmdb.DB, opts Options) *Server {
+	opts = opts.withDefaults()
+	return &Server{
+		db:       db,
+		opts:     opts,
+		limiters: newSourceLimiters(opts.SourceRate, opts.SourceBurst, opts.MaxSources),
+		lookups:  make(chan struct{}, opts.MaxKeyLookups),
+		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout},
+		machines: make(map[uuid.UUID]*machineState),
+	}
+}
+
+// Handler returns the HTTP handler of the endpoint: POST Path. Other paths
+// get 404 and are not counted.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(Path, s)
+	return mux
+}
+
+// ServeHTTP handles one heartbeat request. Success is 204 No Content; a
+// refusal has a status (400, 403, 405, 413, 429, 503) and a one-line
+// plain-text reason, which the agent logs.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	result, status, reason := s.handle(w, r)
+	s.opts.Metrics.count(result)
+	if result != ResultAccepted && result != ResultRateLimited && klog.V(2).Enabled() {
+		klog.InfoS("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
+	}
+	if status == http.StatusNoContent {
+		w.WriteHeader(status)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "%s: %s\n", result, reason)
+}
+
+// handle runs the checks in order of cost and returns the result label, the
+// HTTP status and a reason for the client.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, status int, reason string) {
+	if !s.limiters.allow(s.opts.SourceKey(r), time.Now()) {
+		return ResultRateLimited, http.StatusTooManyRequests, "too many requests from this source"
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, agentproto.MaxHeartbeatSize))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return ResultBadRequest, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
+		}
+		return ResultBadRequest, http.StatusBadRequest, "reading body failed"
+	}
+	hb, err := agentproto.DecodeHeartbeat(body)
+	if err != nil {
+		return ResultBadRequest, http.StatusBadRequest, err.Error()
+	}
+
+	now := time.Now()
+	if d := hb.Timestamp.Sub(now); d > s.opts.MaxClockSkew || d < -s.opts.MaxClockSkew {
+		return ResultStale, http.StatusForbidden, fmt.Sprintf("timestamp %s is more than %s from the server's clock %s",
+			hb.Timestamp.UTC().Format(time.RFC3339Nano), s.opts.MaxClockSkew, now.UTC().Format(time.RFC3339Nano))
+	}
+	if s.replayed(hb) {
+		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
+	}
+
+	key, fetched, err := s.agentKey(r.Context(), hb.MachineID, false)
+	switch {
+	case errors.Is(err, bmdb.ErrNotFound):
+		return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
+	case err != nil:
+		s.logError(r, "Looking up an agent key failed", err)
+		return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
+	}
+	if err := hb.Verify(key); err != nil {
+		// The agent may have been restarted with a new key since the key
+		// was cached: read it again, but not on every forgery.
+		if !fetched && s.mayRefetch(hb.MachineID, now) {
+			key, _, err = s.agentKey(r.Context(), hb.MachineID, true)
+			switch {
+			case errors.Is(err, bmdb.ErrNotFound):
+				return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
+			case err != nil:
+				s.logError(r, "Looking up an agent key failed", err)
+				return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
+			}
+			err = hb.Verify(key)
+		}
+		if err != nil {
+			return ResultBadSignature, http.StatusForbidden, "signature does not verify with the machine's agent key"
+		}
+	}
+	if !s.advance(hb, now) {
+		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
+	}
+
+	recorded, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key})
+	switch {
+	case err != nil:
+		s.logError(r, "Recording heartbeats failed", err)
+		return ResultError, http.StatusServiceUnavailable, "recording the heartbeat failed, retry later"
+	case !recorded:
+		// Between the key lookup and the write, the machine's agent was
+		// replaced or its tags deleted: this signer is no longer its agent.
+		s.forgetKey(hb.MachineID)
+		return ResultBadSignature, http.StatusForbidden, "signed by an agent that is no longer the machine's recorded agent"
+	}
+	return ResultAccepted, http.StatusNoContent, ""
+}
+
+// replayed reports whether hb is not newer than the last heartbeat accepted
+// for its machine. It is a cheap early check, before any key lookup; advance
+// decides for good.
+func (s *Server) replayed(hb agentproto.Heartbeat) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[hb.MachineID]
+	return ok && !hb.Timestamp.After(m.lastTS)
+}
+
+// advance records hb's timestamp as the machine's last accepted one, unless
+// a concurrent request got there first with a newer or equal timestamp
+// (two copies of one heartbeat racing). It runs after verification only:
+// an unauthenticated request must not move it.
+func (s *Server) advance(hb agentproto.Heartbeat, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.state(hb.MachineID, now)
+	if !hb.Timestamp.After(m.lastTS) {
+		return false
+	}
+	m.lastTS = hb.Timestamp
+	m.lastUsed = now
+	return true
+}
+
+// agentKey returns machine's agent key, from the cache unless refetch, and
+// whether it was read from the BMDB now. Errors wrap bmdb.ErrNotFound when
+// the machine has no recorded agent.
+func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) (ed25519.PublicKey, bool, error) {
+	now := time.Now()
+	if !refetch {
+		s.mu.Lock()
+		m, ok := s.machines[machine]
+		if ok && m.key != nil {
+			m.lastUsed = now
+			key := m.key
+			s.mu.Unlock()
+			return key, false, nil
+		}
+		s.mu.Unlock()
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, s.opts.DBTimeout)
+	defer cancel()
+	select {
+	case s.lookups <- struct{}{}:
+		defer func() { <-s.lookups }()
+	case <-ctx.Done():
+		return nil, false, fmt.Errorf("waiting for a key lookup slot: %w", ctx.Err())
+	}
+	var key []byte
+	err := s.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		_, key, err = tx.AgentStarted(ctx, machine)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, bmdb.ErrNotFound) {
+			s.forgetKey(machine)
+		}
+		return nil, false, err
+	}
+	// Only keys that exist are cached: caching absences would let anyone
+	// fill the cache with random machine ids, and would delay a newly
+	// started agent's first heartbeat.
+	s.mu.Lock()
+	m := s.state(machine, now)
+	m.key, m.keyFetched, m.lastUsed = key, now, now
+	s.mu.Unlock()
+	return key, true, nil
+}
+
+// mayRefetch reports whether machine's key may be read again after a
+// verification failure, and if so notes the read.
+func (s *Server) mayRefetch(machine uuid.UUID, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[machine]
+	if !ok || now.Sub(m.keyFetched) < s.opts.KeyRefetchInterval {
+		return false
+	}
+	m.keyFetched = now
+	return true
+}
+
+// forgetKey drops machine's cached key (keeping its last timestamp, which
+// still guards against replays).
+func (s *Server) forgetKey(machine uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.machines[machine]; ok {
+		m.key = nil
+	}
+}
+
+// state returns machine's state, creating it. Callers hold s.mu and only
+// call it for machines with a recorded agent, which bounds the map by the
+// fleet. Unused entries are swept after KeyCacheTTL: by then their last
+// timestamp is long outside the clock-skew window, so forgetting it cannot
+// let a replay through.
+func (s *Server) state(machine uuid.UUID, now time.Time) *machineState {
+	if m, ok := s.machines[machine]; ok {
+		return m
+	}
+	if now.Sub(s.lastSweep) >= time.Minute || len(s.machines) >= s.opts.MaxMachines {
+		s.lastSweep = now
+		for id, m := range s.machines {
+			if now.Sub(m.lastUsed) >= s.opts.KeyCacheTTL {
+				delete(s.machines, id)
+			}
+		}
+		// Still full: the fleet outgrew MaxMachines. Forgetting an
+		// arbitrary machine costs a key lookup, and opens a replay
+		// window as in the multi-replica case.
+		for id := range s.machines {
+			if len(s.machines) < s.opts.MaxMachines {
+				break
+			}
+			delete(s.machines, id)
+		}
+	}
+	m := &machineState{lastUsed: now}
+	s.machines[machine] = m
+	return m
+}
+
+// logError logs a failure of the server, but not one caused by the client
+// hanging up.
+func (s *Server) logError(r *http.Request, msg string, err error) {
+	if r.Context().Err() == nil {
+		s.errLog.log(msg, err)
+	}
+}
+
+// rateLimitedLog logs errors at most every 10 seconds, with a count of those
+// it left out: a database outage must not turn every heartbeat into a log
+// line.
+type rateLimitedLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (l *rateLimitedLog) log(msg string, err error) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.last) < 10*time.Second {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	suppressed := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	klog.ErrorS(err, msg, "suppressedSinceLast", suppressed)
+}
