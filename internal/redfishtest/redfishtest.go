@@ -1,0 +1,265 @@
+// Package redfishtest is a small Redfish service for tests: an httptest
+// server implementing the service root, the Systems collection, one
+// ComputerSystem and its Reset action, with HTTP Basic authentication. It
+// records every request and every reset, so that a test can check what a
+// client did to the "BMC".
+package redfishtest
+
+import (
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Options configure a Server. Zero values are defaulted.
+type Options struct {
+	// Username and Password are the only accepted Basic credentials
+	// (default "admin" and "s3cret:pass", a password with a colon).
+	Username, Password string
+	// SystemID is the Id of the one system (default "1").
+	SystemID string
+	// AllowedResetTypes are advertised and accepted (default On, ForceOff,
+	// ForceRestart, GracefulRestart, PowerCycle).
+	AllowedResetTypes []string
+	// TLS serves HTTPS with httptest's self-signed certificate; see CAFile.
+	TLS bool
+	// OnReset, if set, runs (in the request's goroutine, before the
+	// response) for each accepted reset.
+	OnReset func(resetType string)
+}
+
+// Request is one request the server received.
+type Request struct {
+	Method string
+	Path   string
+	// Authorized reports whether the request carried the right Basic
+	// credentials.
+	Authorized bool
+}
+
+// Reset is one accepted reset action.
+type Reset struct {
+	SystemID  string
+	ResetType string
+	At        time.Time
+}
+
+// Server is a running test Redfish service.
+type Server struct {
+	// URL is the service's base URL, e.g. http://127.0.0.1:41234; clients
+	// append /redfish/v1.
+	URL string
+
+	opts Options
+	srv  *httptest.Server
+
+	mu       sync.Mutex
+	requests []Request
+	resets   []Reset
+	notify   chan struct{}
+}
+
+// Start starts a server; it stops when t ends.
+func Start(t testing.TB, opts Options) *Server {
+	t.Helper()
+	if opts.Username == "" {
+		opts.Username = "admin"
+	}
+	if opts.Password == "" {
+		opts.Password = "s3cret:pass"
+	}
+	if opts.SystemID == "" {
+		opts.SystemID = "1"
+	}
+	if opts.AllowedResetTypes == nil {
+		opts.AllowedResetTypes = []string{"On", "ForceOff", "ForceRestart", "GracefulRestart", "PowerCycle"}
+	}
+	s := &Server{opts: opts, notify: make(chan struct{}, 1)}
+	if opts.TLS {
+		s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
+	} else {
+		s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	}
+	s.URL = s.srv.URL
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// Close stops the server early.
+func (s *Server) Close() { s.srv.Close() }
+
+// WriteCredentials writes the accepted credentials to a file in dir, in the
+// "username:password" format, and returns its path.
+func (s *Server) WriteCredentials(t testing.TB, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "bmc-credentials")
+	if err := os.WriteFile(p, []byte(s.opts.Username+":"+s.opts.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// WriteCAFile writes the TLS server's certificate as PEM to a file in dir
+// and returns its path; the server must have been started with TLS.
+func (s *Server) WriteCAFile(t testing.TB, dir string) string {
+	t.Helper()
+	cert := s.srv.Certificate()
+	if cert == nil {
+		t.Fatal("redfishtest: WriteCAFile on a server without TLS")
+	}
+	p := filepath.Join(dir, "bmc-ca.pem")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Requests returns the requests received so far.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+// Resets returns the resets accepted so far.
+func (s *Server) Resets() []Reset {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Reset(nil), s.resets...)
+}
+
+// WaitResets waits until at least n resets were accepted, or fails t after
+// timeout.
+func (s *Server) WaitResets(t testing.TB, n int, timeout time.Duration) []Reset {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		if r := s.Resets(); len(r) >= n {
+			return r
+		}
+		select {
+		case <-s.notify:
+		case <-deadline:
+			t.Fatalf("redfishtest: %d resets after %s, want %d", len(s.Resets()), timeout, n)
+		}
+	}
+}
+
+func (s *Server) systemPath() string { return "/redfish/v1/Systems/" + s.opts.SystemID }
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	user, pass, ok := r.BasicAuth()
+	authorized := ok && user == s.opts.Username && pass == s.opts.Password
+	s.mu.Lock()
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Authorized: authorized})
+	s.mu.Unlock()
+
+	// The service root is readable without credentials, as on real BMCs.
+	if r.URL.Path == "/redfish/v1/" || r.URL.Path == "/redfish/v1" {
+		if r.Method != http.MethodGet {
+			httpError(w, http.StatusMethodNotAllowed)
+			return
+		}
+		writeJSON(w, map[string]any{
+			"@odata.id":      "/redfish/v1/",
+			"@odata.type":    "#ServiceRoot.v1_5_0.ServiceRoot",
+			"Id":             "RootService",
+			"Name":           "Root Service",
+			"RedfishVersion": "1.6.0",
+			"Systems":        map[string]string{"@odata.id": "/redfish/v1/Systems"},
+		})
+		return
+	}
+	if !authorized {
+		w.Header().Set("WWW-Authenticate", `Basic realm="redfishtest"`)
+		httpError(w, http.StatusUnauthorized)
+		return
+	}
+	switch r.URL.Path {
+	case "/redfish/v1/Systems", "/redfish/v1/Systems/":
+		if r.Method != http.MethodGet {
+			httpError(w, http.StatusMethodNotAllowed)
+			return
+		}
+		writeJSON(w, map[string]any{
+			"@odata.id":           "/redfish/v1/Systems",
+			"@odata.type":         "#ComputerSystemCollection.ComputerSystemCollection",
+			"Name":                "Computer System Collection",
+			"Members":             []map[string]string{{"@odata.id": s.systemPath()}},
+			"Members@odata.count": 1,
+		})
+	case s.systemPath():
+		if r.Method != http.MethodGet {
+			httpError(w, http.StatusMethodNotAllowed)
+			return
+		}
+		writeJSON(w, map[string]any{
+			"@odata.id":   s.systemPath(),
+			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
+			"Id":          s.opts.SystemID,
+			"Name":        "Test System",
+			"PowerState":  "On",
+			"Actions": map[string]any{
+				"#ComputerSystem.Reset": map[string]any{
+					"target":                            s.systemPath() + "/Actions/ComputerSystem.Reset",
+					"ResetType@Redfish.AllowableValues": s.opts.AllowedResetTypes,
+				},
+			},
+		})
+	case s.systemPath() + "/Actions/ComputerSystem.Reset":
+		if r.Method != http.MethodPost {
+			httpError(w, http.StatusMethodNotAllowed)
+			return
+		}
+		var body struct{ ResetType string }
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			httpError(w, http.StatusBadRequest)
+			return
+		}
+		allowed := false
+		for _, t := range s.opts.AllowedResetTypes {
+			allowed = allowed || t == body.ResetType
+		}
+		if !allowed {
+			httpError(w, http.StatusBadRequest)
+			return
+		}
+		if s.opts.OnReset != nil {
+			s.opts.OnReset(body.ResetType)
+		}
+		s.mu.Lock()
+		s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
+		s.mu.Unlock()
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		httpError(w, http.StatusNotFound)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// httpError answers with a Redfish-style error body.
+func httpError(w http.ResponseWriter, code int) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"error": map[string]any{
+			"code":    fmt.Sprintf("Base.1.0.HTTP%d", code),
+			"message": http.StatusText(code),
+		},
+	})
+}

@@ -1,0 +1,1 @@
+DROP TABLE machine_ssh_host_key;

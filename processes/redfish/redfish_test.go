@@ -1,0 +1,185 @@
+package redfish
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
+)
+
+func TestResetDefaultsToForceRestart(t *testing.T) {
+	srv := redfishtest.Start(t, redfishtest.Options{})
+	dir := t.TempDir()
+	c := New(DefaultConfig())
+	err := c.Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: srv.WriteCredentials(t, dir)})
+	if err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	resets := srv.Resets()
+	if len(resets) != 1 || resets[0].ResetType != "ForceRestart" || resets[0].SystemID != "1" {
+		t.Fatalf("resets = %+v, want one ForceRestart of system 1", resets)
+	}
+	var sawReset bool
+	for _, r := range srv.Requests() {
+		if r.Path != "/redfish/v1/" && !r.Authorized {
+			t.Errorf("request %s %s without the right credentials", r.Method, r.Path)
+		}
+		sawReset = sawReset || (r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/Actions/ComputerSystem.Reset"))
+	}
+	if !sawReset {
+		t.Errorf("no POST to the Reset action in %+v", srv.Requests())
+	}
+}
+
+func TestResetConfiguredTypeSystemAndTLS(t *testing.T) {
+	srv := redfishtest.Start(t, redfishtest.Options{TLS: true, SystemID: "System.Embedded.1"})
+	dir := t.TempDir()
+	creds := srv.WriteCredentials(t, dir)
+	c := New(DefaultConfig())
+
+	// Without the CA the certificate is refused: no option skips that.
+	err := c.Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: creds})
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Reset without CA file: err = %v, want a certificate error", err)
+	}
+	target := Target{
+		Endpoint:        srv.URL,
+		CredentialsFile: creds,
+		CAFile:          srv.WriteCAFile(t, dir),
+		SystemID:        "System.Embedded.1",
+		ResetType:       "GracefulRestart",
+	}
+	if err := c.Reset(context.Background(), target); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	if r := srv.Resets(); len(r) != 1 || r[0].ResetType != "GracefulRestart" {
+		t.Fatalf("resets = %+v, want one GracefulRestart", r)
+	}
+
+	target.SystemID = "nope"
+	err = c.Reset(context.Background(), target)
+	if err == nil || !strings.Contains(err.Error(), `no system "nope"`) {
+		t.Fatalf("Reset of unknown system: err = %v", err)
+	}
+}
+
+func TestResetWrongCredentialsNeverLeaks(t *testing.T) {
+	srv := redfishtest.Start(t, redfishtest.Options{})
+	p := filepath.Join(t.TempDir(), "creds.json")
+	const secret = "wrong-but-secret-password"
+	if err := os.WriteFile(p, []byte(`{"username": "admin", "password": "`+secret+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := New(DefaultConfig()).Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: p})
+	if err == nil {
+		t.Fatal("Reset with wrong credentials succeeded")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("error leaks the password: %v", err)
+	}
+	if r := srv.Resets(); len(r) != 0 {
+		t.Fatalf("resets = %+v, want none", r)
+	}
+}
+
+func TestResetTimesOut(t *testing.T) {
+	block := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hang.Close()
+	defer close(block)
+	creds := filepath.Join(t.TempDir(), "creds")
+	if err := os.WriteFile(creds, []byte("u:p"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := New(Config{Timeout: 300 * time.Millisecond}).Reset(context.Background(), Target{Endpoint: hang.URL, CredentialsFile: creds})
+	if err == nil || !strings.Contains(err.Error(), "deadline exceeded") {
+		t.Fatalf("err = %v, want a deadline error", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Reset took %s with a 300ms timeout", d)
+	}
+}
+
+func TestParseEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{in: "https://10.0.0.1", want: "https://10.0.0.1"},
+		{in: "https://bmc.example:8443/", want: "https://bmc.example:8443"},
+		{in: "http://[fd00::1]:80", want: "http://[fd00::1]:80"},
+		{in: "https://root:hunter2@bmc", err: "credentials in the URL"},
+		{in: "ftp://bmc", err: "http or https"},
+		{in: "bmc.example", err: "http or https"},
+		{in: "https://", err: "no host"},
+		{in: "https://bmc/redfish/v1", err: "without a path"},
+		{in: "https://bmc?x=1", err: "query"},
+		{in: "https://bmc:0", err: "port"},
+		{in: "https://bmc:99999", err: "port"},
+	} {
+		got, err := ParseEndpoint(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseEndpoint(%q) = %q, %v; want error containing %q", tc.in, got, err, tc.err)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("ParseEndpoint(%q) error leaks the password: %v", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseEndpoint(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseCredentials(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		user, pass string
+		err        string
+	}{
+		{in: "admin:pa:ss\n", user: "admin", pass: "pa:ss"},
+		{in: "admin: spaced pass \r\n", user: "admin", pass: " spaced pass "},
+		{in: `{"username": "root", "password": "calvin"}`, user: "root", pass: "calvin"},
+		{in: "", err: "empty"},
+		{in: "adminonly", err: "no colon"},
+		{in: ":pw", err: "empty username"},
+		{in: "admin:", err: "empty password"},
+		{in: "a:b\nc:d\n", err: "more than one line"},
+		{in: `{"username": "root"}`, err: "lacks"},
+		{in: `{"username": "root", "password": "x", "extra": 1}`, err: "unknown fields"},
+		{in: `{"username": "root", "password": "secretvalue"`, err: "not a valid JSON"},
+	} {
+		c, err := ParseCredentials([]byte(tc.in))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseCredentials(%q) = %v, %v; want error containing %q", tc.in, c, err, tc.err)
+			}
+			if err != nil && strings.Contains(err.Error(), "secretvalue") {
+				t.Errorf("ParseCredentials(%q) error quotes the input: %v", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || c.Username != tc.user || c.Password != tc.pass {
+			t.Errorf("ParseCredentials(%q) = %q/%q, %v; want %q/%q", tc.in, c.Username, c.Password, err, tc.user, tc.pass)
+		}
+	}
+	c := Credentials{Username: "u", Password: "topsecret"}
+	for _, s := range []string{c.String(), c.GoString()} {
+		if strings.Contains(s, "topsecret") {
+			t.Errorf("Credentials print their password: %s", s)
+		}
+	}
+}

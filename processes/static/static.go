@@ -1,0 +1,280 @@
+// Package static is the provider of a fleet listed in an inventory file:
+// on-premises machines that Shepherd reaches over SSH, and reboots through
+// their BMC's Redfish API or, without a BMC, over SSH.
+//
+// The inventory (see Inventory for its format) is synced into
+// machine_provided at start and at every Reload (the daemon's SIGHUP): new
+// entries become machines, changed SSH addresses and locations are updated,
+// and machines the file no longer lists are reported in the log and in the
+// shepherd_inventory_removed_machines gauge, never deleted. A file that does
+// not parse or validate is rejected whole, with its problems' lines and
+// fields, and the last good inventory stays in force.
+//
+// Where machine data lives: machine_provided holds what every replica and
+// every operator query needs, the SSH address as host:port and the
+// location. The rest of a machine's entry (SSH user, BMC endpoint,
+// credentials file, system id, reset type, CA file) stays in the in-memory
+// inventory, keyed by provider id: a daemon running this provider always
+// has the inventory loaded, and credentials file names have no business in
+// the database. Every replica must therefore run with the same inventory
+// file, and reload it when it changes.
+package static
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/processes/redfish"
+	"github.com/shepherd-fleet/shepherd/processes/sshagent"
+)
+
+// Name is the provider's name in machine_provided.provider.
+const Name = "static"
+
+// ErrNotInInventory is wrapped by the errors of actions on a machine that
+// the BMDB has but the loaded inventory no longer lists.
+var ErrNotInInventory = errors.New("machine not in the inventory")
+
+// RemovedBackoff is the backoff of an action on a machine removed from the
+// inventory: nothing will change until an operator puts it back (or deletes
+// it from the BMDB).
+var RemovedBackoff = bmdb.Backoff{Initial: time.Hour, Maximum: 24 * time.Hour, Exponent: 2}
+
+// Config is the static provider's configuration.
+type Config struct {
+	// InventoryFile is the inventory's path.
+	InventoryFile string
+	// SSH configures logins, agent start and SSH reboots.
+	SSH sshagent.Config
+	// Redfish configures BMC reboots.
+	Redfish redfish.Config
+}
+
+// DefaultConfig returns the configuration before flags.
+func DefaultConfig() Config {
+	return Config{SSH: sshagent.DefaultConfig(), Redfish: redfish.DefaultConfig()}
+}
+
+// RegisterFlags registers -inventory and the SSH and Redfish flags on fs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.InventoryFile, "inventory", c.InventoryFile, "static provider: YAML or JSON file listing the machines (reloaded on SIGHUP)")
+	c.SSH.RegisterFlags(fs)
+	c.Redfish.RegisterFlags(fs)
+}
+
+// Check validates the configuration, including the inventory file; its
+// errors name the flag (and, for the inventory, the file's line and field).
+func (c *Config) Check() error {
+	if c.InventoryFile == "" {
+		return errors.New("-inventory: required with -provider static")
+	}
+	if _, err := Load(c.InventoryFile); err != nil {
+		return fmt.Errorf("-inventory: %w", err)
+	}
+	if err := c.SSH.Check(); err != nil {
+		return err
+	}
+	return c.Redfish.Check()
+}
+
+// Provider is the static provider. It implements processes.Provider.
+type Provider struct {
+	cfg     Config
+	db      *bmdb.DB
+	ssh     *sshagent.Client
+	redfish *redfish.Client
+	metrics *metrics
+
+	reloadMu sync.Mutex // serializes Reload
+	mu       sync.RWMutex
+	inv      *Inventory
+}
+
+var _ processes.Provider = (*Provider)(nil)
+
+// New loads the inventory, syncs it into the BMDB and returns the provider.
+// Its metrics are registered with reg (nil: not registered). Host keys are
+// pinned in db unless cfg.SSH names a known_hosts file.
+func New(ctx context.Context, cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
+	ssh, err := sshagent.New(cfg.SSH, sshagent.BMDBPins{DB: db})
+	if err != nil {
+		return nil, err
+	}
+	p := &Provider{
+		cfg:     cfg,
+		db:      db,
+		ssh:     ssh,
+		redfish: redfish.New(cfg.Redfish),
+		metrics: newMetrics(reg),
+	}
+	if err := p.Reload(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Name implements processes.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Inventory returns the inventory in force.
+func (p *Provider) Inventory() *Inventory {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.inv
+}
+
+// SSHPublicKey is the key Shepherd logs in with, in authorized_keys
+// format, for operators to install on machines.
+func (p *Provider) SSHPublicKey() string { return p.ssh.PublicKey() }
+
+// Reload reads the inventory file again and syncs it into the BMDB. On any
+// error (the file does not parse or validate, or the BMDB cannot be
+// written) it returns the error and the previous inventory stays in force.
+func (p *Provider) Reload(ctx context.Context) error {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	inv, err := Load(p.cfg.InventoryFile)
+	if err != nil {
+		p.metrics.reloaded(false)
+		return err
+	}
+	// Replicas starting together may race to add the same new machine:
+	// the loser's transaction fails on the unique provider id, and its
+	// next attempt sees the winner's row.
+	var res SyncResult
+	for attempt := 1; ; attempt++ {
+		res, err = Sync(ctx, p.db, inv)
+		if err == nil || attempt == 3 || ctx.Err() != nil {
+			break
+		}
+		klog.Warningf("inventory %s: sync attempt %d failed, retrying: %v", inv.File, attempt, err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		p.metrics.reloaded(false)
+		return err
+	}
+	p.mu.Lock()
+	p.inv = inv
+	p.mu.Unlock()
+	p.metrics.reloaded(true)
+	p.metrics.machines.Set(float64(len(inv.Machines)))
+	p.metrics.removed.Set(float64(len(res.Removed)))
+	klog.Infof("inventory %s: %d machines (%d added, %d updated)", inv.File, len(inv.Machines), len(res.Added), len(res.Updated))
+	if len(res.Added) > 0 {
+		klog.V(1).Infof("inventory %s: added %s", inv.File, strings.Join(res.Added, ", "))
+	}
+	if len(res.Updated) > 0 {
+		klog.Infof("inventory %s: address or location changed for %s", inv.File, strings.Join(res.Updated, ", "))
+	}
+	if len(res.Removed) > 0 {
+		klog.Warningf("inventory %s: %d machines in the BMDB are no longer listed and are kept (Shepherd never deletes machines; their actions fail until they are listed again): %s",
+			inv.File, len(res.Removed), strings.Join(clipList(res.Removed, 50), ", "))
+	}
+	return nil
+}
+
+func clipList(ids []string, n int) []string {
+	if len(ids) <= n {
+		return ids
+	}
+	return append(ids[:n:n], fmt.Sprintf("... (%d more)", len(ids)-n))
+}
+
+// lookup finds m's inventory entry.
+func (p *Provider) lookup(m bmdb.Provided) (*Machine, error) {
+	if m.Provider != Name {
+		return nil, fmt.Errorf("machine %s is provided by %q, not %q", m.Machine, m.Provider, Name)
+	}
+	inv := p.Inventory()
+	e, ok := inv.Machine(m.ProviderID)
+	if !ok {
+		return nil, processes.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or delete the machine", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
+	}
+	return e, nil
+}
+
+func target(m bmdb.Provided, e *Machine) sshagent.Target {
+	return sshagent.Target{Machine: m.Machine, Name: Name + "/" + e.ID, Address: e.SSH.Address(), User: e.SSH.User}
+}
+
+// StartAgent implements processes.Provider: it uploads and starts the agent
+// over SSH.
+func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
+	e, err := p.lookup(m)
+	if err != nil {
+		return nil, err
+	}
+	return p.ssh.StartAgent(ctx, target(m, e))
+}
+
+// Reboot implements processes.Provider: through the machine's BMC when the
+// inventory names one, else with the reboot command over SSH.
+func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
+	e, err := p.lookup(m)
+	if err != nil {
+		return err
+	}
+	if e.Redfish != nil {
+		return p.redfish.Reset(ctx, *e.Redfish)
+	}
+	return p.ssh.Reboot(ctx, target(m, e))
+}
+
+// metrics are the inventory's gauges and counters.
+type metrics struct {
+	machines   prometheus.Gauge
+	removed    prometheus.Gauge
+	reloads    *prometheus.CounterVec
+	lastReload prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		machines: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shepherd_inventory_machines",
+			Help: "Machines listed by the static inventory in force.",
+		}),
+		removed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shepherd_inventory_removed_machines",
+			Help: "Machines of the static provider in the BMDB that the inventory in force no longer lists (kept, never deleted).",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_inventory_reloads_total",
+			Help: "Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).",
+		}, []string{"result"}),
+		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shepherd_inventory_last_reload_successful",
+			Help: "1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force).",
+		}),
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("error")
+	if reg != nil {
+		reg.MustRegister(m.machines, m.removed, m.reloads, m.lastReload)
+	}
+	return m
+}
+
+func (m *metrics) reloaded(ok bool) {
+	if ok {
+		m.reloads.WithLabelValues("success").Inc()
+		m.lastReload.Set(1)
+		return
+	}
+	m.reloads.WithLabelValues("error").Inc()
+	m.lastReload.Set(0)
+}

@@ -1,0 +1,262 @@
+package static
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
+	"github.com/shepherd-fleet/shepherd/processes"
+)
+
+// testConfig returns a provider configuration for inventoryFile with a
+// fresh client key and a placeholder agent binary.
+func testConfig(t *testing.T, inventoryFile string) Config {
+	t.Helper()
+	dir := t.TempDir()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "id_ed25519")
+	agent := filepath.Join(dir, "shepherd-agent")
+	writeFiles(t, dir, map[string]string{"id_ed25519": string(pem.EncodeToMemory(block)), "shepherd-agent": "#!/bin/sh\n"})
+	cfg := DefaultConfig()
+	cfg.InventoryFile = inventoryFile
+	cfg.SSH.KeyFile = keyFile
+	cfg.SSH.AgentBinary = agent
+	cfg.SSH.HeartbeatURL = "http://127.0.0.1:1/heartbeat"
+	if err := cfg.Check(); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	return cfg
+}
+
+func openDB(t *testing.T) *bmdb.DB {
+	t.Helper()
+	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+func provided(t *testing.T, db *bmdb.DB) map[string]bmdb.Provided {
+	t.Helper()
+	got := map[string]bmdb.Provided{}
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		ps, err := tx.ProvidedBy(ctx, Name)
+		for _, p := range ps {
+			got[p.ProviderID] = p
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func TestSyncAddsUpdatesAndReportsRemoved(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "inventory.yaml")
+	writeFiles(t, dir, map[string]string{"inventory.yaml": `
+defaults: {ssh: {user: root}}
+machines:
+  - {id: a, ssh: {address: 10.0.0.1}, location: r1}
+  - {id: b, ssh: {address: 10.0.0.2}}
+  - {id: c, ssh: {address: 10.0.0.3}}
+`})
+	reg := prometheus.NewRegistry()
+	p, err := New(ctx, testConfig(t, file), db, reg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	first := provided(t, db)
+	if len(first) != 3 || first["a"].Address != "10.0.0.1:22" || first["a"].Location != "r1" {
+		t.Fatalf("after start: %+v", first)
+	}
+
+	// b changes address, c goes away, d comes.
+	writeFiles(t, dir, map[string]string{"inventory.yaml": `
+defaults: {ssh: {user: root}}
+machines:
+  - {id: a, ssh: {address: 10.0.0.1}, location: r1}
+  - {id: b, ssh: {address: 10.0.0.20, port: 2222}, location: r2}
+  - {id: d, ssh: {address: 10.0.0.4}}
+`})
+	if err := p.Reload(ctx); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	second := provided(t, db)
+	if len(second) != 4 {
+		t.Fatalf("after reload: %d machines, want 4 (c kept): %+v", len(second), second)
+	}
+	if second["a"] != first["a"] {
+		t.Errorf("a changed: %+v -> %+v", first["a"], second["a"])
+	}
+	if b := second["b"]; b.Machine != first["b"].Machine || b.Address != "10.0.0.20:2222" || b.Location != "r2" {
+		t.Errorf("b = %+v, want the same machine at 10.0.0.20:2222 in r2", b)
+	}
+	if second["c"] != first["c"] {
+		t.Errorf("removed c was changed: %+v", second["c"])
+	}
+	if _, ok := p.Inventory().Machine("c"); ok {
+		t.Error("c still in the inventory in force")
+	}
+	if got := value(t, p.metrics.removed); got != 1 {
+		t.Errorf("shepherd_inventory_removed_machines = %g, want 1", got)
+	}
+	if got := value(t, p.metrics.machines); got != 3 {
+		t.Errorf("shepherd_inventory_machines = %g, want 3", got)
+	}
+
+	// Syncing the same file again changes nothing.
+	res, err := Sync(ctx, db, p.Inventory())
+	if err != nil || len(res.Added)+len(res.Updated) != 0 || !slices.Equal(res.Removed, []string{"c"}) {
+		t.Fatalf("Sync again = %+v, %v; want only c removed", res, err)
+	}
+
+	// Actions on the removed machine fail with the long backoff.
+	_, err = p.StartAgent(ctx, second["c"])
+	var be *processes.BackoffError
+	if !errors.Is(err, ErrNotInInventory) || !errors.As(err, &be) || be.Backoff != RemovedBackoff {
+		t.Fatalf("StartAgent on a removed machine: %v, want ErrNotInInventory with RemovedBackoff", err)
+	}
+	if err := p.Reboot(ctx, second["c"]); !errors.Is(err, ErrNotInInventory) {
+		t.Fatalf("Reboot on a removed machine: %v", err)
+	}
+}
+
+func TestReloadKeepsLastGoodInventory(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "inventory.yaml")
+	good := "- {id: a, ssh: {address: 10.0.0.1, user: root}}\n"
+	writeFiles(t, dir, map[string]string{"inventory.yaml": good})
+	p, err := New(ctx, testConfig(t, file), db, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	before := p.Inventory()
+
+	// A bad file: one good new machine, one with an unknown field.
+	writeFiles(t, dir, map[string]string{"inventory.yaml": good +
+		"- {id: b, ssh: {address: 10.0.0.2, user: root}}\n" +
+		"- {id: c, ssh: {address: 10.0.0.3, user: root, prot: 22}}\n"})
+	err = p.Reload(ctx)
+	var invErr *Error
+	if !errors.As(err, &invErr) || !strings.Contains(err.Error(), "inventory.yaml:3: machines[2].ssh.prot: unknown field") {
+		t.Fatalf("Reload of a bad file: %v", err)
+	}
+	if p.Inventory() != before {
+		t.Fatal("a bad reload replaced the inventory")
+	}
+	if got := provided(t, db); len(got) != 1 {
+		t.Fatalf("a bad reload changed the BMDB: %+v", got)
+	}
+	if got := value(t, p.metrics.lastReload); got != 0 {
+		t.Errorf("shepherd_inventory_last_reload_successful = %g after a bad reload", got)
+	}
+	if got := value(t, p.metrics.reloads.WithLabelValues("error")); got != 1 {
+		t.Errorf("reloads{error} = %g, want 1", got)
+	}
+
+	// A deleted file is no better.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(ctx); !errors.Is(err, os.ErrNotExist) || p.Inventory() != before {
+		t.Fatalf("Reload of a missing file: %v", err)
+	}
+
+	// Fixed: taken.
+	writeFiles(t, dir, map[string]string{"inventory.yaml": good + "- {id: b, ssh: {address: 10.0.0.2, user: root}}\n"})
+	if err := p.Reload(ctx); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if _, ok := p.Inventory().Machine("b"); !ok || len(provided(t, db)) != 2 {
+		t.Fatal("the fixed file was not taken")
+	}
+	if got := value(t, p.metrics.lastReload); got != 1 {
+		t.Errorf("shepherd_inventory_last_reload_successful = %g after a good reload", got)
+	}
+}
+
+func TestNewRejectsBadInventory(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "inventory.yaml")
+	writeFiles(t, dir, map[string]string{"inventory.yaml": "- {id: a, ssh: {address: 10.0.0.1, user: root}}\n"})
+	cfg := testConfig(t, file)
+	writeFiles(t, dir, map[string]string{"inventory.yaml": "- {id: a, ssh: {address: 10.0.0.1:22, user: root}}\n"})
+	if err := cfg.Check(); err == nil || !strings.Contains(err.Error(), "-inventory: inventory "+file+" rejected: "+file+":1: machines[0].ssh.address") {
+		t.Fatalf("Check: %v", err)
+	}
+	if _, err := New(context.Background(), cfg, openDB(t), nil); err == nil {
+		t.Fatal("New accepted a bad inventory")
+	}
+}
+
+func TestRebootThroughRedfish(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t)
+	bmc := redfishtest.Start(t, redfishtest.Options{})
+	dir := t.TempDir()
+	creds := bmc.WriteCredentials(t, dir)
+	file := filepath.Join(dir, "inventory.yaml")
+	writeFiles(t, dir, map[string]string{"inventory.yaml": `
+- id: a
+  ssh: {address: 10.0.0.1, user: root}
+  redfish:
+    endpoint: ` + bmc.URL + `
+    credentials_file: ` + filepath.Base(creds) + `
+    reset_type: GracefulRestart
+`})
+	p, err := New(ctx, testConfig(t, file), db, nil)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Reboot(ctx, provided(t, db)["a"]); err != nil {
+		t.Fatalf("Reboot: %v", err)
+	}
+	if r := bmc.Resets(); len(r) != 1 || r[0].ResetType != "GracefulRestart" {
+		t.Fatalf("resets = %+v", r)
+	}
+}
+
+// value reads a gauge or counter.
+func value(t *testing.T, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Gauge != nil {
+		return d.Gauge.GetValue()
+	}
+	return d.Counter.GetValue()
+}
