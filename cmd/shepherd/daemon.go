@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,7 +21,8 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes/sim"
+	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/processes"
 )
 
 // runDaemon is the default subcommand: it runs the enabled control loops
@@ -34,12 +38,17 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 	if err == nil && fs.NArg() > 0 {
 		err = usagef("unexpected argument %q (subcommands: run, migrate)", fs.Arg(0))
 	}
+	cfg.noteGiven(fs)
 	dsn := ""
 	if err == nil {
 		dsn, err = cfg.dsn.resolve()
 	}
 	if err == nil && dsn == "" {
 		cfg.demoDefaults = applyDemoDefaults(fs)
+		if cfg.provider != providerSim {
+			// Set, but unused: not worth a line in the log.
+			cfg.demoDefaults = slices.DeleteFunc(cfg.demoDefaults, func(f string) bool { return strings.HasPrefix(f, "-sim_") })
+		}
 	}
 	if err == nil {
 		err = cfg.check()
@@ -95,6 +104,13 @@ func shutdownOnSignal(grace time.Duration) (context.Context, func()) {
 // and runs the loops until ctx is done. It returns nil after a clean
 // shutdown, and an error when the daemon cannot work at all.
 func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
+	// SIGHUP reloads the fleet (the static inventory) once the loops run;
+	// one received earlier waits until then. Caught from the start: its
+	// default action would end the daemon.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -110,6 +126,25 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 		return err
 	}
 	defer stopHTTP()
+
+	// The heartbeat endpoint's address is bound now, so that one in use
+	// fails the start at once, and its port is known (-agent_listen :0).
+	var agents *agentEndpoint
+	var heartbeatMetrics *heartbeat.Metrics
+	if cfg.agentListen != "" {
+		heartbeatMetrics = heartbeat.NewMetrics(reg)
+		agents, err = listenAgents(cfg.agentListen, cfg.agentTLSCert, cfg.agentTLSKey)
+		if err != nil {
+			return err
+		}
+		// Stops serving after the loops have stopped (and before the
+		// database closes): shutting down must not look like silent agents.
+		defer agents.stop()
+		if cfg.heartbeatURLFromListen {
+			host, _, _ := net.SplitHostPort(cfg.agentListen)
+			cfg.static.SSH.HeartbeatURL = cfg.heartbeatURL(net.JoinHostPort(host, agents.port()))
+		}
+	}
 
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
@@ -133,10 +168,22 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	defer db.Close()
 	klog.Infof("Using the BMDB at %s", target)
 
-	// Opening does not connect, so the loops can be built now: their
-	// metrics series then exist, at zero, while the database is away.
-	provider := sim.New(db, cfg.sim)
-	runners, err := buildLoops(db, provider, cfg.enabled, dbMetrics, loopMetrics)
+	var checks []func() string
+	if agents != nil {
+		// Heartbeats that come while the database is down are refused
+		// with 503; the agents send the next one at their next interval.
+		agents.serve(db, heartbeatMetrics)
+		checks = append(checks, agents.check)
+	}
+
+	// Opening does not connect, so the fleet and the loops can be built
+	// now: their metrics series then exist, at zero, while the database is
+	// away.
+	f, err := newFleet(cfg, db, reg)
+	if err != nil {
+		return err
+	}
+	runners, err := buildLoops(db, f, cfg.enabled, dbMetrics, loopMetrics)
 	if err != nil {
 		return err
 	}
@@ -149,19 +196,19 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 		return err
 	}
 
-	ready.set("seeding the simulated fleet")
-	if err := retry(ctx, "seeding the simulated fleet", provider.Seed, nil); err != nil || ctx.Err() != nil {
+	ready.set(f.preparing())
+	if err := retry(ctx, f.preparing(), f.prepare, nil); err != nil || ctx.Err() != nil {
 		return err
 	}
 
-	ready.running(db, runners)
+	ready.running(db, runners, checks...)
 	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
 	defer stopReady()
-	return runLoops(ctx, provider, runners)
+	return runLoops(ctx, f, runners, hup)
 }
 
 // buildLoops prepares a runner for every enabled process.
-func buildLoops(db *bmdb.DB, provider *sim.Provider, enabled []*loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
+func buildLoops(db *bmdb.DB, provider processes.Provider, enabled []*loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
 	var runners []*controlloop.Runner
 	for _, l := range enabled {
 		dbMetrics.InitComponent(l.cfg.Session.Component)
@@ -174,24 +221,37 @@ func buildLoops(db *bmdb.DB, provider *sim.Provider, enabled []*loop, dbMetrics 
 	return runners, nil
 }
 
-// runLoops runs the simulated fleet and the runners until ctx is done and
-// the runners have shut down.
-func runLoops(ctx context.Context, provider *sim.Provider, runners []*controlloop.Runner) error {
-	// The simulated agents keep heartbeating until the loops have stopped,
+// runLoops runs the fleet and the runners until ctx is done and the
+// runners have shut down, reloading the fleet on each SIGHUP from hup.
+func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <-chan os.Signal) error {
+	// The fleet (the simulated agents) runs until the loops have stopped,
 	// so that shutting down does not look like a fleet-wide outage.
-	simCtx, stopSim := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopSim()
-	simDone := make(chan error, 1)
-	go func() { simDone <- provider.Run(simCtx) }()
+	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFleet()
+	fleetDone := make(chan error, 1)
+	go func() { fleetDone <- f.run(fleetCtx) }()
+	reloadDone := make(chan struct{})
+	go func() {
+		defer close(reloadDone)
+		for {
+			select {
+			case <-fleetCtx.Done():
+				return
+			case <-hup:
+				f.reload(fleetCtx)
+			}
+		}
+	}()
 
 	var loops errgroup.Group
 	for _, r := range runners {
 		loops.Go(func() error { return r.Run(ctx) })
 	}
 	err := loops.Wait()
-	stopSim()
-	if simErr := <-simDone; simErr != nil {
-		klog.Warningf("Simulated fleet: %v", simErr)
+	stopFleet()
+	<-reloadDone
+	if fleetErr := <-fleetDone; fleetErr != nil {
+		klog.Warningf("Fleet: %v", fleetErr)
 	}
 	return err
 }

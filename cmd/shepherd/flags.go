@@ -1,20 +1,34 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/processes/sim"
+	"github.com/shepherd-fleet/shepherd/processes/static"
 )
+
+// The providers -provider selects.
+const (
+	providerSim    = "sim"
+	providerStatic = "static"
+)
+
+var providers = []string{providerSim, providerStatic}
 
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
@@ -28,8 +42,23 @@ type daemonConfig struct {
 	// demoDefaults lists the flags demo mode changed, for its log.
 	demoDefaults []string
 
+	// agentListen is the address of the agents' heartbeat endpoint ("":
+	// none), served over TLS when agentTLSCert and agentTLSKey are given.
+	agentListen  string
+	agentTLSCert string
+	agentTLSKey  string
+	// heartbeatURLFromListen says that -agent_heartbeat_url is derived
+	// from an -agent_listen with port 0, so that the daemon sets its port
+	// once the listener is bound.
+	heartbeatURLFromListen bool
+
 	recovery recovery.Config
 	sim      sim.Config
+	static   static.Config
+	// providerFlags maps every provider-specific flag to its provider.
+	providerFlags map[string]string
+	// given names the flags the command line set (not demo mode).
+	given []string
 	// loops holds every known process with its runner config, in catalogue
 	// order; enabled the ones -processes selects.
 	loops   []*loop
@@ -43,13 +72,15 @@ type loop struct {
 }
 
 // newDaemonFlags registers the daemon's flags on fs, with defaults, and
-// returns the config they fill in. Flags of every known process are
-// registered whether or not -processes enables it, so that a command line
-// stays valid when a process is switched off.
+// returns the config they fill in. Flags of every known process and every
+// provider are registered whatever -processes and -provider select, so that
+// -h shows them all.
 func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	c := &daemonConfig{
-		recovery: recovery.DefaultConfig(),
-		sim:      sim.DefaultConfig(),
+		recovery:      recovery.DefaultConfig(),
+		sim:           sim.DefaultConfig(),
+		static:        static.DefaultConfig(),
+		providerFlags: map[string]string{},
 	}
 	for _, def := range catalogue(&c.recovery) {
 		c.loops = append(c.loops, &loop{def: def, cfg: controlloop.DefaultConfig(def.info)})
@@ -59,13 +90,17 @@ func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	c.dsn.register(fs)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz and /readyz (port 0 picks a free one)")
 	fs.StringVar(&c.processes, "processes", known, "comma-separated processes to run: "+known)
-	fs.StringVar(&c.provider, "provider", "sim", "where machines live and how to act on them: sim (a simulated fleet)")
+	fs.StringVar(&c.provider, "provider", providerSim, "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)")
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
 	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about twice this")
 	fs.StringVar(&c.stateDir, "state_dir", ".shepherd", "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
+	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
+	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
+	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
 
 	c.recovery.RegisterFlags(fs)
-	c.sim.RegisterFlags(fs)
+	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
+	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
 	for _, l := range c.loops {
 		l.cfg.RegisterFlags(fs, l.def.info.Label)
 	}
@@ -73,11 +108,35 @@ func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	return c
 }
 
+// registerProviderFlags registers the flags of a provider's configuration
+// on fs and remembers that they belong to provider.
+func (c *daemonConfig) registerProviderFlags(fs *flag.FlagSet, provider string, register func(*flag.FlagSet)) {
+	own := flag.NewFlagSet(provider, flag.ContinueOnError)
+	register(own)
+	own.VisitAll(func(f *flag.Flag) {
+		fs.Var(f.Value, f.Name, f.Usage)
+		c.providerFlags[f.Name] = provider
+	})
+}
+
+// noteGiven records the flags the command line set. It runs before demo
+// mode changes defaults, which are not the operator's choice.
+func (c *daemonConfig) noteGiven(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { c.given = append(c.given, f.Name) })
+}
+
 // check validates what parsing could not and applies the global settings to
 // every loop. Its errors name the flag.
 func (c *daemonConfig) check() error {
-	if c.provider != "sim" {
-		return usagef("-provider %q: unknown provider (known: sim)", c.provider)
+	if !slices.Contains(providers, c.provider) {
+		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(providers, ", "))
+	}
+	// A flag of another provider is a mistake (most likely a forgotten
+	// -provider static), not something to ignore silently.
+	for _, name := range c.given {
+		if owner, ok := c.providerFlags[name]; ok && owner != c.provider {
+			return usagef("-%s: only with -provider %s (the provider is %s)", name, owner, c.provider)
+		}
 	}
 	if c.shutdownGrace < 0 {
 		return usagef("-shutdown_grace %s: must not be negative", c.shutdownGrace)
@@ -103,7 +162,69 @@ func (c *daemonConfig) check() error {
 	if err := c.sim.Check(); err != nil {
 		return usageError{err.Error()}
 	}
+	if c.provider == providerStatic && c.static.InventoryFile == "" {
+		return usagef("-inventory: required with -provider static") // the first thing missing
+	}
+	if err := c.checkHeartbeat(); err != nil {
+		return err
+	}
+	if c.provider == providerStatic {
+		if err := c.static.Check(); err != nil {
+			return usageError{err.Error()}
+		}
+	}
 	return nil
+}
+
+// checkHeartbeat checks the heartbeat endpoint's flags and, with -provider
+// static and no -agent_heartbeat_url, derives the URL sent to agents from
+// -agent_listen.
+func (c *daemonConfig) checkHeartbeat() error {
+	if c.agentTLSCert != "" || c.agentTLSKey != "" {
+		switch {
+		case c.agentTLSCert == "" || c.agentTLSKey == "":
+			return usagef("-agent_tls_cert and -agent_tls_key: give both, or neither")
+		case c.agentListen == "":
+			return usagef("-agent_tls_cert: only with -agent_listen (the heartbeat endpoint it is for)")
+		}
+		// Loaded now, so that a wrong file stops the daemon at start
+		// rather than leaving an endpoint that never serves.
+		if _, err := tls.LoadX509KeyPair(c.agentTLSCert, c.agentTLSKey); err != nil {
+			return usagef("-agent_tls_cert, -agent_tls_key: %v", err)
+		}
+	}
+	var host, port string
+	if c.agentListen != "" {
+		var err error
+		host, port, err = net.SplitHostPort(c.agentListen)
+		if _, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil {
+			return usagef("-agent_listen %q: want host:port or :port, e.g. :7443", c.agentListen)
+		}
+	}
+	if c.provider != providerStatic || c.static.SSH.HeartbeatURL != "" {
+		return nil
+	}
+	if c.agentListen == "" {
+		return usagef("-agent_listen: required with -provider static: the heartbeat endpoint agents report to (or -agent_heartbeat_url, when another replica serves it)")
+	}
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
+		return usagef("-agent_heartbeat_url: required, since -agent_listen %s listens on every address and the one machines reach this daemon at cannot be derived from it (e.g. -agent_heartbeat_url https://shepherd.example:%s%s)", c.agentListen, port, heartbeat.Path)
+	}
+	c.heartbeatURLFromListen = port == "0"
+	if c.heartbeatURLFromListen {
+		port = "1" // a placeholder for the checks; the daemon sets the bound port
+	}
+	c.static.SSH.HeartbeatURL = c.heartbeatURL(net.JoinHostPort(host, port))
+	return nil
+}
+
+// heartbeatURL is the URL of the heartbeat endpoint at hostPort.
+func (c *daemonConfig) heartbeatURL(hostPort string) string {
+	scheme := "http"
+	if c.agentTLSCert != "" {
+		scheme = "https"
+	}
+	return scheme + "://" + hostPort + heartbeat.Path
 }
 
 // selectLoops parses -processes.

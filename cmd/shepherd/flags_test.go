@@ -45,7 +45,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-agentstart_db_query_rate=soon,8"}, `invalid value "soon,8" for flag -agentstart_db_query_rate: rate "soon,8": interval:`},
 		{[]string{"-processes=agentstart,reboot"}, `shepherd: -processes "agentstart,reboot": unknown process "reboot" (known: agentstart, recovery)`},
 		{[]string{"-processes="}, `shepherd: -processes "": name at least one process (known: agentstart, recovery)`},
-		{[]string{"-provider=maas"}, `shepherd: -provider "maas": unknown provider (known: sim)`},
+		{[]string{"-provider=maas"}, `shepherd: -provider "maas": unknown provider (known: sim, static)`},
 		{[]string{"-sim_agent_start_failure_rate=1.5"}, "shepherd: -sim_agent_start_failure_rate 1.5: must be between 0 and 1"},
 		{[]string{"-sim_heartbeat_loss_rate=-0.1"}, "shepherd: -sim_heartbeat_loss_rate -0.1: must be between 0 and 1"},
 		{[]string{"-recovery_heartbeat_timeout=0s"}, "shepherd: -recovery_heartbeat_timeout 0s: must be positive"},

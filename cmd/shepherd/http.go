@@ -16,6 +16,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/heartbeat"
 )
 
 // readyPingTimeout bounds the database ping of /readyz: a probe that hangs
@@ -34,12 +35,15 @@ type readyState struct {
 	phase   string
 	db      *bmdb.DB
 	runners []*controlloop.Runner
+	// checks are further conditions of readiness; each returns "" when
+	// fine, else the problem.
+	checks []func() string
 }
 
 func (r *readiness) set(phase string) { r.state.Store(&readyState{phase: phase}) }
 
-func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner) {
-	r.state.Store(&readyState{db: db, runners: runners})
+func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner, checks ...func() string) {
+	r.state.Store(&readyState{db: db, runners: runners, checks: checks})
 }
 
 // check returns nil when ready, else the reasons, one per line.
@@ -60,6 +64,11 @@ func (r *readiness) check(ctx context.Context) []string {
 	for _, rn := range st.runners {
 		if !rn.Ready() {
 			problems = append(problems, rn.Info().Label+": no live BMDB session")
+		}
+	}
+	for _, c := range st.checks {
+		if p := c(); p != "" {
+			problems = append(problems, p)
 		}
 	}
 	return problems
@@ -110,4 +119,78 @@ func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
 		_ = srv.Shutdown(ctx)
 		<-done
 	}, nil
+}
+
+// agentEndpoint is the agents' heartbeat endpoint (-agent_listen): its own
+// listener, apart from -listen, since machines reach it and operators'
+// scrapers reach the other.
+type agentEndpoint struct {
+	ln                net.Listener
+	certFile, keyFile string
+	served            bool
+	serving           atomic.Bool
+	failure           atomic.Pointer[string]
+	stopServing       context.CancelFunc
+	done              chan struct{}
+}
+
+// listenAgents binds the heartbeat endpoint's address, so that an address
+// in use fails the start at once; serve starts serving it.
+func listenAgents(addr, certFile, keyFile string) (*agentEndpoint, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-agent_listen %s: %w", addr, err)
+	}
+	scheme := "http"
+	if certFile != "" {
+		scheme = "https"
+	}
+	klog.Infof("Serving agent heartbeats on %s://%s%s", scheme, ln.Addr(), heartbeat.Path)
+	return &agentEndpoint{ln: ln, certFile: certFile, keyFile: keyFile, done: make(chan struct{})}, nil
+}
+
+// port is the port the endpoint listens on.
+func (e *agentEndpoint) port() string {
+	_, port, _ := net.SplitHostPort(e.ln.Addr().String())
+	return port
+}
+
+// serve serves heartbeats, recorded in db, until stop is called (which
+// waits for the server to shut down).
+func (e *agentEndpoint) serve(db *bmdb.DB, metrics *heartbeat.Metrics) {
+	srv := heartbeat.New(db, heartbeat.Options{Metrics: metrics})
+	ctx, cancel := context.WithCancel(context.Background())
+	e.served, e.stopServing = true, cancel
+	e.serving.Store(true)
+	go func() {
+		defer close(e.done)
+		err := srv.Serve(ctx, e.ln, e.certFile, e.keyFile)
+		e.serving.Store(false)
+		if err != nil {
+			msg := err.Error()
+			e.failure.Store(&msg)
+			klog.Errorf("Agent heartbeats are no longer served: %v", err)
+		}
+	}()
+}
+
+// stop stops serving, or closes the listener if it never served.
+func (e *agentEndpoint) stop() {
+	if !e.served {
+		e.ln.Close()
+		return
+	}
+	e.stopServing()
+	<-e.done
+}
+
+// check is a readiness check: the endpoint must be serving.
+func (e *agentEndpoint) check() string {
+	if e.serving.Load() {
+		return ""
+	}
+	if f := e.failure.Load(); f != nil {
+		return *f
+	}
+	return "heartbeat endpoint: not serving"
 }

@@ -106,7 +106,27 @@ var _ processes.Provider = (*Provider)(nil)
 // Its metrics are registered with reg (nil: not registered). Host keys are
 // pinned in db unless cfg.SSH names a known_hosts file.
 func New(ctx context.Context, cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
+	p, err := Open(cfg, db, reg)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Sync(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Open loads the inventory and returns the provider without touching the
+// BMDB: a daemon started while its database is down opens the provider
+// once (its metrics are registered with reg, nil: not registered) and calls
+// Sync until the database answers. The inventory is in force, but its
+// machines may not be in the BMDB until Sync succeeds.
+func Open(cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
 	ssh, err := sshagent.New(cfg.SSH, sshagent.BMDBPins{DB: db})
+	if err != nil {
+		return nil, err
+	}
+	inv, err := Load(cfg.InventoryFile)
 	if err != nil {
 		return nil, err
 	}
@@ -116,11 +136,19 @@ func New(ctx context.Context, cfg Config, db *bmdb.DB, reg prometheus.Registerer
 		ssh:     ssh,
 		redfish: redfish.New(cfg.Redfish),
 		metrics: newMetrics(reg),
+		inv:     inv,
 	}
-	if err := p.Reload(ctx); err != nil {
-		return nil, err
-	}
+	p.metrics.machines.Set(float64(len(inv.Machines)))
 	return p, nil
+}
+
+// Sync syncs the inventory in force into the BMDB, as Reload does but
+// without reading the file again. A failure (the BMDB cannot be written) is
+// returned and not counted as a rejected load: the caller retries.
+func (p *Provider) Sync(ctx context.Context) error {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	return p.sync(ctx, p.Inventory(), false)
 }
 
 // Name implements processes.Provider.
@@ -148,10 +176,17 @@ func (p *Provider) Reload(ctx context.Context) error {
 		p.metrics.reloaded(false)
 		return err
 	}
+	return p.sync(ctx, inv, true)
+}
+
+// sync syncs inv into the BMDB and puts it in force. countFailure says
+// whether a failure counts as a rejected load in the metrics.
+func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) error {
 	// Replicas starting together may race to add the same new machine:
 	// the loser's transaction fails on the unique provider id, and its
 	// next attempt sees the winner's row.
 	var res SyncResult
+	var err error
 	for attempt := 1; ; attempt++ {
 		res, err = Sync(ctx, p.db, inv)
 		if err == nil || attempt == 3 || ctx.Err() != nil {
@@ -164,7 +199,9 @@ func (p *Provider) Reload(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		p.metrics.reloaded(false)
+		if countFailure {
+			p.metrics.reloaded(false)
+		}
 		return err
 	}
 	p.mu.Lock()
