@@ -71,6 +71,11 @@ WITH candidates AS (
       AND NOT EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+      -- A paused process leases nothing (ops.go): checked here, in the
+      -- claim itself, so that every replica honours a pause at its next
+      -- claim at no extra query.
+      AND NOT EXISTS (
+        SELECT 1 FROM process_pause pp WHERE pp.process = @process AND pp.resumed_at IS NULL)
     LIMIT @limit
     FOR NO KEY UPDATE OF m SKIP LOCKED
 ), leased AS (

@@ -57,6 +57,13 @@ func (s *Session) Work(ctx context.Context, process Process, candidates Candidat
 // sourcer feeding many workers pays one round of queries per batch instead of
 // one per machine. It returns at least one lease, or ErrNothingToDo.
 func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Candidates, limit int) ([]*Work, error) {
+	return s.WorkBatchLimited(ctx, process, candidates, limit, Limits{})
+}
+
+// WorkBatchLimited is WorkBatch under lease limits that hold across every
+// replica (see Limits); it returns ErrNothingToDo while a limit is reached
+// or the process is paused.
+func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits) ([]*Work, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
@@ -74,6 +81,11 @@ func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Can
 		var found int
 		err := s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 			leased, found = leased[:0], 0
+			n, err := limits.budget(ctx, tx, process.Name, limit)
+			if err != nil || n == 0 {
+				return err
+			}
+			args["limit"] = n
 			rows, err := tx.tx.Query(ctx, query, args)
 			if err != nil {
 				return err

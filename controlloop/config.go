@@ -92,8 +92,12 @@ type Config struct {
 	// context is done before it is cancelled.
 	ShutdownGrace time.Duration
 	// MetricsRefresh is the period of the eligible and backoff gauges'
-	// queries.
+	// queries. They are part of the idle load (two transactions per period),
+	// and the eligible count costs a scan of the fleet, hence a default
+	// well above IdlePoll.
 	MetricsRefresh time.Duration
+	// Limits are the process's safety limits (limits.go).
+	Limits Limits
 
 	backoffInitialSet, backoffMaximumSet, backoffExponentSet bool
 }
@@ -107,7 +111,8 @@ func DefaultConfig(info Info) Config {
 		Backoff:        info.DefaultBackoff,
 		Session:        bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
 		ShutdownGrace:  10 * time.Second,
-		MetricsRefresh: 10 * time.Second,
+		MetricsRefresh: 30 * time.Second,
+		Limits:         DefaultLimits(),
 	}
 }
 
@@ -167,6 +172,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.Var(durationFlag{&c.Backoff.Maximum, &c.backoffMaximumSet}, p+"backoff_maximum", "longest backoff after repeated "+prefix+" failures (at least the initial backoff)")
 	fs.Var(floatFlag{&c.Backoff.Exponent, &c.backoffExponentSet}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
 	fs.Float64Var(&c.Backoff.Jitter, p+"backoff_jitter", c.Backoff.Jitter, "fraction of the backoff added at random to its end, so that a fleet-wide failure does not return in one wave (0..1)")
+	c.Limits.registerFlags(fs, prefix)
 }
 
 // Check validates the configuration; its errors name the flag.
@@ -188,5 +194,5 @@ func (c *Config) Check(prefix string) error {
 	case c.Backoff.Jitter < 0 || c.Backoff.Jitter > 1:
 		return fmt.Errorf("%sbackoff_jitter %g: must be between 0 and 1", p, c.Backoff.Jitter)
 	}
-	return nil
+	return c.Limits.check(prefix)
 }

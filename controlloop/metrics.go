@@ -32,6 +32,7 @@ type Metrics struct {
 	sourcing       *prometheus.CounterVec
 	sourcingErrors *prometheus.CounterVec
 	panics         *prometheus.CounterVec
+	limits         *limitMetrics
 }
 
 // NewMetrics creates the runner metrics and registers them with reg.
@@ -89,6 +90,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.started, m.finished, m.duration, m.eligible, m.backoffs, m.leases,
 		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics)
+	m.limits = newLimitMetrics(reg)
 	return m
 }
 

@@ -28,7 +28,8 @@ type Runner struct {
 	metrics    *Metrics
 	candidates bmdb.Candidates
 
-	session atomic.Pointer[bmdb.Session]
+	session    atomic.Pointer[bmdb.Session]
+	limitState limitState
 }
 
 // New prepares a runner; cfg must have passed Check.
@@ -47,6 +48,7 @@ func New(db *bmdb.DB, p Process, cfg Config, m *Metrics) (*Runner, error) {
 		return nil, errors.New("controlloop.New: nil metrics")
 	}
 	m.initProcess(info.Label, cfg.Parallelism)
+	m.limits.initProcess(info.Label, cfg.Limits)
 	return &Runner{db: db, process: p, info: info, cfg: cfg, metrics: m, candidates: p.Candidates()}, nil
 }
 
@@ -180,7 +182,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			giveBack(n)
 			return
 		}
-		works, err := sess.WorkBatch(ctx, r.info.Process, r.candidates, n)
+		works, err := sess.WorkBatchLimited(ctx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
 		switch {
 		case err == nil:
 			errorPause = 0
@@ -273,6 +275,9 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 		}
 		result = ResultLost
 	}
+	if result == ResultFailed {
+		r.checkBreaker(endCtx)
+	}
 	r.metrics.finished.WithLabelValues(label, result).Inc()
 	r.metrics.duration.WithLabelValues(label, result).Observe(time.Since(t.work.Started).Seconds())
 }
@@ -325,6 +330,7 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 		} else if ctx.Err() == nil {
 			klog.V(1).Infof("%s: refreshing gauges: %v", label, err)
 		}
+		r.refreshLimitGauges(ctx)
 		select {
 		case <-ctx.Done():
 			return

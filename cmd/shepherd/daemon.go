@@ -120,8 +120,9 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	loopMetrics := controlloop.NewMetrics(reg)
 
 	var ready readiness
+	var status statusPage
 	ready.set("starting")
-	stopHTTP, err := serveHTTP(cfg.listen, newHandler(reg, &ready))
+	stopHTTP, err := serveHTTP(cfg.listen, newHandler(reg, &ready, &status))
 	if err != nil {
 		return err
 	}
@@ -187,6 +188,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	if err != nil {
 		return err
 	}
+	status.set(db, runners)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
 	err = retry(ctx, "checking the BMDB schema at "+target, db.CheckSchema, func(err error) bool {

@@ -75,8 +75,9 @@ func (r *readiness) check(ctx context.Context) []string {
 }
 
 // newHandler serves the metrics of reg and the probes.
-func newHandler(reg *prometheus.Registry, ready *readiness) http.Handler {
+func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage) http.Handler {
 	mux := http.NewServeMux()
+	status.register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	// /healthz answers as long as the process serves HTTP at all: a
 	// database outage must not make an orchestrator restart every replica.

@@ -41,6 +41,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, topUsage)
 			return exitOK
 		}
+		if isCLICommand(args[0]) {
+			return runCLI(args[0], args[1:], stdout, stderr)
+		}
 	}
 	return runDaemon(args, stdout, stderr)
 }
@@ -49,6 +52,8 @@ const topUsage = `Usage:
   shepherd [run] [flags]                       run the control loops (demo mode without a database)
   shepherd migrate [flags] up|down|version|force N
                                                manage the BMDB schema
+  shepherd machines|history|backoff|retry|pause|resume|sessions [flags] ...
+                                               operator commands (shepherd machines -h)
 
 Run 'shepherd -h' or 'shepherd migrate -h' for the flags.
 `

@@ -1,0 +1,241 @@
+package bmdb_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// explainFleetSize is how many machines TestOpsQueriesUseIndexes seeds:
+// 100,000 by default, which takes under a minute on a CI machine; set
+// SHEPHERD_EXPLAIN_MACHINES=1000000 for the design's scale (several
+// minutes). A smaller table is the harder test: the bigger it is, the more
+// the planner prefers an index over a scan.
+func explainFleetSize(t *testing.T) int {
+	if s := os.Getenv("SHEPHERD_EXPLAIN_MACHINES"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1000 {
+			t.Fatalf("SHEPHERD_EXPLAIN_MACHINES=%q: want a number of machines >= 1000", s)
+		}
+		return n
+	}
+	return 100_000
+}
+
+// seedFleet fills the database with n machines in the shapes production
+// has: most with an agent, a heartbeat and a pinned host key, some backing
+// off, a couple of thousand leased (many replicas at high parallelism), and
+// three history events per machine spread over a month.
+func seedFleet(t *testing.T, e *env, n int) (machine uuid.UUID, session uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	session = uuid.New()
+	for _, q := range []string{
+		`INSERT INTO machines (machine_id, machine_created_at)
+		 SELECT gen_random_uuid(), now() - make_interval(secs => i) FROM generate_series(1, $1::int) i`,
+		`INSERT INTO machine_provided (machine_id, provider, provider_id, address, location)
+		 SELECT machine_id, 'seed', machine_id::text, '', '' FROM machines`,
+		`INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+		 SELECT machine_id, now() - interval '1 day', '\x00' FROM machines WHERE random() < 0.9`,
+		`INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
+		 SELECT machine_id, now() - make_interval(secs => random() * 1200) FROM machine_agent_started WHERE random() < 0.95`,
+		`INSERT INTO machine_ssh_host_key (machine_id, host_key)
+		 SELECT machine_id, 'ssh-ed25519 AAAA' || md5(machine_id::text) FROM machine_agent_started`,
+		`INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+		 SELECT machine_id, 'ShepherdAgentStart', now() + interval '1 hour', 'seeded', 3600
+		 FROM machines m WHERE NOT EXISTS (SELECT 1 FROM machine_agent_started s WHERE s.machine_id = m.machine_id)
+		   AND random() < 0.5`,
+		`INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+		 SELECT machine_id, 'ShepherdRecovery', now() - interval '1 hour', 'seeded', 60
+		 FROM machine_agent_started WHERE random() < 0.02`,
+		`INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+		 SELECT machine_id, p, e, now() - make_interval(secs => random() * 30 * 86400),
+		        CASE WHEN e = 'Failed' THEN 'seeded failure' END
+		 FROM machines,
+		      LATERAL (VALUES ('ShepherdAgentStart', 'Started'),
+		                      ('ShepherdAgentStart', CASE WHEN random() < 0.2 THEN 'Failed' ELSE 'Finished' END),
+		                      ('ShepherdRecovery', 'Started')) AS v(p, e)`,
+		`INSERT INTO process_pause (process, reason, source, paused_at, resumed_at)
+		 VALUES ('ShepherdRecovery', 'seeded', 'operator', now() - interval '2 hours', now() - interval '1 hour')`,
+	} {
+		var args []any
+		if strings.Contains(q, "$1") {
+			args = append(args, n)
+		}
+		if _, err := e.raw.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("seeding: %v\n%s", err, q)
+		}
+	}
+	if _, err := e.raw.Exec(ctx, `INSERT INTO sessions (session_id, session_component_name, session_runtime_info, session_interval_seconds, session_deadline)
+		VALUES ($1, 'seed', 'seed', 3600, now() + interval '1 hour')`, session); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.raw.Exec(ctx, `INSERT INTO work (machine_id, exclusion_group, process, session_id)
+		SELECT machine_id, 'Shepherd', 'ShepherdRecovery', $1 FROM machine_agent_started LIMIT 2000`, session); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.raw.Exec(ctx, `VACUUM ANALYZE`); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.raw.QueryRow(ctx, `SELECT machine_id FROM work_backoff LIMIT 1`).Scan(&machine); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seeded %d machines in %s", n, time.Since(start).Round(time.Millisecond))
+	return machine, session
+}
+
+// planNode is the part of EXPLAIN (FORMAT JSON) the test reads.
+type planNode struct {
+	NodeType string     `json:"Node Type"`
+	Relation string     `json:"Relation Name"`
+	Index    string     `json:"Index Name"`
+	Plans    []planNode `json:"Plans"`
+}
+
+func (n planNode) walk(f func(planNode)) {
+	f(n)
+	for _, c := range n.Plans {
+		c.walk(f)
+	}
+}
+
+// explain returns the plan of query with args, and its text form for
+// failure messages.
+func explain(t *testing.T, e *env, query string, args ...any) (planNode, string) {
+	t.Helper()
+	ctx := context.Background()
+	var out []byte
+	if err := e.raw.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+query, args...).Scan(&out); err != nil {
+		t.Fatalf("EXPLAIN: %v\n%s", err, query)
+	}
+	var plans []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("EXPLAIN output: %v\n%s", err, out)
+	}
+	rows, err := e.raw.Query(ctx, "EXPLAIN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plans[0].Plan, strings.Join(lines, "\n")
+}
+
+// The operator queries and the limits' queries must read index ranges on a
+// fleet of a million machines: a sequential scan there is seconds of I/O
+// per status page, per CLI call or, for the limits, per claim.
+func TestOpsQueriesUseIndexes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, bmdb.Options{})
+	machine, session := seedFleet(t, e, explainFleetSize(t))
+
+	// Tables a plan may scan whole: the pause table has a row per process.
+	tiny := []string{"process_pause"}
+	// The counts of the status page count eligible machines, which is a
+	// scan of the fleet by definition (as the runner's gauge is); their
+	// history counts must still use the index.
+	fleetScan := []string{"process_pause", "machines", "machine_provided", "machine_agent_started", "machine_agent_heartbeat", "work", "work_backoff"}
+
+	type tc struct {
+		name      string
+		query     string
+		args      []any
+		mayScan   []string
+		wantIndex string
+	}
+	cases := []tc{
+		{"pause", bmdb.OpsQueries["pause"], []any{"ShepherdRecovery", "why"}, tiny, ""},
+		{"resume", bmdb.OpsQueries["resume"], []any{"ShepherdRecovery"}, tiny, ""},
+		{"breaker", bmdb.OpsQueries["breaker"], []any{"ShepherdAgentStart", 100, 0.5}, tiny, "work_history_process_event_idx"},
+		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, tiny, "work_process_idx"},
+		{"backoffClear", bmdb.OpsQueries["backoffClear"], []any{machine, "ShepherdAgentStart", "why"}, tiny, "work_backoff_pkey"},
+		{"backoffClearAll", bmdb.OpsQueries["backoffClear"], []any{machine, nil, "why"}, tiny, "work_backoff_pkey"},
+		{"retry", bmdb.OpsQueries["retry"], []any{machine, "ShepherdAgentStart", "why"}, tiny, "machines_pkey"},
+		// Leases are bounded by the replicas' parallelism, not by the
+		// fleet, and here every one of them is the listed process's: the
+		// planner rightly reads the small table whole.
+		{"leasedOfProcess", bmdb.OpsQueries["leasedOfProcess"], []any{"ShepherdRecovery", 1000}, []string{"process_pause", "work"}, ""},
+		{"backingOff", bmdb.OpsQueries["backingOff"], []any{"ShepherdAgentStart", 1000}, tiny, "work_backoff_process_until_idx"},
+		{"knownProcesses", bmdb.OpsQueries["knownProcesses"], nil, tiny, "work_history_process_event_idx"},
+		{"recentFailures", bmdb.OpsQueries["recentFailures"], []any{"ShepherdAgentStart", 20}, tiny, "work_history_process_event_idx"},
+		{"machineTags", bmdb.OpsQueries["machineTags"], []any{machine}, tiny, "machines_pkey"},
+		{"machineLeases", bmdb.OpsQueries["machineLeases"], []any{machine}, tiny, ""},
+		{"machineBackoffs", bmdb.OpsQueries["machineBackoffs"], []any{machine}, tiny, "work_backoff_pkey"},
+		{"machineHistory", bmdb.OpsQueries["machineHistory"], []any{machine, 201}, tiny, "work_history_machine_idx"},
+		{"machineExists", bmdb.OpsQueries["machineExists"], []any{machine}, tiny, ""},
+	}
+	for _, c := range []struct {
+		name       string
+		candidates bmdb.Candidates
+	}{
+		{"agentstart", bmdb.AgentStartCandidates()},
+		{"recovery", bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+	} {
+		q, args := bmdb.BuildQuery(bmdb.OpsTemplates["eligible"], c.candidates, pgx.NamedArgs{
+			"group": "Shepherd", "process": "Shepherd" + strings.ToUpper(c.name[:1]) + c.name[1:], "after": uuid.Nil, "limit": 1000,
+		})
+		cases = append(cases, tc{"eligible/" + c.name, q, []any{args}, []string{"process_pause"}, "machines_pkey"})
+		q, args = bmdb.BuildQuery(bmdb.OpsTemplates["processCounts"], c.candidates, pgx.NamedArgs{
+			"group": "Shepherd", "process": "ShepherdAgentStart",
+		})
+		cases = append(cases, tc{"processCounts/" + c.name, q, []any{args}, fleetScan, "work_history_process_event_idx"})
+	}
+	// The claim's pause check is a one-time filter on the tiny pause table;
+	// the claim keeps its plan (the benchmark's ExplainClaim watches it).
+	for _, c := range []struct {
+		name       string
+		process    string
+		candidates bmdb.Candidates
+	}{
+		{"agentstart", "ShepherdAgentStart", bmdb.AgentStartCandidates()},
+		{"recovery", "ShepherdRecovery", bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+	} {
+		q, args := bmdb.BuildQuery(bmdb.OpsTemplates["claim"], c.candidates, pgx.NamedArgs{
+			"group": "Shepherd", "process": c.process, "session": session, "limit": 8,
+		})
+		cases = append(cases, tc{"claim/" + c.name, q, []any{args}, []string{"process_pause"}, ""})
+	}
+	// The lease limits' budget: index ranges as small as the limits. Here
+	// every seeded lease is Recovery's and the planner rightly reads the
+	// small work table whole; the history must come from the index.
+	cases = append(cases, tc{"claimBudget", bmdb.OpsQueries["claimBudget"], []any{"ShepherdRecovery", 20, 200},
+		[]string{"process_pause", "work"}, "work_history_process_event_idx"})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			plan, text := explain(t, e, c.query, c.args...)
+			var indexes []string
+			plan.walk(func(n planNode) {
+				if n.NodeType == "Seq Scan" && !slices.Contains(c.mayScan, n.Relation) {
+					t.Errorf("sequential scan of %s", n.Relation)
+				}
+				if n.Index != "" {
+					indexes = append(indexes, n.Index)
+				}
+			})
+			if c.wantIndex != "" && !slices.Contains(indexes, c.wantIndex) {
+				t.Errorf("plan does not use %s (uses %v)", c.wantIndex, indexes)
+			}
+			if t.Failed() {
+				t.Logf("plan:\n%s", text)
+			} else if testing.Verbose() {
+				fmt.Fprintf(os.Stderr, "--- %s uses %v\n", c.name, indexes)
+			}
+		})
+	}
+}

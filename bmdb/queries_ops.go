@@ -1,0 +1,281 @@
+package bmdb
+
+// The SQL of the operator surface (ops.go): what the CLI, the status page and
+// the safety limits read and write. Like queries.go, every value is a
+// parameter; the templates ending in Template splice a constant candidate
+// condition from candidates.go and nothing else.
+//
+// Each statement here that runs on a hot path (the claim-side limit checks,
+// the breaker, the gauges) or per operator request reads a short range of an
+// index; TestOpsQueriesUseIndexes checks that with EXPLAIN on a seeded
+// database.
+
+const (
+	// Pauses.
+
+	// qPauseOperator pauses a process on an operator's word. It takes over a
+	// pause the breaker set (the operator now owns it) and re-pauses a
+	// resumed process.
+	qPauseOperator = `
+INSERT INTO process_pause (process, reason, source, paused_at)
+VALUES ($1, $2, 'operator', now())
+ON CONFLICT (process) DO UPDATE
+SET reason = excluded.reason, source = 'operator', paused_at = now(), resumed_at = NULL
+RETURNING process, reason, source, paused_at, resumed_at`
+
+	// qResume resumes a paused process; no row means it was not paused.
+	qResume = `
+UPDATE process_pause SET resumed_at = now()
+WHERE process = $1 AND resumed_at IS NULL
+RETURNING process, reason, source, paused_at, resumed_at`
+
+	qPausesList = `
+SELECT process, reason, source, paused_at, resumed_at FROM process_pause ORDER BY process`
+
+	// qBreakerTrip judges the last $2 attempts (Finished or Failed events)
+	// of process $1 made since its last resume, and pauses the process when
+	// the window is full and more than a $3 fraction of it failed. It reads
+	// at most 2 x $2 rows of work_history_process_event_idx: the newest
+	// Finished and the newest Failed, merged. Two replicas tripping at once
+	// are resolved by the primary key: the second finds the process paused
+	// and changes nothing (no row returned), so the trip is logged once. An
+	// existing pause (an operator's, or a previous trip) is never
+	// overwritten. The pause's reason says what the breaker saw, with the
+	// newest failure's cause. It returns the window's counts in every case.
+	qBreakerTrip = `
+WITH since AS (
+    SELECT COALESCE(
+        (SELECT resumed_at FROM process_pause WHERE process = $1 AND resumed_at IS NOT NULL),
+        '-infinity'::timestamptz) AS t
+), attempts AS (
+    SELECT event FROM (
+        (SELECT event, "timestamp", id FROM work_history
+         WHERE process = $1 AND event = 'Finished' AND "timestamp" > (SELECT t FROM since)
+         ORDER BY "timestamp" DESC LIMIT $2)
+        UNION ALL
+        (SELECT event, "timestamp", id FROM work_history
+         WHERE process = $1 AND event = 'Failed' AND "timestamp" > (SELECT t FROM since)
+         ORDER BY "timestamp" DESC LIMIT $2)
+    ) both_events
+    ORDER BY "timestamp" DESC, id DESC
+    LIMIT $2
+), window_counts AS (
+    SELECT count(*) FILTER (WHERE event = 'Failed') AS failed, count(*) AS total FROM attempts
+), tripped AS (
+    INSERT INTO process_pause (process, reason, source, paused_at)
+    SELECT $1,
+           format('circuit breaker: %s of the last %s attempts failed (threshold %s%%); last failure: %s',
+                  failed, total, round(($3::float8 * 100)::numeric, 1),
+                  COALESCE((SELECT failed_cause FROM work_history
+                            WHERE process = $1 AND event = 'Failed'
+                            ORDER BY "timestamp" DESC, id DESC LIMIT 1), 'unknown')),
+           'breaker', now()
+    FROM window_counts
+    WHERE total >= $2 AND failed > $3::float8 * total
+    ON CONFLICT (process) DO UPDATE
+    SET reason = excluded.reason, source = 'breaker', paused_at = now(), resumed_at = NULL
+    WHERE process_pause.resumed_at IS NOT NULL
+    RETURNING process
+)
+SELECT failed, total, EXISTS (SELECT 1 FROM tripped) FROM window_counts`
+
+	// qClaimLimitLock serializes the claims of one process across replicas
+	// while it has a lease limit, so that the limit counted by one claim
+	// includes the leases of the claim before it: under READ COMMITTED the
+	// claim statement that follows this one in the transaction takes its
+	// snapshot after the lock is granted, hence after the previous holder
+	// committed. The two-integer key space is Shepherd's own (the first key
+	// spells "SHPD"), apart from golang-migrate's bigint keys. Advisory locks
+	// are PostgreSQL's; on CockroachDB a SELECT ... FOR UPDATE of a per-process
+	// row would do the same.
+	qClaimLimitLock = `SELECT pg_advisory_xact_lock(1397248068, hashtext($1))`
+
+	// qClaimBudget counts what is left of a process's lease limits ($2 in
+	// flight, $3 per sliding hour; NULL: no such limit, and nothing is
+	// counted for it): leases held now by work_process_idx, leases started
+	// in the last hour by work_history_process_event_idx. Both ranges are
+	// as small as the limits.
+	qClaimBudget = `
+SELECT CASE WHEN $2::bigint IS NOT NULL
+            THEN $2::bigint - (SELECT count(*) FROM work WHERE process = $1) END,
+       CASE WHEN $3::bigint IS NOT NULL
+            THEN $3::bigint - (SELECT count(*) FROM work_history
+                               WHERE process = $1 AND event = 'Started'
+                                 AND "timestamp" > now() - interval '1 hour') END`
+
+	// qLimitGauges reads what the runner exports about a process's limits:
+	// who paused it and why (NULL when running) and since when its oldest
+	// lease has been held (NULL without leases), by work_process_idx.
+	qLimitGauges = `
+SELECT p.source, p.reason,
+       EXTRACT(EPOCH FROM now() - (SELECT min(work_started_at) FROM work WHERE process = $1))::float8
+FROM (SELECT 1) one
+LEFT JOIN process_pause p ON p.process = $1 AND p.resumed_at IS NULL`
+
+	// Operator actions on machines.
+
+	// qBackoffClear deletes the backoffs of a machine, of one process ($2)
+	// or of all (NULL), and records each as BackoffCleared with the
+	// operator's reason. Deleting the row also restarts the backoff sequence
+	// at Initial, which is what an operator who fixed the cause wants.
+	qBackoffClear = `
+WITH cleared AS (
+    DELETE FROM work_backoff
+    WHERE machine_id = $1 AND ($2::text IS NULL OR process = $2::text)
+    RETURNING machine_id, process, until, cause, last_interval_seconds
+), recorded AS (
+    INSERT INTO work_history (machine_id, process, event, failed_cause)
+    SELECT machine_id, process, 'BackoffCleared', $3 FROM cleared
+)
+SELECT process, until, cause, last_interval_seconds, until > now() FROM cleared ORDER BY process`
+
+	// qRetry makes machine $1 eligible now for process $2: it ends the
+	// process's backoff on it (until = now) but keeps the row's interval, so
+	// that if the retry fails too the backoff grows on from where it was:
+	// unlike a cleared backoff, a retry does not claim the cause is fixed.
+	// It records Retried with the operator's reason ($3), and returns
+	// whether the machine exists, whether a backoff was ended and whether a
+	// lease of the process is running (the retry then takes effect after
+	// it).
+	qRetry = `
+WITH m AS (
+    SELECT machine_id FROM machines WHERE machine_id = $1
+), expired AS (
+    UPDATE work_backoff b SET until = LEAST(b.until, now())
+    FROM m WHERE b.machine_id = m.machine_id AND b.process = $2 AND b.until > now()
+    RETURNING b.machine_id
+), recorded AS (
+    INSERT INTO work_history (machine_id, process, event, failed_cause)
+    SELECT machine_id, $2, 'Retried', $3 FROM m
+)
+SELECT EXISTS (SELECT 1 FROM m),
+       EXISTS (SELECT 1 FROM expired),
+       EXISTS (SELECT 1 FROM work WHERE machine_id = $1 AND process = $2)`
+
+	// Listings.
+
+	// qLeasedOfProcess lists a process's leases, oldest first: a stuck
+	// lease is what an operator looks for. By work_process_idx.
+	qLeasedOfProcess = `
+SELECT machine_id, session_id, work_started_at FROM work
+WHERE process = $1 ORDER BY work_started_at, machine_id LIMIT $2`
+
+	// qBackingOffOfProcess lists a process's active backoffs, the soonest
+	// to end first. By work_backoff_process_until_idx.
+	qBackingOffOfProcess = `
+SELECT machine_id, until, cause, last_interval_seconds FROM work_backoff
+WHERE process = $1 AND until > now() ORDER BY until, machine_id LIMIT $2`
+
+	// qKnownProcesses lists every process name the BMDB has seen, by a loose
+	// index scan of each table (one index probe per distinct name), so that
+	// it costs the same with a million rows as with ten.
+	qKnownProcesses = `
+WITH RECURSIVE
+w AS (
+    (SELECT process FROM work ORDER BY process LIMIT 1)
+    UNION ALL
+    SELECT (SELECT process FROM work WHERE process > w.process ORDER BY process LIMIT 1)
+    FROM w WHERE w.process IS NOT NULL
+),
+b AS (
+    (SELECT process FROM work_backoff ORDER BY process LIMIT 1)
+    UNION ALL
+    SELECT (SELECT process FROM work_backoff WHERE process > b.process ORDER BY process LIMIT 1)
+    FROM b WHERE b.process IS NOT NULL
+),
+h AS (
+    (SELECT process FROM work_history ORDER BY process LIMIT 1)
+    UNION ALL
+    SELECT (SELECT process FROM work_history WHERE process > h.process ORDER BY process LIMIT 1)
+    FROM h WHERE h.process IS NOT NULL
+)
+SELECT process FROM w WHERE process IS NOT NULL
+UNION SELECT process FROM b WHERE process IS NOT NULL
+UNION SELECT process FROM h WHERE process IS NOT NULL
+UNION SELECT process FROM process_pause
+ORDER BY process`
+
+	// qRecentFailures lists a process's newest failures, newest first, by
+	// work_history_process_event_idx.
+	qRecentFailures = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id FROM work_history
+WHERE process = $1 AND event = 'Failed'
+ORDER BY "timestamp" DESC, id DESC LIMIT $2`
+
+	// Machine detail.
+
+	// qMachineTags reads a machine and its tags in one row; a machine that
+	// was deleted has none (the caller then looks at its history).
+	qMachineTags = `
+SELECT m.machine_created_at,
+       p.provider, p.provider_id, p.address, p.location,
+       s.agent_started_at, s.agent_public_key,
+       h.agent_heartbeat_at,
+       k.host_key, k.pinned_at
+FROM machines m
+LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
+LEFT JOIN machine_agent_started s ON s.machine_id = m.machine_id
+LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+LEFT JOIN machine_ssh_host_key k ON k.machine_id = m.machine_id
+WHERE m.machine_id = $1`
+
+	qMachineLeases = `
+SELECT process, exclusion_group, session_id, work_started_at FROM work
+WHERE machine_id = $1 ORDER BY process`
+
+	qMachineBackoffs = `
+SELECT machine_id, process, until, cause, last_interval_seconds, until > now()
+FROM work_backoff WHERE machine_id = $1 ORDER BY process`
+
+	// qMachineRecentHistory returns the newest $2 history entries of a
+	// machine (newest first; the caller reverses them into causal order),
+	// by work_history_machine_idx.
+	qMachineRecentHistory = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+FROM work_history WHERE machine_id = $1 ORDER BY id DESC LIMIT $2`
+
+	// qMachineExists tells a machine that never existed from one whose
+	// history outlives it.
+	qMachineExists = `
+SELECT EXISTS (SELECT 1 FROM machines WHERE machine_id = $1),
+       EXISTS (SELECT 1 FROM work_history WHERE machine_id = $1)`
+)
+
+// eligibleTemplate lists machines a claim could lease now, in machine id
+// order after @after (keyset pagination), without leasing them. Its
+// condition is countTemplate's; unlike a claim it takes no lock.
+const eligibleTemplate = `
+SELECT m.machine_id FROM machines m
+WHERE m.machine_id > @after
+  AND (/*CONDITION*/)
+  AND NOT EXISTS (
+    SELECT 1 FROM work w
+    WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+  AND NOT EXISTS (
+    SELECT 1 FROM work_backoff b
+    WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+ORDER BY m.machine_id
+LIMIT @limit`
+
+// processCountsTemplate reads the status page's counts of one process in
+// one statement. The eligible count scans the machines, as the runner's
+// gauge does; the others read index ranges (work_process_idx,
+// work_backoff_process_until_idx, work_history_process_event_idx).
+const processCountsTemplate = `
+SELECT
+  (SELECT count(*) FROM machines m
+   WHERE (/*CONDITION*/)
+     AND NOT EXISTS (
+       SELECT 1 FROM work w
+       WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+     AND NOT EXISTS (
+       SELECT 1 FROM work_backoff b
+       WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())),
+  (SELECT count(*) FROM work WHERE process = @process),
+  (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
+  (SELECT count(*) FROM work_history
+   WHERE process = @process AND event = 'Started' AND "timestamp" > now() - interval '1 hour'),
+  (SELECT count(*) FROM work_history
+   WHERE process = @process AND event = 'Finished' AND "timestamp" > now() - interval '1 hour'),
+  (SELECT count(*) FROM work_history
+   WHERE process = @process AND event = 'Failed' AND "timestamp" > now() - interval '1 hour')`

@@ -1,0 +1,576 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
+)
+
+// exitNotFound is the status of an operator command whose machine, backoff
+// or pause does not exist, so that a script can tell "nothing to do" from
+// a failure.
+const exitNotFound = 3
+
+// cliUsage documents the operator commands.
+const cliUsage = `Operator commands, talking to the BMDB (-bmdb_dsn, -bmdb_dsn_file or
+$SHEPHERD_BMDB_DSN):
+
+  shepherd machines [-process P] [-state eligible|leased|backoff] [-limit N]
+      machines per process and state: leases (oldest first), backoffs (with
+      cause and until), eligible machines (by id)
+  shepherd history MACHINE [-limit N]
+      the machine's work history, oldest first (with -limit, the newest N)
+  shepherd backoff clear MACHINE [PROCESS] -reason R
+      delete the backoff of PROCESS (default: every process) on MACHINE; the
+      next failure backs off from the initial interval again
+  shepherd retry MACHINE PROCESS -reason R
+      make MACHINE eligible now for PROCESS: end its backoff, keeping its
+      interval (a new failure backs off longer)
+  shepherd pause PROCESS -reason R
+      stop every replica from leasing machines for PROCESS until resume
+  shepherd resume PROCESS
+      lift a pause, an operator's or the circuit breaker's
+  shepherd sessions
+      worker sessions, live and expired
+
+PROCESS is a process's label (agentstart, recovery) or its BMDB name
+(ShepherdRecovery). Operator actions are recorded in the machine's history
+with the reason. Every command takes -o json for JSON instead of aligned
+text, and flags may come before or after the arguments.
+
+Exit status: 0 done; 1 error (database unreachable, schema mismatch, ...);
+2 bad command line; 3 not found (unknown machine, no backoff to clear,
+process not paused).
+`
+
+// cliCommand is one operator subcommand.
+type cliCommand struct {
+	args     string // positional arguments, for usage lines
+	min, max int    // number of positional arguments
+	// flags registers the command's own flags on fs.
+	flags func(fs *flag.FlagSet, o *cliOptions)
+	run   func(c *cli, ctx context.Context, args []string) error
+}
+
+// cliOptions are the values of the commands' own flags.
+type cliOptions struct {
+	process  string
+	state    string
+	limit    int
+	reason   string
+	recovery recovery.Config
+}
+
+var cliCommands = map[string]cliCommand{
+	"machines": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
+		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased or backoff; default all")
+		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state")
+		// Recovery's eligibility depends on its timeouts, as in the daemon.
+		o.recovery.RegisterFlags(fs)
+	}, run: (*cli).machines},
+	"history": {args: "MACHINE", min: 1, max: 1, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.IntVar(&o.limit, "limit", 0, "only the newest N entries (0 = all)")
+	}, run: (*cli).history},
+	"backoff":  {args: "clear MACHINE [PROCESS]", min: 2, max: 3, flags: reasonFlag, run: (*cli).backoffClear},
+	"retry":    {args: "MACHINE PROCESS", min: 2, max: 2, flags: reasonFlag, run: (*cli).retry},
+	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
+	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
+	"sessions": {run: (*cli).sessions},
+}
+
+func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
+	fs.StringVar(&o.reason, "reason", "", "why (required): recorded with the action for whoever looks at it next")
+}
+
+// isCLICommand reports whether name is an operator subcommand.
+func isCLICommand(name string) bool {
+	_, ok := cliCommands[name]
+	return ok
+}
+
+// cli is one operator command's run.
+type cli struct {
+	db   *bmdb.DB
+	out  io.Writer
+	json bool
+	opts cliOptions
+}
+
+// runCLI runs the operator subcommand name and returns its exit status.
+func runCLI(name string, args []string, stdout, stderr io.Writer) int {
+	cmd := cliCommands[name]
+	fs := flag.NewFlagSet("shepherd "+name, flag.ContinueOnError)
+	var dsnf dsnFlags
+	dsnf.register(fs)
+	output := fs.String("o", "text", "output format: text (aligned columns) or json")
+	timeout := fs.Duration("timeout", 30*time.Second, "bound on the command's database work")
+	var opts cliOptions
+	if cmd.flags != nil {
+		cmd.flags(fs, &opts)
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
+		return exitFailure
+	}
+
+	// Flags may follow the arguments ("backoff clear M -reason R").
+	var positional []string
+	for {
+		help, err := parseFlags(fs, args)
+		if help {
+			fmt.Fprintf(stdout, "Usage: shepherd %s [flags] %s\n\n%s\nFlags:\n", name, cmd.args, cliUsage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return exitOK
+		}
+		if err != nil {
+			return reportUsage(stderr, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case len(positional) < cmd.min || len(positional) > cmd.max:
+		return reportUsage(stderr, usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
+	case *output != "text" && *output != "json":
+		return reportUsage(stderr, usagef("-o %q: want text or json", *output))
+	case opts.limit < 0:
+		return reportUsage(stderr, usagef("-limit %d: must not be negative", opts.limit))
+	case cmd.flags != nil && fs.Lookup("reason") != nil && strings.TrimSpace(opts.reason) == "":
+		return reportUsage(stderr, usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
+	}
+	if err := opts.recovery.Check(); fs.Lookup("recovery_start_timeout") != nil && err != nil {
+		return reportUsage(stderr, usageError{err.Error()})
+	}
+	dsn, err := dsnf.resolve()
+	if err != nil {
+		return reportUsage(stderr, err)
+	}
+	if dsn == "" {
+		return reportUsage(stderr, usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s", name, envDSN))
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: 2})
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	if err := db.CheckSchema(ctx); err != nil {
+		return fail(err)
+	}
+	c := &cli{db: db, out: stdout, json: *output == "json", opts: opts}
+	err = cmd.run(c, ctx, positional)
+	var usage usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &usage):
+		return reportUsage(stderr, err)
+	case errors.Is(err, bmdb.ErrNotFound):
+		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
+		return exitNotFound
+	default:
+		return fail(err)
+	}
+}
+
+// cliProcess is a process named on the command line.
+type cliProcess struct {
+	label   string // "" for a process this binary does not run
+	process bmdb.Process
+	// candidates is nil for a process this binary does not know.
+	candidates *bmdb.Candidates
+}
+
+// knownProcesses are the processes of this binary's catalogue.
+func (c *cli) knownProcesses() []cliProcess {
+	var out []cliProcess
+	for _, def := range catalogue(&c.opts.recovery) {
+		cand := def.build(nil).Candidates()
+		out = append(out, cliProcess{label: def.info.Label, process: def.info.Process, candidates: &cand})
+	}
+	return out
+}
+
+// process resolves a label or a BMDB name. A valid name this binary does
+// not know (another deployment's process) is accepted: it can be paused,
+// and its leases and backoffs listed.
+func (c *cli) process(arg string) (cliProcess, error) {
+	for _, p := range c.knownProcesses() {
+		if strings.EqualFold(arg, p.label) || arg == p.process.Name {
+			return p, nil
+		}
+	}
+	p := bmdb.Process{Name: arg}
+	if err := p.Validate(); err != nil {
+		var labels []string
+		for _, k := range c.knownProcesses() {
+			labels = append(labels, k.label)
+		}
+		return cliProcess{}, usagef("unknown process %q: give a label (%s) or a BMDB process name", arg, strings.Join(labels, ", "))
+	}
+	return cliProcess{process: p}, nil
+}
+
+func parseMachine(arg string) (uuid.UUID, error) {
+	id, err := uuid.Parse(arg)
+	if err != nil {
+		return uuid.Nil, usagef("%q is not a machine ID (a UUID)", arg)
+	}
+	return id, nil
+}
+
+// emitJSON writes v as indented JSON.
+func (c *cli) emitJSON(v any) error {
+	enc := json.NewEncoder(c.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table writes aligned columns; empty cells print as "-".
+func (c *cli) table(header []string, rows [][]string) error {
+	tw := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		cells := slices.Clone(r)
+		for i, cell := range cells {
+			if cell == "" {
+				cells[i] = "-"
+			}
+			// A cause with a tab or newline would break the columns.
+			cells[i] = strings.Join(strings.Fields(cells[i]), " ")
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// when is a time for the text output: UTC, to the second.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// machineJSON is a machines row in JSON.
+type machineJSON struct {
+	Machine             uuid.UUID  `json:"machine"`
+	Process             string     `json:"process"`
+	State               string     `json:"state"`
+	Session             *uuid.UUID `json:"session,omitempty"`
+	Since               *time.Time `json:"since,omitempty"`
+	Until               *time.Time `json:"until,omitempty"`
+	Cause               string     `json:"cause,omitempty"`
+	LastIntervalSeconds int64      `json:"last_interval_seconds,omitempty"`
+}
+
+func (c *cli) machines(ctx context.Context, _ []string) error {
+	states := bmdb.States
+	if c.opts.state != "" {
+		if !slices.Contains(bmdb.States, c.opts.state) {
+			return usagef("-state %q: want one of %s", c.opts.state, strings.Join(bmdb.States, ", "))
+		}
+		states = []string{c.opts.state}
+	}
+	var procs []cliProcess
+	if c.opts.process != "" {
+		p, err := c.process(c.opts.process)
+		if err != nil {
+			return err
+		}
+		if c.opts.state == bmdb.StateEligible && p.candidates == nil {
+			return usagef("-state eligible: this binary does not know what makes a machine eligible for %s", p.process.Name)
+		}
+		procs = []cliProcess{p}
+	} else {
+		// This binary's processes, and any other the BMDB has seen.
+		procs = c.knownProcesses()
+		names, err := c.db.KnownProcesses(ctx)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if !slices.ContainsFunc(procs, func(p cliProcess) bool { return p.process.Name == name }) {
+				procs = append(procs, cliProcess{process: bmdb.Process{Name: name}})
+			}
+		}
+	}
+
+	var rows []bmdb.MachineState
+	for _, p := range procs {
+		for _, state := range states {
+			if state == bmdb.StateEligible && p.candidates == nil {
+				continue // unknown condition; said in the -state eligible case
+			}
+			ms, err := c.db.Machines(ctx, bmdb.MachineQuery{Process: p.process, Candidates: p.candidates, State: state, Limit: c.opts.limit})
+			if err != nil {
+				return err
+			}
+			rows = append(rows, ms...)
+		}
+	}
+	if c.json {
+		out := make([]machineJSON, 0, len(rows))
+		for _, m := range rows {
+			j := machineJSON{Machine: m.Machine, Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
+			if m.State == bmdb.StateLeased {
+				j.Session, j.Since = &m.Session, &m.Since
+			}
+			if m.State == bmdb.StateBackoff {
+				j.Until = &m.Until
+			}
+			out = append(out, j)
+		}
+		return c.emitJSON(out)
+	}
+	var table [][]string
+	for _, m := range rows {
+		var interval, session string
+		if m.LastInterval > 0 {
+			interval = m.LastInterval.String()
+		}
+		if m.Session != uuid.Nil {
+			session = m.Session.String()
+		}
+		table = append(table, []string{m.Machine.String(), m.Process, m.State, when(m.Since), when(m.Until), interval, session, m.Cause})
+	}
+	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+}
+
+// historyJSON is a history entry in JSON.
+type historyJSON struct {
+	ID        int64      `json:"id"`
+	Machine   uuid.UUID  `json:"machine"`
+	Process   string     `json:"process"`
+	Event     string     `json:"event"`
+	Timestamp time.Time  `json:"timestamp"`
+	Cause     string     `json:"cause,omitempty"`
+	Session   *uuid.UUID `json:"session,omitempty"`
+}
+
+func (c *cli) history(ctx context.Context, args []string) error {
+	id, err := parseMachine(args[0])
+	if err != nil {
+		return err
+	}
+	var h []bmdb.HistoryEntry
+	if c.opts.limit > 0 {
+		d, err := c.db.Machine(ctx, id, c.opts.limit)
+		if err != nil {
+			return err
+		}
+		h = d.History
+	} else {
+		if h, err = c.db.History(ctx, id); err != nil {
+			return err
+		}
+		if len(h) == 0 {
+			// Known but without history, or unknown (ErrNotFound).
+			if _, err := c.db.Machine(ctx, id, 1); err != nil {
+				return err
+			}
+		}
+	}
+	if c.json {
+		out := make([]historyJSON, 0, len(h))
+		for _, e := range h {
+			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause}
+			if e.Session != uuid.Nil {
+				j.Session = &e.Session
+			}
+			out = append(out, j)
+		}
+		return c.emitJSON(out)
+	}
+	var rows [][]string
+	for _, e := range h {
+		var session string
+		if e.Session != uuid.Nil {
+			session = e.Session.String()
+		}
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, e.Event, session, e.Cause})
+	}
+	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SESSION", "CAUSE"}, rows)
+}
+
+func (c *cli) backoffClear(ctx context.Context, args []string) error {
+	if args[0] != "clear" {
+		return usagef("backoff %q: the only backoff action is clear", args[0])
+	}
+	id, err := parseMachine(args[1])
+	if err != nil {
+		return err
+	}
+	var process string
+	if len(args) == 3 {
+		p, err := c.process(args[2])
+		if err != nil {
+			return err
+		}
+		process = p.process.Name
+	}
+	cleared, err := c.db.ClearBackoff(ctx, id, process, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		type clearedJSON struct {
+			Machine             uuid.UUID `json:"machine"`
+			Process             string    `json:"process"`
+			Until               time.Time `json:"until"`
+			Cause               string    `json:"cause"`
+			LastIntervalSeconds int64     `json:"last_interval_seconds"`
+			WasActive           bool      `json:"was_active"`
+		}
+		out := make([]clearedJSON, 0, len(cleared))
+		for _, b := range cleared {
+			out = append(out, clearedJSON{id, b.Process, b.Until, b.Cause, int64(b.LastInterval / time.Second), b.WasActive})
+		}
+		return c.emitJSON(out)
+	}
+	for _, b := range cleared {
+		state := "active until " + when(b.Until)
+		if !b.WasActive {
+			state = "already ended at " + when(b.Until)
+		}
+		fmt.Fprintf(c.out, "Cleared the backoff of %s on %s (%s, interval %s, cause: %s)\n", b.Process, id, state, b.LastInterval, b.Cause)
+	}
+	return nil
+}
+
+func (c *cli) retry(ctx context.Context, args []string) error {
+	id, err := parseMachine(args[0])
+	if err != nil {
+		return err
+	}
+	p, err := c.process(args[1])
+	if err != nil {
+		return err
+	}
+	res, err := c.db.Retry(ctx, id, p.process.Name, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(struct {
+			Machine      uuid.UUID `json:"machine"`
+			Process      string    `json:"process"`
+			BackoffEnded bool      `json:"backoff_ended"`
+			Leased       bool      `json:"leased"`
+		}{id, p.process.Name, res.BackoffEnded, res.Leased})
+	}
+	switch {
+	case res.Leased:
+		fmt.Fprintf(c.out, "%s is working on %s right now; the retry is recorded and matters if that work fails\n", p.process.Name, id)
+	case res.BackoffEnded:
+		fmt.Fprintf(c.out, "Ended the backoff of %s on %s: it is eligible now, if %s's condition holds\n", p.process.Name, id, p.process.Name)
+	default:
+		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
+	}
+	return nil
+}
+
+// pauseJSON is a pause in JSON.
+type pauseJSON struct {
+	Process   string     `json:"process"`
+	Reason    string     `json:"reason"`
+	Source    string     `json:"source"`
+	PausedAt  time.Time  `json:"paused_at"`
+	ResumedAt *time.Time `json:"resumed_at,omitempty"`
+}
+
+func toPauseJSON(p bmdb.Pause) pauseJSON {
+	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt}
+	if !p.Active() {
+		j.ResumedAt = &p.ResumedAt
+	}
+	return j
+}
+
+func (c *cli) pause(ctx context.Context, args []string) error {
+	p, err := c.process(args[0])
+	if err != nil {
+		return err
+	}
+	paused, err := c.db.PauseProcess(ctx, p.process.Name, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(toPauseJSON(paused))
+	}
+	fmt.Fprintf(c.out, "Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
+	return nil
+}
+
+func (c *cli) resume(ctx context.Context, args []string) error {
+	p, err := c.process(args[0])
+	if err != nil {
+		return err
+	}
+	lifted, err := c.db.ResumeProcess(ctx, p.process.Name)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(toPauseJSON(lifted))
+	}
+	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), lifted.Reason)
+	return nil
+}
+
+func (c *cli) sessions(ctx context.Context, _ []string) error {
+	ss, err := c.db.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		type sessionJSON struct {
+			ID              uuid.UUID `json:"id"`
+			Component       string    `json:"component"`
+			RuntimeInfo     string    `json:"runtime_info"`
+			Created         time.Time `json:"created"`
+			IntervalSeconds int64     `json:"interval_seconds"`
+			Deadline        time.Time `json:"deadline"`
+			Alive           bool      `json:"alive"`
+		}
+		out := make([]sessionJSON, 0, len(ss))
+		for _, s := range ss {
+			out = append(out, sessionJSON{s.ID, s.Component, s.RuntimeInfo, s.Created, int64(s.Interval / time.Second), s.Deadline, s.Alive})
+		}
+		return c.emitJSON(out)
+	}
+	var rows [][]string
+	for _, s := range ss {
+		state := "live"
+		if !s.Alive {
+			state = "expired"
+		}
+		rows = append(rows, []string{s.ID.String(), s.Component, state, when(s.Created), when(s.Deadline), s.Interval.String(), s.RuntimeInfo})
+	}
+	return c.table([]string{"SESSION", "COMPONENT", "STATE", "CREATED", "DEADLINE", "INTERVAL", "RUNTIME"}, rows)
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"net/http"
+	"sync/atomic"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/statuspage"
+)
+
+// statusPage serves the read-only status page (package statuspage) on the
+// daemon's listener. The listener starts before the database and the loops
+// exist, so the page is bound late: until set is called it answers 503,
+// saying the daemon is starting, as /readyz does.
+//
+// Wiring: register it on the mux of newHandler, and call set once
+// buildLoops has returned the runners.
+type statusPage struct {
+	h atomic.Pointer[http.Handler]
+}
+
+// register routes /status and everything under it to the page.
+func (s *statusPage) register(mux *http.ServeMux) {
+	mux.Handle(statuspage.PathOverview, s)
+	mux.Handle(statuspage.PathOverview+"/", s)
+}
+
+// set binds the page to the database and the running loops.
+func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner) {
+	h := statuspage.New(db, statuspage.FromRunners(runners...))
+	s.h.Store(&h)
+}
+
+func (s *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := s.h.Load()
+	if h == nil {
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "shepherd is starting: the status page is served once the database is reachable and the loops run", http.StatusServiceUnavailable)
+		return
+	}
+	(*h).ServeHTTP(w, r)
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+)
+
+// The daemon's status page answers 503 until the loops exist, then serves
+// the page of their processes.
+func TestStatusPageLateBinding(t *testing.T) {
+	t.Parallel()
+	var sp statusPage
+	mux := http.NewServeMux()
+	sp.register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/status"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Errorf("before the loops: %d %q, want 503", code, body)
+	}
+
+	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	p := agentstart.New(nil)
+	r, err := controlloop.New(db, p, controlloop.DefaultConfig(p.Info()), controlloop.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp.set(db, []*controlloop.Runner{r})
+	if code, body := get("/status"); code != http.StatusOK || !strings.Contains(body, "agentstart") {
+		t.Errorf("with the loops: %d, want 200 and the agentstart section", code)
+	}
+	if code, _ := get("/status/machine/not-a-uuid"); code != http.StatusBadRequest {
+		t.Errorf("/status/machine/not-a-uuid: %d, want 400", code)
+	}
+}

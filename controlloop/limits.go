@@ -1,0 +1,223 @@
+package controlloop
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Limits are a process's safety limits. They exist because a control loop
+// that reboots machines is also a way to reboot the whole fleet: a bad agent
+// build makes every heartbeat stop, and Recovery then sees every machine as
+// needing a reboot. Each limit holds across every replica, because it is
+// enforced through the BMDB, not in one replica's memory:
+//
+//   - MaxInFlight and MaxPerHour bound the leases the process holds at once
+//     and takes per sliding hour (checked by every claim, under a lock shared
+//     by the replicas; see bmdb.Limits);
+//   - the circuit breaker pauses the process when more than BreakerThreshold
+//     of its last BreakerWindow attempts failed. The pause is a row in the
+//     BMDB, so every replica stops claiming, and it lasts until an operator
+//     runs 'shepherd resume'. The runner logs why, sets
+//     shepherd_process_paused{reason="breaker"} and the status page shows
+//     it.
+//
+// The zero value of each limit disables it, which is the default: the
+// deployment manifests set them for production.
+type Limits struct {
+	// MaxInFlight bounds the process's leases at once, across replicas;
+	// 0 = unbounded.
+	MaxInFlight int
+	// MaxPerHour bounds the leases the process takes in any hour, across
+	// replicas; 0 = unbounded.
+	MaxPerHour int
+	// BreakerWindow is the number of recent attempts (finished or failed,
+	// across replicas, since the last resume) the breaker judges; 0 disables
+	// the breaker. It trips only on a full window.
+	BreakerWindow int
+	// BreakerThreshold is the failure ratio of the window above which the
+	// breaker trips, in [0, 1).
+	BreakerThreshold float64
+	// ExpectedDuration is how long one piece of work should take at most.
+	// It is exported as shepherd_work_expected_duration_seconds, which the
+	// ShepherdWorkOverdue alert compares with the age of the oldest lease.
+	ExpectedDuration time.Duration
+}
+
+// DefaultLimits are the limits before flags: none, a breaker threshold
+// ready for when a window is set, and a generous expected duration.
+func DefaultLimits() Limits {
+	return Limits{BreakerThreshold: 0.5, ExpectedDuration: 15 * time.Minute}
+}
+
+// registerFlags registers the limits' flags as <prefix>_<name>.
+func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
+	p := prefix + "_"
+	fs.IntVar(&l.MaxInFlight, p+"max_in_flight", l.MaxInFlight, "most machines "+prefix+" acts on at once, across all replicas (0 = no limit)")
+	fs.IntVar(&l.MaxPerHour, p+"max_per_hour", l.MaxPerHour, "most machines "+prefix+" starts work on in any hour, across all replicas (0 = no limit)")
+	fs.IntVar(&l.BreakerWindow, p+"breaker_window", l.BreakerWindow, "circuit breaker: number of recent "+prefix+" attempts judged, across all replicas (0 = no breaker)")
+	fs.Var(thresholdFlag{&l.BreakerThreshold}, p+"breaker_threshold", "circuit breaker: failure ratio of the window above which "+prefix+" pauses itself until 'shepherd resume' (0..1)")
+	fs.DurationVar(&l.ExpectedDuration, p+"expected_work_duration", l.ExpectedDuration, "how long one "+prefix+" action should take at most; a lease held longer raises the ShepherdWorkOverdue alert")
+}
+
+// thresholdFlag parses a ratio with a message that says what a ratio is.
+type thresholdFlag struct{ f *float64 }
+
+func (t thresholdFlag) String() string {
+	if t.f == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*t.f, 'g', -1, 64)
+}
+
+func (t thresholdFlag) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("want a ratio between 0 and 1, e.g. 0.5")
+	}
+	*t.f = v
+	return nil
+}
+
+// check validates the limits; its errors name the flag.
+func (l *Limits) check(prefix string) error {
+	p := "-" + prefix + "_"
+	switch {
+	case l.MaxInFlight < 0:
+		return fmt.Errorf("%smax_in_flight %d: must not be negative (0 = no limit)", p, l.MaxInFlight)
+	case l.MaxPerHour < 0:
+		return fmt.Errorf("%smax_per_hour %d: must not be negative (0 = no limit)", p, l.MaxPerHour)
+	case l.BreakerWindow < 0:
+		return fmt.Errorf("%sbreaker_window %d: must not be negative (0 = no breaker)", p, l.BreakerWindow)
+	case math.IsNaN(l.BreakerThreshold) || l.BreakerThreshold < 0 || l.BreakerThreshold >= 1:
+		return fmt.Errorf("%sbreaker_threshold %g: must be at least 0 and below 1 (a ratio of failures)", p, l.BreakerThreshold)
+	case l.ExpectedDuration <= 0:
+		return fmt.Errorf("%sexpected_work_duration %s: must be positive", p, l.ExpectedDuration)
+	}
+	return nil
+}
+
+// lease is what the claim enforces.
+func (l Limits) lease() bmdb.Limits {
+	return bmdb.Limits{MaxInFlight: l.MaxInFlight, MaxPerHour: l.MaxPerHour}
+}
+
+// limitMetrics are the runner's metrics about limits, labelled by process.
+type limitMetrics struct {
+	paused       *prometheus.GaugeVec
+	oldestLease  *prometheus.GaugeVec
+	expected     *prometheus.GaugeVec
+	breakerTrips *prometheus.CounterVec
+}
+
+// pauseReasons are the values of shepherd_process_paused's reason label.
+var pauseReasons = []string{bmdb.PauseByOperator, bmdb.PauseByBreaker}
+
+func newLimitMetrics(reg prometheus.Registerer) *limitMetrics {
+	m := &limitMetrics{
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shepherd_process_paused",
+			Help: "1 while the process is paused in the BMDB, by reason: operator (shepherd pause) or breaker (its circuit breaker tripped); refreshed periodically.",
+		}, []string{"process", "reason"}),
+		oldestLease: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shepherd_work_oldest_lease_seconds",
+			Help: "Age of the process's oldest lease across all replicas (0 without leases), refreshed periodically.",
+		}, []string{"process"}),
+		expected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shepherd_work_expected_duration_seconds",
+			Help: "How long one piece of the process's work should take at most (-<process>_expected_work_duration).",
+		}, []string{"process"}),
+		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_breaker_trips_total",
+			Help: "Times this replica's check tripped the process's circuit breaker (and paused the process).",
+		}, []string{"process"}),
+	}
+	reg.MustRegister(m.paused, m.oldestLease, m.expected, m.breakerTrips)
+	return m
+}
+
+func (m *limitMetrics) initProcess(label string, l Limits) {
+	for _, reason := range pauseReasons {
+		m.paused.WithLabelValues(label, reason)
+	}
+	m.oldestLease.WithLabelValues(label)
+	m.expected.WithLabelValues(label).Set(l.ExpectedDuration.Seconds())
+	m.breakerTrips.WithLabelValues(label)
+}
+
+// Candidates is the process's candidate condition, as the runner sources
+// it (for the status page's eligible count).
+func (r *Runner) Candidates() bmdb.Candidates { return r.candidates }
+
+// Limits are the runner's safety limits.
+func (r *Runner) Limits() Limits { return r.cfg.Limits }
+
+// checkBreaker runs after each failure this replica records: it judges the
+// process's last attempts, across replicas, and pauses the process when the
+// breaker trips. A failed check is logged and left to the next failure:
+// the breaker is a safety net, not a reason to stop the work.
+func (r *Runner) checkBreaker(ctx context.Context) {
+	l := r.cfg.Limits
+	if l.BreakerWindow <= 0 {
+		return
+	}
+	label := r.info.Label
+	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, bmdb.Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold})
+	if err != nil {
+		klog.Warningf("%s: %v", label, err)
+		return
+	}
+	if !v.Tripped {
+		return
+	}
+	r.metrics.limits.breakerTrips.WithLabelValues(label).Inc()
+	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByBreaker).Set(1)
+	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByOperator).Set(0)
+	klog.Errorf("%s: circuit breaker tripped: %d of the last %d attempts failed, above the threshold of %g; %s is paused on every replica until an operator runs 'shepherd resume %s'",
+		label, v.Failed, v.Attempts, l.BreakerThreshold, r.info.Process.Name, label)
+}
+
+// refreshLimitGauges updates the pause and oldest-lease gauges, in one
+// query, and logs when this replica sees the process paused or resumed.
+func (r *Runner) refreshLimitGauges(ctx context.Context) {
+	label := r.info.Label
+	st, err := r.db.LimitStatus(ctx, r.info.Process.Name)
+	if err != nil {
+		if ctx.Err() == nil {
+			klog.V(1).Infof("%s: refreshing limit gauges: %v", label, err)
+		}
+		return
+	}
+	for _, reason := range pauseReasons {
+		v := 0.0
+		if st.PausedBy == reason {
+			v = 1
+		}
+		r.metrics.limits.paused.WithLabelValues(label, reason).Set(v)
+	}
+	r.metrics.limits.oldestLease.WithLabelValues(label).Set(st.OldestLease.Seconds())
+	if seen := &r.limitState; !seen.refreshed || seen.pausedBy != st.PausedBy {
+		switch {
+		case st.PausedBy != "":
+			klog.Warningf("%s: paused (by %s): %s; no replica leases machines for it until 'shepherd resume %s'", label, st.PausedBy, st.PauseReason, label)
+		case seen.refreshed:
+			klog.Infof("%s: resumed", label)
+		}
+		seen.refreshed, seen.pausedBy = true, st.PausedBy
+	}
+}
+
+// limitState is what the gauge refresher last saw, to log changes once. Only
+// the refresher's goroutine touches it.
+type limitState struct {
+	refreshed bool
+	pausedBy  string
+}

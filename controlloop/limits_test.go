@@ -1,0 +1,359 @@
+package controlloop_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+)
+
+// TestMain, env and the process helpers are in runner_test.go.
+
+func TestLimitFlags(t *testing.T) {
+	t.Parallel()
+	info := controlloop.Info{Process: bmdb.Process{Name: "ShepherdRecovery"}, Label: "recovery"}
+	parse := func(args ...string) (controlloop.Config, error) {
+		cfg := controlloop.DefaultConfig(info)
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.RegisterFlags(fs, "recovery")
+		if err := fs.Parse(args); err != nil {
+			return cfg, err
+		}
+		return cfg, cfg.Check("recovery")
+	}
+
+	cfg, err := parse()
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if want := controlloop.DefaultLimits(); cfg.Limits != want {
+		t.Errorf("default limits %+v, want %+v", cfg.Limits, want)
+	}
+	cfg, err = parse("-recovery_max_in_flight=20", "-recovery_max_per_hour=200", "-recovery_breaker_window=50",
+		"-recovery_breaker_threshold=0.25", "-recovery_expected_work_duration=5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := controlloop.Limits{MaxInFlight: 20, MaxPerHour: 200, BreakerWindow: 50, BreakerThreshold: 0.25, ExpectedDuration: 5 * time.Minute}
+	if cfg.Limits != want {
+		t.Errorf("limits %+v, want %+v", cfg.Limits, want)
+	}
+
+	for _, tc := range []struct {
+		arg, want string
+	}{
+		{"-recovery_max_in_flight=-1", "-recovery_max_in_flight -1: must not be negative"},
+		{"-recovery_max_per_hour=-5", "-recovery_max_per_hour -5: must not be negative"},
+		{"-recovery_breaker_window=-1", "-recovery_breaker_window -1: must not be negative"},
+		{"-recovery_breaker_threshold=1", "-recovery_breaker_threshold 1: must be at least 0 and below 1"},
+		{"-recovery_breaker_threshold=-0.1", "-recovery_breaker_threshold -0.1: must be at least 0 and below 1"},
+		{"-recovery_breaker_threshold=NaN", "-recovery_breaker_threshold NaN: must be at least 0 and below 1"},
+		{"-recovery_breaker_threshold=half", "want a ratio between 0 and 1"},
+		{"-recovery_expected_work_duration=0s", "-recovery_expected_work_duration 0s: must be positive"},
+	} {
+		if _, err := parse(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one containing %q", tc.arg, err, tc.want)
+		}
+	}
+}
+
+// Every limit series exists from the start, and the expected duration is
+// exported for the overdue alert.
+func TestLimitMetricsExistAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error { return nil })
+	cfg := fastConfig(p, 1)
+	cfg.Limits.ExpectedDuration = 7 * time.Minute
+	if _, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg)); err != nil {
+		t.Fatal(err)
+	}
+	families, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]int{}
+	for _, f := range families {
+		series[f.GetName()] += len(f.GetMetric())
+	}
+	for name, n := range map[string]int{
+		"shepherd_process_paused":                 2,
+		"shepherd_work_oldest_lease_seconds":      1,
+		"shepherd_work_expected_duration_seconds": 1,
+		"shepherd_breaker_trips_total":            1,
+	} {
+		if series[name] != n {
+			t.Errorf("%s has %d series at start, want %d", name, series[name], n)
+		}
+	}
+	if got := e.metric("shepherd_work_expected_duration_seconds", map[string]string{"process": "test"}); got != 420 {
+		t.Errorf("expected duration gauge %g, want 420", got)
+	}
+}
+
+// concurrency tracks how many Run calls are in progress, at most.
+type concurrency struct {
+	now, max atomic.Int64
+}
+
+func (c *concurrency) enter() {
+	n := c.now.Add(1)
+	for {
+		m := c.max.Load()
+		if n <= m || c.max.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (c *concurrency) leave() { c.now.Add(-1) }
+
+// -<p>_max_in_flight holds across two replicas whose parallelism together
+// is far above it.
+func TestRunnerMaxInFlightAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(24)
+	var c concurrency
+	var done atomic.Int64
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(40 * time.Millisecond)
+		commitAgent(task)
+		done.Add(1)
+		return nil
+	})
+	cfg := fastConfig(p, 6)
+	cfg.Limits.MaxInFlight = 3
+	e.start(p, cfg)
+	e.replica().start(p, cfg)
+
+	waitFor(t, 30*time.Second, "every machine done", func() (bool, error) { return done.Load() == 24, nil })
+	if got := c.max.Load(); got > 3 {
+		t.Errorf("%d machines acted on at once across the replicas, want at most 3", got)
+	} else if got < 2 {
+		t.Errorf("at most %d machine acted on at once: the limit, not the test, should be what holds it back", got)
+	}
+	t.Logf("max in flight observed: %d of 3 allowed (12 workers)", c.max.Load())
+}
+
+// replica is another replica on e's database: its own pool and metrics.
+func (e *env) replica() *env {
+	e.t.Helper()
+	reg := prometheus.NewRegistry()
+	db, err := bmdb.Open(context.Background(), e.dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(db.Close)
+	return &env{t: e.t, dsn: e.dsn, db: db, reg: reg}
+}
+
+// -<p>_max_per_hour stops the loop after that many leases, finished or not.
+func TestRunnerMaxPerHour(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(20)
+	var done atomic.Int64
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		commitAgent(task)
+		done.Add(1)
+		return nil
+	})
+	cfg := fastConfig(p, 4)
+	cfg.Limits.MaxPerHour = 5
+	e.start(p, cfg)
+	waitFor(t, 10*time.Second, "five machines done", func() (bool, error) { return done.Load() >= 5, nil })
+	// Give the loop time to (wrongly) take more: many idle polls.
+	time.Sleep(20 * cfg.IdlePoll)
+	if got := done.Load(); got != 5 {
+		t.Errorf("%d machines done within the hour, want 5", got)
+	}
+	if got := e.count(bmdb.EventStarted); got != 5 {
+		t.Errorf("%d Started events, want 5", got)
+	}
+}
+
+// transactions counts the BMDB transactions of the env's replica.
+func (e *env) transactions() float64 {
+	return e.metric("shepherd_bmdb_transactions_total", nil)
+}
+
+// A pause reaches a running loop within one idle poll, costs no
+// transaction beyond what an idle loop makes, and a resume restarts it.
+func TestRunnerPauseAndResume(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(10)
+	var started atomic.Int64
+	// Machines stay candidates (no commit): the loop always has work.
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		started.Add(1)
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	})
+	cfg := fastConfig(p, 2)
+	cfg.IdlePoll = 100 * time.Millisecond
+	r := e.start(p, cfg)
+	waitFor(t, 10*time.Second, "work flowing", func() (bool, error) { return started.Load() > 10, nil })
+
+	ctx := context.Background()
+	pausedAt := time.Now()
+	if _, err := e.db.PauseProcess(ctx, p.info.Process.Name, "test pause"); err != nil {
+		t.Fatal(err)
+	}
+	// In-flight work (at most the parallelism) ends; nothing new starts.
+	var last int64
+	stable := time.Time{}
+	waitFor(t, 5*time.Second, "the loop to stop leasing", func() (bool, error) {
+		n := started.Load()
+		if n != last {
+			last, stable = n, time.Now()
+			return false, nil
+		}
+		return time.Since(stable) > 5*cfg.IdlePoll, nil
+	})
+	took := stable.Sub(pausedAt)
+	t.Logf("last lease %s after the pause", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("the loop leased for %s after the pause, want well under a second", took)
+	}
+
+	// Paused, the loop polls like an idle one: one claim per idle poll,
+	// plus its session's heartbeat, and nothing else.
+	const window = 2 * time.Second
+	tx0, src0 := e.transactions(), e.metric("shepherd_sourcing_queries_total", nil)
+	time.Sleep(window)
+	tx, src := e.transactions()-tx0, e.metric("shepherd_sourcing_queries_total", nil)-src0
+	heartbeats := window.Seconds()/(cfg.Session.Interval.Seconds()/2) + 1
+	if tx > src+heartbeats+1 {
+		t.Errorf("paused: %.0f transactions for %.0f claims in %s: a pause must cost nothing beyond the idle claim", tx, src, window)
+	}
+	if maxSrc := window.Seconds()/cfg.IdlePoll.Seconds() + 2; src > maxSrc {
+		t.Errorf("paused: %.0f claims in %s, want at most one per idle poll (%.0f)", src, window, maxSrc)
+	}
+	waitFor(t, 5*time.Second, "the paused gauge", func() (bool, error) {
+		return e.metric("shepherd_process_paused", map[string]string{"process": "test", "reason": "operator"}) == 1, nil
+	})
+	if !r.Ready() {
+		t.Errorf("a paused loop lost its readiness: it should keep its session")
+	}
+
+	if _, err := e.db.ResumeProcess(ctx, p.info.Process.Name); err != nil {
+		t.Fatal(err)
+	}
+	before := started.Load()
+	waitFor(t, 5*time.Second, "work after resume", func() (bool, error) { return started.Load() > before, nil })
+	waitFor(t, 5*time.Second, "the paused gauge to clear", func() (bool, error) {
+		return e.metric("shepherd_process_paused", nil) == 0, nil
+	})
+}
+
+// When most attempts fail, the breaker pauses the process on every
+// replica, says so in metrics, and waits for a resume; after it, only new
+// attempts count.
+func TestRunnerCircuitBreaker(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(30)
+	var attempts atomic.Int64
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		attempts.Add(1)
+		return errors.New("agent build 1.2.3 crashes on start")
+	})
+	cfg := fastConfig(p, 1)
+	cfg.Limits.BreakerWindow = 4
+	cfg.Limits.BreakerThreshold = 0.5
+	e.start(p, cfg)
+
+	ctx := context.Background()
+	pausedBy := func(source string) func() (bool, error) {
+		return func() (bool, error) {
+			ps, err := e.db.Pauses(ctx)
+			if err != nil {
+				return false, err
+			}
+			return len(ps) == 1 && ps[0].Active() && ps[0].Source == source, nil
+		}
+	}
+	waitFor(t, 10*time.Second, "the breaker to pause the process", pausedBy(bmdb.PauseByBreaker))
+	time.Sleep(10 * cfg.IdlePoll)
+	// One worker: it failed four times, tripped the breaker at the fourth,
+	// and took nothing since.
+	if got := attempts.Load(); got != 4 {
+		t.Errorf("%d attempts, want exactly the window of 4", got)
+	}
+	ps, _ := e.db.Pauses(ctx)
+	if reason := ps[0].Reason; !strings.Contains(reason, "4 of the last 4 attempts failed") || !strings.Contains(reason, "agent build 1.2.3 crashes on start") {
+		t.Errorf("pause reason %q does not say why", reason)
+	}
+	if got := e.metric("shepherd_process_paused", map[string]string{"process": "test", "reason": "breaker"}); got != 1 {
+		t.Errorf("shepherd_process_paused{reason=breaker} = %g, want 1", got)
+	}
+	if got := e.metric("shepherd_breaker_trips_total", map[string]string{"process": "test"}); got != 1 {
+		t.Errorf("shepherd_breaker_trips_total = %g, want 1", got)
+	}
+
+	// Resumed, it gets a fresh window: four more attempts, then paused
+	// again.
+	if _, err := e.db.ResumeProcess(ctx, p.info.Process.Name); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the breaker to trip again", pausedBy(bmdb.PauseByBreaker))
+	time.Sleep(10 * cfg.IdlePoll)
+	if got := attempts.Load(); got != 8 {
+		t.Errorf("%d attempts after one resume, want 8", got)
+	}
+}
+
+// A breaker trip on one replica stops the other.
+func TestRunnerBreakerStopsEveryReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(40)
+	var mu sync.Mutex
+	fail := true
+	var attempts atomic.Int64
+	failing := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		attempts.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return errors.New("BMC unreachable")
+		}
+		return nil
+	})
+	cfg := fastConfig(failing, 2)
+	cfg.Limits.BreakerWindow = 6
+	cfg.Limits.BreakerThreshold = 0.5
+	e.start(failing, cfg)
+	e.replica().start(failing, cfg)
+
+	waitFor(t, 10*time.Second, "a breaker trip", func() (bool, error) {
+		ps, err := e.db.Pauses(context.Background())
+		return len(ps) == 1 && ps[0].Active(), err
+	})
+	time.Sleep(10 * cfg.IdlePoll)
+	n := attempts.Load()
+	time.Sleep(10 * cfg.IdlePoll)
+	if got := attempts.Load(); got != n {
+		t.Errorf("%d more attempts after the trip settled: some replica did not stop", got-n)
+	}
+	// At most the window plus the work in flight on both replicas when it
+	// tripped.
+	if n > 6+2*2 {
+		t.Errorf("%d attempts before every replica stopped, want at most %d", n, 6+2*2)
+	}
+}

@@ -1,0 +1,365 @@
+// Package statuspage serves Shepherd's read-only status page: per process
+// the queue (eligible, leased, backing off, failed in the last hour), the
+// newest failures with their causes, the oldest leases and whether it is
+// paused and why; per machine its tags, leases, backoffs and history.
+//
+// It is plain server-rendered HTML (html/template) with inline CSS and no
+// script, image, font or other external asset, because it is read where
+// the machines are, which has no internet, often from a phone in a data
+// centre aisle. It only reads: every change goes through the CLI, which
+// records who did what and why.
+package statuspage
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+)
+
+// Process is a process the status page reports on: its description and
+// the candidate condition its eligible count needs.
+type Process struct {
+	Info       controlloop.Info
+	Candidates bmdb.Candidates
+}
+
+// FromRunners describes the processes of a daemon's runners.
+func FromRunners(runners ...*controlloop.Runner) []Process {
+	ps := make([]Process, len(runners))
+	for i, r := range runners {
+		ps[i] = Process{Info: r.Info(), Candidates: r.Candidates()}
+	}
+	return ps
+}
+
+// Paths the handler serves.
+const (
+	PathOverview = "/status"
+	PathMachine  = "/status/machine/"
+)
+
+// MachinePath is the status page of one machine.
+func MachinePath(id uuid.UUID) string { return PathMachine + id.String() }
+
+// Defaults of the page's reads.
+const (
+	// overviewTTL: the overview costs one fleet scan per process (the
+	// eligible count); requests within this long of the last one share its
+	// result, so that a page left reloading, or many operators at once, cost
+	// the database no more than the runner's own gauges.
+	overviewTTL = 2 * time.Second
+	// recentFailures and oldestLeases bound the overview's lists.
+	recentFailures = 10
+	oldestLeases   = 5
+	// machineHistory bounds a machine's timeline.
+	machineHistory = 200
+	// queryTimeout bounds one page's reads.
+	queryTimeout = 10 * time.Second
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+var templates = template.Must(template.New("").Funcs(template.FuncMap{
+	"ago":         ago,
+	"until":       untilText,
+	"stamp":       stamp,
+	"short":       short,
+	"machinePath": MachinePath,
+	"fingerprint": fingerprint,
+	"eventClass":  eventClass,
+	"seconds":     func(s int64) time.Duration { return time.Duration(s) * time.Second },
+}).ParseFS(templateFS, "templates/*.html"))
+
+// handler serves the pages.
+type handler struct {
+	db        *bmdb.DB
+	processes []Process
+	now       func() time.Time
+
+	mu       sync.Mutex
+	cached   *overview
+	cachedAt time.Time
+	ttl      time.Duration
+}
+
+// New returns the status page handler for processes, which serves
+// PathOverview and everything under PathMachine; mount it on those paths
+// of the daemon's listener.
+func New(db *bmdb.DB, processes []Process) http.Handler {
+	h := &handler{db: db, processes: processes, now: time.Now, ttl: overviewTTL}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+PathOverview, h.serveOverview)
+	mux.HandleFunc("GET "+PathOverview+"/{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, PathOverview, http.StatusMovedPermanently)
+	})
+	// The lookup form of the overview submits ?id=.
+	mux.HandleFunc("GET "+PathMachine+"{$}", h.serveLookup)
+	mux.HandleFunc("GET "+PathMachine+"{id}", h.serveMachine)
+	mux.HandleFunc(PathOverview+"/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "the status page is read-only", http.StatusMethodNotAllowed)
+			return
+		}
+		h.render(w, http.StatusNotFound, "error.html", errorPage{Title: "Not found", Message: "There is no such page."})
+	})
+	return mux
+}
+
+// overview is the data of the overview page.
+type overview struct {
+	Generated time.Time
+	Processes []processView
+	// OtherPauses are active pauses of processes this daemon does not run.
+	OtherPauses []bmdb.Pause
+	Sessions    []bmdb.SessionInfo
+	Errors      []string
+}
+
+type processView struct {
+	Label    string
+	Name     string
+	Counts   bmdb.ProcessCounts
+	Pause    *bmdb.Pause
+	Failures []bmdb.HistoryEntry
+	Leases   []bmdb.MachineState
+}
+
+func (h *handler) serveOverview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	ov := h.overview(ctx)
+	status := http.StatusOK
+	if len(ov.Errors) > 0 && len(ov.Processes) == 0 {
+		status = http.StatusServiceUnavailable
+	}
+	h.render(w, status, "overview.html", ov)
+}
+
+// overview reads the overview, or returns the one read less than ttl ago.
+// A read that failed is not cached: the next request tries again.
+func (h *handler) overview(ctx context.Context) *overview {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cached != nil && h.now().Sub(h.cachedAt) < h.ttl {
+		return h.cached
+	}
+	ov := h.readOverview(ctx)
+	if len(ov.Errors) == 0 {
+		h.cached, h.cachedAt = ov, h.now()
+	}
+	return ov
+}
+
+func (h *handler) readOverview(ctx context.Context) *overview {
+	ov := &overview{Generated: h.now()}
+	fail := func(err error) {
+		klog.Warningf("status page: %v", err)
+		ov.Errors = append(ov.Errors, err.Error())
+	}
+	pauses, err := h.db.Pauses(ctx)
+	if err != nil {
+		fail(err)
+	}
+	running := map[string]bool{}
+	for _, p := range h.processes {
+		name := p.Info.Process.Name
+		running[name] = true
+		pv := processView{Label: p.Info.Label, Name: name}
+		for i := range pauses {
+			if pauses[i].Process == name && pauses[i].Active() {
+				pv.Pause = &pauses[i]
+			}
+		}
+		if pv.Counts, err = h.db.ProcessCounts(ctx, p.Info.Process, p.Candidates); err != nil {
+			fail(err)
+			continue
+		}
+		if pv.Failures, err = h.db.RecentFailures(ctx, name, recentFailures); err != nil {
+			fail(err)
+		}
+		if pv.Leases, err = h.db.Machines(ctx, bmdb.MachineQuery{Process: p.Info.Process, State: bmdb.StateLeased, Limit: oldestLeases}); err != nil {
+			fail(err)
+		}
+		ov.Processes = append(ov.Processes, pv)
+	}
+	for _, p := range pauses {
+		if p.Active() && !running[p.Process] {
+			ov.OtherPauses = append(ov.OtherPauses, p)
+		}
+	}
+	if ov.Sessions, err = h.db.Sessions(ctx); err != nil {
+		fail(err)
+	}
+	return ov
+}
+
+// serveLookup sends the overview's lookup form to the machine's page.
+func (h *handler) serveLookup(w http.ResponseWriter, r *http.Request) {
+	raw := strings.TrimSpace(r.URL.Query().Get("id"))
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		h.render(w, http.StatusBadRequest, "error.html", errorPage{
+			Title:   "Not a machine ID",
+			Message: fmt.Sprintf("%q is not a machine ID: machine IDs are UUIDs like 0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b.", raw),
+		})
+		return
+	}
+	http.Redirect(w, r, MachinePath(id), http.StatusSeeOther)
+}
+
+// machinePage is the data of a machine's page.
+type machinePage struct {
+	Generated time.Time
+	bmdb.MachineDetail
+	// Timeline is History, newest first.
+	Timeline []bmdb.HistoryEntry
+}
+
+func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.render(w, http.StatusBadRequest, "error.html", errorPage{
+			Title:   "Not a machine ID",
+			Message: fmt.Sprintf("%q is not a machine ID.", r.PathValue("id")),
+		})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	d, err := h.db.Machine(ctx, id, machineHistory)
+	switch {
+	case errors.Is(err, bmdb.ErrNotFound):
+		h.render(w, http.StatusNotFound, "error.html", errorPage{
+			Title:   "Unknown machine",
+			Message: fmt.Sprintf("The BMDB has no machine %s and no history of one.", id),
+		})
+		return
+	case err != nil:
+		klog.Warningf("status page: %v", err)
+		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
+		return
+	}
+	page := machinePage{Generated: h.now(), MachineDetail: d}
+	for i := len(d.History) - 1; i >= 0; i-- {
+		page.Timeline = append(page.Timeline, d.History[i])
+	}
+	h.render(w, http.StatusOK, "machine.html", page)
+}
+
+type errorPage struct {
+	Title   string
+	Message string
+}
+
+// render writes a page with headers that keep it self-contained: the
+// Content-Security-Policy allows nothing but the page's own inline style,
+// which is what "no external assets" means to a browser.
+func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
+	var b strings.Builder
+	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
+		klog.Errorf("status page: rendering %s: %v", name, err)
+		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
+		return
+	}
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/html; charset=utf-8")
+	hdr.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	hdr.Set("Referrer-Policy", "no-referrer")
+	hdr.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	fmt.Fprint(w, b.String())
+}
+
+// ago says how long before now t was, coarsely, as an operator reads it.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := time.Since(t)
+	if d < 0 {
+		return "in " + coarse(-d)
+	}
+	return coarse(d) + " ago"
+}
+
+// untilText says how long until t, or how long ago it passed.
+func untilText(t time.Time) string {
+	d := time.Until(t)
+	if d < 0 {
+		return "ended " + coarse(-d) + " ago"
+	}
+	return "for " + coarse(d)
+}
+
+func coarse(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(math.Mod(d.Minutes(), 60)))
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
+
+// stamp is an unambiguous UTC time.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// short is the first block of a UUID: enough to tell sessions apart on a
+// small screen; the full ID is in the element's title.
+func short(id uuid.UUID) string {
+	if id == uuid.Nil {
+		return "-"
+	}
+	return id.String()[:8]
+}
+
+// fingerprint is an agent key as OpenSSH prints fingerprints.
+func fingerprint(key []byte) string {
+	if len(key) == 0 {
+		return "-"
+	}
+	sum := sha256.Sum256(key)
+	return "SHA256:" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// eventClass colours history events.
+func eventClass(event string) string {
+	switch event {
+	case bmdb.EventFinished:
+		return "ok"
+	case bmdb.EventFailed, bmdb.EventLost:
+		return "bad"
+	case bmdb.EventBackoffCleared, bmdb.EventRetried:
+		return "op"
+	default:
+		return ""
+	}
+}
