@@ -1,0 +1,354 @@
+// Command shepherd-bench measures Shepherd's runner and BMDB code against a
+// PostgreSQL server and prints one JSON line per measurement.
+//
+// It starts a throwaway PostgreSQL cluster from the machine's server
+// binaries (with normal durability settings unless -fast), or uses the
+// server of -dsn, where it creates and drops databases of its own. Each
+// scenario seeds machines with set-based SQL (bench.sql), then runs the real
+// controlloop.Runner and bmdb code with a process that does nothing:
+//
+//   - throughput: cycles (claim + finish) per second at 1, 4, 16, 64 workers,
+//     for 10k and 100k machines, query rate unlimited;
+//   - sourcing: latency of single claims (WorkBatch of one, then Finish) at
+//     10k, 100k and 1M machines, with the claim's EXPLAIN (ANALYZE, BUFFERS)
+//     saved under -out_dir, and the cost of an empty claim (idle poll);
+//   - idle: server-side transactions per second while nothing is eligible,
+//     with 1 and 64 workers, one and two processes;
+//   - reaction: time from a machine becoming eligible (its agent tag
+//     deleted; its backoff expiring) to the process running on it;
+//   - memory: peak RSS of a child process running two processes of 64
+//     workers each under load;
+//
+// and, for comparison on the same server in the same run, pgbench -N (the
+// commit ceiling) and the seeds' algorithm from -seeds_bench_dir. A last
+// line per target of the performance issue says whether it was met, and
+// -plot draws throughput against workers as a PNG.
+//
+// Usage:
+//
+//	go run ./cmd/shepherd-bench -seconds 20 -plot bench-results/throughput.png
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// childEnv marks a child process started for the memory scenario.
+const childEnv = "SHEPHERD_BENCH_CHILD"
+
+var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "memory"}
+
+type options struct {
+	dsn  string
+	fast bool
+	dir  string
+	keep bool
+
+	scenarios map[string]bool
+	seconds   float64
+	maxConns  int
+
+	workers          []int
+	machines         []int
+	sourcingMachines []int
+	claims           int
+	idleClaims       int
+	idleSeconds      float64
+	idleMachines     int
+	reactionEvents   int
+	memoryWorkers    int
+
+	clients       int
+	pgbenchScale  int
+	seedsMachines int
+	seedsDir      string
+
+	outDir   string
+	plot     string
+	plotFrom string
+
+	memoryChild bool
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "shepherd-bench: %v\n", err)
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("shepherd-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL server to measure, as the DSN of a database whose role may CREATE DATABASE (default: a private cluster started from the machine's PostgreSQL binaries)")
+	fs.BoolVar(&o.fast, "fast", false, "start the private cluster with fsync, synchronous_commit and full_page_writes off (quick, but not the figures of a real server)")
+	fs.StringVar(&o.dir, "dir", "", "directory of the private cluster (default: a temporary directory, removed at the end)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the benchmark databases and the private cluster's directory")
+	scen := fs.String("scenarios", strings.Join(allScenarios, ","), "comma-separated scenarios to run: "+strings.Join(allScenarios, ","))
+	fs.Float64Var(&o.seconds, "seconds", 20, "measuring time of each throughput, pgbench, seeds and memory run, in seconds")
+	fs.IntVar(&o.maxConns, "max_conns", 0, "connection pool size of the BMDB (0: bmdb's default)")
+	workers := fs.String("workers", "1,4,16,64", "worker counts of the throughput scenario")
+	machines := fs.String("machines", "10000,100000", "machine counts of the throughput scenario")
+	sourcing := fs.String("sourcing_machines", "10000,100000,1000000", "machine counts of the sourcing scenario")
+	fs.IntVar(&o.claims, "claims", 2000, "claims timed per machine count in the sourcing scenario")
+	fs.IntVar(&o.idleClaims, "idle_claims", 20, "empty claims (nothing eligible) timed per machine count in the sourcing scenario; 0 skips them")
+	fs.Float64Var(&o.idleSeconds, "idle_seconds", 60, "measuring time of each idle run, in seconds")
+	fs.IntVar(&o.idleMachines, "idle_machines", 10000, "machines (none eligible) in the idle and reaction scenarios")
+	fs.IntVar(&o.reactionEvents, "reaction_events", 30, "events of each kind in the reaction scenario")
+	fs.IntVar(&o.memoryWorkers, "memory_workers", 64, "workers per process in the memory scenario")
+	fs.IntVar(&o.clients, "clients", 16, "clients of the pgbench and seeds runs")
+	fs.IntVar(&o.pgbenchScale, "pgbench_scale", 10, "pgbench -i scale factor")
+	fs.IntVar(&o.seedsMachines, "seeds_machines", 100000, "machines of the seeds' algorithm run")
+	fs.StringVar(&o.seedsDir, "seeds_bench_dir", "../shared/bench/seeds-algorithm", "directory with the seeds' algorithm as pgbench scripts (schema.sql, seed.sql, cycle.sql)")
+	fs.StringVar(&o.outDir, "out_dir", "bench-results", "directory for EXPLAIN output")
+	fs.StringVar(&o.plot, "plot", "", "write a PNG of throughput against workers to this file")
+	fs.StringVar(&o.plotFrom, "plot_from", "", "draw -plot from the JSON lines of an earlier run in this file, and run nothing")
+	fs.BoolVar(&o.memoryChild, "memory_child", false, "internal: run as the memory scenario's child process")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, "klog: "+f.Usage) })
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.workers, err = intList("workers", *workers); err != nil {
+		return nil, err
+	}
+	if o.machines, err = intList("machines", *machines); err != nil {
+		return nil, err
+	}
+	if o.sourcingMachines, err = intList("sourcing_machines", *sourcing); err != nil {
+		return nil, err
+	}
+	o.scenarios = map[string]bool{}
+	for _, s := range strings.Split(*scen, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		known := false
+		for _, k := range allScenarios {
+			known = known || k == s
+		}
+		if !known {
+			return nil, fmt.Errorf("-scenarios: unknown scenario %q (want some of %s)", s, strings.Join(allScenarios, ","))
+		}
+		o.scenarios[s] = true
+	}
+	switch {
+	case o.seconds <= 0 || o.idleSeconds <= 0:
+		return nil, errors.New("-seconds and -idle_seconds must be positive")
+	case o.claims < 1 || o.idleClaims < 0 || o.reactionEvents < 1 || o.memoryWorkers < 1 || o.clients < 1:
+		return nil, errors.New("-claims, -reaction_events, -memory_workers and -clients must be at least 1, -idle_claims at least 0")
+	case o.idleMachines < 1 || o.seedsMachines < 1 || o.pgbenchScale < 1:
+		return nil, errors.New("-idle_machines, -seeds_machines and -pgbench_scale must be at least 1")
+	case o.memoryChild && o.dsn == "":
+		return nil, errors.New("-memory_child needs -dsn")
+	case o.plotFrom != "" && o.plot == "":
+		return nil, errors.New("-plot_from needs -plot")
+	}
+	return o, nil
+}
+
+func intList(name, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("-%s: %q is not a positive whole number", name, f)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-%s: empty", name)
+	}
+	return out, nil
+}
+
+// emitter prints one JSON object per line.
+type emitter struct{ w io.Writer }
+
+func (e emitter) emit(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.w, "%s\n", b)
+	return err
+}
+
+func seconds(d time.Duration) float64 { return round(d.Seconds(), 3) }
+
+func millis(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 2) }
+
+func round(v float64, digits int) float64 {
+	p := 1.0
+	for range digits {
+		p *= 10
+	}
+	if v >= 0 {
+		return float64(int64(v*p+0.5)) / p
+	}
+	return -float64(int64(-v*p+0.5)) / p
+}
+
+func dur(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// run runs the benchmark as the command line args say, printing its JSON
+// lines on stdout and progress on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	out := emitter{stdout}
+	if o.memoryChild {
+		return memoryChild(ctx, o, out)
+	}
+	if o.plotFrom != "" {
+		return replot(o)
+	}
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(stderr, "shepherd-bench: %6.1fs: "+format+"\n", append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	srv, err := startServer(ctx, o, logf)
+	if err != nil {
+		return err
+	}
+	defer srv.close(ctx)
+
+	b := &bench{o: o, srv: srv, out: out, logf: logf}
+	if err := b.env(ctx, "env"); err != nil {
+		return err
+	}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"pgbench", b.pgbench},
+		{"seeds", b.seeds},
+		{"throughput", b.throughput},
+		{"sourcing", b.sourcing},
+		{"idle", b.idle},
+		{"reaction", b.reaction},
+		{"memory", b.memory},
+	}
+	for _, s := range steps {
+		if !o.scenarios[s.name] {
+			continue
+		}
+		logf("scenario %s", s.name)
+		if err := s.fn(ctx); err != nil {
+			return fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+	}
+	if o.plot != "" && len(b.tp) > 0 {
+		if err := b.drawPlot(); err != nil {
+			return err
+		}
+		logf("plot written to %s", o.plot)
+	}
+	if err := b.targets(); err != nil {
+		return err
+	}
+	return b.env(ctx, "env_end")
+}
+
+// bench holds the results that later lines (targets, plot) compare.
+type bench struct {
+	o    *options
+	srv  *server
+	out  emitter
+	logf func(string, ...any)
+
+	pgbenchTPS  float64 // 0 when not measured
+	seedsCycles float64
+	tp          []throughputResult
+	claimP99    map[int]time.Duration
+	idleRuns    []idleResult
+	reactions   []reactionResult
+	peakRSSMiB  float64
+}
+
+type envLine struct {
+	Scenario          string  `json:"scenario"`
+	Time              string  `json:"time"`
+	CPUs              int     `json:"cpus"`
+	Go                string  `json:"go"`
+	LoadAverage       string  `json:"load_average"`
+	Server            string  `json:"server"`
+	ServerVersion     string  `json:"server_version,omitempty"`
+	Fsync             string  `json:"fsync,omitempty"`
+	SynchronousCommit string  `json:"synchronous_commit,omitempty"`
+	FullPageWrites    string  `json:"full_page_writes,omitempty"`
+	SharedBuffers     string  `json:"shared_buffers,omitempty"`
+	MaxConns          int     `json:"max_conns"`
+	Seconds           float64 `json:"seconds"`
+}
+
+func (b *bench) env(ctx context.Context, name string) error {
+	l := envLine{
+		Scenario:    name,
+		Time:        time.Now().UTC().Format(time.RFC3339),
+		CPUs:        runtime.NumCPU(),
+		Go:          runtime.Version(),
+		LoadAverage: loadAverage(),
+		Server:      "private cluster",
+		MaxConns:    b.o.maxConns,
+		Seconds:     b.o.seconds,
+	}
+	if b.o.fast {
+		l.Server = "private cluster, -fast (no fsync)"
+	}
+	if b.o.dsn != "" {
+		l.Server = "-dsn"
+	}
+	conn, err := connect(ctx, b.srv.adminDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := conn.QueryRow(ctx, stmt("server_settings")).Scan(&l.ServerVersion, &l.Fsync, &l.SynchronousCommit, &l.FullPageWrites, &l.SharedBuffers); err != nil {
+		return fmt.Errorf("reading server settings: %w", err)
+	}
+	return b.out.emit(l)
+}

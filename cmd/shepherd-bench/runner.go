@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+)
+
+// benchKey is the agent public key recorded by processes that mark their
+// machines started.
+var benchKey = []byte("shepherd-bench")
+
+// noopProcess is a process that does nothing to its machine: what is
+// measured is the framework around it (sourcing, leases, finishing).
+type noopProcess struct {
+	info       controlloop.Info
+	candidates bmdb.Candidates
+	// onRun, if set, is told of every machine the process runs on.
+	onRun func(machine uuid.UUID, at time.Time)
+	// markStarted makes the process record machine_agent_started when it
+	// finishes, as AgentStart does, so that a machine it ran on is no longer
+	// a candidate of bmdb.AgentStartCandidates.
+	markStarted bool
+}
+
+func (p *noopProcess) Info() controlloop.Info { return p.info }
+
+func (p *noopProcess) Candidates() bmdb.Candidates { return p.candidates }
+
+func (p *noopProcess) Run(ctx context.Context, t *controlloop.Task) error {
+	if p.onRun != nil {
+		p.onRun(t.Machine, time.Now())
+	}
+	if p.markStarted {
+		m := t.Machine
+		t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, m, benchKey)
+		}
+	}
+	return nil
+}
+
+// procSpec describes one process of a benchmark run.
+type procSpec struct {
+	name        string // BMDB process name
+	label       string
+	candidates  bmdb.Candidates
+	workers     int
+	unlimited   bool // query rate unlimited instead of the default
+	onRun       func(uuid.UUID, time.Time)
+	markStarted bool
+}
+
+func newProcess(sp procSpec) *noopProcess {
+	return &noopProcess{
+		info: controlloop.Info{
+			Process:        bmdb.Process{Name: sp.name},
+			Label:          sp.label,
+			DefaultBackoff: bmdb.Backoff{Initial: time.Second, Maximum: time.Minute, Exponent: 2},
+		},
+		candidates:  sp.candidates,
+		onRun:       sp.onRun,
+		markStarted: sp.markStarted,
+	}
+}
+
+// configFor is the runner configuration of a spec: the daemon's defaults,
+// with the spec's parallelism and, if asked, no query rate limit.
+func configFor(p *noopProcess, sp procSpec) controlloop.Config {
+	cfg := controlloop.DefaultConfig(p.Info())
+	cfg.Parallelism = sp.workers
+	if sp.unlimited {
+		cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
+	}
+	return cfg
+}
+
+// runners are controlloop.Runners running in the background.
+type runners struct {
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	g      errgroup.Group
+}
+
+// startRunners starts one runner per spec on db, sharing one metrics
+// registry, as the daemon does.
+func startRunners(ctx context.Context, db *bmdb.DB, specs []procSpec) (*runners, error) {
+	rs := &runners{reg: prometheus.NewRegistry()}
+	m := controlloop.NewMetrics(rs.reg)
+	var list []*controlloop.Runner
+	for _, sp := range specs {
+		p := newProcess(sp)
+		r, err := controlloop.New(db, p, configFor(p, sp), m)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, r)
+	}
+	ctx, rs.cancel = context.WithCancel(ctx)
+	for _, r := range list {
+		rs.g.Go(func() error { return r.Run(ctx) })
+	}
+	return rs, nil
+}
+
+// stop shuts the runners down as SIGTERM would and waits for them.
+func (rs *runners) stop() error {
+	rs.cancel()
+	return rs.g.Wait()
+}
+
+// finished counts the work the runners finished successfully: completed
+// claim + finish cycles.
+func (rs *runners) finished() int64 {
+	mfs, err := rs.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "shepherd_work_finished_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == controlloop.ResultFinished {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return int64(n)
+}
+
+// waitFinished waits until the runners finished at least n cycles, or d
+// has passed.
+func (rs *runners) waitFinished(ctx context.Context, n int64, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for rs.finished() < n && time.Now().Before(deadline) {
+		if sleep(ctx, 20*time.Millisecond) != nil {
+			return
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, dsn)
+}

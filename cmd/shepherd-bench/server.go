@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+)
+
+//go:embed bench.sql
+var benchSQL string
+
+// stmts are the statements of bench.sql by name.
+var stmts = parseStatements(benchSQL)
+
+// parseStatements splits a file of statements, each introduced by a
+// "-- name: NAME" line.
+func parseStatements(src string) map[string]string {
+	out := map[string]string{}
+	var name string
+	var body strings.Builder
+	flush := func() {
+		if name != "" {
+			out[name] = strings.TrimSuffix(strings.TrimSpace(body.String()), ";")
+		}
+		body.Reset()
+	}
+	sc := bufio.NewScanner(strings.NewReader(src))
+	for sc.Scan() {
+		line := sc.Text()
+		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		if name == "" || strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	flush()
+	return out
+}
+
+// stmt returns a statement of bench.sql; a missing name is a bug.
+func stmt(name string) string {
+	s, ok := stmts[name]
+	if !ok {
+		panic("bench.sql has no statement " + name)
+	}
+	return s
+}
+
+// server is the PostgreSQL server under test: a private cluster, or the one
+// of -dsn. Every scenario gets databases of its own on it, so that one
+// scenario's dead tuples and history do not weigh on the next.
+type server struct {
+	cluster  *pgcluster.Cluster // nil with -dsn
+	dir      string             // the private cluster's directory, removed at the end
+	adminDSN string             // where CREATE DATABASE and statistics queries run
+	dsnFor   func(db string) (string, error)
+	runID    string
+	template string // migrated database the BMDB databases are copied from
+	created  []string
+	keep     bool
+	logf     func(format string, args ...any)
+}
+
+// startServer starts a private cluster, or connects to o.dsn.
+func startServer(ctx context.Context, o *options, logf func(string, ...any)) (*server, error) {
+	id := make([]byte, 3)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	s := &server{runID: hex.EncodeToString(id), keep: o.keep, logf: logf}
+	if o.dsn != "" {
+		s.adminDSN = o.dsn
+		s.dsnFor = func(db string) (string, error) { return withDatabase(o.dsn, db) }
+		return s, nil
+	}
+	dir := o.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "shepherd-bench-")
+		if err != nil {
+			return nil, err
+		}
+		dir, s.dir = d, d
+	}
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: dir, Fast: o.fast, Logf: logf})
+	if err != nil {
+		if s.dir != "" {
+			os.RemoveAll(s.dir)
+		}
+		return nil, err
+	}
+	s.cluster = c
+	s.adminDSN = c.DSN("postgres")
+	s.dsnFor = func(db string) (string, error) { return c.DSN(db), nil }
+	return s, nil
+}
+
+// withDatabase returns dsn (a URL or key=value string) naming database db.
+func withDatabase(dsn, db string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", errors.New("-dsn: cannot parse it as a URL")
+		}
+		u.Path = "/" + db
+		u.RawPath = ""
+		return u.String(), nil
+	}
+	// Later keywords win in libpq and pgx alike.
+	return dsn + " dbname='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(db) + "'", nil
+}
+
+// newDatabase creates an empty database for purpose (a short word) and
+// returns its name and DSN. With migrate, it has the BMDB schema: it is a
+// copy of a template migrated once per run, which is quicker than migrating
+// every database.
+func (s *server) newDatabase(ctx context.Context, purpose string, migrate bool) (name, dsn string, err error) {
+	template := ""
+	if migrate {
+		if s.template == "" {
+			t := "shepherd_bench_template_" + s.runID
+			if err := s.createDatabase(ctx, t, ""); err != nil {
+				return "", "", err
+			}
+			tdsn, err := s.dsnFor(t)
+			if err != nil {
+				return "", "", err
+			}
+			if err := bmdb.MigrateUp(ctx, tdsn); err != nil {
+				return "", "", err
+			}
+			s.template = t
+		}
+		template = s.template
+	}
+	name = "shepherd_bench_" + purpose + "_" + s.runID
+	if err := s.createDatabase(ctx, name, template); err != nil {
+		return "", "", err
+	}
+	if dsn, err = s.dsnFor(name); err != nil {
+		return "", "", err
+	}
+	return name, dsn, nil
+}
+
+// createDatabase creates database name, a copy of template unless that is
+// empty.
+func (s *server) createDatabase(ctx context.Context, name, template string) error {
+	conn, err := pgx.Connect(ctx, s.adminDSN)
+	if err != nil {
+		return fmt.Errorf("connecting to create database %s: %w", name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("dropping leftover database %s: %w", name, err)
+	}
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	for attempt := 0; ; attempt++ {
+		_, err = conn.Exec(ctx, sql)
+		// The migration's connections to the template may take a moment
+		// to go away (55006: object in use).
+		var pgErr *pgconn.PgError
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "55006" && attempt < 50 {
+			if sleep(ctx, 100*time.Millisecond) == nil {
+				continue
+			}
+		}
+		break
+	}
+	if err != nil {
+		return fmt.Errorf("creating database %s: %w", name, err)
+	}
+	s.created = append(s.created, name)
+	return nil
+}
+
+// dropDatabase drops a database made by newDatabase, unless -keep.
+func (s *server) dropDatabase(ctx context.Context, name string) {
+	if s.keep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.adminDSN)
+	if err != nil {
+		s.logf("dropping database %s: %v", name, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		s.logf("dropping database %s: %v", name, err)
+		return
+	}
+	for i, n := range s.created {
+		if n == name {
+			s.created = append(s.created[:i], s.created[i+1:]...)
+			break
+		}
+	}
+}
+
+// close drops what is left and stops the private cluster.
+func (s *server) close(ctx context.Context) {
+	for len(s.created) > 0 && !s.keep {
+		s.dropDatabase(ctx, s.created[0])
+	}
+	if s.cluster == nil {
+		return
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := s.cluster.Stop(stopCtx); err != nil {
+		s.logf("%v", err)
+	}
+	if s.dir != "" && !s.keep {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// xacts reads the transactions (committed + rolled back) that the server
+// has counted for database db. It runs on the admin database, so that
+// reading does not count.
+func (s *server) xacts(ctx context.Context, conn *pgx.Conn, db string) (int64, error) {
+	commit, rollback, err := s.xactCounts(ctx, conn, db)
+	return commit + rollback, err
+}
+
+// xactCounts is xacts, committed and rolled back apart.
+func (s *server) xactCounts(ctx context.Context, conn *pgx.Conn, db string) (commit, rollback int64, err error) {
+	if err := conn.QueryRow(ctx, stmt("xact_count"), db).Scan(&commit, &rollback); err != nil {
+		return 0, 0, fmt.Errorf("reading pg_stat_database: %w", err)
+	}
+	return commit, rollback, nil
+}
+
+// seed fills a migrated database with n provided machines (and, with
+// started, an agent-started tag on each), then vacuums and analyzes it.
+func seed(ctx context.Context, dsn string, n int, started bool) (time.Duration, error) {
+	t0 := time.Now()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, stmt("seed_machines"), n); err != nil {
+		return 0, fmt.Errorf("seeding %d machines: %w", n, err)
+	}
+	if started {
+		if _, err := conn.Exec(ctx, stmt("seed_agent_started")); err != nil {
+			return 0, fmt.Errorf("seeding agent tags: %w", err)
+		}
+	}
+	if err := vacuum(ctx, conn); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// vacuum vacuums and analyzes the database after a bulk load on conn, as
+// autovacuum would, and checkpoints, so that neither autovacuum nor a
+// checkpoint runs during the measurements that follow.
+func vacuum(ctx context.Context, conn *pgx.Conn) error {
+	// Best effort: servers before PostgreSQL 15 lack the function.
+	if _, err := conn.Exec(ctx, stmt("flush_stats")); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42883" { // undefined_function
+			return fmt.Errorf("flushing statistics: %w", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, stmt("vacuum_analyze")); err != nil {
+		return fmt.Errorf("vacuuming: %w", err)
+	}
+	if _, err := conn.Exec(ctx, stmt("checkpoint")); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	return nil
+}
