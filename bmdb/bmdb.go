@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,7 +52,24 @@ type Options struct {
 	// MaxRetries bounds the retries of a transaction that failed with a
 	// serialization failure or a deadlock (default 10).
 	MaxRetries int
+	// IdleInTransactionTimeout is how long PostgreSQL lets one of our
+	// connections sit idle inside an open transaction before it ends the
+	// connection (idle_in_transaction_session_timeout); default
+	// DefaultIdleInTransactionTimeout, negative for the server's setting.
+	// A replica partitioned from the database mid-transaction leaves its
+	// backend holding row locks on leases, and the server does not notice
+	// the client is gone for as long as TCP keepalives take (hours by
+	// default): until then no reaper can release those leases. Shepherd's
+	// transactions never wait on anything but the database between their
+	// statements, so a timeout of seconds costs nothing. A DSN that sets
+	// the parameter itself wins.
+	IdleInTransactionTimeout time.Duration
 }
+
+// DefaultIdleInTransactionTimeout is Options.IdleInTransactionTimeout's
+// default: below the default session interval (10 s), so that a partitioned
+// replica's locks are gone by the time its sessions expire.
+const DefaultIdleInTransactionTimeout = 5 * time.Second
 
 // DB is a connection pool to the BMDB. It is safe for concurrent use.
 type DB struct {
@@ -75,6 +93,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		// pgxpool's default (the number of CPUs) starves a replica whose
 		// workers, sourcers and heartbeats share the pool.
 		cfg.MaxConns = 24
+	}
+	if opts.IdleInTransactionTimeout == 0 {
+		opts.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
+	}
+	const idleParam = "idle_in_transaction_session_timeout"
+	if _, inDSN := cfg.ConnConfig.RuntimeParams[idleParam]; !inDSN && opts.IdleInTransactionTimeout > 0 {
+		ms := max(opts.IdleInTransactionTimeout.Milliseconds(), 1)
+		cfg.ConnConfig.RuntimeParams[idleParam] = strconv.FormatInt(ms, 10)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -161,6 +187,12 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 			return ErrSessionExpired
 		}
 		return err
+	}
+	// A session lost while fn ran (its owner frozen or partitioned past the
+	// local deadline) commits nothing: the owner has given its leases up,
+	// and the reaper may already be recording them as Lost.
+	if s != nil && s.expired() {
+		return ErrSessionExpired
 	}
 	// Once fn has succeeded, a cancelled ctx must not abandon the commit: its
 	// outcome would be unknown (the server may have committed), and a lease

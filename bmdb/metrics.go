@@ -11,6 +11,7 @@ type Metrics struct {
 	sessionsExpired *prometheus.CounterVec
 	sessionsReaped  prometheus.Counter
 	leasesReaped    prometheus.Counter
+	historyPruned   prometheus.Counter
 }
 
 // TransactionResults are the values of the result label of
@@ -40,11 +41,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "shepherd_bmdb_leases_reaped_total",
 			Help: "Work leases of expired sessions released by this process's reaper and recorded as Lost.",
 		}),
+		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shepherd_bmdb_history_pruned_total",
+			Help: "work_history events older than the retention deleted by this process.",
+		}),
 	}
 	for _, r := range TransactionResults {
 		m.transactions.WithLabelValues(r)
 	}
-	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped)
+	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned)
 	return m
 }
 
@@ -79,5 +84,11 @@ func (m *Metrics) reaped(sessions, leases int) {
 	if m != nil {
 		m.sessionsReaped.Add(float64(sessions))
 		m.leasesReaped.Add(float64(leases))
+	}
+}
+
+func (m *Metrics) pruned(n int64) {
+	if m != nil {
+		m.historyPruned.Add(float64(n))
 	}
 }

@@ -123,6 +123,11 @@ func (s *Session) Done() <-chan struct{} { return s.lost }
 // under such a context, so that it stops when the lease may no longer be its.
 func (s *Session) Bind(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
+	// A session already lost (or past its local deadline) yields a context
+	// cancelled now, not a moment later: work must not start under it.
+	if !s.Alive() {
+		cancel(ErrSessionExpired)
+	}
 	go func() {
 		select {
 		case <-s.lost:
@@ -195,7 +200,8 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 	defer close(s.stopped)
 	// ctx bounds the heartbeat's queries: they stop with the pokes.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	reapDone := make(chan struct{})
+	defer func() { cancel(); <-reapDone }()
 	go func() {
 		select {
 		case <-s.stop:
@@ -204,13 +210,17 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 		}
 		cancel()
 	}()
+	// Reaping runs beside the pokes, never in their way: a reap may wait on
+	// a lease row that a transaction of a partitioned replica still locks
+	// (until the server ends it, see Options.IdleInTransactionTimeout), and
+	// pokes stuck behind it would cost this healthy replica its own session,
+	// and the next reaper its own, one replica after another.
+	go s.reapEvery(ctx, reapDone)
 
 	deadline := time.NewTimer(time.Until(localDeadline))
 	defer deadline.Stop()
 	poke := time.NewTimer(s.cfg.Interval / 2)
 	defer poke.Stop()
-	reap := time.NewTicker(s.cfg.ReapInterval)
-	defer reap.Stop()
 	silence := s.silence
 
 	for {
@@ -222,7 +232,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 		case <-silence:
 			silence = nil
 			poke.Stop()
-			reap.Stop()
+			<-reapDone // ctx is cancelled on silence
 			close(s.silenced)
 		case <-deadline.C:
 			klog.Warningf("BMDB session %s: no successful heartbeat before the local deadline", s.id)
@@ -247,6 +257,20 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 				deadline.Reset(time.Until(localDeadline))
 				poke.Reset(s.cfg.Interval / 2)
 			}
+		}
+	}
+}
+
+// reapEvery reaps expired sessions every ReapInterval until ctx is done,
+// then closes done.
+func (s *Session) reapEvery(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	reap := time.NewTicker(s.cfg.ReapInterval)
+	defer reap.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
 		case <-reap.C:
 			if _, _, err := s.db.Reap(ctx); err != nil && ctx.Err() == nil {
 				klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)

@@ -104,6 +104,12 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 		if err != nil {
 			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, err)
 		}
+		if len(leased) > 0 && s.expired() {
+			// Committed, but the session was lost meanwhile (a COMMIT whose
+			// answer was held up past the local deadline): the leases are
+			// the reaper's to record as Lost, not ours to act on.
+			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, ErrSessionExpired)
+		}
 		if len(leased) > 0 {
 			now := time.Now()
 			works := make([]*Work, len(leased))

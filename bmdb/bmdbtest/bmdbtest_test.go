@@ -89,7 +89,8 @@ func TestDatabaseName(t *testing.T) {
 	if strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 		t.Errorf("databaseName %q has characters that need quoting", name)
 	}
-	if databaseName("T") == databaseName("T") {
+	// Two calls, which must differ: each takes the next sequence number.
+	if first, second := databaseName("T"), databaseName("T"); first == second {
 		t.Error("databaseName repeats")
 	}
 }

@@ -24,7 +24,6 @@ type cliFleet struct {
 	session *bmdb.Session
 	failed  uuid.UUID // AgentStart failed on it
 	leased  uuid.UUID // AgentStart holds a lease on it
-	others  []uuid.UUID
 }
 
 var cliAgentStart = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}

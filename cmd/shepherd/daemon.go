@@ -162,7 +162,12 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	}
 	target, _ := describeDSN(dsn)
 
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{Metrics: dbMetrics})
+	db, err := bmdb.Open(ctx, dsn, bmdb.Options{
+		Metrics: dbMetrics,
+		// A partitioned replica's open transaction must not hold lease rows
+		// past its sessions' expiry: the server ends it well before.
+		IdleInTransactionTimeout: cfg.sessionInterval / 2,
+	})
 	if err != nil {
 		return err
 	}
@@ -206,6 +211,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	ready.running(db, runners, checks...)
 	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
 	defer stopReady()
+	defer cfg.retention.start(ctx, db)()
 	return runLoops(ctx, f, runners, hup)
 }
 

@@ -33,6 +33,7 @@ var providers = []string{providerSim, providerStatic}
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
 	dsn             dsnFlags
+	retention       retentionFlags
 	listen          string
 	processes       string
 	provider        string
@@ -88,6 +89,7 @@ func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	known := strings.Join(c.labels(), ",")
 
 	c.dsn.register(fs)
+	c.retention.register(fs)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz and /readyz (port 0 picks a free one)")
 	fs.StringVar(&c.processes, "processes", known, "comma-separated processes to run: "+known)
 	fs.StringVar(&c.provider, "provider", providerSim, "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)")
@@ -143,6 +145,9 @@ func (c *daemonConfig) check() error {
 	}
 	if c.sessionInterval < time.Second {
 		return usagef("-session_interval %s: must be at least 1s", c.sessionInterval)
+	}
+	if err := c.retention.check(); err != nil {
+		return err
 	}
 	enabled, err := c.selectLoops()
 	if err != nil {

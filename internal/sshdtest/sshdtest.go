@@ -24,7 +24,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -384,9 +383,10 @@ func BuildAgent(t testing.TB) string {
 // into a directory of t's and returns the binary's path.
 func BuildCommand(t testing.TB, pkg string) string {
 	t.Helper()
+	// go test puts its own GOROOT/bin first on the PATH of test binaries.
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("sshdtest: building %s needs the go command on PATH: %v", pkg, err)
 	}
 	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
 	cmd := exec.Command(goTool, "build", "-o", out, pkg)

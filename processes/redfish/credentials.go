@@ -48,10 +48,12 @@ func ReadCredentials(path string) (Credentials, error) {
 		return Credentials{}, fmt.Errorf("reading Redfish credentials from %s: %w", path, err)
 	}
 	if len(data) > maxCredentialsSize {
+		//lint:ignore ST1005 Redfish is a proper noun.
 		return Credentials{}, fmt.Errorf("Redfish credentials file %s: larger than %d bytes, not a credentials file", path, maxCredentialsSize)
 	}
 	c, err := ParseCredentials(data)
 	if err != nil {
+		//lint:ignore ST1005 Redfish is a proper noun.
 		return Credentials{}, fmt.Errorf("Redfish credentials file %s: %w", path, err)
 	}
 	return c, nil

@@ -187,6 +187,7 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 	}
 	system, err := pickSystem(systems, t.SystemID)
 	if err != nil {
+		//lint:ignore ST1005 Redfish is a proper noun.
 		return fmt.Errorf("Redfish service at %s: %w", endpoint, err)
 	}
 	if err := system.Reset(gfredfish.ResetType(resetType)); err != nil {
