@@ -65,9 +65,16 @@ func newRealFleet(t *testing.T) *realFleet {
 	// Registered before shepherd starts, so it runs after shepherd is
 	// gone: no agent may outlive the test.
 	t.Cleanup(func() {
-		sshdtest.KillProcessesUnder(f.machine.remote)
-		if left := sshdtest.ProcessesUnder(f.machine.remote); len(left) > 0 {
-			t.Errorf("agent processes left running: %v", left)
+		// SIGKILL is delivered asynchronously, and an agent killed while
+		// detaching may have forked its background copy already: kill until
+		// none is left, rather than look once.
+		deadline := time.Now().Add(5 * time.Second)
+		for left := sshdtest.KillProcessesUnder(f.machine.remote); len(left) > 0; left = sshdtest.KillProcessesUnder(f.machine.remote) {
+			if time.Now().After(deadline) {
+				t.Errorf("agent processes still running 5s after SIGKILL: %v", left)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	})
 	f.agent = sshdtest.BuildAgent(t)
