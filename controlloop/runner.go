@@ -182,7 +182,12 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			giveBack(n)
 			return
 		}
-		works, err := sess.WorkBatchLimited(ctx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
+		// The claim is bound to the session: a replica partitioned from the
+		// database mid-claim gives up at its local deadline instead of
+		// waiting for the partition to heal.
+		claimCtx, cancelClaim := sess.Bind(ctx)
+		works, err := sess.WorkBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
+		cancelClaim()
 		switch {
 		case err == nil:
 			errorPause = 0
@@ -202,7 +207,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 		case ctx.Err() != nil:
 			giveBack(n)
 			return
-		case errors.Is(err, bmdb.ErrSessionExpired):
+		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 			giveBack(n)
 			r.metrics.sourcingErrors.WithLabelValues(label).Inc()
 			klog.Warningf("%s: session lost, starting a new one", label)
