@@ -46,6 +46,10 @@ AND EXISTS (
 	// condProvided: every provided machine. Used by tests and benchmarks
 	// whose processes act on any machine.
 	condProvided = `EXISTS (SELECT 1 FROM machine_provided p WHERE p.machine_id = m.machine_id)`
+
+	// condNone matches no machine; the planner folds it away, so a
+	// statement counting with it reads no machine.
+	condNone = `false`
 )
 
 // AgentStartCandidates selects provided machines with no agent started.
@@ -71,6 +75,12 @@ func RecoveryCandidates(startTimeout, heartbeatTimeout time.Duration) Candidates
 // condition is "always" (tests, benchmarks, periodic audits).
 func ProvidedCandidates() Candidates {
 	return Candidates{name: "provided", condition: condProvided}
+}
+
+// noCandidates selects nothing: for statistics that do not need the
+// eligible count.
+func noCandidates() Candidates {
+	return Candidates{name: "none", condition: condNone}
 }
 
 // query splices the condition into a constant template and merges the named

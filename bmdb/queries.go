@@ -51,6 +51,20 @@ FROM sessions ORDER BY session_created_at`
 
 	// Work leases.
 
+	// eligibleFilter is the condition, over machines m, of a machine a
+	// process could lease now: the process's candidate condition (spliced
+	// in for /*CONDITION*/), no lease of the process's exclusion group, no
+	// active backoff of the process. Claims, counts and listings share it, so
+	// that what the gauges and the status page call eligible is what a claim
+	// would take.
+	eligibleFilter = `(/*CONDITION*/)
+      AND NOT EXISTS (
+        SELECT 1 FROM work w
+        WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
+      AND NOT EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())`
+
 	// claimTemplate leases up to @limit machines that satisfy the process's
 	// candidate condition (spliced in for /*CONDITION*/), that no lease of the
 	// process's exclusion group covers, and that have no active backoff for
@@ -64,13 +78,7 @@ FROM sessions ORDER BY session_created_at`
 	claimTemplate = `
 WITH candidates AS (
     SELECT m.machine_id FROM machines m
-    WHERE (/*CONDITION*/)
-      AND NOT EXISTS (
-        SELECT 1 FROM work w
-        WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
-      AND NOT EXISTS (
-        SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+    WHERE ` + eligibleFilter + `
       -- A paused process leases nothing (ops.go): checked here, in the
       -- claim itself, so that every replica honours a pause at its next
       -- claim at no extra query.
@@ -88,17 +96,6 @@ WITH candidates AS (
     SELECT machine_id, @process, 'Started', @session FROM leased
 )
 SELECT c.machine_id, l.machine_id IS NOT NULL FROM candidates c LEFT JOIN leased l USING (machine_id)`
-
-	// countTemplate counts the machines a claim could lease now.
-	countTemplate = `
-SELECT count(*) FROM machines m
-WHERE (/*CONDITION*/)
-  AND NOT EXISTS (
-    SELECT 1 FROM work w
-    WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
-  AND NOT EXISTS (
-    SELECT 1 FROM work_backoff b
-    WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())`
 
 	// qWorkFinish ends a lease successfully: the lease and any backoff go,
 	// Finished is recorded. No row returned means the lease was not held.
@@ -135,10 +132,6 @@ SET until = excluded.until, cause = excluded.cause, last_interval_seconds = excl
 	qBackoffGet = `
 SELECT machine_id, process, until, cause, last_interval_seconds, until > now()
 FROM work_backoff WHERE machine_id = $1 AND process = $2`
-
-	qBackoffsActiveCount = `SELECT count(*) FROM work_backoff WHERE process = $1 AND until > now()`
-
-	qLeasesOfProcessCount = `SELECT count(*) FROM work WHERE process = $1`
 
 	// History.
 
@@ -215,18 +208,11 @@ RETURNING machine_id`
 // qSchemaVersion reads golang-migrate's bookkeeping table.
 const qSchemaVersion = `SELECT version, dirty FROM schema_migrations LIMIT 1`
 
-// statsTemplate reads a process's eligible count (countTemplate's
-// condition), active backoffs and leases in one statement.
+// statsTemplate reads a process's eligible count (eligibleFilter),
+// active backoffs and leases in one statement.
 const statsTemplate = `
 SELECT
-  (SELECT count(*) FROM machines m
-   WHERE (/*CONDITION*/)
-     AND NOT EXISTS (
-       SELECT 1 FROM work w
-       WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
-     AND NOT EXISTS (
-       SELECT 1 FROM work_backoff b
-       WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())),
+  (SELECT count(*) FROM machines m WHERE ` + eligibleFilter + `),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
 

@@ -243,17 +243,11 @@ SELECT EXISTS (SELECT 1 FROM machines WHERE machine_id = $1),
 
 // eligibleTemplate lists machines a claim could lease now, in machine id
 // order after @after (keyset pagination), without leasing them. Its
-// condition is countTemplate's; unlike a claim it takes no lock.
+// condition is eligibleFilter; unlike a claim it takes no lock.
 const eligibleTemplate = `
 SELECT m.machine_id FROM machines m
 WHERE m.machine_id > @after
-  AND (/*CONDITION*/)
-  AND NOT EXISTS (
-    SELECT 1 FROM work w
-    WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
-  AND NOT EXISTS (
-    SELECT 1 FROM work_backoff b
-    WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+  AND ` + eligibleFilter + `
 ORDER BY m.machine_id
 LIMIT @limit`
 
@@ -263,14 +257,7 @@ LIMIT @limit`
 // work_backoff_process_until_idx, work_history_process_event_idx).
 const processCountsTemplate = `
 SELECT
-  (SELECT count(*) FROM machines m
-   WHERE (/*CONDITION*/)
-     AND NOT EXISTS (
-       SELECT 1 FROM work w
-       WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
-     AND NOT EXISTS (
-       SELECT 1 FROM work_backoff b
-       WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())),
+  (SELECT count(*) FROM machines m WHERE ` + eligibleFilter + `),
   (SELECT count(*) FROM work WHERE process = @process),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work_history

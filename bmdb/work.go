@@ -223,18 +223,10 @@ func endLease(ctx context.Context, tx *Tx, w *Work, event, cause string) error {
 	return err
 }
 
-// EligibleCount counts the machines a claim for process could lease now. The
-// daemon refreshes its eligible gauge with it, once per process and period.
+// EligibleCount counts the machines a claim for process could lease now.
 func (db *DB) EligibleCount(ctx context.Context, process Process, candidates Candidates) (int64, error) {
-	query, args := candidates.query(countTemplate, pgx.NamedArgs{
-		"group":   process.group(),
-		"process": process.Name,
-	})
-	var n int64
-	if err := db.pool.QueryRow(ctx, query, args).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting eligible machines for %s: %w", process.Name, err)
-	}
-	return n, nil
+	st, err := db.Stats(ctx, process, candidates)
+	return st.Eligible, err
 }
 
 // ProcessStats is a snapshot of one process's queue, for gauges.
@@ -263,20 +255,14 @@ func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates)
 
 // ActiveBackoffs counts the machines process is backing off from now.
 func (db *DB) ActiveBackoffs(ctx context.Context, process Process) (int64, error) {
-	var n int64
-	if err := db.pool.QueryRow(ctx, qBackoffsActiveCount, process.Name).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting backoffs of %s: %w", process.Name, err)
-	}
-	return n, nil
+	st, err := db.Stats(ctx, process, noCandidates())
+	return st.Backoffs, err
 }
 
 // LeaseCount counts the leases process holds now, across all replicas.
 func (db *DB) LeaseCount(ctx context.Context, process Process) (int64, error) {
-	var n int64
-	if err := db.pool.QueryRow(ctx, qLeasesOfProcessCount, process.Name).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting leases of %s: %w", process.Name, err)
-	}
-	return n, nil
+	st, err := db.Stats(ctx, process, noCandidates())
+	return st.Leases, err
 }
 
 // BackoffState is a work_backoff row.
