@@ -286,8 +286,8 @@ func assertNoLeases(t *testing.T, db *bmdb.DB) {
 	}
 }
 
-// checkExposition lints a scrape as 'promtool check metrics' does (promlint
-// is promtool's linter), and with promtool itself when it is installed.
+// checkExposition lints a scrape with promlint (promtool's linter) and with
+// promtool itself, which the issue names: its absence fails the test.
 func checkExposition(t *testing.T, body string) {
 	t.Helper()
 	problems, err := promlint.New(strings.NewReader(body)).Lint()
@@ -299,6 +299,7 @@ func checkExposition(t *testing.T, body string) {
 	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
+		t.Errorf("promtool not found: install it with \"apt-get install -y prometheus\" (.ci/run does)")
 		return
 	}
 	cmd := exec.Command(promtool, "check", "metrics")
