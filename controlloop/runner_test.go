@@ -171,21 +171,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 // history reads the whole work history.
 func (e *env) history() []bmdb.HistoryEntry {
 	e.t.Helper()
-	var all []bmdb.HistoryEntry
-	for {
-		after := int64(0)
-		if len(all) > 0 {
-			after = all[len(all)-1].ID
-		}
-		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
-		if err != nil {
-			e.t.Fatalf("HistoryAfter: %v", err)
-		}
-		if len(page) == 0 {
-			return all
-		}
-		all = append(all, page...)
-	}
+	return bmdbtest.History(e.t, e.db)
 }
 
 // eventsByMachine groups the history's events per machine, in order.

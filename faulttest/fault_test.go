@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 	"github.com/shepherd-fleet/shepherd/internal/tcpproxy"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
@@ -520,19 +521,7 @@ func maxHistoryID(ctx context.Context, db *bmdb.DB) (int64, error) {
 // fullHistory reads the whole work history in causal order.
 func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
 	t.Helper()
-	var all []bmdb.HistoryEntry
-	var after int64
-	for {
-		page, err := db.HistoryAfter(context.Background(), after, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page) == 0 {
-			return all
-		}
-		all = append(all, page...)
-		after = page[len(page)-1].ID
-	}
+	return bmdbtest.History(t, db)
 }
 
 // chaos kills one of its targets every period, in turn, and restarts it.

@@ -163,21 +163,7 @@ func (e *env) goUntilCleanup(fn func(ctx context.Context) error) (stop func()) {
 
 func (e *env) history() []bmdb.HistoryEntry {
 	e.t.Helper()
-	var all []bmdb.HistoryEntry
-	for {
-		after := int64(0)
-		if len(all) > 0 {
-			after = all[len(all)-1].ID
-		}
-		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
-		if err != nil {
-			e.t.Fatalf("HistoryAfter: %v", err)
-		}
-		if len(page) == 0 {
-			return all
-		}
-		all = append(all, page...)
-	}
+	return bmdbtest.History(e.t, e.db)
 }
 
 // count counts events per machine of process.

@@ -376,7 +376,7 @@ func removeLeftovers(logf func(string, ...any)) {
 		if err != nil || owner <= 0 || !errors.Is(syscall.Kill(owner, 0), syscall.ESRCH) {
 			continue
 		}
-		if pid, ok := postmasterOf(filepath.Join(dir, "data")); ok {
+		if pid, ok := pgcluster.ServerPID(filepath.Join(dir, "data")); ok {
 			// SIGQUIT: immediate shutdown; the data is thrown away anyway.
 			_ = syscall.Kill(pid, syscall.SIGQUIT)
 			for i := 0; i < 50 && syscall.Kill(pid, 0) == nil; i++ {
@@ -386,24 +386,4 @@ func removeLeftovers(logf func(string, ...any)) {
 		logf("bmdbtest: removing %s, left behind by test process %d", dir, owner)
 		_ = os.RemoveAll(dir)
 	}
-}
-
-// postmasterOf returns the pid of the server running on dataDir, checking
-// that the process is indeed a postgres server on that directory, so that a
-// recycled pid is never signalled.
-func postmasterOf(dataDir string) (int, bool) {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, false
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-	if err != nil || !strings.Contains(string(cmdline), "postgres") || !strings.Contains(string(cmdline), dataDir) {
-		return 0, false
-	}
-	return pid, true
 }

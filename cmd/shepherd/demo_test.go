@@ -2,13 +2,13 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
 // TestDemoMode runs the binary with no database, as 'go run ./cmd/shepherd'
@@ -34,7 +34,7 @@ func TestDemoMode(t *testing.T) {
 		}
 	}
 	d.stop(30 * time.Second)
-	if pid, ok := postmasterRunning(dataDir); ok {
+	if pid, ok := pgcluster.ServerPID(dataDir); ok {
 		t.Errorf("PostgreSQL (pid %d) still runs on %s after the daemon stopped", pid, dataDir)
 	}
 
@@ -48,40 +48,21 @@ func TestDemoMode(t *testing.T) {
 		t.Errorf("the second run did not reuse the first run's cluster and fleet")
 	}
 	again.stop(30 * time.Second)
-	if pid, ok := postmasterRunning(dataDir); ok {
+	if pid, ok := pgcluster.ServerPID(dataDir); ok {
 		t.Errorf("PostgreSQL (pid %d) still runs on %s after the second run stopped", pid, dataDir)
 	}
 }
 
-// postmasterRunning reports the PostgreSQL server running on dataDir, if
-// any: its pid file names a live postgres process on that directory.
-func postmasterRunning(dataDir string) (int, bool) {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, false
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-	if err != nil || !strings.Contains(string(cmdline), "postgres") || !strings.Contains(string(cmdline), dataDir) {
-		return 0, false
-	}
-	return pid, true
-}
-
 // killPostgres stops a server a failed test left running on dataDir.
 func killPostgres(t *testing.T, dataDir string) {
-	pid, ok := postmasterRunning(dataDir)
+	pid, ok := pgcluster.ServerPID(dataDir)
 	if !ok {
 		return
 	}
 	t.Logf("stopping PostgreSQL (pid %d) left running on %s", pid, dataDir)
 	_ = syscall.Kill(pid, syscall.SIGQUIT)
 	for i := 0; i < 50; i++ {
-		if _, ok := postmasterRunning(dataDir); !ok {
+		if _, ok := pgcluster.ServerPID(dataDir); !ok {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -292,19 +292,7 @@ func openDB(t *testing.T, dsn string) *bmdb.DB {
 // fullHistory reads the whole work history in causal order.
 func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
 	t.Helper()
-	var all []bmdb.HistoryEntry
-	var after int64
-	for {
-		page, err := db.HistoryAfter(context.Background(), after, 5000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page) == 0 {
-			return all
-		}
-		all = append(all, page...)
-		after = page[len(page)-1].ID
-	}
+	return bmdbtest.History(t, db)
 }
 
 // auditLeases proves from history order that no two leases of one

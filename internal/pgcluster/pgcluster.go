@@ -599,3 +599,23 @@ func freePort() (int, error) {
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// ServerPID returns the pid of the PostgreSQL server running on dataDir, if
+// any. It checks that the process named by postmaster.pid is a postgres
+// server on that directory, so that a caller never signals a recycled pid.
+func ServerPID(dataDir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil || !strings.Contains(string(cmdline), "postgres") || !strings.Contains(string(cmdline), dataDir) {
+		return 0, false
+	}
+	return pid, true
+}
