@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/shepherd-fleet/shepherd/heartbeat"
-	"github.com/shepherd-fleet/shepherd/processes/static"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // need returns the path of a tool the test cannot do without, failing (not

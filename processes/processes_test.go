@@ -19,7 +19,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/processes"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
-	"github.com/shepherd-fleet/shepherd/processes/sim"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }

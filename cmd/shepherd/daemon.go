@@ -22,7 +22,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
-	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // runDaemon is the default subcommand: it runs the enabled control loops
@@ -216,7 +216,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 }
 
 // buildLoops prepares a runner for every enabled process.
-func buildLoops(db *bmdb.DB, provider processes.Provider, enabled []*loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
+func buildLoops(db *bmdb.DB, provider providers.Provider, enabled []*loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
 	var runners []*controlloop.Runner
 	for _, l := range enabled {
 		dbMetrics.InitComponent(l.cfg.Session.Component)

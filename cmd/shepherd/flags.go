@@ -18,8 +18,8 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
-	"github.com/shepherd-fleet/shepherd/processes/sim"
-	"github.com/shepherd-fleet/shepherd/processes/static"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // The providers -provider selects.
@@ -28,7 +28,7 @@ const (
 	providerStatic = "static"
 )
 
-var providers = []string{providerSim, providerStatic}
+var providerNames = []string{providerSim, providerStatic}
 
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
@@ -130,8 +130,8 @@ func (c *daemonConfig) noteGiven(fs *flag.FlagSet) {
 // check validates what parsing could not and applies the global settings to
 // every loop. Its errors name the flag.
 func (c *daemonConfig) check() error {
-	if !slices.Contains(providers, c.provider) {
-		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(providers, ", "))
+	if !slices.Contains(providerNames, c.provider) {
+		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(providerNames, ", "))
 	}
 	// A flag of another provider is a mistake (most likely a forgotten
 	// -provider static), not something to ignore silently.

@@ -9,11 +9,11 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
-	"github.com/shepherd-fleet/shepherd/processes/sim"
-	"github.com/shepherd-fleet/shepherd/processes/static"
+	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // processDef is a process the daemon can run. Its flags and metrics need
@@ -22,7 +22,7 @@ import (
 // and builds the process only once the provider is up.
 type processDef struct {
 	info  controlloop.Info
-	build func(p processes.Provider) controlloop.Process
+	build func(p providers.Provider) controlloop.Process
 }
 
 // catalogue lists every process the binary can run, in the order -processes
@@ -32,11 +32,11 @@ func catalogue(rc *recovery.Config) []processDef {
 	return []processDef{
 		{
 			info:  agentstart.New(nil).Info(),
-			build: func(p processes.Provider) controlloop.Process { return agentstart.New(p) },
+			build: func(p providers.Provider) controlloop.Process { return agentstart.New(p) },
 		},
 		{
 			info:  recovery.New(nil, *rc).Info(),
-			build: func(p processes.Provider) controlloop.Process { return recovery.New(p, *rc) },
+			build: func(p providers.Provider) controlloop.Process { return recovery.New(p, *rc) },
 		},
 	}
 }
@@ -44,7 +44,7 @@ func catalogue(rc *recovery.Config) []processDef {
 // fleet is the provider the daemon runs the processes with, together with
 // what the daemon does for it around the loops.
 type fleet interface {
-	processes.Provider
+	providers.Provider
 	// preparing says, for /readyz, what prepare is doing.
 	preparing() string
 	// prepare makes the BMDB ready for the loops (the simulated machines

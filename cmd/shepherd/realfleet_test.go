@@ -28,8 +28,8 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
-	"github.com/shepherd-fleet/shepherd/processes/sshagent"
-	"github.com/shepherd-fleet/shepherd/processes/static"
+	"github.com/shepherd-fleet/shepherd/providers/sshagent"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // The tests of this file run shepherd with -provider static against a real

@@ -12,6 +12,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // Process is AgentStart's identity in the BMDB. It shares the "Shepherd"
@@ -25,11 +26,11 @@ const Label = "agentstart"
 
 // AgentStart implements controlloop.Process.
 type AgentStart struct {
-	provider processes.Provider
+	provider providers.Provider
 }
 
 // New returns the AgentStart process acting through p.
-func New(p processes.Provider) *AgentStart {
+func New(p providers.Provider) *AgentStart {
 	return &AgentStart{provider: p}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // Process is Recovery's identity in the BMDB; it excludes AgentStart
@@ -71,13 +72,13 @@ func (c *Config) Check() error {
 
 // Recovery implements controlloop.Process.
 type Recovery struct {
-	provider processes.Provider
+	provider providers.Provider
 	cfg      Config
 }
 
 // New returns the Recovery process acting through p; cfg must have passed
 // Check.
-func New(p processes.Provider, cfg Config) *Recovery {
+func New(p providers.Provider, cfg Config) *Recovery {
 	return &Recovery{provider: p, cfg: cfg}
 }
 

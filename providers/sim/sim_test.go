@@ -14,13 +14,13 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
-	"github.com/shepherd-fleet/shepherd/processes"
-	"github.com/shepherd-fleet/shepherd/processes/sim"
+	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
-var _ processes.Provider = (*sim.Provider)(nil)
+var _ providers.Provider = (*sim.Provider)(nil)
 
 func TestConfigFlags(t *testing.T) {
 	cfg := sim.DefaultConfig()

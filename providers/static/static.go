@@ -34,8 +34,9 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/processes"
-	"github.com/shepherd-fleet/shepherd/processes/redfish"
-	"github.com/shepherd-fleet/shepherd/processes/sshagent"
+	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/redfish"
+	"github.com/shepherd-fleet/shepherd/providers/sshagent"
 )
 
 // Name is the provider's name in machine_provided.provider.
@@ -87,7 +88,7 @@ func (c *Config) Check() error {
 	return c.Redfish.Check()
 }
 
-// Provider is the static provider. It implements processes.Provider.
+// Provider is the static provider. It implements providers.Provider.
 type Provider struct {
 	cfg     Config
 	db      *bmdb.DB
@@ -100,7 +101,7 @@ type Provider struct {
 	inv      *Inventory
 }
 
-var _ processes.Provider = (*Provider)(nil)
+var _ providers.Provider = (*Provider)(nil)
 
 // New loads the inventory, syncs it into the BMDB and returns the provider.
 // Its metrics are registered with reg (nil: not registered). Host keys are
@@ -151,7 +152,7 @@ func (p *Provider) Sync(ctx context.Context) error {
 	return p.sync(ctx, p.Inventory(), false)
 }
 
-// Name implements processes.Provider.
+// Name implements providers.Provider.
 func (p *Provider) Name() string { return Name }
 
 // Inventory returns the inventory in force.
@@ -248,7 +249,7 @@ func target(m bmdb.Provided, e *Machine) sshagent.Target {
 	return sshagent.Target{Machine: m.Machine, Name: Name + "/" + e.ID, Address: e.SSH.Address(), User: e.SSH.User}
 }
 
-// StartAgent implements processes.Provider: it uploads and starts the agent
+// StartAgent implements providers.Provider: it uploads and starts the agent
 // over SSH.
 func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
 	e, err := p.lookup(m)
@@ -258,7 +259,7 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 	return p.ssh.StartAgent(ctx, target(m, e))
 }
 
-// Reboot implements processes.Provider: through the machine's BMC when the
+// Reboot implements providers.Provider: through the machine's BMC when the
 // inventory names one, else with the reboot command over SSH.
 func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	e, err := p.lookup(m)

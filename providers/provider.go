@@ -1,7 +1,9 @@
-// Package processes holds Shepherd's control-loop processes, one package
-// each (agentstart, recovery), and the Provider abstraction through which
-// they act on the world.
-package processes
+// Package providers holds the Provider abstraction through which processes
+// act on the world, and one package per implementation: sim (a simulated
+// fleet), static (an inventory of real servers reached over SSH), redfish and
+// sshagent (the protocols static speaks). Processes themselves live in
+// processes/.
+package providers
 
 import (
 	"context"

@@ -106,7 +106,7 @@ type agent struct {
 // it before it is given up: its AgentStart work failed to finish.
 const unrecordedGrace = time.Minute
 
-// Provider is the simulated provider. It implements processes.Provider.
+// Provider is the simulated provider. It implements providers.Provider.
 type Provider struct {
 	db  *bmdb.DB
 	cfg Config
@@ -126,7 +126,7 @@ func New(db *bmdb.DB, cfg Config) *Provider {
 	}
 }
 
-// Name implements processes.Provider.
+// Name implements providers.Provider.
 func (*Provider) Name() string { return Name }
 
 // ProviderID is the provider id of the i-th simulated machine.
@@ -211,7 +211,7 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
-// StartAgent implements processes.Provider: after a simulated delay it
+// StartAgent implements providers.Provider: after a simulated delay it
 // fails with probability AgentStartFailureRate, or starts an agent with a
 // fresh ed25519 key and returns its public key. The agent heartbeats (while
 // Run runs) once AgentStart has recorded it.
@@ -236,7 +236,7 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 	return key, nil
 }
 
-// Reboot implements processes.Provider: after a simulated delay, the
+// Reboot implements providers.Provider: after a simulated delay, the
 // machine's agent (if this replica runs one) is gone.
 func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := p.check(m); err != nil {

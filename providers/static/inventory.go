@@ -16,7 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/shepherd-fleet/shepherd/processes/redfish"
+	"github.com/shepherd-fleet/shepherd/providers/redfish"
 )
 
 // Inventory is a parsed, validated inventory file.
