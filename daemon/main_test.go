@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"fmt"
@@ -44,10 +44,10 @@ func buildAndRunTests() int {
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "shepherd")
 	start := time.Now()
-	build := exec.Command("go", "build", "-o", bin, ".")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/shepherd")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build -o %s .: %v\n", bin, err)
+		fmt.Fprintf(os.Stderr, "go build -o %s ../cmd/shepherd: %v\n", bin, err)
 		return 1
 	}
 	if testingVerbose() {
