@@ -1,0 +1,105 @@
+// Package untrusted bounds and cleans text that comes from outside
+// Shepherd: a machine's SSH server, a BMC's answer, an agent's message.
+// Such text reaches PostgreSQL (which refuses NUL and invalid UTF-8, and
+// fails the transaction that carries it), logs and operators' terminals
+// (where escape sequences act), and memory (where an unbounded answer kills
+// the daemon). Everything from outside goes through Text or Line before it
+// is logged, stored or rendered, and through Read before it is held.
+package untrusted
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limit is the size, in bytes, to which Text and Line cut what they keep:
+// enough for any useful error message, small enough that a hostile answer
+// costs nothing to log, store twice and render.
+const Limit = 4096
+
+// truncatedMark ends a text that was cut; it says how much was dropped so
+// that an operator knows the rest exists.
+const truncatedMark = "… [truncated %d bytes]"
+
+// Text returns s made safe to store, log and print: invalid UTF-8 becomes
+// U+FFFD, NUL and every other control character except newline and tab is
+// written as a visible escape (\x1b, \u0085), and the result is cut to at
+// most limit bytes (Limit when limit <= 0) at a character boundary, with a
+// mark saying how many bytes of s were dropped.
+func Text(s string, limit int) string { return clean(s, limit, false) }
+
+// Line is Text for a single line: newlines and tabs are escaped too, so a
+// hostile text cannot forge further lines in a log or a table.
+func Line(s string, limit int) string { return clean(s, limit, true) }
+
+func clean(s string, limit int, oneLine bool) string {
+	if limit <= 0 {
+		limit = Limit
+	}
+	var b strings.Builder
+	b.Grow(min(len(s), limit) + 16)
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		var piece string
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			piece = "\uFFFD"
+		case r == '\n' || r == '\t':
+			if oneLine {
+				piece = escape(r)
+			} else {
+				piece = string(r)
+			}
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || isFormatting(r):
+			piece = escape(r)
+		default:
+			piece = s[i : i+size]
+		}
+		if b.Len()+len(piece) > limit {
+			fmt.Fprintf(&b, truncatedMark, len(s)-i)
+			return b.String()
+		}
+		b.WriteString(piece)
+		i += size
+	}
+	return b.String()
+}
+
+// isFormatting reports the invisible characters that reorder or hide text
+// on a terminal or a page (bidirectional overrides, line and paragraph
+// separators): shown escaped so that what an operator reads is what was sent.
+func isFormatting(r rune) bool {
+	switch {
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x2028, r == 0x2029, r == 0xfeff:
+		return true
+	}
+	return false
+}
+
+func escape(r rune) string {
+	switch r {
+	case '\n':
+		return `\n`
+	case '\t':
+		return `\t`
+	case '\r':
+		return `\r`
+	}
+	if r < 0x100 {
+		return fmt.Sprintf(`\x%02x`, r)
+	}
+	return fmt.Sprintf(`\u%04x`, r)
+}
+
+// Read reads at most limit bytes of r and reports whether r had more. It
+// never holds more than limit+1 bytes, whatever r sends, so a hostile or
+// broken peer cannot grow the daemon's memory.
+func Read(r io.Reader, limit int64) (data []byte, truncated bool, err error) {
+	data, err = io.ReadAll(io.LimitReader(r, limit+1))
+	if int64(len(data)) > limit {
+		return data[:limit], true, err
+	}
+	return data, false, err
+}
