@@ -25,7 +25,7 @@ const truncatedMark = "… [truncated %d bytes]"
 
 // Text returns s made safe to store, log and print: invalid UTF-8 becomes
 // U+FFFD, NUL and every other control character except newline and tab is
-// written as a visible escape (\x1b, \u0085), and the result is cut to at
+// written as a visible escape (\x1b, \x85, \u202e), and the result is cut to at
 // most limit bytes (Limit when limit <= 0) at a character boundary, with a
 // mark saying how many bytes of s were dropped.
 func Text(s string, limit int) string { return clean(s, limit, false) }
