@@ -115,6 +115,7 @@ type limitMetrics struct {
 	paused       *prometheus.GaugeVec
 	oldestLease  *prometheus.GaugeVec
 	expected     *prometheus.GaugeVec
+	limit        *prometheus.GaugeVec
 	breakerTrips *prometheus.CounterVec
 }
 
@@ -135,12 +136,16 @@ func newLimitMetrics(reg prometheus.Registerer) *limitMetrics {
 			Name: "shepherd_work_expected_duration_seconds",
 			Help: "How long one piece of the process's work should take at most (-<process>_expected_work_duration).",
 		}, []string{"process"}),
+		limit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shepherd_work_limit",
+			Help: "The process's configured safety limits, by limit: max_in_flight (compare with shepherd_work_leases), max_per_hour; 0 means no limit.",
+		}, []string{"process", "limit"}),
 		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shepherd_breaker_trips_total",
 			Help: "Times this replica's check tripped the process's circuit breaker (and paused the process).",
 		}, []string{"process"}),
 	}
-	reg.MustRegister(m.paused, m.oldestLease, m.expected, m.breakerTrips)
+	reg.MustRegister(m.paused, m.oldestLease, m.expected, m.limit, m.breakerTrips)
 	return m
 }
 
@@ -150,6 +155,8 @@ func (m *limitMetrics) initProcess(label string, l Limits) {
 	}
 	m.oldestLease.WithLabelValues(label)
 	m.expected.WithLabelValues(label).Set(l.ExpectedDuration.Seconds())
+	m.limit.WithLabelValues(label, "max_in_flight").Set(float64(l.MaxInFlight))
+	m.limit.WithLabelValues(label, "max_per_hour").Set(float64(l.MaxPerHour))
 	m.breakerTrips.WithLabelValues(label)
 }
 

@@ -131,9 +131,10 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
 	var agents *agentEndpoint
-	var heartbeatMetrics *heartbeat.Metrics
+	// Registered without an endpoint too (all zero), so that dashboards
+	// and alerts see the same series on every replica.
+	heartbeatMetrics := heartbeat.NewMetrics(reg)
 	if cfg.agentListen != "" {
-		heartbeatMetrics = heartbeat.NewMetrics(reg)
 		agents, err = listenAgents(cfg.agentListen, cfg.agentTLSCert, cfg.agentTLSKey)
 		if err != nil {
 			return err

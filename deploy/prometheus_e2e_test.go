@@ -288,4 +288,53 @@ scrape_configs:
 	if n < 7 {
 		t.Errorf("Prometheus loaded %d rules, want the 7 of shepherd-rules.yml", n)
 	}
+
+	// Every query of the shipped Grafana dashboard parses and returns data
+	// from the live daemon: a renamed metric or label shows up here, not
+	// as an empty panel in an operator's dashboard.
+	for _, q := range dashboardQueries(t, "grafana/shepherd-dashboard.json") {
+		wait("dashboard panel "+q.panel+" to return data", func() (bool, error) {
+			var data struct {
+				Result []json.RawMessage `json:"result"`
+			}
+			err := api.get("/api/v1/query", url.Values{"query": {q.expr}}, &data)
+			return err == nil && len(data.Result) > 0, err
+		})
+	}
+}
+
+type dashboardQuery struct{ panel, expr string }
+
+// dashboardQueries reads the PromQL expression of every panel target of a
+// Grafana dashboard.
+func dashboardQueries(t *testing.T, path string) []dashboardQuery {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dashboard struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dashboard); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var qs []dashboardQuery
+	for _, p := range dashboard.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("%s: panel %q has no query", path, p.Title)
+		}
+		for _, target := range p.Targets {
+			qs = append(qs, dashboardQuery{panel: p.Title, expr: target.Expr})
+		}
+	}
+	if len(qs) < 10 {
+		t.Fatalf("%s: %d queries, want the dashboard's panels", path, len(qs))
+	}
+	return qs
 }
