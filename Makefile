@@ -1,0 +1,17 @@
+# The README's two commands. Each first installs the Debian packages it
+# needs and the machine lacks (scripts/install-deps, with sudo when not root).
+#
+#   make demo   the demo: private PostgreSQL, simulated fleet, both loops
+#   make test   every test, against real PostgreSQL, sshd, Prometheus, Chromium
+
+GO ?= go
+
+.PHONY: demo test
+
+demo:
+	scripts/install-deps demo
+	$(GO) run ./cmd/shepherd $(ARGS)
+
+test:
+	scripts/install-deps test
+	$(GO) test -count=1 -timeout 20m ./...
