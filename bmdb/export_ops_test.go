@@ -22,6 +22,8 @@ var OpsQueries = map[string]string{
 	"machineHistory":   qMachineRecentHistory,
 	"machineExists":    qMachineExists,
 	"historyOfMachine": qHistoryOfMachine,
+	"byProviderID":     qMachinesByProviderID,
+	"fleet":            qFleet,
 }
 
 // OpsTemplates are the operator queries built from a candidate condition.
@@ -29,6 +31,7 @@ var OpsTemplates = map[string]string{
 	"eligible":      eligibleTemplate,
 	"processCounts": processCountsTemplate,
 	"claim":         claimTemplate,
+	"eligibleAmong": eligibleAmongTemplate,
 }
 
 // BuildQuery splices c's condition into template and merges args, as the

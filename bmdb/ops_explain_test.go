@@ -179,6 +179,8 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		{"machineBackoffs", bmdb.OpsQueries["machineBackoffs"], []any{machine}, tiny, "work_backoff_pkey"},
 		{"machineHistory", bmdb.OpsQueries["machineHistory"], []any{machine, 201}, tiny, "work_history_machine_idx"},
 		{"machineExists", bmdb.OpsQueries["machineExists"], []any{machine}, tiny, ""},
+		{"byProviderID", bmdb.OpsQueries["byProviderID"], []any{machine.String()}, tiny, "machine_provided_provider_provider_id_key"},
+		{"fleet", bmdb.OpsQueries["fleet"], []any{"seed", "", 1000}, tiny, "machine_provided_provider_provider_id_key"},
 	}
 	for _, c := range []struct {
 		name       string
@@ -195,6 +197,10 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 			"group": "Shepherd", "process": "ShepherdAgentStart",
 		})
 		cases = append(cases, tc{"processCounts/" + c.name, q, []any{args}, fleetScan, "work_history_process_event_idx"})
+		q, args = bmdb.BuildQuery(bmdb.OpsTemplates["eligibleAmong"], c.candidates, pgx.NamedArgs{
+			"group": "Shepherd", "process": "ShepherdAgentStart", "ids": []uuid.UUID{machine, session},
+		})
+		cases = append(cases, tc{"eligibleAmong/" + c.name, q, []any{args}, []string{"process_pause"}, "machines_pkey"})
 	}
 	// The claim's pause check is a one-time filter on the tiny pause table;
 	// the claim keeps its plan (the benchmark's ExplainClaim watches it).

@@ -234,6 +234,37 @@ FROM work_backoff WHERE machine_id = $1 ORDER BY process`
 SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
 FROM work_history WHERE machine_id = $1 ORDER BY id DESC LIMIT $2`
 
+	// qMachinesByProviderID finds the machines a provider id names, across
+	// providers, by a loose index scan of machine_provided's unique
+	// (provider, provider_id) index: one probe per distinct provider, so an
+	// operator's lookup by name costs the same at a million machines.
+	qMachinesByProviderID = `
+WITH RECURSIVE providers AS (
+    (SELECT provider FROM machine_provided ORDER BY provider LIMIT 1)
+    UNION ALL
+    SELECT (SELECT provider FROM machine_provided WHERE provider > providers.provider ORDER BY provider LIMIT 1)
+    FROM providers WHERE providers.provider IS NOT NULL
+)
+SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location
+FROM providers JOIN machine_provided p ON p.provider = providers.provider AND p.provider_id = $1
+ORDER BY p.provider`
+
+	// qFleet lists machines with their tags and the processes that hold a
+	// lease or an active backoff on each, by provider and provider id
+	// (machine_provided's unique index), after the keyset ($1, $2), $3 rows.
+	qFleet = `
+SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location,
+       s.agent_started_at, h.agent_heartbeat_at,
+       ARRAY(SELECT w.process FROM work w WHERE w.machine_id = p.machine_id ORDER BY w.process),
+       ARRAY(SELECT b.process FROM work_backoff b
+             WHERE b.machine_id = p.machine_id AND b.until > now() ORDER BY b.process)
+FROM machine_provided p
+LEFT JOIN machine_agent_started s ON s.machine_id = p.machine_id
+LEFT JOIN machine_agent_heartbeat h ON h.machine_id = p.machine_id
+WHERE (p.provider, p.provider_id) > ($1, $2)
+ORDER BY p.provider, p.provider_id
+LIMIT $3`
+
 	// qMachineExists tells a machine that never existed from one whose
 	// history outlives it.
 	qMachineExists = `
@@ -250,6 +281,13 @@ WHERE m.machine_id > @after
   AND ` + eligibleFilter + `
 ORDER BY m.machine_id
 LIMIT @limit`
+
+// eligibleAmongTemplate returns which of the machines @ids a claim of the
+// process could lease now (by the machines primary key).
+const eligibleAmongTemplate = `
+SELECT m.machine_id FROM machines m
+WHERE m.machine_id = ANY(@ids)
+  AND ` + eligibleFilter
 
 // processCountsTemplate reads the status page's counts of one process in
 // one statement. The eligible count scans the machines, as the runner's

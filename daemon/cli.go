@@ -33,6 +33,9 @@ $SHEPHERD_BMDB_DSN):
   shepherd machines [-process P] [-state eligible|leased|backoff] [-limit N]
       machines per process and state: leases (oldest first), backoffs (with
       cause and until), eligible machines (by id)
+  shepherd machines -all [-limit N]
+      every machine: provider, provider id, address, location, agent start
+      and last heartbeat, and each process's state on it
   shepherd history MACHINE [-limit N]
       the machine's work history, oldest first (with -limit, the newest N)
   shepherd backoff clear MACHINE [PROCESS] -reason R
@@ -48,6 +51,7 @@ $SHEPHERD_BMDB_DSN):
   shepherd sessions
       worker sessions, live and expired
 
+MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
 (ShepherdRecovery). Operator actions are recorded in the machine's history
 with the reason. Every command takes -o json for JSON instead of aligned
@@ -73,6 +77,7 @@ type cliOptions struct {
 	state    string
 	limit    int
 	reason   string
+	all      bool
 	recovery recovery.Config
 }
 
@@ -80,7 +85,8 @@ var cliCommands = map[string]cliCommand{
 	"machines": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
 		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased or backoff; default all")
-		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state")
+		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state (with -all: in all)")
+		fs.BoolVar(&o.all, "all", false, "every machine, with provider, provider id, address, location, agent tags and the state of each process")
 		// Recovery's eligibility depends on its timeouts, as in the daemon.
 		o.recovery.RegisterFlags(fs)
 	}, run: (*cli).machines},
@@ -235,12 +241,27 @@ func (c *cli) process(arg string) (cliProcess, error) {
 	return cliProcess{process: p}, nil
 }
 
-func parseMachine(arg string) (uuid.UUID, error) {
-	id, err := uuid.Parse(arg)
-	if err != nil {
-		return uuid.Nil, usagef("%q is not a machine ID (a UUID)", arg)
+// machine resolves a machine named on the command line: its UUID, or its
+// provider id ("sim-0002", a hostname) when that names exactly one machine.
+func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
+	if id, err := uuid.Parse(arg); err == nil {
+		return id, nil
 	}
-	return id, nil
+	found, err := c.db.MachinesByProviderID(ctx, arg)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	switch len(found) {
+	case 0:
+		return uuid.Nil, fmt.Errorf("no machine has the ID or provider id %q: %w", arg, bmdb.ErrNotFound)
+	case 1:
+		return found[0].Machine, nil
+	}
+	var matches []string
+	for _, p := range found {
+		matches = append(matches, fmt.Sprintf("%s (%s/%s)", p.Machine, p.Provider, p.ProviderID))
+	}
+	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
 }
 
 // emitJSON writes v as indented JSON.
@@ -288,7 +309,13 @@ type machineJSON struct {
 	LastIntervalSeconds int64      `json:"last_interval_seconds,omitempty"`
 }
 
-func (c *cli) machines(ctx context.Context, _ []string) error {
+func (c *cli) machines(ctx context.Context, args []string) error {
+	if c.opts.all {
+		if c.opts.process != "" || c.opts.state != "" {
+			return usagef("-all lists every machine and process: give it without -process and -state")
+		}
+		return c.fleet(ctx)
+	}
 	states := bmdb.States
 	if c.opts.state != "" {
 		if !slices.Contains(bmdb.States, c.opts.state) {
@@ -373,7 +400,7 @@ type historyJSON struct {
 }
 
 func (c *cli) history(ctx context.Context, args []string) error {
-	id, err := parseMachine(args[0])
+	id, err := c.machine(ctx, args[0])
 	if err != nil {
 		return err
 	}
@@ -421,7 +448,7 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 	if args[0] != "clear" {
 		return usagef("backoff %q: the only backoff action is clear", args[0])
 	}
-	id, err := parseMachine(args[1])
+	id, err := c.machine(ctx, args[1])
 	if err != nil {
 		return err
 	}
@@ -463,7 +490,7 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 }
 
 func (c *cli) retry(ctx context.Context, args []string) error {
-	id, err := parseMachine(args[0])
+	id, err := c.machine(ctx, args[0])
 	if err != nil {
 		return err
 	}

@@ -167,7 +167,8 @@ func TestCLIHistory(t *testing.T) {
 		t.Errorf("newest entry %+v, want the failure", h)
 	}
 	f.expect(t, exitNotFound, "history", uuid.NewString())
-	f.expect(t, exitUsage, "history", "not-a-uuid")
+	// Neither a UUID nor a provider id: not found.
+	f.expect(t, exitNotFound, "history", "not-a-machine")
 	f.expect(t, exitUsage, "history")
 	// A machine with no history yet is found, with nothing to show.
 	if out, _ = f.expect(t, exitOK, "history", "-o", "json", f.unworked(t).String()); strings.TrimSpace(out) != "[]" {
@@ -302,4 +303,92 @@ func TestCLIBinaryExitStatuses(t *testing.T) {
 				strings.Join(tc.args, " "), code, tc.want, tc.out, stdout.String(), stderr.String())
 		}
 	}
+}
+
+// Every command that takes a machine takes its provider id too; a provider
+// id that two providers use is refused with both matches listed.
+func TestCLIMachineByProviderID(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	ctx := context.Background()
+	var failedID string
+	err := f.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		p, err := tx.Provided(ctx, f.failed)
+		failedID = p.ProviderID
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := f.expect(t, exitOK, "history", "-o", "json", failedID)
+	var h []historyJSON
+	if err := json.Unmarshal([]byte(out), &h); err != nil {
+		t.Fatal(err)
+	}
+	if len(h) == 0 || h[0].Machine != f.failed {
+		t.Errorf("history %s: %+v, want the history of %s", failedID, h, f.failed)
+	}
+	f.expect(t, exitOK, "retry", failedID, "agentstart", "-reason", "by name")
+	f.expect(t, exitOK, "backoff", "clear", failedID, "-reason", "by name")
+
+	// The same provider id in another provider.
+	var other uuid.UUID
+	err = f.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		other, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "other", ProviderID: failedID})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errOut := f.expect(t, exitUsage, "history", failedID)
+	for _, want := range []string{f.failed.String(), other.String(), "test/" + failedID, "other/" + failedID, "give the UUID"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("ambiguous name: stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	f.expect(t, exitOK, "history", other.String())
+}
+
+// machines -all lists every machine with its provider, provider id and the
+// state of each process on it.
+func TestCLIMachinesAll(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	out, _ := f.expect(t, exitOK, "machines", "-all", "-o", "json")
+	var rows []fleetJSON
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rows) != 4 {
+		t.Fatalf("%d machines, want 4:\n%s", len(rows), out)
+	}
+	states := map[string]int{}
+	for i, r := range rows {
+		if r.Provider != "test" || r.ProviderID != fmt.Sprintf("m%d", i) {
+			t.Errorf("row %d: %s/%s, want test/m%d in order", i, r.Provider, r.ProviderID, i)
+		}
+		want := ""
+		switch r.Machine {
+		case f.failed:
+			want = bmdb.StateBackoff
+		case f.leased:
+			want = bmdb.StateLeased
+		default:
+			want = bmdb.StateEligible
+		}
+		if got := r.Processes["agentstart"]; got != want {
+			t.Errorf("%s: agentstart %q, want %q", r.Machine, got, want)
+		}
+		states[r.Processes["agentstart"]]++
+	}
+	if states[bmdb.StateEligible] != 2 {
+		t.Errorf("states %v, want 2 eligible", states)
+	}
+	out, _ = f.expect(t, exitOK, "machines", "-all")
+	for _, want := range []string{"PROVIDER ID", "m3", "agentstart=leased", "agentstart=backoff", "agentstart=eligible"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("machines -all lacks %q:\n%s", want, out)
+		}
+	}
+	f.expect(t, exitUsage, "machines", "-all", "-state", "leased")
 }

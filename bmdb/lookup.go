@@ -1,0 +1,103 @@
+package bmdb
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// MachinesByProviderID finds the machines whose provider id is providerID,
+// in any provider, so that operators can name a machine as its provider
+// knows it ("sim-0002", a hostname) instead of by UUID. Several providers
+// may use the same id: the caller decides what an ambiguous name means.
+func (db *DB) MachinesByProviderID(ctx context.Context, providerID string) ([]Provided, error) {
+	rows, err := db.pool.Query(ctx, qMachinesByProviderID, providerID)
+	if err != nil {
+		return nil, fmt.Errorf("looking up provider id %q: %w", providerID, err)
+	}
+	found, err := pgx.CollectRows(rows, scanProvided)
+	if err != nil {
+		return nil, fmt.Errorf("looking up provider id %q: %w", providerID, err)
+	}
+	return found, nil
+}
+
+// FleetMachine is a provided machine with its tags and what the processes
+// are doing with it: the row of an operator's whole-fleet listing.
+type FleetMachine struct {
+	Provided
+	// AgentStarted and LastHeartbeat are zero when the machine has none.
+	AgentStarted  time.Time
+	LastHeartbeat time.Time
+	// Leased and BackingOff name the processes that hold a lease on the
+	// machine or back off from it now.
+	Leased     []string
+	BackingOff []string
+}
+
+// FleetQuery pages through the fleet in (provider, provider id) order.
+type FleetQuery struct {
+	// AfterProvider and AfterProviderID continue a listing after that
+	// machine; zero values start at the beginning.
+	AfterProvider, AfterProviderID string
+	// Limit bounds the rows returned (default 1000).
+	Limit int
+}
+
+// Fleet lists provided machines with their tags and per-process state, by
+// provider and provider id, reading one index range.
+func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
+	if q.Limit <= 0 {
+		q.Limit = 1000
+	}
+	rows, err := db.pool.Query(ctx, qFleet, q.AfterProvider, q.AfterProviderID, q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing the fleet: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FleetMachine, error) {
+		var m FleetMachine
+		var started, heartbeat *time.Time
+		err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &started, &heartbeat, &m.Leased, &m.BackingOff)
+		if started != nil {
+			m.AgentStarted = *started
+		}
+		if heartbeat != nil {
+			m.LastHeartbeat = *heartbeat
+		}
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the fleet: %w", err)
+	}
+	return out, nil
+}
+
+// EligibleAmong returns which of machines a claim of process could lease
+// now, by candidates and the generic half of sourcing: the eligible state
+// of a page of a listing, without walking the fleet.
+func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Candidates, machines []uuid.UUID) (map[uuid.UUID]bool, error) {
+	if err := process.Validate(); err != nil {
+		return nil, err
+	}
+	query, args := candidates.query(eligibleAmongTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+		"ids":     machines,
+	})
+	rows, err := db.pool.Query(ctx, query, args)
+	if err != nil {
+		return nil, fmt.Errorf("checking eligibility for %s: %w", process.Name, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("checking eligibility for %s: %w", process.Name, err)
+	}
+	out := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
