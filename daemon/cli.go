@@ -28,7 +28,7 @@ const exitNotFound = 3
 
 // cliUsage documents the operator commands.
 const cliUsage = `Operator commands, talking to the BMDB (-bmdb_dsn, -bmdb_dsn_file or
-$SHEPHERD_BMDB_DSN):
+$SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
 
   shepherd machines [-process P] [-state eligible|leased|backoff] [-limit N]
       machines per process and state: leases (oldest first), backoffs (with
@@ -126,6 +126,7 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	dsnf.register(fs)
 	output := fs.String("o", "text", "output format: text (aligned columns) or json")
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on the command's database work")
+	stateDir := fs.String("state_dir", defaultStateDir, "with no database given: the directory of a running demo, whose database to use")
 	var opts cliOptions
 	if cmd.flags != nil {
 		cmd.flags(fs, &opts)
@@ -171,8 +172,20 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportUsage(stderr, err)
 	}
+	var demoDir string // the demo's state directory, when its database is used
 	if dsn == "" {
-		return reportUsage(stderr, usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s", name, envDSN))
+		// No database named: the demo running in -state_dir, if any.
+		demo, abs, err := runningDemoDSN(*stateDir)
+		if err != nil {
+			return fail(err)
+		}
+		if demo == "" {
+			return reportUsage(stderr, usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s (or run the demo, whose database the commands then use, in -state_dir %s)", name, envDSN, abs))
+		}
+		target, _ := describeDSN(demo)
+		fmt.Fprintf(stderr, "shepherd %s: no database given; using the demo running in %s (%s)\n", name, abs, target)
+		dsn = demo
+		demoDir = abs
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -185,6 +198,10 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	}
 	defer db.Close()
 	if err := db.CheckSchema(ctx); err != nil {
+		if demoDir != "" {
+			// A demo killed with SIGKILL leaves its DSN behind.
+			err = fmt.Errorf("%w (is the demo in %s still running? it may have been killed)", err, demoDir)
+		}
 		return fail(err)
 	}
 	c := &cli{db: db, out: stdout, json: *output == "json", opts: opts}

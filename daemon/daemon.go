@@ -150,7 +150,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
-		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.demoDefaults)
+		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.demoDefaults, statusURL(cfg.listen))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

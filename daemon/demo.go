@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -63,7 +65,7 @@ group:
 //
 // Demo mode exists so that one command, with nothing provisioned, shows the
 // whole system working; it is never how a fleet is run.
-func startDemo(ctx context.Context, stateDir string, changedDefaults []string) (*pgcluster.Cluster, string, error) {
+func startDemo(ctx context.Context, stateDir string, changedDefaults []string, statusURL string) (*pgcluster.Cluster, string, error) {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
@@ -95,11 +97,61 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string) (
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
 	klog.Infof("DEMO MODE: BMDB ready at 127.0.0.1:%d/%s; its data stays in %s between runs (delete the directory to start afresh)", c.Port, demoDatabase, abs)
+	if err := writeDemoDSN(abs, dsn); err != nil {
+		return fail(fmt.Errorf("demo mode: %w", err))
+	}
+	cliHint := "shepherd machines"
+	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, defaultStateDir) != abs {
+		cliHint += " -state_dir " + abs
+	}
+	klog.Infof("DEMO MODE: status page at %s; operator commands find this demo by themselves, e.g.: %s", statusURL, cliHint)
 	return c, dsn, nil
 }
 
-// stopDemo stops demo mode's PostgreSQL.
+// defaultStateDir is -state_dir's default, shared by the daemon and the
+// operator commands, so that both find the same demo.
+const defaultStateDir = ".shepherd"
+
+// demoDSNFile is the file in -state_dir through which a running demo tells
+// the operator commands how to reach its database: the port changes every
+// run and the DSN (no TLS, user postgres) is not one an operator guesses.
+const demoDSNFile = "demo.dsn"
+
+// writeDemoDSN publishes a running demo's DSN in its state directory; only
+// the owner may read it, like the cluster's data beside it.
+func writeDemoDSN(stateDir, dsn string) error {
+	path := filepath.Join(stateDir, demoDSNFile)
+	if err := os.WriteFile(path, []byte(dsn+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// runningDemoDSN returns the DSN of the demo running in stateDir, or "" when
+// none is: the file is written once the demo's database is ready and
+// removed when the demo stops (a demo killed with SIGKILL leaves it, and
+// connecting then fails with a message that says so).
+func runningDemoDSN(stateDir string) (dsn, abs string, err error) {
+	abs, err = filepath.Abs(stateDir)
+	if err != nil {
+		return "", "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
+	}
+	raw, err := os.ReadFile(filepath.Join(abs, demoDSNFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", abs, nil
+	}
+	if err != nil {
+		return "", abs, fmt.Errorf("reading the demo's DSN: %w", err)
+	}
+	return strings.TrimSpace(string(raw)), abs, nil
+}
+
+// stopDemo stops demo mode's PostgreSQL, first withdrawing its DSN from the
+// operator commands.
 func stopDemo(c *pgcluster.Cluster) {
+	if err := os.Remove(filepath.Join(c.Dir, demoDSNFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		klog.Warningf("DEMO MODE: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := c.Stop(ctx); err != nil {

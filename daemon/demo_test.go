@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -66,5 +69,64 @@ func killPostgres(t *testing.T, dataDir string) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The operator commands find a running demo by themselves: with no DSN,
+// machines, history by provider id, pause and resume all work against the
+// demo in -state_dir, say so on stderr, and the demo's log says how.
+func TestCLIAgainstTheDemo(t *testing.T) {
+	t.Parallel()
+	stateDir := filepath.Join(t.TempDir(), "state")
+	t.Cleanup(func() { killPostgres(t, filepath.Join(stateDir, "data")) })
+	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir, "-sim_machines=10")
+	waitFor(t, 60*time.Second, "the demo to be ready", func() (bool, string) {
+		code, body, err := d.get("/readyz")
+		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
+	})
+	for _, want := range []string{"operator commands find this demo by themselves, e.g.: shepherd machines -state_dir " + stateDir, "status page at http://127.0.0.1:"} {
+		if !strings.Contains(d.log(), want) {
+			t.Errorf("the demo's log lacks %q", want)
+		}
+	}
+
+	shepherd := func(want int, args ...string) (string, string) {
+		t.Helper()
+		cmd := exec.Command(shepherdBinary, append(args, "-state_dir", stateDir)...)
+		cmd.Env = childEnv()
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != want {
+			t.Fatalf("shepherd %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, want, &stdout, &stderr)
+		}
+		return stdout.String(), stderr.String()
+	}
+	out, errOut := shepherd(0, "machines", "-all")
+	if !strings.Contains(errOut, "using the demo running in "+stateDir) {
+		t.Errorf("machines does not say it uses the demo:\n%s", errOut)
+	}
+	if !strings.Contains(out, "sim-0002") {
+		t.Errorf("machines -all lacks sim-0002:\n%s", out)
+	}
+	shepherd(0, "history", "sim-0002")
+	shepherd(0, "pause", "recovery", "-reason", "demo test")
+	out, _ = shepherd(0, "resume", "recovery")
+	if !strings.Contains(out, "demo test") {
+		t.Errorf("resume does not echo the pause it lifted:\n%s", out)
+	}
+
+	// A stopped demo withdraws its database: the commands say what to give.
+	d.stop(30 * time.Second)
+	_, errOut = shepherd(2, "machines")
+	if !strings.Contains(errOut, "no database") || !strings.Contains(errOut, "run the demo") {
+		t.Errorf("machines without a running demo:\n%s", errOut)
 	}
 }

@@ -95,7 +95,7 @@ func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	fs.StringVar(&c.provider, "provider", providerSim, "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)")
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
 	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about twice this")
-	fs.StringVar(&c.stateDir, "state_dir", ".shepherd", "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
+	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
 	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
 	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
 	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")

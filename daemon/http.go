@@ -195,3 +195,16 @@ func (e *agentEndpoint) check() string {
 	}
 	return "heartbeat endpoint: not serving"
 }
+
+// statusURL is the address an operator on this machine opens for the
+// status page served on the -listen address addr.
+func statusURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr + "/status"
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/status"
+}
