@@ -8,13 +8,39 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Tx is a BMDB transaction, handed to the functions given to Transact and
-// Finish. Its methods are the typed reads and writes of machines and tags;
-// there is no raw SQL access, so that every statement stays in this package.
+// Finish. Its typed methods are the reads and writes of Shepherd's own
+// machines and tags, whose SQL stays in this package.
+//
+// Exec, Query and QueryRow are for a process's own tables (created by its
+// own migrations): inside Work.Finish (a process's
+// Task.Commit) they commit if and only if the lease was still held, in the
+// same transaction that ends it. They must not write Shepherd's tables
+// (work, work_backoff, work_history, sessions, the machine_* tags): those
+// keep invariants only this package's statements maintain.
 type Tx struct {
 	tx pgx.Tx
+}
+
+// Exec runs sql with args in the transaction, as pgx.Tx.Exec does. Use
+// parameters ($1, or pgx.NamedArgs), never formatted values.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.tx.Exec(ctx, sql, args...)
+}
+
+// Query runs sql with args in the transaction, as pgx.Tx.Query does. The
+// caller closes the rows (pgx.CollectRows does) before the next statement.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql with args in the transaction and returns its one row, as
+// pgx.Tx.QueryRow does: errors, pgx.ErrNoRows included, surface at Scan.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.tx.QueryRow(ctx, sql, args...)
 }
 
 // Provided is a machine_provided tag: where a machine comes from and how to
