@@ -50,6 +50,12 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       lift a pause, an operator's or the circuit breaker's
   shepherd sessions
       worker sessions, live and expired
+  shepherd hostkey forget MACHINE -reason R
+      forget the SSH host key pinned for MACHINE (after a reinstall): the
+      next connection pins the key the machine then presents; recorded in
+      the machine's history with the reason and the key's fingerprint
+  shepherd hostkey list [-limit N]
+      pinned SSH host keys, with fingerprints
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -69,6 +75,9 @@ type cliCommand struct {
 	// flags registers the command's own flags on fs.
 	flags func(fs *flag.FlagSet, o *cliOptions)
 	run   func(c *cli, ctx context.Context, args []string) error
+	// reasonOptional is set for a command whose -reason only some of its
+	// actions require; run checks it.
+	reasonOptional bool
 }
 
 // cliOptions are the values of the commands' own flags.
@@ -98,6 +107,10 @@ var cliCommands = map[string]cliCommand{
 	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
 	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
+	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		reasonFlag(fs, o)
+		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
+	}, run: (*cli).hostKey},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -162,7 +175,7 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		return reportUsage(stderr, usagef("-o %q: want text or json", *output))
 	case opts.limit < 0:
 		return reportUsage(stderr, usagef("-limit %d: must not be negative", opts.limit))
-	case cmd.flags != nil && fs.Lookup("reason") != nil && strings.TrimSpace(opts.reason) == "":
+	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
 		return reportUsage(stderr, usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
 	}
 	if err := opts.recovery.Check(); fs.Lookup("recovery_start_timeout") != nil && err != nil {
