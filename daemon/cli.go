@@ -49,6 +49,8 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       lift a pause, an operator's or the circuit breaker's
   shepherd sessions
       worker sessions, live and expired
+  shepherd tags MACHINE
+      the machine's tags of the binary's processes (their own tables)
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -96,6 +98,7 @@ var cliCommands = map[string]cliCommand{
 	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
 	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
+	"tags":     {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -244,6 +247,8 @@ type cliProcess struct {
 	process bmdb.Process
 	// candidates is nil for a process this binary does not know.
 	candidates *bmdb.Candidates
+	// tags reads the process's own tags of a machine; nil if it has none.
+	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 }
 
 // knownProcesses are the binary's registered processes.
@@ -259,7 +264,7 @@ func buildProcesses(db *bmdb.DB, defs []Process) ([]cliProcess, error) {
 			return nil, fmt.Errorf("building %s: %w", def.Info.Label, err)
 		}
 		cand := p.Candidates()
-		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand})
+		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags})
 	}
 	return out, nil
 }

@@ -42,7 +42,7 @@
 //
 //	shepherd [run] [flags]                      run the daemon
 //	shepherd migrate [flags] up|down|version|force N
-//	shepherd machines|history|backoff|retry|pause|resume|sessions [flags] ...
+//	shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
 //
 // With no database given (-bmdb_dsn, -bmdb_dsn_file, SHEPHERD_BMDB_DSN) the
 // daemon runs in demo mode: a private PostgreSQL under -state_dir and a
@@ -99,7 +99,7 @@ const topUsage = `Usage:
   shepherd [run] [flags]                       run the control loops (demo mode without a database)
   shepherd migrate [flags] up|down|version|force N
                                                manage the BMDB schema
-  shepherd machines|history|backoff|retry|pause|resume|sessions [flags] ...
+  shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
                                                operator commands (shepherd machines -h)
 
 Run 'shepherd -h' or 'shepherd migrate -h' for the flags.
