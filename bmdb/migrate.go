@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -23,13 +25,82 @@ import (
 // is not one this binary can run against.
 var ErrSchema = errors.New("BMDB schema mismatch")
 
+// MigrationLockTimeout bounds every lock wait of a migration: the
+// migration lock another 'migrate' holds, and the table locks its DDL needs
+// (an ALTER TABLE waits for every open transaction on the table). A
+// migration that cannot get its locks fails after it, saying so, instead of
+// hanging, and queueing every query of the running daemons behind it.
+const MigrationLockTimeout = 30 * time.Second
+
+// migrationConnectTimeout bounds connecting to the database to migrate it.
+const migrationConnectTimeout = 10 * time.Second
+
+// Extension is the schema of a process's own tables, shipped with the
+// process (its Migrations field in the daemon's definition). Its
+// migrations are golang-migrate files (NNNN_name.up.sql and
+// NNNN_name.down.sql) at the root of FS, numbered on their own from 1 and
+// tracked in a migrations table of their own, schema_migrations_<Name>, so
+// that they never collide with Shepherd's or another extension's.
+//
+// Extensions are applied after Shepherd's schema and reverted before it, so
+// their tables may have foreign keys to machines (ON DELETE CASCADE, so
+// that deleting a machine deletes its tags).
+type Extension struct {
+	// Name identifies the extension: lower case letters, digits and
+	// underscores, e.g. "firmwarecheck".
+	Name string
+	// FS holds the migration files, e.g. an embed.FS.
+	FS fs.FS
+}
+
+var extensionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+
+// Validate reports whether the extension can be applied.
+func (e *Extension) Validate() error {
+	if !extensionNameRE.MatchString(e.Name) {
+		return fmt.Errorf("invalid extension name %q: want a lower-case letter followed by up to 39 lower-case letters, digits or underscores", e.Name)
+	}
+	if e.FS == nil {
+		return fmt.Errorf("extension %s: no migrations (FS is nil)", e.Name)
+	}
+	if e.Latest() == 0 {
+		return fmt.Errorf("extension %s: no NNNN_name.up.sql migration at the root of its FS", e.Name)
+	}
+	return nil
+}
+
+// Table is the extension's migrations table.
+func (e *Extension) Table() string { return "schema_migrations_" + e.Name }
+
+// Latest is the newest version of the extension's migrations.
+func (e *Extension) Latest() uint { return latestIn(e.FS) }
+
+// core is Shepherd's own schema, as an extension without a name.
+var core = &Extension{FS: migrations.FS}
+
+func (e *Extension) table() string {
+	if e == core {
+		return migratepgx.DefaultMigrationsTable
+	}
+	return e.Table()
+}
+
+func (e *Extension) label() string {
+	if e == core {
+		return "BMDB"
+	}
+	return "extension " + e.Name
+}
+
 // LatestVersion is the newest schema version this binary knows.
-func LatestVersion() uint {
+func LatestVersion() uint { return core.Latest() }
+
+func latestIn(fsys fs.FS) uint {
 	var latest uint
-	entries, _ := fs.ReadDir(migrations.FS, ".")
+	entries, _ := fs.ReadDir(fsys, ".")
 	for _, e := range entries {
 		prefix, _, ok := strings.Cut(e.Name(), "_")
-		if !ok {
+		if !ok || !strings.HasSuffix(e.Name(), ".up.sql") {
 			continue
 		}
 		if v, err := strconv.ParseUint(prefix, 10, 32); err == nil && uint(v) > latest {
@@ -39,27 +110,36 @@ func LatestVersion() uint {
 	return latest
 }
 
-// migrator opens golang-migrate on the embedded migrations. The caller
-// closes it.
-func migrator(dsn string) (*migrate.Migrate, error) {
+// migrator opens golang-migrate on ext's migrations. The caller closes it.
+func migrator(dsn string, ext *Extension) (*migrate.Migrate, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
 	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = migrationConnectTimeout
+	}
+	if _, set := cfg.RuntimeParams["lock_timeout"]; !set {
+		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(MigrationLockTimeout.Milliseconds(), 10)
+	}
 	sqlDB := stdlib.OpenDB(*cfg)
-	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{MigrationsTable: ext.table()})
 	if err != nil {
 		sqlDB.Close()
 		return nil, fmt.Errorf("connecting to BMDB at %s for migration: %w", redactedTarget(cfg), err)
 	}
-	source, err := iofs.New(migrations.FS, ".")
+	source, err := iofs.New(ext.FS, ".")
 	if err != nil {
-		return nil, fmt.Errorf("reading embedded migrations: %w", err)
+		driver.Close()
+		return nil, fmt.Errorf("reading the migrations of %s: %w", ext.label(), err)
 	}
 	m, err := migrate.NewWithInstance("iofs", source, "pgx5", driver)
 	if err != nil {
-		return nil, fmt.Errorf("preparing migrations: %w", err)
+		return nil, fmt.Errorf("preparing the migrations of %s: %w", ext.label(), err)
 	}
+	// The server's lock_timeout ends the wait first, with its own error;
+	// golang-migrate's timer would leave the wait running.
+	m.LockTimeout = MigrationLockTimeout + 5*time.Second
 	return m, nil
 }
 
@@ -67,39 +147,134 @@ func closeMigrator(m *migrate.Migrate) {
 	m.Close()
 }
 
-// MigrateUp applies every migration the database lacks. Running it on an
-// up-to-date database is a no-op; concurrent runs are serialized by
-// golang-migrate's advisory lock.
-func MigrateUp(ctx context.Context, dsn string) error {
-	m, err := migrator(dsn)
-	if err != nil {
+// run runs step (Up or Down) on m, honouring ctx: once ctx is done, the
+// migration in progress runs to its end (a migration interrupted half-way
+// would leave the schema dirty) and no further one starts.
+func run(ctx context.Context, m *migrate.Migrate, step func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- step() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		m.GracefulStop <- true
+		err := <-done
+		if err == nil || errors.Is(err, migrate.ErrNoChange) {
+			return fmt.Errorf("interrupted after the migration in progress: %w", ctx.Err())
+		}
 		return err
 	}
-	defer closeMigrator(m)
-	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrating BMDB up: %w", err)
+}
+
+func checkExtensions(exts []*Extension) error {
+	for _, e := range exts {
+		if err := e.Validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// MigrateDown reverts every migration, dropping all BMDB tables.
-func MigrateDown(ctx context.Context, dsn string) error {
-	m, err := migrator(dsn)
+// MigrateUp applies every migration the database lacks: Shepherd's, then
+// those of exts in order. Running it on an up-to-date database is a no-op;
+// concurrent runs are serialized by golang-migrate's advisory locks. When
+// ctx is done it stops after the migration in progress.
+func MigrateUp(ctx context.Context, dsn string, exts ...*Extension) error {
+	if err := checkExtensions(exts); err != nil {
+		return err
+	}
+	for _, e := range append([]*Extension{core}, exts...) {
+		if err := migrateOne(ctx, dsn, e, (*migrate.Migrate).Up, "up"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrate.Migrate) error, dir string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m, err := migrator(dsn, e)
 	if err != nil {
 		return err
 	}
 	defer closeMigrator(m)
-	if err := m.Down(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrating BMDB down: %w", err)
+	if err := run(ctx, m, func() error { return step(m) }); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("migrating %s %s: %w", e.label(), dir, err)
 	}
 	return nil
+}
+
+// MigrateDown reverts every migration, dropping all BMDB tables: those of
+// exts first (last registered first), since they may reference Shepherd's,
+// then Shepherd's. It refuses to drop Shepherd's tables while another
+// extension, one not in exts, is still migrated: its foreign keys would
+// make the drop fail half-way.
+func MigrateDown(ctx context.Context, dsn string, exts ...*Extension) error {
+	if err := checkExtensions(exts); err != nil {
+		return err
+	}
+	for i := len(exts) - 1; i >= 0; i-- {
+		if err := migrateOne(ctx, dsn, exts[i], (*migrate.Migrate).Down, "down"); err != nil {
+			return err
+		}
+	}
+	if err := refuseForeignExtensions(ctx, dsn); err != nil {
+		return err
+	}
+	return migrateOne(ctx, dsn, core, (*migrate.Migrate).Down, "down")
+}
+
+// refuseForeignExtensions fails when an extension this binary does not know
+// is still migrated: its migrations table exists with a version.
+func refuseForeignExtensions(ctx context.Context, dsn string) error {
+	conn, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, qExtensionTables)
+	if err != nil {
+		return fmt.Errorf("listing extension migrations: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("listing extension migrations: %w", err)
+	}
+	for _, t := range tables {
+		var n int64
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{t}.Sanitize()).Scan(&n); err != nil {
+			return fmt.Errorf("reading %s: %w", t, err)
+		}
+		if n > 0 {
+			name := strings.TrimPrefix(t, "schema_migrations_")
+			return fmt.Errorf("extension %s is still migrated (%s), and its tables may reference Shepherd's: run 'migrate down' with the binary that ships it first; Shepherd's tables were left as they are", name, t)
+		}
+	}
+	return nil
+}
+
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = migrationConnectTimeout
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to BMDB at %s: %w", redactedTarget(cfg), err)
+	}
+	return conn, nil
 }
 
 // MigrateForce records version as the database's clean schema version
 // without running anything: the way out of a dirty state once an operator
 // has repaired the schema by hand.
 func MigrateForce(ctx context.Context, dsn string, version uint) error {
-	m, err := migrator(dsn)
+	m, err := migrator(dsn, core)
 	if err != nil {
 		return err
 	}
@@ -113,10 +288,46 @@ func MigrateForce(ctx context.Context, dsn string, version uint) error {
 	return nil
 }
 
+// ExtensionForce is MigrateForce for ext's migrations; version 0 records
+// that none is applied.
+func ExtensionForce(ctx context.Context, dsn string, ext *Extension, version uint) error {
+	if err := ext.Validate(); err != nil {
+		return err
+	}
+	if version > ext.Latest() {
+		return fmt.Errorf("cannot force version %d of extension %s: this binary knows versions up to %d", version, ext.Name, ext.Latest())
+	}
+	m, err := migrator(dsn, ext)
+	if err != nil {
+		return err
+	}
+	defer closeMigrator(m)
+	v := int(version)
+	if version == 0 {
+		v = -1 // golang-migrate's "no version"
+	}
+	if err := m.Force(v); err != nil {
+		return fmt.Errorf("forcing version %d of extension %s: %w", version, ext.Name, err)
+	}
+	return nil
+}
+
 // SchemaVersion returns the database's schema version (0 when never
 // migrated) and whether a migration failed half-way (dirty).
 func SchemaVersion(ctx context.Context, dsn string) (version uint, dirty bool, err error) {
-	m, err := migrator(dsn)
+	return schemaVersion(dsn, core)
+}
+
+// ExtensionVersion is SchemaVersion for ext's migrations.
+func ExtensionVersion(ctx context.Context, dsn string, ext *Extension) (version uint, dirty bool, err error) {
+	if err := ext.Validate(); err != nil {
+		return 0, false, err
+	}
+	return schemaVersion(dsn, ext)
+}
+
+func schemaVersion(dsn string, e *Extension) (version uint, dirty bool, err error) {
+	m, err := migrator(dsn, e)
 	if err != nil {
 		return 0, false, err
 	}
@@ -126,33 +337,64 @@ func SchemaVersion(ctx context.Context, dsn string) (version uint, dirty bool, e
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("reading BMDB schema version: %w", err)
+		return 0, false, fmt.Errorf("reading the schema version of %s: %w", e.label(), err)
 	}
 	return version, dirty, nil
 }
 
 // CheckSchema refuses to run against a schema this binary does not know: not
 // migrated, older, newer (a newer binary migrated it), or dirty (a migration
-// failed half-way). Its errors say what to do.
-func (db *DB) CheckSchema(ctx context.Context) error {
-	var version int64
-	var dirty bool
-	err := db.pool.QueryRow(ctx, qSchemaVersion).Scan(&version, &dirty)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42P01", errors.Is(err, pgx.ErrNoRows), errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%w: the database has no Shepherd schema; run 'shepherd migrate up' against it first", ErrSchema)
-	case err != nil:
-		return fmt.Errorf("reading BMDB schema version: %w", err)
-	}
-	latest := LatestVersion()
-	switch {
-	case dirty:
-		return fmt.Errorf("%w: schema version %d is dirty (a migration failed half-way); finish or undo that migration by hand, then run 'shepherd migrate force %d' (or the version you restored)", ErrSchema, version, version)
-	case uint(version) > latest:
-		return fmt.Errorf("%w: schema version %d is newer than this binary knows (%d); run a shepherd release that knows version %d, or 'shepherd migrate down' with the newer binary", ErrSchema, version, latest, version)
-	case uint(version) < latest:
-		return fmt.Errorf("%w: schema version %d is older than this binary's %d; run 'shepherd migrate up' first", ErrSchema, version, latest)
+// failed half-way), whether Shepherd's or one of exts'. Its errors say what
+// to do.
+func (db *DB) CheckSchema(ctx context.Context, exts ...*Extension) error {
+	for _, e := range append([]*Extension{core}, exts...) {
+		if err := db.checkSchema(ctx, e); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
+	var version int64
+	var dirty bool
+	q := qSchemaVersion
+	if e != core {
+		if err := e.Validate(); err != nil {
+			return err
+		}
+		q = "SELECT version, dirty FROM " + pgx.Identifier{e.Table()}.Sanitize() + " LIMIT 1"
+	}
+	err := db.pool.QueryRow(ctx, q).Scan(&version, &dirty)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01", errors.Is(err, pgx.ErrNoRows), errors.Is(err, sql.ErrNoRows):
+		if e == core {
+			return fmt.Errorf("%w: the database has no Shepherd schema; run 'shepherd migrate up' against it first", ErrSchema)
+		}
+		return fmt.Errorf("%w: the database lacks the tables of %s; run 'migrate up' with this binary first", ErrSchema, e.label())
+	case err != nil:
+		return fmt.Errorf("reading the schema version of %s: %w", e.label(), err)
+	}
+	latest := e.Latest()
+	name := "schema"
+	if e != core {
+		name = e.label() + " schema"
+	}
+	switch {
+	case dirty:
+		return fmt.Errorf("%w: %s version %d is dirty (a migration failed half-way); finish or undo that migration by hand, then run 'shepherd migrate force %d' (or the version you restored)", ErrSchema, name, version, version)
+	case uint(version) > latest:
+		return fmt.Errorf("%w: %s version %d is newer than this binary knows (%d); run a shepherd release that knows version %d, or 'shepherd migrate down' with the newer binary", ErrSchema, name, version, latest, version)
+	case uint(version) < latest:
+		return fmt.Errorf("%w: %s version %d is older than this binary's %d; run 'shepherd migrate up' first", ErrSchema, name, version, latest)
+	}
+	return nil
+}
+
+// qExtensionTables lists the migrations tables of extensions, by the name
+// Extension.Table gives them.
+const qExtensionTables = `
+SELECT tablename::text FROM pg_tables
+WHERE schemaname = current_schema() AND tablename LIKE 'schema\_migrations\_%'
+ORDER BY tablename`

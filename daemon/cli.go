@@ -18,7 +18,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 // exitNotFound is the status of an operator command whose machine, backoff
@@ -56,6 +55,8 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       the machine's history with the reason and the key's fingerprint
   shepherd hostkey list [-limit N]
       pinned SSH host keys, with fingerprints
+  shepherd tags MACHINE
+      the machine's tags of the binary's processes (their own tables)
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -82,12 +83,11 @@ type cliCommand struct {
 
 // cliOptions are the values of the commands' own flags.
 type cliOptions struct {
-	process  string
-	state    string
-	limit    int
-	reason   string
-	all      bool
-	recovery recovery.Config
+	process string
+	state   string
+	limit   int
+	reason  string
+	all     bool
 }
 
 var cliCommands = map[string]cliCommand{
@@ -96,8 +96,8 @@ var cliCommands = map[string]cliCommand{
 		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased or backoff; default all")
 		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state (with -all: in all)")
 		fs.BoolVar(&o.all, "all", false, "every machine, with provider, provider id, address, location, agent tags and the state of each process")
-		// Recovery's eligibility depends on its timeouts, as in the daemon.
-		o.recovery.RegisterFlags(fs)
+		// The processes' own flags are registered too (runCLI): their
+		// eligibility depends on them, as in the daemon.
 	}, run: (*cli).machines},
 	"history": {args: "MACHINE", min: 1, max: 1, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		fs.IntVar(&o.limit, "limit", 0, "only the newest N entries (0 = all)")
@@ -111,6 +111,7 @@ var cliCommands = map[string]cliCommand{
 		reasonFlag(fs, o)
 		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
 	}, run: (*cli).hostKey},
+	"tags": {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -129,10 +130,12 @@ type cli struct {
 	out  io.Writer
 	json bool
 	opts cliOptions
+	// known are the binary's registered processes.
+	known []cliProcess
 }
 
 // runCLI runs the operator subcommand name and returns its exit status.
-func runCLI(name string, args []string, stdout, stderr io.Writer) int {
+func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	cmd := cliCommands[name]
 	fs := flag.NewFlagSet("shepherd "+name, flag.ContinueOnError)
 	var dsnf dsnFlags
@@ -143,6 +146,16 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	var opts cliOptions
 	if cmd.flags != nil {
 		cmd.flags(fs, &opts)
+	}
+	// Eligibility (machines) depends on the processes' flags, such as
+	// Recovery's timeouts.
+	withProcessFlags := name == "machines"
+	if withProcessFlags {
+		for _, p := range d.processes {
+			if p.Flags != nil {
+				p.Flags(fs)
+			}
+		}
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
@@ -178,8 +191,12 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
 		return reportUsage(stderr, usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
 	}
-	if err := opts.recovery.Check(); fs.Lookup("recovery_start_timeout") != nil && err != nil {
-		return reportUsage(stderr, usageError{err.Error()})
+	for _, p := range d.processes {
+		if withProcessFlags && p.Check != nil {
+			if err := p.Check(); err != nil {
+				return reportUsage(stderr, usageError{err.Error()})
+			}
+		}
 	}
 	dsn, err := dsnf.resolve()
 	if err != nil {
@@ -217,7 +234,11 @@ func runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		}
 		return fail(err)
 	}
-	c := &cli{db: db, out: stdout, json: *output == "json", opts: opts}
+	known, err := buildProcesses(db, d.processes)
+	if err != nil {
+		return fail(err)
+	}
+	c := &cli{db: db, out: stdout, json: *output == "json", opts: opts, known: known}
 	err = cmd.run(c, ctx, positional)
 	var usage usageError
 	switch {
@@ -239,16 +260,26 @@ type cliProcess struct {
 	process bmdb.Process
 	// candidates is nil for a process this binary does not know.
 	candidates *bmdb.Candidates
+	// tags reads the process's own tags of a machine; nil if it has none.
+	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 }
 
-// knownProcesses are the processes of this binary's catalogue.
-func (c *cli) knownProcesses() []cliProcess {
+// knownProcesses are the binary's registered processes.
+func (c *cli) knownProcesses() []cliProcess { return c.known }
+
+// buildProcesses builds the registered processes, with no provider, for
+// their candidate conditions.
+func buildProcesses(db *bmdb.DB, defs []Process) ([]cliProcess, error) {
 	var out []cliProcess
-	for _, def := range catalogue(&c.opts.recovery) {
-		cand := def.build(nil).Candidates()
-		out = append(out, cliProcess{label: def.info.Label, process: def.info.Process, candidates: &cand})
+	for _, def := range defs {
+		p, err := def.New(Env{DB: db})
+		if err != nil {
+			return nil, fmt.Errorf("building %s: %w", def.Info.Label, err)
+		}
+		cand := p.Candidates()
+		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags})
 	}
-	return out
+	return out, nil
 }
 
 // process resolves a label or a BMDB name. A valid name this binary does

@@ -68,13 +68,11 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	return f
 }
 
-// cli runs an operator command in-process against the fleet's database,
-// with -bmdb_dsn last (flags may follow the arguments).
+// cli runs an operator command of the binary against the fleet's
+// database, with -bmdb_dsn last (flags may follow the arguments).
 func (f *cliFleet) cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := run(append(args, "-bmdb_dsn", f.dsn), &stdout, &stderr)
-	return code, stdout.String(), stderr.String()
+	return runShepherd(t, childEnv(), append(args, "-bmdb_dsn", f.dsn)...)
 }
 
 // expect runs args and checks the exit status.

@@ -27,9 +27,9 @@ import (
 
 // runDaemon is the default subcommand: it runs the enabled control loops
 // until SIGTERM or SIGINT.
-func runDaemon(args []string, stdout, stderr io.Writer) int {
+func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("shepherd", flag.ContinueOnError)
-	cfg := newDaemonFlags(fs)
+	cfg := newDaemonFlags(fs, d)
 	help, err := parseFlags(fs, args)
 	if help {
 		printDaemonUsage(fs, stdout)
@@ -44,7 +44,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 		dsn, err = cfg.dsn.resolve()
 	}
 	if err == nil && dsn == "" {
-		cfg.demoDefaults = applyDemoDefaults(fs)
+		cfg.demoDefaults, err = applyDemoDefaults(fs, d.processes)
 		if cfg.provider != providerSim {
 			// Set, but unused: not worth a line in the log.
 			cfg.demoDefaults = slices.DeleteFunc(cfg.demoDefaults, func(f string) bool { return strings.HasPrefix(f, "-sim_") })
@@ -60,7 +60,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := shutdownOnSignal(cfg.shutdownGrace)
 	defer stop()
-	if err := daemon(ctx, cfg, dsn); err != nil {
+	if err := daemon(ctx, cfg, dsn, d.extensions()); err != nil {
 		klog.Flush()
 		fmt.Fprintf(stderr, "shepherd: %v\n", err)
 		return exitFailure
@@ -103,7 +103,7 @@ func shutdownOnSignal(grace time.Duration) (context.Context, func()) {
 // daemon serves HTTP, provides the database (demo mode when dsn is empty)
 // and runs the loops until ctx is done. It returns nil after a clean
 // shutdown, and an error when the daemon cannot work at all.
-func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
+func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Extension) error {
 	// SIGHUP reloads the fleet (the static inventory) once the loops run;
 	// one received earlier waits until then. Caught from the start: its
 	// default action would end the daemon.
@@ -150,7 +150,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
-		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.demoDefaults, statusURL(cfg.listen))
+		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.demoDefaults, statusURL(cfg.listen), exts)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -194,10 +194,11 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	if err != nil {
 		return err
 	}
-	status.set(db, runners)
+	status.set(db, runners, cfg.enabled...)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
-	err = retry(ctx, "checking the BMDB schema at "+target, db.CheckSchema, func(err error) bool {
+	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, exts...) }
+	err = retry(ctx, "checking the BMDB schema at "+target, checkSchema, func(err error) bool {
 		return errors.Is(err, bmdb.ErrSchema)
 	})
 	if err != nil || ctx.Err() != nil {
@@ -221,9 +222,13 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, enabled []*loop, dbMet
 	var runners []*controlloop.Runner
 	for _, l := range enabled {
 		dbMetrics.InitComponent(l.cfg.Session.Component)
-		r, err := controlloop.New(db, l.def.build(provider), l.cfg, loopMetrics)
+		p, err := l.def.New(Env{Provider: provider, DB: db})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", l.def.info.Label, err)
+			return nil, fmt.Errorf("building %s: %w", l.def.Info.Label, err)
+		}
+		r, err := controlloop.New(db, p, l.cfg, loopMetrics)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", l.def.Info.Label, err)
 		}
 		runners = append(runners, r)
 	}

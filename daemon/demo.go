@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,28 +22,42 @@ import (
 // demoDatabase names the database demo mode creates in its cluster.
 const demoDatabase = "shepherd"
 
-// demoDefaults are the flag defaults demo mode changes, so that a visitor
+// demoGroups are the flag defaults demo mode changes, so that a visitor
 // sees Recovery reboot machines and failed machines retried within a minute
-// or two, not after the production timeouts (10 min, 30 min, 5 min backoffs).
-// Flags are grouped: a group is changed only if the operator set none of
-// its flags, so that an explicit -agentstart_backoff_initial 10m is not met
-// by a demo maximum below it.
-var demoDefaults = [][][2]string{
-	{{"recovery_heartbeat_timeout", "30s"}},
-	{{"recovery_start_timeout", "1m"}},
-	{{"sim_heartbeat_loss_rate", "0.5"}},
-	{{"agentstart_backoff_initial", "10s"}, {"agentstart_backoff_maximum", "2m"}},
-	{{"recovery_backoff_initial", "10s"}, {"recovery_backoff_maximum", "2m"}},
+// or two, not after the production timeouts (10 min, 30 min, 5 min
+// backoffs): each process's DemoFlags, the simulated fleet's heartbeat
+// loss, and every process's backoff shortened to 10s..2m. Flags are
+// grouped: a group is changed only if the operator set none of its flags,
+// so that an explicit -agentstart_backoff_initial 10m is not met by a demo
+// maximum below it.
+func demoGroups(processes []Process) [][][2]string {
+	var groups [][][2]string
+	for _, p := range processes {
+		names := make([]string, 0, len(p.DemoFlags))
+		for name := range p.DemoFlags {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			groups = append(groups, [][2]string{{name, p.DemoFlags[name]}})
+		}
+	}
+	groups = append(groups, [][2]string{{"sim_heartbeat_loss_rate", "0.5"}})
+	for _, p := range processes {
+		l := p.Info.Label
+		groups = append(groups, [][2]string{{l + "_backoff_initial", "10s"}, {l + "_backoff_maximum", "2m"}})
+	}
+	return groups
 }
 
 // applyDemoDefaults sets the demo defaults of the flags the command line did
 // not set, and returns them as -name=value for the log.
-func applyDemoDefaults(fs *flag.FlagSet) []string {
+func applyDemoDefaults(fs *flag.FlagSet, processes []Process) ([]string, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var applied []string
 group:
-	for _, g := range demoDefaults {
+	for _, g := range demoGroups(processes) {
 		for _, kv := range g {
 			if set[kv[0]] {
 				continue group
@@ -50,12 +65,13 @@ group:
 		}
 		for _, kv := range g {
 			if err := fs.Set(kv[0], kv[1]); err != nil {
-				panic(fmt.Sprintf("demo default -%s=%s: %v", kv[0], kv[1], err)) // a bug in the table above
+				// A mistake of a process's DemoFlags.
+				return nil, fmt.Errorf("demo default -%s=%s: %w", kv[0], kv[1], err)
 			}
 			applied = append(applied, "-"+kv[0]+"="+kv[1])
 		}
 	}
-	return applied
+	return applied, nil
 }
 
 // startDemo provides the database of demo mode: a private PostgreSQL
@@ -65,7 +81,7 @@ group:
 //
 // Demo mode exists so that one command, with nothing provisioned, shows the
 // whole system working; it is never how a fleet is run.
-func startDemo(ctx context.Context, stateDir string, changedDefaults []string, statusURL string) (*pgcluster.Cluster, string, error) {
+func startDemo(ctx context.Context, stateDir string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
@@ -93,7 +109,7 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
 	dsn := c.DSN(demoDatabase)
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := bmdb.MigrateUp(ctx, dsn, exts...); err != nil {
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
 	klog.Infof("DEMO MODE: BMDB ready at 127.0.0.1:%d/%s; its data stays in %s between runs (delete the directory to start afresh)", c.Port, demoDatabase, abs)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
-	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 	"github.com/shepherd-fleet/shepherd/providers/static"
 )
@@ -28,7 +27,15 @@ const (
 	providerStatic = "static"
 )
 
-var providerNames = []string{providerSim, providerStatic}
+// providerNames lists the providers -provider takes: the built-in ones,
+// then those the binary registered.
+func (c *daemonConfig) providerNames() []string {
+	names := []string{providerSim, providerStatic}
+	for _, p := range c.userProviders {
+		names = append(names, p.Name)
+	}
+	return names
+}
 
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
@@ -53,9 +60,10 @@ type daemonConfig struct {
 	// once the listener is bound.
 	heartbeatURLFromListen bool
 
-	recovery recovery.Config
-	sim      sim.Config
-	static   static.Config
+	sim    sim.Config
+	static static.Config
+	// userProviders are the providers the binary registered.
+	userProviders []Provider
 	// providerFlags maps every provider-specific flag to its provider.
 	providerFlags map[string]string
 	// given names the flags the command line set (not demo mode).
@@ -66,9 +74,9 @@ type daemonConfig struct {
 	enabled []*loop
 }
 
-// loop is one process of the catalogue with its runner configuration.
+// loop is one registered process with its runner configuration.
 type loop struct {
-	def processDef
+	def Process
 	cfg controlloop.Config
 }
 
@@ -76,23 +84,34 @@ type loop struct {
 // returns the config they fill in. Flags of every known process and every
 // provider are registered whatever -processes and -provider select, so that
 // -h shows them all.
-func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
+func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 	c := &daemonConfig{
-		recovery:      recovery.DefaultConfig(),
 		sim:           sim.DefaultConfig(),
 		static:        static.DefaultConfig(),
+		userProviders: d.providers,
 		providerFlags: map[string]string{},
 	}
-	for _, def := range catalogue(&c.recovery) {
-		c.loops = append(c.loops, &loop{def: def, cfg: controlloop.DefaultConfig(def.info)})
+	var byDefault []string
+	for _, def := range d.processes {
+		c.loops = append(c.loops, &loop{def: def, cfg: controlloop.DefaultConfig(def.Info)})
+		if !def.Disabled {
+			byDefault = append(byDefault, def.Info.Label)
+		}
 	}
 	known := strings.Join(c.labels(), ",")
+	providerUsage := "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)"
+	for _, p := range d.providers {
+		providerUsage += "; " + p.Name
+		if p.Usage != "" {
+			providerUsage += " (" + p.Usage + ")"
+		}
+	}
 
 	c.dsn.register(fs)
 	c.retention.register(fs)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz and /readyz (port 0 picks a free one)")
-	fs.StringVar(&c.processes, "processes", known, "comma-separated processes to run: "+known)
-	fs.StringVar(&c.provider, "provider", providerSim, "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)")
+	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
+	fs.StringVar(&c.provider, "provider", providerSim, providerUsage)
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
 	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about twice this")
 	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
@@ -100,11 +119,18 @@ func newDaemonFlags(fs *flag.FlagSet) *daemonConfig {
 	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
 	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
 
-	c.recovery.RegisterFlags(fs)
 	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
 	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
+	for _, p := range d.providers {
+		if p.Flags != nil {
+			c.registerProviderFlags(fs, p.Name, p.Flags)
+		}
+	}
 	for _, l := range c.loops {
-		l.cfg.RegisterFlags(fs, l.def.info.Label)
+		l.cfg.RegisterFlags(fs, l.def.Info.Label)
+		if l.def.Flags != nil {
+			l.def.Flags(fs)
+		}
 	}
 	klog.InitFlags(fs)
 	return c
@@ -130,8 +156,8 @@ func (c *daemonConfig) noteGiven(fs *flag.FlagSet) {
 // check validates what parsing could not and applies the global settings to
 // every loop. Its errors name the flag.
 func (c *daemonConfig) check() error {
-	if !slices.Contains(providerNames, c.provider) {
-		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(providerNames, ", "))
+	if !slices.Contains(c.providerNames(), c.provider) {
+		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(c.providerNames(), ", "))
 	}
 	// A flag of another provider is a mistake (most likely a forgotten
 	// -provider static), not something to ignore silently.
@@ -157,12 +183,14 @@ func (c *daemonConfig) check() error {
 	for _, l := range c.loops {
 		l.cfg.ShutdownGrace = c.shutdownGrace
 		l.cfg.Session.Interval = c.sessionInterval
-		if err := l.cfg.Check(l.def.info.Label); err != nil {
+		if err := l.cfg.Check(l.def.Info.Label); err != nil {
 			return usageError{err.Error()}
 		}
-	}
-	if err := c.recovery.Check(); err != nil {
-		return usageError{err.Error()}
+		if l.def.Check != nil {
+			if err := l.def.Check(); err != nil {
+				return usageError{err.Error()}
+			}
+		}
 	}
 	if err := c.sim.Check(); err != nil {
 		return usageError{err.Error()}
@@ -176,6 +204,13 @@ func (c *daemonConfig) check() error {
 	if c.provider == providerStatic {
 		if err := c.static.Check(); err != nil {
 			return usageError{err.Error()}
+		}
+	}
+	for _, p := range c.userProviders {
+		if p.Name == c.provider && p.Check != nil {
+			if err := p.Check(); err != nil {
+				return usageError{err.Error()}
+			}
 		}
 	}
 	return nil
@@ -240,7 +275,7 @@ func (c *daemonConfig) selectLoops() ([]*loop, error) {
 		if name == "" {
 			continue
 		}
-		i := slices.IndexFunc(c.loops, func(l *loop) bool { return l.def.info.Label == name })
+		i := slices.IndexFunc(c.loops, func(l *loop) bool { return l.def.Info.Label == name })
 		if i < 0 {
 			return nil, usagef("-processes %q: unknown process %q (known: %s)", c.processes, name, strings.Join(c.labels(), ", "))
 		}
@@ -258,7 +293,7 @@ func (c *daemonConfig) selectLoops() ([]*loop, error) {
 func (c *daemonConfig) labels() []string {
 	var names []string
 	for _, l := range c.loops {
-		names = append(names, l.def.info.Label)
+		names = append(names, l.def.Info.Label)
 	}
 	return names
 }

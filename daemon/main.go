@@ -1,11 +1,48 @@
-// Package daemon is the shepherd binary as a library: subcommands, flags,
-// demo mode, HTTP endpoints and the wiring of processes to runners, so that
-// a user's own main can run Shepherd with processes of its own.
+// Package daemon is Shepherd's binary as a library: a main registers the
+// control loops it runs (its processes) and calls Main, which runs
+// everything the shepherd command does: the daemon with its per-process
+// flags, demo mode (a private PostgreSQL and a simulated fleet when no
+// database is given), /metrics, /healthz, /readyz and the /status page,
+// BMDB sessions, SIGTERM (graceful stop) and SIGHUP (provider reload); the
+// migrate subcommand, which applies Shepherd's schema and the processes'
+// own (extension) migrations; and the operator commands (machines,
+// history, retry, pause, ...), which know every registered process.
 //
-// Usage of a binary built on it:
+// A binary that runs Shepherd's two processes and one of its own:
+//
+//	package main
+//
+//	import (
+//		"os"
+//
+//		"github.com/shepherd-fleet/shepherd/daemon"
+//		"github.com/shepherd-fleet/shepherd/processes/shipped"
+//
+//		"example.com/fleet/firmwarecheck"
+//	)
+//
+//	func main() {
+//		d := daemon.New()
+//		d.AddProcess(shipped.AgentStart())
+//		d.AddProcess(shipped.Recovery())
+//		d.AddProcess(firmwarecheck.Definition())
+//		os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
+//	}
+//
+// A process's Definition returns a Process: its controlloop.Info, its
+// flags and their check, a New function that builds the
+// controlloop.Process from the provider (ProviderAs gives a process the
+// provider's own interface, e.g. a firmware check) and the database, its
+// tags for the machine page, and its migrations (bmdb.Extension). A
+// provider of the user's own (AddProvider) is selected with -provider.
+// docs/writing-a-process.md walks through a complete example,
+// examples/firmwarecheck.
+//
+// The resulting binary's command line:
 //
 //	shepherd [run] [flags]                      run the daemon
 //	shepherd migrate [flags] up|down|version|force N
+//	shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
 //
 // With no database given (-bmdb_dsn, -bmdb_dsn_file, SHEPHERD_BMDB_DSN) the
 // daemon runs in demo mode: a private PostgreSQL under -state_dir and a
@@ -25,36 +62,44 @@ const (
 	exitUsage   = 2
 )
 
-// Main runs the shepherd command line given in args (without the program
-// name) and returns the exit status for os.Exit.
-func Main(args []string, stdout, stderr io.Writer) int {
-	return run(args, stdout, stderr)
+// Main runs the command line given in args (without the program name) with
+// the registered processes and providers, and returns the exit status for
+// os.Exit: 0 done, 1 failure, 2 bad command line (3: an operator command's
+// machine, backoff or pause not found). A mistake in the registered
+// definitions (no process, a label used twice) is a failure, reported
+// before anything runs.
+func (d *Daemon) Main(args []string, stdout, stderr io.Writer) int {
+	if err := d.validate(); err != nil {
+		fmt.Fprintf(stderr, "shepherd: %v\n", err)
+		return exitFailure
+	}
+	return d.run(args, stdout, stderr)
 }
 
 // run dispatches to a subcommand and returns the exit status.
-func run(args []string, stdout, stderr io.Writer) int {
+func (d *Daemon) run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "run":
-			return runDaemon(args[1:], stdout, stderr)
+			return d.runDaemon(args[1:], stdout, stderr)
 		case "migrate":
-			return runMigrate(args[1:], stdout, stderr)
+			return d.runMigrate(args[1:], stdout, stderr)
 		case "help":
 			fmt.Fprint(stdout, topUsage)
 			return exitOK
 		}
 		if isCLICommand(args[0]) {
-			return runCLI(args[0], args[1:], stdout, stderr)
+			return d.runCLI(args[0], args[1:], stdout, stderr)
 		}
 	}
-	return runDaemon(args, stdout, stderr)
+	return d.runDaemon(args, stdout, stderr)
 }
 
 const topUsage = `Usage:
   shepherd [run] [flags]                       run the control loops (demo mode without a database)
   shepherd migrate [flags] up|down|version|force N
                                                manage the BMDB schema
-  shepherd machines|history|backoff|retry|pause|resume|sessions [flags] ...
+  shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
                                                operator commands (shepherd machines -h)
 
 Run 'shepherd -h' or 'shepherd migrate -h' for the flags.

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -15,22 +18,29 @@ import (
 
 const migrateUsage = `Usage: shepherd migrate [flags] up|down|version|force N
 
-  up        apply every migration the database lacks (no-op when current)
-  down      revert every migration: DROPS ALL SHEPHERD TABLES AND DATA;
-            refuses to run without -yes
-  version   print the schema version, and whether it is dirty
-  force N   record N as the clean schema version without running anything,
-            after repairing a dirty (half-applied) migration by hand
+  up        apply every migration the database lacks (no-op when current):
+            Shepherd's, then those of the binary's processes (extensions)
+  down      revert every migration, the extensions' first: DROPS ALL
+            SHEPHERD TABLES AND DATA; refuses to run without -yes
+  version   print the schema versions, and whether they are dirty
+  force N   record N as the clean version of Shepherd's schema without
+            running anything, after repairing a dirty (half-applied)
+            migration by hand
 
-Flags may come before or after the action.
+Flags may come before or after the action. SIGTERM or SIGINT stops after
+the migration in progress. A migration waits at most 30s for a lock (set
+lock_timeout in the DSN to change it); one that times out is rolled back but
+recorded dirty: run 'migrate force N' with the version before it (and
+-extension NAME for an extension's), then 'migrate up' again.
 `
 
 // runMigrate is the migrate subcommand.
-func runMigrate(args []string, stdout, stderr io.Writer) int {
+func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("shepherd migrate", flag.ContinueOnError)
 	var dsnf dsnFlags
 	dsnf.register(fs)
 	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops every Shepherd table and all fleet data")
+	extension := fs.String("extension", "", "with force: record the version of this extension (a process's own migrations) instead of Shepherd's")
 
 	// Flags may follow the action ("migrate up -bmdb_dsn ..."): parse, take
 	// the positional arguments, and parse what follows them again.
@@ -54,7 +64,19 @@ func runMigrate(args []string, stdout, stderr io.Writer) int {
 		args = rest[1:]
 	}
 
-	action, err := migrateAction(positional)
+	var ext *bmdb.Extension
+	if *extension != "" {
+		i := slices.IndexFunc(d.extensions(), func(e *bmdb.Extension) bool { return e.Name == *extension })
+		if i < 0 {
+			var names []string
+			for _, e := range d.extensions() {
+				names = append(names, e.Name)
+			}
+			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, strings.Join(names, ", ")))
+		}
+		ext = d.extensions()[i]
+	}
+	action, err := migrateAction(positional, ext)
 	if err != nil {
 		return reportUsage(stderr, err)
 	}
@@ -72,17 +94,21 @@ func runMigrate(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := action(ctx, dsn, target, stdout); err != nil {
+	if err := action(ctx, dsn, target, d.extensions(), stdout); err != nil {
 		fmt.Fprintf(stderr, "shepherd: migrate: %v\n", err)
 		return exitFailure
 	}
 	return exitOK
 }
 
-type migrateFunc func(ctx context.Context, dsn, target string, stdout io.Writer) error
+// migrateFunc is a migrate action on the database at dsn (named target in
+// messages), with the binary's extensions.
+type migrateFunc func(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error
 
 // migrateAction checks the positional arguments and returns what to do.
-func migrateAction(pos []string) (migrateFunc, error) {
+// ext is the extension of -extension (nil: Shepherd's schema), which only
+// force takes.
+func migrateAction(pos []string, ext *bmdb.Extension) (migrateFunc, error) {
 	if len(pos) == 0 {
 		return nil, usagef("migrate: want an action: up, down, version or force N")
 	}
@@ -104,14 +130,30 @@ func migrateAction(pos []string) (migrateFunc, error) {
 		if err != nil {
 			return nil, usagef("migrate force %q: want a schema version (a whole number)", pos[1])
 		}
+		if ext != nil {
+			if uint(v) > ext.Latest() {
+				return nil, usagef("migrate force %d: this binary knows versions of extension %s up to %d", v, ext.Name, ext.Latest())
+			}
+			fn = func(ctx context.Context, dsn, target string, _ []*bmdb.Extension, stdout io.Writer) error {
+				if err := bmdb.ExtensionForce(ctx, dsn, ext, uint(v)); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "%s: extension %s version recorded as %d (clean); no migration was run\n", target, ext.Name, v)
+				return nil
+			}
+			break
+		}
 		if uint(v) > bmdb.LatestVersion() {
 			return nil, usagef("migrate force %d: this binary knows schema versions up to %d", v, bmdb.LatestVersion())
 		}
-		fn = func(ctx context.Context, dsn, target string, stdout io.Writer) error {
+		fn = func(ctx context.Context, dsn, target string, _ []*bmdb.Extension, stdout io.Writer) error {
 			return migrateForce(ctx, dsn, target, uint(v), stdout)
 		}
 	default:
 		return nil, usagef("migrate: unknown action %q: want up, down, version or force N", pos[0])
+	}
+	if ext != nil && pos[0] != "force" {
+		return nil, usagef("migrate %s: -extension is for force only (%s applies to every extension)", pos[0], pos[0])
 	}
 	if len(pos) > want {
 		return nil, usagef("migrate %s: unexpected argument %q", pos[0], pos[want])
@@ -119,53 +161,91 @@ func migrateAction(pos []string) (migrateFunc, error) {
 	return fn, nil
 }
 
-func migrateUp(ctx context.Context, dsn, target string, stdout io.Writer) error {
-	from, _, err := bmdb.SchemaVersion(ctx, dsn)
+// versions reads the schema versions of Shepherd and of every extension.
+func versions(ctx context.Context, dsn string, exts []*bmdb.Extension) ([]uint, error) {
+	v, _, err := bmdb.SchemaVersion(ctx, dsn)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
-		return err
+	out := []uint{v}
+	for _, e := range exts {
+		v, _, err := bmdb.ExtensionVersion(ctx, dsn, e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
 	}
-	to, _, err := bmdb.SchemaVersion(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	if from == to {
-		fmt.Fprintf(stdout, "%s: schema already at version %d, nothing to do\n", target, to)
-	} else {
-		fmt.Fprintf(stdout, "%s: migrated schema from version %d to %d\n", target, from, to)
-	}
-	return nil
+	return out, nil
 }
 
-func migrateDown(ctx context.Context, dsn, target string, stdout io.Writer) error {
-	from, _, err := bmdb.SchemaVersion(ctx, dsn)
+func migrateUp(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
+	from, err := versions(ctx, dsn, exts)
 	if err != nil {
 		return err
 	}
-	if err := bmdb.MigrateDown(ctx, dsn); err != nil {
+	migrateErr := bmdb.MigrateUp(ctx, dsn, exts...)
+	// What was done is reported even when a later step failed.
+	to, err := versions(context.WithoutCancel(ctx), dsn, exts)
+	if err != nil {
+		return errors.Join(migrateErr, err)
+	}
+	if from[0] == to[0] {
+		fmt.Fprintf(stdout, "%s: schema already at version %d, nothing to do\n", target, to[0])
+	} else {
+		fmt.Fprintf(stdout, "%s: migrated schema from version %d to %d\n", target, from[0], to[0])
+	}
+	for i, e := range exts {
+		if from[i+1] == to[i+1] {
+			fmt.Fprintf(stdout, "%s: extension %s already at version %d, nothing to do\n", target, e.Name, to[i+1])
+		} else {
+			fmt.Fprintf(stdout, "%s: migrated extension %s from version %d to %d\n", target, e.Name, from[i+1], to[i+1])
+		}
+	}
+	return migrateErr
+}
+
+func migrateDown(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
+	from, err := versions(ctx, dsn, exts)
+	if err != nil {
 		return err
 	}
-	if from == 0 {
+	if err := bmdb.MigrateDown(ctx, dsn, exts...); err != nil {
+		return err
+	}
+	for i := len(exts) - 1; i >= 0; i-- {
+		if from[i+1] != 0 {
+			fmt.Fprintf(stdout, "%s: migrated extension %s down from version %d to 0: its tables and their data are gone\n", target, exts[i].Name, from[i+1])
+		}
+	}
+	if from[0] == 0 {
 		fmt.Fprintf(stdout, "%s: schema was not migrated, nothing to do\n", target)
 	} else {
-		fmt.Fprintf(stdout, "%s: migrated schema down from version %d to 0: every Shepherd table and its data is gone\n", target, from)
+		fmt.Fprintf(stdout, "%s: migrated schema down from version %d to 0: every Shepherd table and its data is gone\n", target, from[0])
 	}
 	return nil
 }
 
-func migrateVersion(ctx context.Context, dsn, target string, stdout io.Writer) error {
+func migrateVersion(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
 	v, dirty, err := bmdb.SchemaVersion(ctx, dsn)
 	if err != nil {
 		return err
 	}
-	state := "clean"
-	if dirty {
-		state = "dirty: a migration failed half-way; repair it by hand, then 'shepherd migrate force N'"
+	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d\n", target, v, dirtyText(dirty), bmdb.LatestVersion())
+	for _, e := range exts {
+		v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, e)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: extension %s version %d (%s); this binary knows up to %d\n", target, e.Name, v, dirtyText(dirty), e.Latest())
 	}
-	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d\n", target, v, state, bmdb.LatestVersion())
 	return nil
+}
+
+func dirtyText(dirty bool) string {
+	if dirty {
+		return "dirty: a migration failed half-way; repair it by hand, then 'shepherd migrate force N'"
+	}
+	return "clean"
 }
 
 func migrateForce(ctx context.Context, dsn, target string, version uint, stdout io.Writer) error {

@@ -2,43 +2,227 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"reflect"
+	"regexp"
+	"slices"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes/agentstart"
-	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 	"github.com/shepherd-fleet/shepherd/providers/static"
+	"github.com/shepherd-fleet/shepherd/statuspage"
 )
 
-// processDef is a process the daemon can run. Its flags and metrics need
-// its Info before anything else exists, while the process itself needs the
-// provider, which needs the database: so the daemon keeps the static Info
-// and builds the process only once the provider is up.
-type processDef struct {
-	info  controlloop.Info
-	build func(p providers.Provider) controlloop.Process
+// Daemon is a Shepherd binary in the making: the processes and providers a
+// main registers before calling Main. The zero value is not usable; call
+// New.
+type Daemon struct {
+	processes []Process
+	providers []Provider
 }
 
-// catalogue lists every process the binary can run, in the order -processes
-// lists them by default. Adding a process to shepherd means adding it here;
-// rc is read when the process is built, after flags are parsed.
-func catalogue(rc *recovery.Config) []processDef {
-	return []processDef{
-		{
-			info:  agentstart.New(nil).Info(),
-			build: func(p providers.Provider) controlloop.Process { return agentstart.New(p) },
-		},
-		{
-			info:  recovery.New(nil, *rc).Info(),
-			build: func(p providers.Provider) controlloop.Process { return recovery.New(p, *rc) },
-		},
+// New returns a Daemon with no process and the built-in providers (sim and
+// static). Register processes with AddProcess, then call Main.
+func New() *Daemon { return &Daemon{} }
+
+// Process defines a control loop for the daemon: everything the binary
+// needs to know about it before, and besides, running it. The daemon needs
+// a process's name and flags before anything else exists (to parse the
+// command line and register metrics), while the process itself needs the
+// provider, which needs the database: so a definition holds the static
+// parts and a New function called once the provider is up.
+type Process struct {
+	// Info is the process's BMDB identity, its label (flags
+	// -<label>_loop_parallelism, metrics {process="<label>"}, -processes)
+	// and its default backoff. Required.
+	Info controlloop.Info
+
+	// Flags, if set, registers the process's own flags on fs. Name them
+	// after the label (-recovery_start_timeout). They are registered on the
+	// daemon's command line and on 'machines', whose eligible listing
+	// depends on what they configure.
+	Flags func(fs *flag.FlagSet)
+	// Check, if set, validates the values of those flags once parsed. Its
+	// error is the one line a bad command line gets (exit status 2), so it
+	// should name the flag.
+	Check func() error
+
+	// New builds the process, after flags are checked. It is called by the
+	// daemon with the provider and the database (not yet connected: New
+	// must not query it), and by the operator CLI, which only reads the
+	// process's Info and Candidates, with a nil Provider. A process that
+	// needs more of its provider than providers.Provider gets it with
+	// ProviderAs, which handles both. Required.
+	New func(env Env) (controlloop.Process, error)
+
+	// Disabled leaves the process out of -processes's default: it runs only
+	// where the operator names it.
+	Disabled bool
+
+	// Tags, if set, reads the process's own tags of machine (from its own
+	// tables, in a read-only transaction), for the status page's machine
+	// page. A machine without them returns none.
+	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+
+	// Migrations, if set, is the schema of the process's own tables: 'migrate
+	// up' applies it after Shepherd's, 'migrate down' reverts it first, and
+	// the daemon refuses to start while it is not current.
+	Migrations *bmdb.Extension
+
+	// DemoFlags are flag defaults demo mode sets unless the command line set
+	// the flag (name without the dash: "recovery_heartbeat_timeout": "30s"),
+	// so that a demo shows the process at work within minutes. Demo mode
+	// also shortens every process's backoff to 10s..2m.
+	DemoFlags map[string]string
+}
+
+// Tag is one line of a process's tags on a machine's status page, such as
+// {"Firmware", "2.1.0 (checked 3h ago)"}. Values from machines are escaped
+// and bounded by the page.
+type Tag = statuspage.Tag
+
+// Env is what a process is built with.
+type Env struct {
+	// Provider acts on the machines; nil when the operator CLI builds the
+	// process to read its candidate condition.
+	Provider providers.Provider
+	// DB is the BMDB, for a process that reads it outside its work.
+	DB *bmdb.DB
+}
+
+// ProviderAs returns env's provider as a T: the way a process that needs
+// more than providers.Provider (a firmware check, a BMC's sensors) gets its
+// own interface of the provider. It fails, saying so, when the provider
+// does not implement T, so that the daemon refuses to start instead of
+// failing every machine. In the operator CLI, which has no provider, it
+// returns the zero T and no error.
+func ProviderAs[T any](env Env) (T, error) {
+	var zero T
+	if env.Provider == nil {
+		return zero, nil
 	}
+	p, ok := env.Provider.(T)
+	if !ok {
+		return zero, fmt.Errorf("provider %s does not implement %s", env.Provider.Name(), reflect.TypeFor[T]())
+	}
+	return p, nil
+}
+
+// AddProcess registers a process. Processes are listed (-processes, the
+// status page) in the order they were added. Errors in the definition (a
+// duplicate label, a missing New) are reported by Main.
+func (d *Daemon) AddProcess(p Process) { d.processes = append(d.processes, p) }
+
+// Provider defines a provider the daemon can run with (-provider NAME), in
+// addition to the built-in sim and static: the world a user's machines
+// live in, or a built-in one extended with what the user's processes need.
+type Provider struct {
+	// Name is the -provider value. Required.
+	Name string
+	// Usage describes the provider in -provider's help: one phrase.
+	Usage string
+	// Flags, if set, registers the provider's flags. They are refused on a
+	// command line that selects another provider.
+	Flags func(fs *flag.FlagSet)
+	// Check, if set, validates those flags when the provider is selected;
+	// its error is a usage error and should name the flag.
+	Check func() error
+	// New builds the provider, once flags are checked. The database is not
+	// yet connected: New must not query it. The provider may also implement
+	// ProviderPreparer, ProviderRunner and ProviderReloader. Required.
+	New func(env ProviderEnv) (providers.Provider, error)
+}
+
+// ProviderEnv is what a provider is built with.
+type ProviderEnv struct {
+	DB *bmdb.DB
+	// Registerer takes the provider's metrics, served on /metrics.
+	Registerer prometheus.Registerer
+}
+
+// ProviderPreparer is implemented by a provider that must make the BMDB
+// ready before the loops start (create its machines, sync an inventory).
+// The daemon retries Prepare while it fails, as it does while the database
+// is down, and is not ready until it succeeds.
+type ProviderPreparer interface {
+	Prepare(ctx context.Context) error
+}
+
+// ProviderRunner is implemented by a provider with work of its own while
+// the loops run (a simulated fleet's agents). Run runs until ctx is done,
+// which happens after the loops have stopped.
+type ProviderRunner interface {
+	Run(ctx context.Context) error
+}
+
+// ProviderReloader is implemented by a provider that rereads its
+// configuration on SIGHUP. An error leaves the last good configuration in
+// force; the daemon logs it.
+type ProviderReloader interface {
+	Reload(ctx context.Context) error
+}
+
+// AddProvider registers a provider. Errors in the definition (a name
+// already taken) are reported by Main.
+func (d *Daemon) AddProvider(p Provider) { d.providers = append(d.providers, p) }
+
+var labelRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,30}$`)
+
+// validate checks the registered definitions: mistakes of the binary's
+// main, reported before anything runs.
+func (d *Daemon) validate() error {
+	if len(d.processes) == 0 {
+		return errors.New("no process registered (daemon.AddProcess)")
+	}
+	var labels, names []string
+	for _, p := range d.processes {
+		label := p.Info.Label
+		if !labelRE.MatchString(label) {
+			return fmt.Errorf("process %q: invalid label %q: want a lower-case letter followed by up to 30 lower-case letters or digits", p.Info.Process.Name, label)
+		}
+		if err := p.Info.Process.Validate(); err != nil {
+			return fmt.Errorf("process %s: %w", label, err)
+		}
+		if p.New == nil {
+			return fmt.Errorf("process %s: no New function", label)
+		}
+		if slices.Contains(labels, label) || slices.Contains(names, p.Info.Process.Name) {
+			return fmt.Errorf("process %s (%s) registered twice", label, p.Info.Process.Name)
+		}
+		labels, names = append(labels, label), append(names, p.Info.Process.Name)
+	}
+	known := []string{providerSim, providerStatic}
+	for _, p := range d.providers {
+		switch {
+		case !labelRE.MatchString(p.Name):
+			return fmt.Errorf("provider %q: invalid name: want a lower-case letter followed by up to 30 lower-case letters or digits", p.Name)
+		case slices.Contains(known, p.Name):
+			return fmt.Errorf("provider %s registered twice (or named like a built-in one)", p.Name)
+		case p.New == nil:
+			return fmt.Errorf("provider %s: no New function", p.Name)
+		}
+		known = append(known, p.Name)
+	}
+	return nil
+}
+
+// extensions lists the registered processes' migrations.
+func (d *Daemon) extensions() []*bmdb.Extension {
+	var exts []*bmdb.Extension
+	for _, p := range d.processes {
+		if p.Migrations != nil {
+			exts = append(exts, p.Migrations)
+		}
+	}
+	return exts
 }
 
 // fleet is the provider the daemon runs the processes with, together with
@@ -73,6 +257,15 @@ func newFleet(cfg *daemonConfig, db *bmdb.DB, reg prometheus.Registerer) (fleet,
 		klog.Infof("Static provider: logging in with -ssh_key_file %s, whose public key the machines' login users must authorize: %s",
 			cfg.static.SSH.KeyFile, p.SSHPublicKey())
 		return staticFleet{p}, nil
+	}
+	for _, def := range cfg.userProviders {
+		if def.Name == cfg.provider {
+			p, err := def.New(ProviderEnv{DB: db, Registerer: reg})
+			if err != nil {
+				return nil, fmt.Errorf("-provider %s: %w", def.Name, err)
+			}
+			return userFleet{p}, nil
+		}
 	}
 	return nil, fmt.Errorf("unknown provider %q", cfg.provider) // check() let it through: a bug
 }
@@ -109,5 +302,37 @@ func (f staticFleet) reload(ctx context.Context) {
 	klog.Infof("Received SIGHUP: reloading the inventory %s", inv.File)
 	if err := f.Reload(ctx); err != nil {
 		klog.Errorf("Inventory not reloaded, the last good one (%d machines) stays in force: %v", len(inv.Machines), err)
+	}
+}
+
+// userFleet is a registered provider, whose lifecycle methods are optional.
+type userFleet struct{ providers.Provider }
+
+func (f userFleet) preparing() string { return "preparing the provider " + f.Name() }
+
+func (f userFleet) prepare(ctx context.Context) error {
+	if p, ok := f.Provider.(ProviderPreparer); ok {
+		return p.Prepare(ctx)
+	}
+	return nil
+}
+
+func (f userFleet) run(ctx context.Context) error {
+	if p, ok := f.Provider.(ProviderRunner); ok {
+		return p.Run(ctx)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (f userFleet) reload(ctx context.Context) {
+	p, ok := f.Provider.(ProviderReloader)
+	if !ok {
+		klog.Infof("Received SIGHUP: nothing to reload with -provider %s", f.Name())
+		return
+	}
+	klog.Infof("Received SIGHUP: reloading the provider %s", f.Name())
+	if err := p.Reload(ctx); err != nil {
+		klog.Errorf("Provider %s not reloaded, its last good configuration stays in force: %v", f.Name(), err)
 	}
 }

@@ -26,9 +26,17 @@ func (s *statusPage) register(mux *http.ServeMux) {
 	mux.Handle(statuspage.PathOverview+"/", s)
 }
 
-// set binds the page to the database and the running loops.
-func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner) {
-	h := statuspage.New(db, statuspage.FromRunners(runners...))
+// set binds the page to the database and the running loops, whose
+// processes' definitions (loops, one per runner, in the same order) show
+// their tags.
+func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops ...*loop) {
+	ps := statuspage.FromRunners(runners...)
+	for i := range ps {
+		if i < len(loops) {
+			ps[i].Tags = loops[i].def.Tags
+		}
+	}
+	h := statuspage.New(db, ps)
 	s.h.Store(&h)
 }
 

@@ -29,6 +29,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Process is a process the status page reports on: its description and
@@ -36,6 +37,16 @@ import (
 type Process struct {
 	Info       controlloop.Info
 	Candidates bmdb.Candidates
+	// Tags, if set, reads the process's own tags of a machine (from its
+	// own tables), shown on the machine's page with Shepherd's tags.
+	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+}
+
+// Tag is one line of a process's tags on a machine's page. The page
+// escapes and bounds Value, which may come from the machine.
+type Tag struct {
+	Name  string
+	Value string
 }
 
 // FromRunners describes the processes of a daemon's runners.
@@ -230,6 +241,8 @@ type machinePage struct {
 	bmdb.MachineDetail
 	// Timeline is History, newest first.
 	Timeline []bmdb.HistoryEntry
+	// ProcessTags are the tags the processes' Tags functions read.
+	ProcessTags []Tag
 }
 
 func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
@@ -257,10 +270,39 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page := machinePage{Generated: h.now(), MachineDetail: d}
+	if d.Exists {
+		page.ProcessTags = h.processTags(ctx, id)
+	}
 	for i := len(d.History) - 1; i >= 0; i-- {
 		page.Timeline = append(page.Timeline, d.History[i])
 	}
 	h.render(w, http.StatusOK, "machine.html", page)
+}
+
+// processTags reads the processes' own tags of machine. A process whose
+// read fails shows the failure in place of its tags: the rest of the page
+// is still worth seeing.
+func (h *handler) processTags(ctx context.Context, machine uuid.UUID) []Tag {
+	var out []Tag
+	for _, p := range h.processes {
+		if p.Tags == nil {
+			continue
+		}
+		var tags []Tag
+		err := h.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			var err error
+			tags, err = p.Tags(ctx, tx, machine)
+			return err
+		})
+		if err != nil {
+			klog.Warningf("status page: tags of %s on %s: %v", p.Info.Label, machine, err)
+			tags = []Tag{{Name: p.Info.Label, Value: "cannot read its tags: " + err.Error()}}
+		}
+		for _, t := range tags {
+			out = append(out, Tag{Name: untrusted.Line(t.Name, 200), Value: untrusted.Line(t.Value, 0)})
+		}
+	}
+	return out
 }
 
 type errorPage struct {

@@ -1,0 +1,175 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// testExtension is a process's schema: a tag table with a foreign key to
+// machines, in two migrations.
+func testExtension() *bmdb.Extension {
+	return &bmdb.Extension{Name: "firmware_test", FS: fstest.MapFS{
+		"0001_firmware.up.sql": {Data: []byte(`CREATE TABLE machine_firmware_test (
+	machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+	version text NOT NULL);`)},
+		"0001_firmware.down.sql": {Data: []byte(`DROP TABLE machine_firmware_test;`)},
+		"0002_checked.up.sql":    {Data: []byte(`ALTER TABLE machine_firmware_test ADD COLUMN checked_at timestamptz;`)},
+		"0002_checked.down.sql":  {Data: []byte(`ALTER TABLE machine_firmware_test DROP COLUMN checked_at;`)},
+	}}
+}
+
+func (e *env) tableExists(name string) bool {
+	e.t.Helper()
+	var ok bool
+	err := e.raw.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ok
+}
+
+// An extension is applied after Shepherd's schema, tracked in its own
+// table, checked by CheckSchema, and reverted before Shepherd's schema by
+// MigrateDown, so that its foreign key to machines does not break it.
+func TestExtensionUpDown(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewEmptyDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+	ext := testExtension()
+
+	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+		t.Fatalf("MigrateUp: %v", err)
+	}
+	if err := e.db.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema of the core: %v", err)
+	}
+	err := e.db.CheckSchema(ctx, ext)
+	if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "extension firmware_test") {
+		t.Fatalf("CheckSchema with the extension not migrated: %v, want ErrSchema naming it", err)
+	}
+
+	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+		t.Fatalf("MigrateUp with the extension: %v", err)
+	}
+	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 2 || dirty || err != nil {
+		t.Fatalf("ExtensionVersion = %d, %v, %v; want 2, clean", v, dirty, err)
+	}
+	expectVersion(t, dsn, bmdb.LatestVersion())
+	if err := e.db.CheckSchema(ctx, ext); err != nil {
+		t.Fatalf("CheckSchema after MigrateUp: %v", err)
+	}
+	// The foreign key holds a machine's tag.
+	m := e.addMachines(1)[0]
+	if _, err := e.raw.Exec(ctx, `INSERT INTO machine_firmware_test (machine_id, version) VALUES ($1, '1.0')`, m); err != nil {
+		t.Fatal(err)
+	}
+
+	// A binary without the extension must not drop machines under it.
+	err = bmdb.MigrateDown(ctx, dsn)
+	if err == nil || !strings.Contains(err.Error(), "extension firmware_test is still migrated") {
+		t.Fatalf("MigrateDown without the extension: %v, want a refusal naming it", err)
+	}
+	expectVersion(t, dsn, bmdb.LatestVersion())
+	if !e.tableExists("machines") || !e.tableExists("machine_firmware_test") {
+		t.Fatalf("the refused MigrateDown dropped tables")
+	}
+
+	if err := bmdb.MigrateDown(ctx, dsn, ext); err != nil {
+		t.Fatalf("MigrateDown with the extension: %v", err)
+	}
+	expectVersion(t, dsn, 0)
+	if v, _, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 0 || err != nil {
+		t.Fatalf("ExtensionVersion after down = %d, %v; want 0", v, err)
+	}
+	if e.tableExists("machines") || e.tableExists("machine_firmware_test") {
+		t.Fatalf("tables left after MigrateDown")
+	}
+	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+		t.Fatalf("MigrateUp again: %v", err)
+	}
+}
+
+// Bad extensions are refused before anything is migrated.
+func TestExtensionInvalid(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewEmptyDatabase(t)
+	for _, c := range []struct {
+		ext  *bmdb.Extension
+		want string
+	}{
+		{&bmdb.Extension{Name: "Firmware", FS: testExtension().FS}, `invalid extension name "Firmware"`},
+		{&bmdb.Extension{Name: "x; DROP TABLE machines", FS: testExtension().FS}, "invalid extension name"},
+		{&bmdb.Extension{Name: "nofs"}, "extension nofs: no migrations"},
+		{&bmdb.Extension{Name: "empty", FS: fstest.MapFS{"README": {}}}, "extension empty: no NNNN_name.up.sql migration"},
+	} {
+		err := bmdb.MigrateUp(ctx, dsn, c.ext)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("MigrateUp(%q): %v, want %q", c.ext.Name, err, c.want)
+		}
+	}
+	expectVersion(t, dsn, 0)
+}
+
+// A migration waiting for a lock gives up after the lock timeout (here the
+// DSN's, shorter than MigrationLockTimeout) with the server's error,
+// instead of hanging; a cancelled context migrates nothing.
+func TestMigrationLockWaitBounded(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := bmdb.MigrateUp(cancelled, dsn, testExtension()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("MigrateUp with a cancelled context: %v, want context.Canceled", err)
+	}
+
+	tx, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `LOCK TABLE machines IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	short := dsn + " lock_timeout=500"
+	if strings.Contains(dsn, "://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		short = dsn + sep + "lock_timeout=500"
+	}
+	ext := testExtension()
+	err = bmdb.MigrateUp(ctx, short, ext)
+	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+		t.Fatalf("MigrateUp behind a lock: %v, want the server's lock timeout", err)
+	}
+	// golang-migrate records a failed migration as dirty, although its
+	// statements (one implicit transaction) were rolled back: the operator
+	// forces the version before it, then migrates up again.
+	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 1 || !dirty || err != nil {
+		t.Fatalf("ExtensionVersion after the timeout = %d, dirty %v, %v; want 1, dirty", v, dirty, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := bmdb.ExtensionForce(ctx, dsn, ext, 0); err != nil {
+		t.Fatalf("ExtensionForce: %v", err)
+	}
+	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+		t.Fatalf("MigrateUp after force: %v", err)
+	}
+	if err := e.db.CheckSchema(ctx, ext); err != nil {
+		t.Fatalf("CheckSchema: %v", err)
+	}
+}
