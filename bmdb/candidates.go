@@ -1,6 +1,11 @@
 package bmdb
 
 import (
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,29 +57,39 @@ AND EXISTS (
 	condNone = `false`
 )
 
+// mustCandidates builds the shipped processes' conditions through the same
+// constructor as a user's; they are constants, so an error is a bug.
+func mustCandidates(c Condition) Candidates {
+	cand, err := NewCandidates(c)
+	if err != nil {
+		panic(err)
+	}
+	return cand
+}
+
 // AgentStartCandidates selects provided machines with no agent started.
 func AgentStartCandidates() Candidates {
-	return Candidates{name: "agent_start", condition: condAgentStart}
+	return mustCandidates(Condition{Name: "agent_start", SQL: condAgentStart})
 }
 
 // RecoveryCandidates selects machines whose agent never heartbeated within
 // startTimeout of being started, or whose last heartbeat is older than
 // heartbeatTimeout.
 func RecoveryCandidates(startTimeout, heartbeatTimeout time.Duration) Candidates {
-	return Candidates{
-		name:      "recovery",
-		condition: condRecovery,
-		args: pgx.NamedArgs{
+	return mustCandidates(Condition{
+		Name: "recovery",
+		SQL:  condRecovery,
+		Args: pgx.NamedArgs{
 			"start_timeout":     startTimeout,
 			"heartbeat_timeout": heartbeatTimeout,
 		},
-	}
+	})
 }
 
 // ProvidedCandidates selects every provided machine: a process whose domain
 // condition is "always" (tests, benchmarks, periodic audits).
 func ProvidedCandidates() Candidates {
-	return Candidates{name: "provided", condition: condProvided}
+	return mustCandidates(Condition{Name: "provided", SQL: condProvided})
 }
 
 // noCandidates selects nothing: for statistics that do not need the
@@ -94,4 +109,114 @@ func (c Candidates) query(template string, args pgx.NamedArgs) (string, pgx.Name
 		merged[k] = v
 	}
 	return strings.Replace(template, "/*CONDITION*/", c.condition, 1), merged
+}
+
+// Condition is a process's domain condition, declared by its author: which
+// machines need the process ("has no agent", "heartbeat stale", "firmware
+// not checked"). It is the only part of sourcing a process writes.
+type Condition struct {
+	// Name names the condition in errors and query plans: lower case
+	// letters, digits and underscores, starting with a letter.
+	Name string
+	// SQL is a boolean SQL expression over the machines table, aliased m.
+	// It may reference any table by a correlated subquery on
+	// m.machine_id (EXISTS (SELECT 1 FROM my_tag t WHERE t.machine_id =
+	// m.machine_id ...)), now(), and the named parameters of Args as
+	// @name. It must be one balanced expression: no statement separators,
+	// no comments, no unbalanced parentheses (which could escape the
+	// generic half it is ANDed with). It should be answerable by indexes
+	// on machine_id (every tag table's primary key is one), since every
+	// claim and every eligible count evaluates it.
+	SQL string
+	// Args are the values of SQL's named parameters.
+	Args pgx.NamedArgs
+}
+
+// reservedArgs are the parameters the claim, listing and count templates
+// bind themselves; a condition may not redefine them.
+var reservedArgs = []string{"after", "group", "ids", "limit", "process", "session"}
+
+var (
+	conditionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+	argNameRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// NewCandidates turns a process's declared condition into its Candidates,
+// for a process defined outside this package. The BMDB always ANDs the
+// generic half of sourcing to it (no lease of the process's exclusion group
+// on the machine, no active backoff, no "check again later" time in the
+// future, the process not paused, its limits), so a condition cannot lease
+// a machine another process of its group holds, whatever it says.
+func NewCandidates(c Condition) (Candidates, error) {
+	if !conditionNameRE.MatchString(c.Name) {
+		return Candidates{}, fmt.Errorf("candidate condition name %q: want lower case letters, digits and underscores, starting with a letter", c.Name)
+	}
+	if strings.TrimSpace(c.SQL) == "" {
+		return Candidates{}, fmt.Errorf("candidate condition %s: empty SQL", c.Name)
+	}
+	if err := checkBalanced(c.SQL); err != nil {
+		return Candidates{}, fmt.Errorf("candidate condition %s: %w", c.Name, err)
+	}
+	for name := range c.Args {
+		if slices.Contains(reservedArgs, name) {
+			return Candidates{}, fmt.Errorf("candidate condition %s: argument @%s is reserved by Shepherd's claim (reserved: %s)", c.Name, name, strings.Join(reservedArgs, ", "))
+		}
+		if !argNameRE.MatchString(name) {
+			return Candidates{}, fmt.Errorf("candidate condition %s: argument name %q is not an identifier", c.Name, name)
+		}
+	}
+	args := make(pgx.NamedArgs, len(c.Args))
+	maps.Copy(args, c.Args)
+	return Candidates{name: c.Name, condition: c.SQL, args: args}, nil
+}
+
+// checkBalanced refuses SQL that could end the expression it is spliced
+// into: parentheses that close more than they opened (`true) OR (true`),
+// statement separators, comments (which could swallow the rest of the
+// template) and dollar quoting. String literals and quoted identifiers are
+// skipped.
+func checkBalanced(sql string) error {
+	depth := 0
+	for i := 0; i < len(sql); i++ {
+		switch ch := sql[i]; ch {
+		case '\'', '"':
+			j := i + 1
+			for ; j < len(sql); j++ {
+				if sql[j] == ch {
+					if j+1 < len(sql) && sql[j+1] == ch { // doubled quote
+						j++
+						continue
+					}
+					break
+				}
+			}
+			if j >= len(sql) {
+				return errors.New("unterminated quote")
+			}
+			i = j
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth < 0 {
+				return errors.New("a ')' closes more than the condition opened")
+			}
+		case ';':
+			return errors.New("';' is not allowed: a condition is one expression")
+		case '$':
+			return errors.New("'$' is not allowed: use named @arguments, not positional ones or dollar quoting")
+		case '-':
+			if i+1 < len(sql) && sql[i+1] == '-' {
+				return errors.New("comments (--) are not allowed")
+			}
+		case '/':
+			if i+1 < len(sql) && sql[i+1] == '*' {
+				return errors.New("comments (/*) are not allowed")
+			}
+		}
+	}
+	if depth != 0 {
+		return errors.New("unbalanced parentheses")
+	}
+	return nil
 }
