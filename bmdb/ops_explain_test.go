@@ -67,6 +67,9 @@ func seedFleet(t *testing.T, e *env, n int) (machine uuid.UUID, session uuid.UUI
 		      LATERAL (VALUES ('ShepherdAgentStart', 'Started'),
 		                      ('ShepherdAgentStart', CASE WHEN random() < 0.2 THEN 'Failed' ELSE 'Finished' END),
 		                      ('ShepherdRecovery', 'Started')) AS v(p, e)`,
+		// A periodic process of a user's checks every machine once a day.
+		`INSERT INTO work_not_before (machine_id, process, until)
+		 SELECT machine_id, 'UserFirmwareCheck', now() + make_interval(secs => random() * 86400) FROM machines`,
 		`INSERT INTO process_pause (process, reason, source, paused_at, resumed_at)
 		 VALUES ('ShepherdRecovery', 'seeded', 'operator', now() - interval '2 hours', now() - interval '1 hour')`,
 	} {

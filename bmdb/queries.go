@@ -63,7 +63,10 @@ FROM sessions ORDER BY session_created_at`
         WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
       AND NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())`
+        WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
+      AND NOT EXISTS (
+        SELECT 1 FROM work_not_before nb
+        WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())`
 
 	// claimTemplate leases up to @limit machines that satisfy the process's
 	// candidate condition (spliced in for /*CONDITION*/), that no lease of the
@@ -105,9 +108,31 @@ WITH lease AS (
     RETURNING machine_id
 ), cleared AS (
     DELETE FROM work_backoff b USING lease WHERE b.machine_id = lease.machine_id AND b.process = $2
+), not_before_cleared AS (
+    DELETE FROM work_not_before nb USING lease WHERE nb.machine_id = lease.machine_id AND nb.process = $2
 )
 INSERT INTO work_history (machine_id, process, event, session_id)
 SELECT machine_id, $2, 'Finished', $3 FROM lease
+RETURNING id`
+
+	// qWorkReschedule ends a lease successfully, as qWorkFinish does, and
+	// keeps the machine from the process's claims for $4 seconds ("check
+	// again later"): recorded as Rescheduled, with the time in the cause.
+	qWorkReschedule = `
+WITH lease AS (
+    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
+    RETURNING machine_id
+), cleared AS (
+    DELETE FROM work_backoff b USING lease WHERE b.machine_id = lease.machine_id AND b.process = $2
+), deferred AS (
+    INSERT INTO work_not_before (machine_id, process, until)
+    SELECT machine_id, $2, now() + make_interval(secs => $4) FROM lease
+    ON CONFLICT (machine_id, process) DO UPDATE SET until = excluded.until
+)
+INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+SELECT machine_id, $2, 'Rescheduled', $3,
+       'check again after ' || to_char((now() + make_interval(secs => $4)) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+FROM lease
 RETURNING id`
 
 	// qWorkEnd ends a lease with Failed or Canceled ($4) and a cause ($5).

@@ -130,7 +130,8 @@ WITH cleared AS (
 SELECT process, until, cause, last_interval_seconds, until > now() FROM cleared ORDER BY process`
 
 	// qRetry makes machine $1 eligible now for process $2: it ends the
-	// process's backoff on it (until = now) but keeps the row's interval, so
+	// process's backoff on it (until = now) and any "check again later"
+	// time, but keeps the backoff row's interval, so
 	// that if the retry fails too the backoff grows on from where it was:
 	// unlike a cleared backoff, a retry does not claim the cause is fixed.
 	// It records Retried with the operator's reason ($3), and returns
@@ -144,12 +145,16 @@ WITH m AS (
     UPDATE work_backoff b SET until = LEAST(b.until, now())
     FROM m WHERE b.machine_id = m.machine_id AND b.process = $2 AND b.until > now()
     RETURNING b.machine_id
+), rescheduled AS (
+    UPDATE work_not_before nb SET until = now()
+    FROM m WHERE nb.machine_id = m.machine_id AND nb.process = $2 AND nb.until > now()
+    RETURNING nb.machine_id
 ), recorded AS (
     INSERT INTO work_history (machine_id, process, event, failed_cause)
     SELECT machine_id, $2, 'Retried', $3 FROM m
 )
 SELECT EXISTS (SELECT 1 FROM m),
-       EXISTS (SELECT 1 FROM expired),
+       EXISTS (SELECT 1 FROM expired) OR EXISTS (SELECT 1 FROM rescheduled),
        EXISTS (SELECT 1 FROM work WHERE machine_id = $1 AND process = $2)`
 
 	// qHostKeyForget forgets machine $1's pinned SSH host key and records

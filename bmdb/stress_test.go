@@ -161,7 +161,7 @@ func TestStress(t *testing.T) {
 					handovers++
 				}
 				lastProcess[k] = h.Process
-			case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
+			case bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
 				if !held || cur.Process != h.Process || cur.Session != h.Session {
 					violation("%+v ends no lease it held (open lease: %+v, held: %v)", h, cur, held)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,7 +23,19 @@ const (
 	// EventLost records a lease released by the reaper because its session
 	// expired: the worker may or may not have completed its action.
 	EventLost = "Lost"
+	// EventRescheduled records a successful end after which the machine is
+	// not a candidate of the process again before a time ("check again
+	// later"); its cause says when.
+	EventRescheduled = "Rescheduled"
 )
+
+// EndEvents are the history events that end a lease, each following the
+// lease's Started: the list an audit of lease overlaps checks against.
+// Operator events (BackoffCleared, Retried, HostKeyForgotten) end nothing.
+var EndEvents = []string{EventFinished, EventRescheduled, EventFailed, EventCanceled, EventLost}
+
+// EndsLease reports whether a history event ends a lease.
+func EndsLease(event string) bool { return slices.Contains(EndEvents, event) }
 
 // maxClaimRaces bounds how often a claim is retried when every candidate it
 // found was leased by a concurrent claimer a moment before.
@@ -170,6 +183,33 @@ func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) 
 	})
 	if err != nil {
 		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+// Reschedule ends the lease successfully, as Finish does, and keeps the
+// machine from being a candidate of the process for after (at least one
+// second): a periodic check that is done for now. It records Rescheduled,
+// not Finished; it is no failure and sets no backoff (it deletes one, as
+// Finish does).
+func (w *Work) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
+	seconds := max(after.Seconds(), 1)
+	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
+		var id int64
+		err := tx.tx.QueryRow(ctx, qWorkReschedule, w.Machine, w.Process.Name, w.s.id, seconds).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost
+		}
+		if err != nil {
+			return err
+		}
+		if fn == nil {
+			return nil
+		}
+		return fn(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
 }

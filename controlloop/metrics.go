@@ -12,9 +12,12 @@ const (
 	// ResultLost: the lease was gone when the worker tried to end it (its
 	// session expired and the reaper released it).
 	ResultLost = "lost"
+	// ResultRescheduled: finished with a time before which the machine is
+	// not a candidate again (Task.CheckAgainAfter); not a failure.
+	ResultRescheduled = "rescheduled"
 )
 
-var results = []string{ResultFinished, ResultFailed, ResultCanceled, ResultLost}
+var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultCanceled, ResultLost}
 
 // Metrics are the runner's Prometheus metrics, shared by all processes of a
 // daemon and labelled by process. Names follow controller-runtime's

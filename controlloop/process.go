@@ -11,6 +11,9 @@ package controlloop
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -58,7 +61,64 @@ type Task struct {
 	// that it is committed if and only if the lease was still held.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 
-	work *bmdb.Work
+	work       *bmdb.Work
+	checkAgain time.Duration
+}
+
+// CheckAgainAfter makes a successful Run (one that returns nil) end the
+// work as "check again later": the machine is not a candidate of this
+// process again for d (at least a second), like controller-runtime's
+// RequeueAfter or River's JobSnooze. It is no failure: history records
+// Rescheduled (with the time) instead of Finished, no backoff is set, and
+// the circuit breaker does not count it. A periodic process (check each
+// machine once a day) calls it on every success; without it, a machine
+// that still matches the condition is a candidate again at once.
+func (t *Task) CheckAgainAfter(d time.Duration) { t.checkAgain = max(d, time.Second) }
+
+// BackoffError is an error for which the failing work backs off with
+// Backoff instead of the task's. Return it (see WithBackoff), wrapped or
+// not, from Run or from a provider: the runner finds it anywhere in the
+// chain of Run's error, so a process never has to remember to apply it. A
+// changed SSH host key, which an operator has to look at, should not be
+// retried every few minutes like a connection reset.
+type BackoffError struct {
+	// Err is the failure itself; it is what history records as the cause.
+	Err error
+	// Backoff replaces the task's backoff for this failure.
+	Backoff bmdb.Backoff
+}
+
+// WithBackoff wraps err so that the work failing with it backs off with b.
+// It returns nil for a nil err.
+func WithBackoff(err error, b bmdb.Backoff) error {
+	if err == nil {
+		return nil
+	}
+	return &BackoffError{Err: err, Backoff: b}
+}
+
+// Error is the wrapped error's message: the backoff is how the failure is
+// handled, not what it is, so it stays out of the recorded cause.
+func (e *BackoffError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("failure with a custom backoff of %s", e.Backoff.Initial)
+	}
+	return e.Err.Error()
+}
+
+// Unwrap returns the wrapped error, so that errors.Is and errors.As see
+// through the backoff.
+func (e *BackoffError) Unwrap() error { return e.Err }
+
+// backoffFor returns the backoff a failure with err gets: that of the
+// outermost BackoffError in its chain (added last, by the code with the
+// most context), else the task's.
+func (t *Task) backoffFor(err error) bmdb.Backoff {
+	var be *BackoffError
+	if errors.As(err, &be) {
+		return be.Backoff
+	}
+	return t.Backoff
 }
 
 // Transact runs fn in a transaction of the task's session (which checks that

@@ -257,12 +257,17 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 	var err error
 	switch {
 	case runErr == nil:
-		result = ResultFinished
 		// One attempt: the commit function is process code, whose error
 		// would only repeat. Failing instead releases the lease and puts
 		// the failure in history.
 		finishCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
-		err = t.work.Finish(finishCtx, r.guardCommit(t))
+		if t.checkAgain > 0 {
+			result = ResultRescheduled
+			err = t.work.Reschedule(finishCtx, r.guardCommit(t), t.checkAgain)
+		} else {
+			result = ResultFinished
+			err = t.work.Finish(finishCtx, r.guardCommit(t))
+		}
 		cancel()
 		if err != nil && !isLeaseGone(err) {
 			klog.Errorf("%s: %s", label, untrusted.Line(err.Error(), 0))
@@ -277,7 +282,8 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 	default:
 		result = ResultFailed
 		klog.Warningf("%s: %s: %s", label, t.Machine, untrusted.Line(runErr.Error(), 0))
-		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, runErr.Error()) })
+		backoff := t.backoffFor(runErr)
+		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, backoff, runErr.Error()) })
 	}
 	if err != nil {
 		if !isLeaseGone(err) {

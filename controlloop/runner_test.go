@@ -17,7 +17,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes"
 )
 
 // The runner's guarantees (leases, backoff, fencing, shutdown) are the
@@ -194,7 +193,7 @@ func checkNoOverlap(t *testing.T, h []bmdb.HistoryEntry) {
 				t.Errorf("history %d: %s started on %s while a lease was held", e.ID, e.Process, e.Machine)
 			}
 			open[e.Machine] = true
-		} else {
+		} else if bmdb.EndsLease(e.Event) { // operator events end nothing
 			open[e.Machine] = false
 		}
 	}
@@ -306,10 +305,11 @@ func TestRunnerCustomBackoff(t *testing.T) {
 
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		if hostKey[task.Machine] {
-			err := processes.WithBackoff(errors.New("ssh: host key changed"), custom)
-			return processes.ApplyBackoff(task, fmt.Errorf("starting agent: %w", err))
+			err := controlloop.WithBackoff(errors.New("ssh: host key changed"), custom)
+			// Wrapped: the runner finds the BackoffError in the chain.
+			return fmt.Errorf("starting agent: %w", err)
 		}
-		return processes.ApplyBackoff(task, errors.New("ssh: connection reset"))
+		return errors.New("ssh: connection reset")
 	})
 	e.start(p, fastConfig(p, 3))
 

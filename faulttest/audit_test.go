@@ -56,7 +56,7 @@ func auditHistory(history []bmdb.HistoryEntry, group map[string]string) (auditRe
 					e.ID, e.Process, e.Machine, e.Session, h.Process, h.ID, h.Session))
 			}
 			open[k] = append(held, e)
-		case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
+		case bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
 			i := slices.IndexFunc(held, func(h bmdb.HistoryEntry) bool {
 				return h.Process == e.Process && h.Session == e.Session
 			})

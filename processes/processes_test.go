@@ -16,7 +16,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
@@ -28,39 +27,6 @@ var (
 	_ controlloop.Process = (*agentstart.AgentStart)(nil)
 	_ controlloop.Process = (*recovery.Recovery)(nil)
 )
-
-func TestApplyBackoff(t *testing.T) {
-	def := bmdb.Backoff{Initial: time.Minute}
-	custom := bmdb.Backoff{Initial: time.Hour}
-	outer := bmdb.Backoff{Initial: 2 * time.Hour}
-	base := errors.New("ssh: host key changed")
-
-	for _, tc := range []struct {
-		name string
-		err  error
-		want bmdb.Backoff
-	}{
-		{"plain", base, def},
-		{"custom", processes.WithBackoff(base, custom), custom},
-		{"wrapped", fmt.Errorf("starting agent: %w", processes.WithBackoff(base, custom)), custom},
-		{"outermost wins", processes.WithBackoff(processes.WithBackoff(base, custom), outer), outer},
-	} {
-		task := &controlloop.Task{Backoff: def}
-		got := processes.ApplyBackoff(task, tc.err)
-		if got != tc.err {
-			t.Errorf("%s: ApplyBackoff changed the error to %v", tc.name, got)
-		}
-		if task.Backoff != tc.want {
-			t.Errorf("%s: backoff %+v, want %+v", tc.name, task.Backoff, tc.want)
-		}
-		if !errors.Is(got, base) || !strings.HasSuffix(got.Error(), base.Error()) {
-			t.Errorf("%s: %v does not show or wrap %v", tc.name, got, base)
-		}
-	}
-	if processes.WithBackoff(nil, custom) != nil {
-		t.Errorf("WithBackoff(nil) is not nil")
-	}
-}
 
 func TestInfo(t *testing.T) {
 	a := agentstart.New(nil).Info()
@@ -338,7 +304,7 @@ func (p *fakeProvider) Reboot(ctx context.Context, m bmdb.Provided) error { retu
 
 func (p *fakeProvider) fail(m bmdb.Provided) error {
 	if p.hostKeyChanged[m.ProviderID] {
-		return processes.WithBackoff(errors.New("ssh: host key changed"), p.backoff)
+		return controlloop.WithBackoff(errors.New("ssh: host key changed"), p.backoff)
 	}
 	return errors.New("ssh: connection refused")
 }

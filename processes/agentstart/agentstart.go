@@ -11,7 +11,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -52,7 +51,7 @@ func (*AgentStart) Candidates() bmdb.Candidates { return bmdb.AgentStartCandidat
 // Run implements controlloop.Process: it starts the agent through the
 // provider and, on success, records the agent's public key when the work
 // finishes, so that the tag exists if and only if the lease was still held.
-// A provider error carrying a processes.BackoffError sets the task's backoff.
+// A provider error carrying a controlloop.BackoffError sets the task's backoff.
 func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
 	var m bmdb.Provided
 	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
@@ -65,7 +64,7 @@ func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
 	}
 	key, err := a.provider.StartAgent(ctx, m)
 	if err != nil {
-		return processes.ApplyBackoff(t, fmt.Errorf("starting agent on %s/%s: %w", m.Provider, m.ProviderID, err))
+		return fmt.Errorf("starting agent on %s/%s: %w", m.Provider, m.ProviderID, err)
 	}
 	if len(key) == 0 {
 		// Without a key nothing could later authenticate the agent.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/processes"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -103,7 +102,7 @@ func (r *Recovery) Candidates() bmdb.Candidates {
 // Run implements controlloop.Process: it reboots the machine through the
 // provider and, when the work finishes, deletes its agent tags, which makes
 // it an AgentStart candidate again. A provider error carrying a
-// processes.BackoffError sets the task's backoff.
+// controlloop.BackoffError sets the task's backoff.
 func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
 	var m bmdb.Provided
 	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
@@ -115,7 +114,7 @@ func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
 		return fmt.Errorf("looking up machine: %w", err)
 	}
 	if err := r.provider.Reboot(ctx, m); err != nil {
-		return processes.ApplyBackoff(t, fmt.Errorf("rebooting %s/%s: %w", m.Provider, m.ProviderID, err))
+		return fmt.Errorf("rebooting %s/%s: %w", m.Provider, m.ProviderID, err)
 	}
 	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.DeleteAgentTags(ctx, t.Machine)

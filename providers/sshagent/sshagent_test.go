@@ -24,8 +24,8 @@ import (
 	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
-	"github.com/shepherd-fleet/shepherd/processes"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
@@ -195,7 +195,7 @@ func TestChangedHostKeyIsRefusedWithLongBackoff(t *testing.T) {
 	if !errors.Is(err, ErrHostKeyChanged) || !strings.Contains(err.Error(), "SSH host key changed") {
 		t.Fatalf("StartAgent after a host key change: %v, want ErrHostKeyChanged", err)
 	}
-	var be *processes.BackoffError
+	var be *controlloop.BackoffError
 	if !errors.As(err, &be) || be.Backoff != HostKeyBackoff {
 		t.Fatalf("StartAgent after a host key change: %v carries no BackoffError with HostKeyBackoff", err)
 	}
@@ -247,7 +247,7 @@ func TestKnownHosts(t *testing.T) {
 
 	f.sshd.RotateHostKey(t)
 	err = c.Reboot(withTimeout(t, time.Minute), f.target)
-	var be *processes.BackoffError
+	var be *controlloop.BackoffError
 	if !errors.Is(err, ErrHostKeyChanged) || !errors.As(err, &be) || !strings.Contains(err.Error(), "known_hosts has") {
 		t.Fatalf("Reboot after a host key change: %v", err)
 	}
@@ -361,7 +361,7 @@ func TestLoginRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = f.client(t).Reboot(withTimeout(t, time.Minute), f.target)
-	var be *processes.BackoffError
+	var be *controlloop.BackoffError
 	if err == nil || !strings.Contains(err.Error(), "unable to authenticate") || errors.As(err, &be) {
 		t.Fatalf("Reboot with an unauthorized key: %v, want an authentication failure with the default backoff", err)
 	}

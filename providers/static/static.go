@@ -33,7 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/processes"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/sshagent"
@@ -240,7 +240,7 @@ func (p *Provider) lookup(m bmdb.Provided) (*Machine, error) {
 	inv := p.Inventory()
 	e, ok := inv.Machine(m.ProviderID)
 	if !ok {
-		return nil, processes.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or delete the machine", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
+		return nil, controlloop.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or delete the machine", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
 	}
 	return e, nil
 }

@@ -19,8 +19,8 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
-	"github.com/shepherd-fleet/shepherd/processes"
 )
 
 // testConfig returns a provider configuration for inventoryFile with a
@@ -140,7 +140,7 @@ machines:
 
 	// Actions on the removed machine fail with the long backoff.
 	_, err = p.StartAgent(ctx, second["c"])
-	var be *processes.BackoffError
+	var be *controlloop.BackoffError
 	if !errors.Is(err, ErrNotInInventory) || !errors.As(err, &be) || be.Backoff != RemovedBackoff {
 		t.Fatalf("StartAgent on a removed machine: %v, want ErrNotInInventory with RemovedBackoff", err)
 	}
