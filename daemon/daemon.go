@@ -190,7 +190,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	if err != nil {
 		return err
 	}
-	runners, err := buildLoops(db, f, cfg.enabled, dbMetrics, loopMetrics)
+	runners, err := buildLoops(db, f.provider(), cfg.enabled, dbMetrics, loopMetrics)
 	if err != nil {
 		return err
 	}
