@@ -72,7 +72,11 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 			for _, e := range d.extensions() {
 				names = append(names, e.Name)
 			}
-			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, strings.Join(names, ", ")))
+			has := "none"
+			if len(names) > 0 {
+				has = strings.Join(names, ", ")
+			}
+			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
 		}
 		ext = d.extensions()[i]
 	}
