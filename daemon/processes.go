@@ -280,7 +280,7 @@ type simFleet struct{ *sim.Provider }
 func (simFleet) preparing() string                   { return "seeding the simulated fleet" }
 func (f simFleet) prepare(ctx context.Context) error { return f.Seed(ctx) }
 func (f simFleet) run(ctx context.Context) error     { return f.Run(ctx) }
-func (f simFleet) provider() providers.Provider { return f.Provider }
+func (f simFleet) provider() providers.Provider      { return f.Provider }
 
 func (simFleet) reload(context.Context) {
 	klog.Info("Received SIGHUP: nothing to reload with -provider sim")
