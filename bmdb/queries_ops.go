@@ -152,6 +152,29 @@ SELECT EXISTS (SELECT 1 FROM m),
        EXISTS (SELECT 1 FROM expired),
        EXISTS (SELECT 1 FROM work WHERE machine_id = $1 AND process = $2)`
 
+	// qHostKeyForget forgets machine $1's pinned SSH host key and records
+	// HostKeyForgotten with the operator's reason and the key's fingerprint
+	// ($2, computed by the caller from the key it read) in one statement.
+	qHostKeyForget = `
+WITH forgotten AS (
+    DELETE FROM machine_ssh_host_key WHERE machine_id = $1 AND host_key = $3
+    RETURNING machine_id, host_key, pinned_at
+), recorded AS (
+    INSERT INTO work_history (machine_id, process, event, failed_cause)
+    SELECT machine_id, '', 'HostKeyForgotten', $2 FROM forgotten
+)
+SELECT host_key, pinned_at FROM forgotten`
+
+	// qHostKeys lists pinned SSH host keys with the machines' provider ids,
+	// by provider and provider id, after the keyset ($1, $2), $3 rows.
+	qHostKeys = `
+SELECT k.machine_id, p.provider, p.provider_id, p.address, k.host_key, k.pinned_at
+FROM machine_provided p
+JOIN machine_ssh_host_key k ON k.machine_id = p.machine_id
+WHERE (p.provider, p.provider_id) > ($1, $2)
+ORDER BY p.provider, p.provider_id
+LIMIT $3`
+
 	// Listings.
 
 	// qLeasedOfProcess lists a process's leases, oldest first: a stuck

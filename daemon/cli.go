@@ -49,6 +49,12 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       lift a pause, an operator's or the circuit breaker's
   shepherd sessions
       worker sessions, live and expired
+  shepherd hostkey forget MACHINE -reason R
+      forget the SSH host key pinned for MACHINE (after a reinstall): the
+      next connection pins the key the machine then presents; recorded in
+      the machine's history with the reason and the key's fingerprint
+  shepherd hostkey list [-limit N]
+      pinned SSH host keys, with fingerprints
   shepherd tags MACHINE
       the machine's tags of the binary's processes (their own tables)
 
@@ -70,6 +76,9 @@ type cliCommand struct {
 	// flags registers the command's own flags on fs.
 	flags func(fs *flag.FlagSet, o *cliOptions)
 	run   func(c *cli, ctx context.Context, args []string) error
+	// reasonOptional is set for a command whose -reason only some of its
+	// actions require; run checks it.
+	reasonOptional bool
 }
 
 // cliOptions are the values of the commands' own flags.
@@ -98,7 +107,11 @@ var cliCommands = map[string]cliCommand{
 	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
 	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
-	"tags":     {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
+	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		reasonFlag(fs, o)
+		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
+	}, run: (*cli).hostKey},
+	"tags": {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -175,7 +188,7 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 		return reportUsage(stderr, usagef("-o %q: want text or json", *output))
 	case opts.limit < 0:
 		return reportUsage(stderr, usagef("-limit %d: must not be negative", opts.limit))
-	case cmd.flags != nil && fs.Lookup("reason") != nil && strings.TrimSpace(opts.reason) == "":
+	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
 		return reportUsage(stderr, usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
 	}
 	for _, p := range d.processes {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -389,4 +391,52 @@ func TestCLIMachinesAll(t *testing.T) {
 		}
 	}
 	f.expect(t, exitUsage, "machines", "-all", "-state", "leased")
+}
+
+// hostkey list shows pinned keys by fingerprint; hostkey forget deletes one
+// and records HostKeyForgotten with the reason and the fingerprint.
+func TestCLIHostKey(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	ctx := context.Background()
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshPub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))
+	err = f.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		_, err := tx.PinSSHHostKey(ctx, f.failed, key)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ssh.FingerprintSHA256(sshPub)
+	out, _ := f.expect(t, exitOK, "hostkey", "list")
+	if !strings.Contains(out, want) || !strings.Contains(out, f.failed.String()) {
+		t.Errorf("hostkey list lacks %s of %s:\n%s", want, f.failed, out)
+	}
+	f.expect(t, exitUsage, "hostkey", "forget", f.failed.String())
+	f.expect(t, exitUsage, "hostkey", "frob", f.failed.String(), "-reason", "x")
+	out, _ = f.expect(t, exitOK, "hostkey", "forget", f.failed.String(), "-reason", "reinstalled by ticket 42")
+	if !strings.Contains(out, want) {
+		t.Errorf("forget does not name the key it forgot:\n%s", out)
+	}
+	f.expect(t, exitNotFound, "hostkey", "forget", f.failed.String(), "-reason", "again")
+	if out, _ = f.expect(t, exitOK, "hostkey", "list", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("a key is still listed: %s", out)
+	}
+	out, _ = f.expect(t, exitOK, "history", "-o", "json", f.failed.String())
+	var h []historyJSON
+	if err := json.Unmarshal([]byte(out), &h); err != nil {
+		t.Fatal(err)
+	}
+	last := h[len(h)-1]
+	if last.Event != bmdb.EventHostKeyForgotten || !strings.Contains(last.Cause, "reinstalled by ticket 42") || !strings.Contains(last.Cause, want) {
+		t.Errorf("last history entry %+v, want HostKeyForgotten with the reason and %s", last, want)
+	}
 }
