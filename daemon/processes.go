@@ -68,8 +68,8 @@ type Process struct {
 	Disabled bool
 
 	// Tags, if set, reads the process's own tags of machine (from its own
-	// tables, in a read-only transaction), for the status page's machine
-	// page. A machine without them returns none.
+	// tables, in a transaction of its own), for the status page's machine
+	// page and 'tags MACHINE'. A machine without them returns none.
 	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 
 	// Migrations, if set, is the schema of the process's own tables: 'migrate
