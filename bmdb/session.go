@@ -187,6 +187,18 @@ func (s *Session) StopHeartbeat() {
 	}
 }
 
+// Abandon gives the session up without closing it: no more pokes, and its
+// owner loses it at once (Done closes, bound contexts are cancelled). Its
+// leases stay in the database until the session expires there, when a
+// reaper releases them and records each as Lost. An owner abandons a
+// session whose lease it cannot end (the database refuses the end for
+// longer than it may wait): the reaper is then the one that ends it, so
+// that no lease stays held without a worker.
+func (s *Session) Abandon() {
+	s.StopHeartbeat()
+	s.markExpired()
+}
+
 // halt ends the heartbeat goroutine, local deadline included.
 func (s *Session) halt() {
 	s.stopOnce.Do(func() { close(s.stop) })

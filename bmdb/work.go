@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // History events.
@@ -178,6 +180,7 @@ func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) 
 // the previous failure's backoff row still exists. If the lease is no longer
 // held, nothing is committed.
 func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
+	cause = cleanCause(cause)
 	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
 		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
 			return err
@@ -210,7 +213,14 @@ func (w *Work) Cancel(ctx context.Context) error {
 	return nil
 }
 
+// cleanCause makes a failure cause storable: causes carry text from
+// machines, BMCs and agents, and PostgreSQL refuses NUL and invalid UTF-8
+// (failing the transaction that ends the lease), while an unbounded cause
+// is stored twice per failure and rendered on every status page.
+func cleanCause(cause string) string { return untrusted.Text(cause, 0) }
+
 func endLease(ctx context.Context, tx *Tx, w *Work, event, cause string) error {
+	cause = cleanCause(cause)
 	var causeArg *string
 	if cause != "" {
 		causeArg = &cause

@@ -98,6 +98,13 @@ type Config struct {
 	MetricsRefresh time.Duration
 	// Limits are the process's safety limits (limits.go).
 	Limits Limits
+	// EndRetry is how long a worker keeps retrying to record the end of a
+	// lease (Fail, Cancel) that the database refuses (a lock, a failover)
+	// before it abandons its session, so that the reaper records the lease
+	// as Lost: no lease stays held without a worker.
+	EndRetry time.Duration
+	// EndAttempt bounds one attempt to record the end of a lease.
+	EndAttempt time.Duration
 
 	backoffInitialSet, backoffMaximumSet, backoffExponentSet bool
 }
@@ -113,6 +120,8 @@ func DefaultConfig(info Info) Config {
 		ShutdownGrace:  10 * time.Second,
 		MetricsRefresh: 30 * time.Second,
 		Limits:         DefaultLimits(),
+		EndRetry:       2 * time.Minute,
+		EndAttempt:     30 * time.Second,
 	}
 }
 

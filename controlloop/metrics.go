@@ -32,6 +32,7 @@ type Metrics struct {
 	sourcing       *prometheus.CounterVec
 	sourcingErrors *prometheus.CounterVec
 	panics         *prometheus.CounterVec
+	endRetries     *prometheus.CounterVec
 	limits         *limitMetrics
 }
 
@@ -88,8 +89,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Panics in process code, each turned into a failure of its work.",
 		}, []string{"process"}),
 	}
+	m.endRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shepherd_work_end_retries_total",
+		Help: "Attempts to record the end of a lease (fail, cancel) that the BMDB refused and that were retried, by outcome: retried, abandoned (the session was given up so that the reaper records the lease as lost).",
+	}, []string{"process", "outcome"})
 	reg.MustRegister(m.started, m.finished, m.duration, m.eligible, m.backoffs, m.leases,
-		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics)
+		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics, m.endRetries)
 	m.limits = newLimitMetrics(reg)
 	return m
 }
@@ -111,4 +116,6 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.sourcing.WithLabelValues(label, "empty")
 	m.sourcingErrors.WithLabelValues(label)
 	m.panics.WithLabelValues(label)
+	m.endRetries.WithLabelValues(label, "retried")
+	m.endRetries.WithLabelValues(label, "abandoned")
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Runner runs one process: a sourcer that claims machines in batches for
@@ -249,39 +250,45 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 	cancel()
 
 	// Ending the lease must work after the grace period cancelled workCtx;
-	// it cannot outlive the session, whose transactions check it.
-	endCtx, endCancel := context.WithTimeout(context.WithoutCancel(workCtx), 30*time.Second)
-	defer endCancel()
+	// it is retried until recorded (endLease), and cannot outlive the
+	// session, whose transactions check it.
+	endCtx := context.WithoutCancel(workCtx)
 	var result string
 	var err error
 	switch {
 	case runErr == nil:
 		result = ResultFinished
-		err = t.work.Finish(endCtx, r.guardCommit(t))
+		// One attempt: the commit function is process code, whose error
+		// would only repeat. Failing instead releases the lease and puts
+		// the failure in history.
+		finishCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
+		err = t.work.Finish(finishCtx, r.guardCommit(t))
+		cancel()
 		if err != nil && !isLeaseGone(err) {
-			// The outcome could not be recorded: fail the work so that the
-			// lease is released and the failure is in history.
-			klog.Errorf("%s: %v", label, err)
+			klog.Errorf("%s: %s", label, untrusted.Line(err.Error(), 0))
 			result = ResultFailed
-			err = t.work.Fail(endCtx, t.Backoff, fmt.Sprintf("recording the outcome failed: %v", err))
+			cause := fmt.Sprintf("recording the outcome failed: %v", err)
+			err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
 		}
 	case stopped:
 		// Shutdown or session lost: no verdict on the machine.
 		result = ResultCanceled
-		err = t.work.Cancel(endCtx)
+		err = r.endLease(endCtx, t, t.work.Cancel)
 	default:
 		result = ResultFailed
-		klog.Warningf("%s: %s: %v", label, t.Machine, runErr)
-		err = t.work.Fail(endCtx, t.Backoff, runErr.Error())
+		klog.Warningf("%s: %s: %s", label, t.Machine, untrusted.Line(runErr.Error(), 0))
+		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, runErr.Error()) })
 	}
 	if err != nil {
 		if !isLeaseGone(err) {
-			klog.Errorf("%s: ending work on %s: %v (the lease is released when its session expires)", label, t.Machine, err)
+			klog.Errorf("%s: ending work on %s: %s", label, t.Machine, untrusted.Line(err.Error(), 0))
 		}
 		result = ResultLost
 	}
 	if result == ResultFailed {
-		r.checkBreaker(endCtx)
+		breakerCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
+		r.checkBreaker(breakerCtx)
+		cancel()
 	}
 	r.metrics.finished.WithLabelValues(label, result).Inc()
 	r.metrics.duration.WithLabelValues(label, result).Observe(time.Since(t.work.Started).Seconds())
@@ -342,4 +349,12 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// endAttempt bounds one attempt to record the end of a lease.
+func (r *Runner) endAttempt() time.Duration {
+	if r.cfg.EndAttempt > 0 {
+		return r.cfg.EndAttempt
+	}
+	return 30 * time.Second
 }

@@ -176,7 +176,7 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		Username:   creds.Username,
 		Password:   creds.Password,
 		BasicAuth:  true,
-		HTTPClient: &http.Client{Transport: transport, Timeout: c.cfg.Timeout},
+		HTTPClient: &http.Client{Transport: boundedTransport{transport}, Timeout: c.cfg.Timeout, CheckRedirect: checkRedirect},
 	})
 	if err != nil {
 		return fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, contextError(ctx, err))

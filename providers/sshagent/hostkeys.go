@@ -271,7 +271,7 @@ func (h *hostKeys) prepare(ctx context.Context, t Target) (*hostKeyCheck, error)
 		if pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(want)); err == nil {
 			wantFP = pk.Type() + " " + ssh.FingerprintSHA256(pk)
 		}
-		return check.refuse(fmt.Errorf("%w: %s presented %s %s, but %s was pinned on %s; if the machine was reinstalled: shepherd hostkey forget %s -reason ..., then shepherd backoff clear %[7]s agentstart -reason ...",
+		return check.refuse(fmt.Errorf("%w: %s presented %s %s, but %s was pinned on %s; if the machine was reinstalled, run shepherd hostkey forget %s -reason R, then shepherd backoff clear %[7]s agentstart -reason R",
 			ErrHostKeyChanged, t.Address, key.Type(), ssh.FingerprintSHA256(key), wantFP, pinnedAt.UTC().Format(time.RFC3339), t.Machine))
 	}
 	return check, nil

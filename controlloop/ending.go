@@ -1,0 +1,74 @@
+package controlloop
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/untrusted"
+)
+
+const (
+	// endPauseFirst and endPauseMax bound the jittered pause between
+	// attempts: short at first (a dropped connection), capped so that a
+	// long refusal (a table lock, a failover) is still retried often.
+	endPauseFirst = 200 * time.Millisecond
+	endPauseMax   = 5 * time.Second
+)
+
+// endLease runs end (a Fail or a Cancel of t's lease) until it is recorded,
+// the lease turns out to be gone already, or Config.EndRetry has passed. In
+// that last case the session is abandoned, so that it expires and a reaper
+// records the lease as Lost: a worker never walks away from a lease it
+// still holds, which would keep the machine from every process of its
+// exclusion group (and count against -<p>_max_in_flight) until the replica
+// stops.
+func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Context) error) error {
+	label := r.info.Label
+	sess := t.work.Session()
+	retry, attemptTimeout := r.cfg.EndRetry, r.endAttempt()
+	if retry <= 0 {
+		retry = 2 * time.Minute
+	}
+	giveUp := time.Now().Add(retry)
+	pause := endPauseFirst
+	for attempt := 1; ; attempt++ {
+		attemptCtx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		err := end(attemptCtx)
+		cancel()
+		if err == nil || isLeaseGone(err) {
+			if attempt > 1 && err == nil {
+				klog.Infof("%s: ended the lease on %s at attempt %d", label, t.Machine, attempt)
+			}
+			return err
+		}
+		if !sess.Alive() {
+			// The lease is the reaper's now.
+			return fmt.Errorf("%w (after: %v)", bmdb.ErrSessionExpired, err)
+		}
+		if time.Now().After(giveUp) {
+			r.metrics.endRetries.WithLabelValues(label, "abandoned").Inc()
+			klog.Errorf("%s: could not record the end of the lease on %s for %s (%d attempts): abandoning session %s so that the reaper records its leases as Lost: %s",
+				label, t.Machine, retry, attempt, sess.ID(), untrusted.Line(err.Error(), 0))
+			sess.Abandon()
+			return fmt.Errorf("%w: abandoned after %d attempts: %v", bmdb.ErrSessionExpired, attempt, err)
+		}
+		r.metrics.endRetries.WithLabelValues(label, "retried").Inc()
+		if attempt == 1 {
+			klog.Warningf("%s: recording the end of the lease on %s failed, retrying until it is recorded (or for %s): %s",
+				label, t.Machine, retry, untrusted.Line(err.Error(), 0))
+		}
+		wait := pause/2 + rand.N(pause/2+1)
+		pause = min(2*pause, endPauseMax)
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-sess.Done():
+			timer.Stop()
+		}
+	}
+}

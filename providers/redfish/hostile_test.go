@@ -1,0 +1,103 @@
+package redfish
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func credsFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "creds")
+	if err := os.WriteFile(p, []byte("admin:secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A BMC answering 500 with a NUL in its body, or with 100 MiB, yields an
+// error of a few KiB: the body is cut where it is read, never held whole.
+func TestHostileBMCAnswersAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body func(w http.ResponseWriter) int64
+	}{
+		{"nul", func(w http.ResponseWriter) int64 {
+			n, _ := w.Write([]byte("internal error \x00\xff\x1b[2J"))
+			return int64(n)
+		}},
+		{"100MiB", func(w http.ResponseWriter) int64 {
+			chunk := []byte(strings.Repeat("A", 64<<10))
+			var sent int64
+			for sent < 100<<20 {
+				n, err := w.Write(chunk)
+				sent += int64(n)
+				if err != nil {
+					break
+				}
+			}
+			return sent
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sent atomic.Int64
+			bmc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusInternalServerError)
+				sent.Store(tc.body(w))
+			}))
+			defer bmc.Close()
+			var before runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: bmc.URL, CredentialsFile: credsFile(t)})
+			var after runtime.MemStats
+			runtime.ReadMemStats(&after)
+			if err == nil {
+				t.Fatal("Reset succeeded against a BMC answering 500")
+			}
+			if len(err.Error()) > 2*maxErrorBody {
+				t.Errorf("error of %d bytes, want at most %d", len(err.Error()), 2*maxErrorBody)
+			}
+			if tc.name == "100MiB" {
+				if !strings.Contains(err.Error(), "[answer cut after 4096 bytes]") {
+					t.Errorf("the error does not say the answer was cut: %.300q", err.Error())
+				}
+				if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+					t.Errorf("Reset allocated %d MiB for a 100 MiB answer", grew>>20)
+				}
+			}
+		})
+	}
+}
+
+// An https BMC redirecting to http (or to another host) does not get the
+// credentials sent there: the redirect is refused.
+func TestRedirectAcrossSchemeOrHostRefused(t *testing.T) {
+	var leaked atomic.Bool
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			leaked.Store(true)
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer target.Close()
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusFound)
+	}))
+	defer redirector.Close()
+	err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: redirector.URL, CredentialsFile: credsFile(t)})
+	if err == nil || !strings.Contains(err.Error(), "refusing a redirect") {
+		t.Errorf("Reset through a redirect to another host: %v, want it refused", err)
+	}
+	if leaked.Load() {
+		t.Error("the credentials reached the redirect's target")
+	}
+}
