@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
+
+	"github.com/golang-migrate/migrate/v4/database"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -171,5 +174,67 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 	}
 	if err := e.db.CheckSchema(ctx, ext); err != nil {
 		t.Fatalf("CheckSchema: %v", err)
+	}
+}
+
+// A migrate whose context ends while it waits for the migration lock
+// (another migrate holds it) stops waiting at once: nothing has run, and
+// the schema is not dirty.
+func TestMigrationLockWaitCancelled(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+	ext := testExtension()
+
+	// Hold golang-migrate's lock of the extension's migrations table, as a
+	// concurrent migrate would.
+	var dbName, schema string
+	if err := e.raw.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&dbName, &schema); err != nil {
+		t.Fatal(err)
+	}
+	id, err := database.GenerateAdvisoryLockId(dbName, schema, ext.Table())
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := e.raw.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, id); err != nil {
+		t.Fatal(err)
+	}
+
+	migrateCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- bmdb.MigrateUp(migrateCtx, dsn, ext) }()
+	waiting := func() bool {
+		var n int
+		err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name LIKE 'shepherd-migrate-%' AND wait_event = 'advisory'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	for !waiting() {
+		select {
+		case err := <-done:
+			t.Fatalf("MigrateUp returned while the lock was held: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	err = <-done
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "lock timeout") {
+		t.Fatalf("MigrateUp cancelled during its lock wait: %v, want context.Canceled, not the lock timeout", err)
+	}
+	// Reading the version takes the lock too.
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1::bigint)`, id); err != nil {
+		t.Fatal(err)
+	}
+	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 0 || dirty || err != nil {
+		t.Fatalf("ExtensionVersion = %d, dirty %v, %v; want 0, clean", v, dirty, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"strings"
@@ -111,10 +112,13 @@ func latestIn(fsys fs.FS) uint {
 }
 
 // migrator opens golang-migrate on ext's migrations. The caller closes it.
-func migrator(dsn string, ext *Extension) (*migrate.Migrate, error) {
+// Its connection carries a unique application_name, returned, by which
+// cancelLockWait finds it. Opening takes the migration lock (to create the
+// migrations table): a wait for it ends when ctx does.
+func migrator(ctx context.Context, dsn string, ext *Extension) (*migrate.Migrate, string, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
+		return nil, "", errors.New("invalid BMDB DSN: cannot parse it as a PostgreSQL URL or key=value string")
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = migrationConnectTimeout
@@ -122,35 +126,43 @@ func migrator(dsn string, ext *Extension) (*migrate.Migrate, error) {
 	if _, set := cfg.RuntimeParams["lock_timeout"]; !set {
 		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(MigrationLockTimeout.Milliseconds(), 10)
 	}
+	app := "shepherd-migrate-" + strconv.FormatUint(rand.Uint64(), 36)
+	cfg.RuntimeParams["application_name"] = app
 	sqlDB := stdlib.OpenDB(*cfg)
+	stop := context.AfterFunc(ctx, func() { cancelLockWait(dsn, app) })
 	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{MigrationsTable: ext.table()})
+	stop()
 	if err != nil {
 		sqlDB.Close()
-		return nil, fmt.Errorf("connecting to BMDB at %s for migration: %w", redactedTarget(cfg), err)
+		if ctx.Err() != nil {
+			return nil, "", fmt.Errorf("interrupted while waiting for the migration lock of %s: %w", ext.label(), ctx.Err())
+		}
+		return nil, "", fmt.Errorf("connecting to BMDB at %s for migration: %w", redactedTarget(cfg), err)
 	}
 	source, err := iofs.New(ext.FS, ".")
 	if err != nil {
 		driver.Close()
-		return nil, fmt.Errorf("reading the migrations of %s: %w", ext.label(), err)
+		return nil, "", fmt.Errorf("reading the migrations of %s: %w", ext.label(), err)
 	}
 	m, err := migrate.NewWithInstance("iofs", source, "pgx5", driver)
 	if err != nil {
-		return nil, fmt.Errorf("preparing the migrations of %s: %w", ext.label(), err)
+		return nil, "", fmt.Errorf("preparing the migrations of %s: %w", ext.label(), err)
 	}
 	// The server's lock_timeout ends the wait first, with its own error;
 	// golang-migrate's timer would leave the wait running.
 	m.LockTimeout = MigrationLockTimeout + 5*time.Second
-	return m, nil
+	return m, app, nil
 }
 
 func closeMigrator(m *migrate.Migrate) {
 	m.Close()
 }
 
-// run runs step (Up or Down) on m, honouring ctx: once ctx is done, the
-// migration in progress runs to its end (a migration interrupted half-way
-// would leave the schema dirty) and no further one starts.
-func run(ctx context.Context, m *migrate.Migrate, step func() error) error {
+// run runs step (Up or Down) on m, honouring ctx: once ctx is done, a wait
+// for the migration lock is cancelled (nothing has run yet), the migration
+// in progress runs to its end (a migration interrupted half-way would leave
+// the schema dirty), and no further one starts.
+func run(ctx context.Context, dsn, app string, m *migrate.Migrate, step func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- step() }()
 	select {
@@ -158,12 +170,31 @@ func run(ctx context.Context, m *migrate.Migrate, step func() error) error {
 		return err
 	case <-ctx.Done():
 		m.GracefulStop <- true
+		cancelLockWait(dsn, app)
 		err := <-done
+		if err != nil && strings.Contains(err.Error(), "canceling statement due to user request") {
+			return fmt.Errorf("interrupted while waiting for the migration lock: %w", ctx.Err())
+		}
 		if err == nil || errors.Is(err, migrate.ErrNoChange) {
 			return fmt.Errorf("interrupted after the migration in progress: %w", ctx.Err())
 		}
-		return err
+		return fmt.Errorf("interrupted (%w): %w", ctx.Err(), err)
 	}
+}
+
+// cancelLockWait cancels the statement of the migration connection named
+// app if, and only if, it is waiting for golang-migrate's advisory lock:
+// then no migration has started. Best effort: a failure leaves the wait to
+// end at the lock timeout.
+func cancelLockWait(dsn, app string) {
+	ctx, cancel := context.WithTimeout(context.Background(), migrationConnectTimeout)
+	defer cancel()
+	conn, err := connect(ctx, dsn)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	_, _ = conn.Exec(ctx, qCancelLockWait, app)
 }
 
 func checkExtensions(exts []*Extension) error {
@@ -195,12 +226,12 @@ func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrat
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	m, err := migrator(dsn, e)
+	m, app, err := migrator(ctx, dsn, e)
 	if err != nil {
 		return err
 	}
 	defer closeMigrator(m)
-	if err := run(ctx, m, func() error { return step(m) }); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+	if err := run(ctx, dsn, app, m, func() error { return step(m) }); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("migrating %s %s: %w", e.label(), dir, err)
 	}
 	return nil
@@ -274,7 +305,7 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 // without running anything: the way out of a dirty state once an operator
 // has repaired the schema by hand.
 func MigrateForce(ctx context.Context, dsn string, version uint) error {
-	m, err := migrator(dsn, core)
+	m, _, err := migrator(ctx, dsn, core)
 	if err != nil {
 		return err
 	}
@@ -297,7 +328,7 @@ func ExtensionForce(ctx context.Context, dsn string, ext *Extension, version uin
 	if version > ext.Latest() {
 		return fmt.Errorf("cannot force version %d of extension %s: this binary knows versions up to %d", version, ext.Name, ext.Latest())
 	}
-	m, err := migrator(dsn, ext)
+	m, _, err := migrator(ctx, dsn, ext)
 	if err != nil {
 		return err
 	}
@@ -315,7 +346,7 @@ func ExtensionForce(ctx context.Context, dsn string, ext *Extension, version uin
 // SchemaVersion returns the database's schema version (0 when never
 // migrated) and whether a migration failed half-way (dirty).
 func SchemaVersion(ctx context.Context, dsn string) (version uint, dirty bool, err error) {
-	return schemaVersion(dsn, core)
+	return schemaVersion(ctx, dsn, core)
 }
 
 // ExtensionVersion is SchemaVersion for ext's migrations.
@@ -323,11 +354,11 @@ func ExtensionVersion(ctx context.Context, dsn string, ext *Extension) (version 
 	if err := ext.Validate(); err != nil {
 		return 0, false, err
 	}
-	return schemaVersion(dsn, ext)
+	return schemaVersion(ctx, dsn, ext)
 }
 
-func schemaVersion(dsn string, e *Extension) (version uint, dirty bool, err error) {
-	m, err := migrator(dsn, e)
+func schemaVersion(ctx context.Context, dsn string, e *Extension) (version uint, dirty bool, err error) {
+	m, _, err := migrator(ctx, dsn, e)
 	if err != nil {
 		return 0, false, err
 	}
@@ -398,3 +429,10 @@ const qExtensionTables = `
 SELECT tablename::text FROM pg_tables
 WHERE schemaname = current_schema() AND tablename LIKE 'schema\_migrations\_%'
 ORDER BY tablename`
+
+// qCancelLockWait cancels a migration connection's wait for golang-migrate's
+// advisory lock, and nothing else it might be running.
+const qCancelLockWait = `
+SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+WHERE application_name = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'
+  AND query LIKE 'SELECT pg_advisory_lock(%'`

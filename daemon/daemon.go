@@ -44,7 +44,12 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 		dsn, err = cfg.dsn.resolve()
 	}
 	if err == nil && dsn == "" {
-		cfg.demoDefaults, err = applyDemoDefaults(fs, d.processes)
+		var demoErr error
+		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes); demoErr != nil {
+			// A mistake of a process definition, not of the command line.
+			fmt.Fprintf(stderr, "shepherd: %v\n", demoErr)
+			return exitFailure
+		}
 		if cfg.provider != providerSim {
 			// Set, but unused: not worth a line in the log.
 			cfg.demoDefaults = slices.DeleteFunc(cfg.demoDefaults, func(f string) bool { return strings.HasPrefix(f, "-sim_") })
@@ -190,7 +195,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	if err != nil {
 		return err
 	}
-	runners, err := buildLoops(db, f, cfg.enabled, dbMetrics, loopMetrics)
+	runners, err := buildLoops(db, f.provider(), cfg.enabled, dbMetrics, loopMetrics)
 	if err != nil {
 		return err
 	}

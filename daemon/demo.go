@@ -90,7 +90,7 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 	klog.Infof("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $%s)", envDSN)
 
 	if len(changedDefaults) > 0 {
-		klog.Infof("DEMO MODE: flag defaults changed so that both loops show work within a minute or two (give a flag to override): %s", strings.Join(changedDefaults, " "))
+		klog.Infof("DEMO MODE: flag defaults changed so that the loops show work within a minute or two (give a flag to override): %s", strings.Join(changedDefaults, " "))
 	}
 
 	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Logf: klog.Infof})

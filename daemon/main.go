@@ -18,7 +18,7 @@
 //		"github.com/shepherd-fleet/shepherd/daemon"
 //		"github.com/shepherd-fleet/shepherd/processes/shipped"
 //
-//		"example.com/fleet/firmwarecheck"
+//		"example.com/firmwarecheck/firmwarecheck"
 //	)
 //
 //	func main() {
@@ -29,14 +29,38 @@
 //		os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
 //	}
 //
-// A process's Definition returns a Process: its controlloop.Info, its
-// flags and their check, a New function that builds the
-// controlloop.Process from the provider (ProviderAs gives a process the
-// provider's own interface, e.g. a firmware check) and the database, its
-// tags for the machine page, and its migrations (bmdb.Extension). A
-// provider of the user's own (AddProvider) is selected with -provider.
-// docs/writing-a-process.md walks through a complete example,
-// examples/firmwarecheck.
+// A process is a controlloop.Process (its Info, its Candidates, its Run on
+// one leased machine; the runner does leases, backoff, sessions, limits and
+// metrics) and a definition, a Process of this package, that tells the
+// daemon the rest:
+//
+//	func Definition() daemon.Process {
+//		cfg := DefaultConfig()
+//		return daemon.Process{
+//			Info:  Info(),            // BMDB name, label, default backoff
+//			Flags: cfg.RegisterFlags, // -firmwarecheck_period, ...
+//			Check: cfg.Check,
+//			New: func(env daemon.Env) (controlloop.Process, error) {
+//				// The provider's own interface, beyond providers.Provider.
+//				checker, err := daemon.ProviderAs[Checker](env)
+//				if err != nil {
+//					return nil, err
+//				}
+//				return New(checker, cfg)
+//			},
+//			Tags:       Tags, // its tags on the machine page and in 'tags'
+//			Migrations: &bmdb.Extension{Name: "firmwarecheck", FS: migrations.FS},
+//		}
+//	}
+//
+// Its tables are its own migrations (bmdb.Extension): 'migrate up' applies
+// them after Shepherd's schema, 'migrate down' reverts them first, and the
+// daemon does not start while they are not current. In Run, it writes them
+// in Task.Commit with bmdb.Tx's Exec, atomically with the end of the lease.
+// A provider of the user's own, which may implement the interfaces its
+// processes need, is registered with AddProvider and selected with
+// -provider. docs/writing-a-process.md walks through the complete example,
+// examples/firmwarecheck, from an empty module to a running loop.
 //
 // The resulting binary's command line:
 //

@@ -27,8 +27,9 @@ const migrateUsage = `Usage: shepherd migrate [flags] up|down|version|force N
             running anything, after repairing a dirty (half-applied)
             migration by hand
 
-Flags may come before or after the action. SIGTERM or SIGINT stops after
-the migration in progress. A migration waits at most 30s for a lock (set
+Flags may come before or after the action. SIGTERM or SIGINT ends a wait
+for another migrate's lock at once, and otherwise stops after the migration
+in progress. A migration waits at most 30s for a lock (set
 lock_timeout in the DSN to change it); one that times out is rolled back but
 recorded dirty: run 'migrate force N' with the version before it (and
 -extension NAME for an extension's), then 'migrate up' again.
@@ -72,7 +73,11 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 			for _, e := range d.extensions() {
 				names = append(names, e.Name)
 			}
-			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, strings.Join(names, ", ")))
+			has := "none"
+			if len(names) > 0 {
+				has = strings.Join(names, ", ")
+			}
+			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
 		}
 		ext = d.extensions()[i]
 	}

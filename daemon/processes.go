@@ -68,8 +68,8 @@ type Process struct {
 	Disabled bool
 
 	// Tags, if set, reads the process's own tags of machine (from its own
-	// tables, in a read-only transaction), for the status page's machine
-	// page. A machine without them returns none.
+	// tables, in a transaction of its own), for the status page's machine
+	// page and 'tags MACHINE'. A machine without them returns none.
 	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 
 	// Migrations, if set, is the schema of the process's own tables: 'migrate
@@ -239,6 +239,9 @@ type fleet interface {
 	run(ctx context.Context) error
 	// reload is the fleet's answer to SIGHUP. It logs what it did.
 	reload(ctx context.Context)
+	// provider is the provider itself, which the processes get: a process
+	// type-asserts it to an interface of its own (ProviderAs).
+	provider() providers.Provider
 }
 
 // newFleet builds the provider -provider selects. It does not touch the
@@ -277,6 +280,8 @@ type simFleet struct{ *sim.Provider }
 func (simFleet) preparing() string                   { return "seeding the simulated fleet" }
 func (f simFleet) prepare(ctx context.Context) error { return f.Seed(ctx) }
 func (f simFleet) run(ctx context.Context) error     { return f.Run(ctx) }
+func (f simFleet) provider() providers.Provider      { return f.Provider }
+
 func (simFleet) reload(context.Context) {
 	klog.Info("Received SIGHUP: nothing to reload with -provider sim")
 }
@@ -286,6 +291,8 @@ func (simFleet) reload(context.Context) {
 type staticFleet struct{ *static.Provider }
 
 func (staticFleet) preparing() string { return "syncing the inventory into the BMDB" }
+
+func (f staticFleet) provider() providers.Provider { return f.Provider }
 
 func (f staticFleet) prepare(ctx context.Context) error { return f.Sync(ctx) }
 
@@ -309,6 +316,8 @@ func (f staticFleet) reload(ctx context.Context) {
 type userFleet struct{ providers.Provider }
 
 func (f userFleet) preparing() string { return "preparing the provider " + f.Name() }
+
+func (f userFleet) provider() providers.Provider { return f.Provider }
 
 func (f userFleet) prepare(ctx context.Context) error {
 	if p, ok := f.Provider.(ProviderPreparer); ok {
