@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,8 +61,21 @@ type Options struct {
 	// default): until then no reaper can release those leases. Shepherd's
 	// transactions never wait on anything but the database between their
 	// statements, so a timeout of seconds costs nothing. A DSN that sets
-	// the parameter itself wins.
+	// the parameter itself wins. Set per transaction (SET LOCAL), like the
+	// two timeouts below, so that PgBouncer accepts it.
 	IdleInTransactionTimeout time.Duration
+	// StatementTimeout bounds each statement of a transaction
+	// (statement_timeout); default DefaultStatementTimeout, negative for
+	// the server's setting. A DSN that sets the parameter itself wins.
+	StatementTimeout time.Duration
+	// LockTimeout bounds each lock wait of a transaction (lock_timeout);
+	// default DefaultLockTimeout, negative for the server's setting. A DSN
+	// that sets the parameter itself wins.
+	LockTimeout time.Duration
+	// ConnectTimeout bounds a connection attempt to one host when the DSN
+	// sets no connect_timeout (nor $PGCONNECT_TIMEOUT); default
+	// DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // DefaultIdleInTransactionTimeout is Options.IdleInTransactionTimeout's
@@ -76,6 +88,10 @@ type DB struct {
 	pool       *pgxpool.Pool
 	metrics    *Metrics
 	maxRetries int
+	// begin starts every transaction and sets its timeouts (beginQuery).
+	begin  pgx.TxOptions
+	hosts  *hostLog
+	health health
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call
@@ -97,10 +113,40 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if opts.IdleInTransactionTimeout == 0 {
 		opts.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
 	}
-	const idleParam = "idle_in_transaction_session_timeout"
-	if _, inDSN := cfg.ConnConfig.RuntimeParams[idleParam]; !inDSN && opts.IdleInTransactionTimeout > 0 {
-		ms := max(opts.IdleInTransactionTimeout.Milliseconds(), 1)
-		cfg.ConnConfig.RuntimeParams[idleParam] = strconv.FormatInt(ms, 10)
+	if opts.StatementTimeout == 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	cc := cfg.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		// Per host: a frozen host of a multi-host DSN costs this much,
+		// then the next one is tried.
+		cc.ConnectTimeout = opts.ConnectTimeout
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		// Server-side prepared statements do not survive a
+		// transaction-mode pooler (SQLSTATE 42P05, 26000); the simple
+		// protocol and exec mode cannot encode []uuid.UUID. Describing
+		// each statement once per connection and sending it unnamed works
+		// through any pooler, and every type encodes as with prepared
+		// statements.
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	cc.DialFunc = dialer().DialContext
+	hosts := &hostLog{}
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		hosts.connected(conn)
+		return nil
+	}
+	db := &DB{
+		metrics: opts.Metrics,
+		begin:   pgx.TxOptions{BeginQuery: beginQuery(cc.RuntimeParams, opts)},
+		hosts:   hosts,
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -109,7 +155,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if opts.MaxRetries <= 0 {
 		opts.MaxRetries = 10
 	}
-	return &DB{pool: pool, metrics: opts.Metrics, maxRetries: opts.MaxRetries}, nil
+	db.pool, db.maxRetries = pool, opts.MaxRetries
+	return db, nil
 }
 
 // redactedTarget names the server of a DSN without its credentials.
@@ -144,6 +191,7 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 		switch {
 		case err == nil:
 			db.metrics.transaction("committed")
+			db.txResult("committed")
 			return nil
 		case isRetryable(err) && attempt < db.maxRetries:
 			db.metrics.transaction("retried")
@@ -155,7 +203,9 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 			case <-time.After(pause):
 			}
 		default:
-			db.metrics.transaction(failureKind(err))
+			kind := failureKind(err)
+			db.metrics.transaction(kind)
+			db.txResult(kind)
 			return err
 		}
 	}
@@ -165,7 +215,7 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	if s != nil && s.expired() {
 		return ErrSessionExpired
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.pool.BeginTx(ctx, db.begin)
 	if err != nil {
 		return fmt.Errorf("beginning BMDB transaction: %w", err)
 	}

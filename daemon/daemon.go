@@ -208,7 +208,13 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 		return err
 	}
 
+	// Readiness reflects progress, not only a ping: heartbeats, reaps and
+	// transactions that keep failing (a locked table, statements timing
+	// out, a broken reaper) make the replica not ready.
+	stallWindow := 2 * cfg.sessionInterval
+	checks = append(checks, func() string { return db.Stalled(stallWindow) })
 	ready.running(db, runners, checks...)
+	go watchReplication(ctx, db, replicationCheckInterval)
 	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
 	defer stopReady()
 	defer cfg.retention.start(ctx, db)()
@@ -288,5 +294,49 @@ func retry(ctx context.Context, what string, fn func(context.Context) error, fat
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 10*time.Second)
+	}
+}
+
+// replicationCheckInterval is how often the daemon checks that the BMDB
+// primary has a synchronous standby.
+const replicationCheckInterval = time.Minute
+
+// watchReplication checks at start and every interval, until ctx is done,
+// that the BMDB primary has a synchronous standby, and warns when it has
+// none: then a failover can lose a committed lease, which another replica
+// can be granted while the first still acts. The state is also the metric
+// shepherd_bmdb_synchronous_standbys. It logs on start and on each change.
+func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) {
+	last := "unchecked"
+	for {
+		r, err := db.Replication(ctx)
+		var state string
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			state = fmt.Sprintf("cannot check the BMDB's replication: %v", err)
+		case r.InRecovery:
+			state = "the BMDB DSN reaches a standby (read-only): add target_session_attrs=read-write"
+		case r.Synchronous():
+			state = ""
+		case r.SyncStandbys < 0 && r.StandbyNames != "":
+			state = fmt.Sprintf("BMDB synchronous_standby_names is %q, but this role cannot see whether a standby is in sync (grant it pg_monitor)", r.StandbyNames)
+		default:
+			state = fmt.Sprintf("the BMDB primary has no synchronous standby (synchronous_standby_names %q, synchronous_commit %s): a failover can lose committed leases and let two replicas act on one machine; see docs/high-availability.md", r.StandbyNames, r.SynchronousCommit)
+		}
+		if state != last {
+			if state == "" {
+				klog.Infof("BMDB primary at %s has %d synchronous standby(s)", db.Host(), r.SyncStandbys)
+			} else {
+				klog.Warning(state)
+			}
+			last = state
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
 	}
 }
