@@ -139,6 +139,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	cc.DialFunc = dialer().DialContext
 	hosts := &hostLog{}
+	cfg.BeforeConnect = hosts.beforeConnect
 	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
 		hosts.connected(conn)
 		return nil

@@ -10,12 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 )
@@ -88,20 +90,29 @@ func beginQuery(runtimeParams map[string]string, opts Options) string {
 // hostLog logs which server the pool's connections reach: the first one,
 // and every change (a failover, a multi-host DSN moving on). Connections to
 // the same server as the previous one are not logged, so a pool of two
-// dozen connections logs once.
+// dozen connections logs once. It also remembers which host of a multi-host
+// DSN answered last, so that the next connection tries it first: pgx walks
+// the hosts in DSN order for every new connection, and a frozen first host
+// would cost each one a full connect timeout.
 type hostLog struct {
-	mu   sync.Mutex
-	last string
+	mu        sync.Mutex
+	last      string // remote address of the last connection
+	preferred pgconn.FallbackConfig
 }
 
 func (h *hostLog) connected(conn *pgx.Conn) {
 	addr := "unknown"
+	var remote net.Addr
 	if nc := conn.PgConn().Conn(); nc != nil {
-		addr = nc.RemoteAddr().String()
+		remote = nc.RemoteAddr()
+		addr = remote.String()
 	}
 	h.mu.Lock()
 	prev := h.last
 	h.last = addr
+	if fb, ok := matchHost(conn.Config(), remote); ok {
+		h.preferred = fb
+	}
 	h.mu.Unlock()
 	switch {
 	case prev == "":
@@ -109,6 +120,67 @@ func (h *hostLog) connected(conn *pgx.Conn) {
 	case prev != addr:
 		klog.Warningf("BMDB: connected to %s (previous connection was to %s: failover or host change)", addr, prev)
 	}
+}
+
+// hosts lists the hosts of cfg in the order pgx tries them.
+func hosts(cfg *pgconn.Config) []pgconn.FallbackConfig {
+	all := []pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	for _, fb := range cfg.Fallbacks {
+		all = append(all, *fb)
+	}
+	return all
+}
+
+// matchHost finds the host of cfg that remote is.
+func matchHost(cfg *pgx.ConnConfig, remote net.Addr) (pgconn.FallbackConfig, bool) {
+	tcp, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return pgconn.FallbackConfig{}, false
+	}
+	for _, h := range hosts(&cfg.Config) {
+		if int(h.Port) != tcp.Port {
+			continue
+		}
+		if ip := net.ParseIP(h.Host); ip != nil {
+			if ip.Equal(tcp.IP) {
+				return h, true
+			}
+			continue
+		}
+		addrs, err := net.LookupHost(h.Host)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ip := net.ParseIP(a); ip != nil && ip.Equal(tcp.IP) {
+				return h, true
+			}
+		}
+	}
+	return pgconn.FallbackConfig{}, false
+}
+
+// beforeConnect puts the host that answered last first in cfg's list,
+// keeping the others in order after it.
+func (h *hostLog) beforeConnect(_ context.Context, cfg *pgx.ConnConfig) error {
+	h.mu.Lock()
+	pref := h.preferred
+	h.mu.Unlock()
+	if pref.Host == "" || len(cfg.Fallbacks) == 0 {
+		return nil
+	}
+	all := hosts(&cfg.Config)
+	i := slices.IndexFunc(all, func(fb pgconn.FallbackConfig) bool { return fb.Host == pref.Host && fb.Port == pref.Port })
+	if i <= 0 {
+		return nil
+	}
+	all = append(all[i:], all[:i]...)
+	cfg.Host, cfg.Port, cfg.TLSConfig = all[0].Host, all[0].Port, all[0].TLSConfig
+	cfg.Fallbacks = make([]*pgconn.FallbackConfig, 0, len(all)-1)
+	for _, fb := range all[1:] {
+		cfg.Fallbacks = append(cfg.Fallbacks, &fb)
+	}
+	return nil
 }
 
 // Host is the server address of the pool's most recent connection, "" before

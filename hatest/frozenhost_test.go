@@ -1,0 +1,54 @@
+package hatest
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+)
+
+// TestFrozenFirstHost starts a replica whose multi-host DSN, written as the
+// README does (no connect_timeout), names first a PostgreSQL server frozen
+// with SIGSTOP: the kernel accepts the connection and nothing ever answers.
+// The replica must move on to the next host within the default connect
+// timeout and be ready within 30 s.
+func TestFrozenFirstHost(t *testing.T) {
+	frozen := startPostgres(t, false)
+	live := startPostgres(t, true)
+	pid, ok := pgcluster.ServerPID(frozen.DataDir)
+	if !ok {
+		t.Fatal("no postmaster pid for the server to freeze")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Registered after startPostgres's cleanup, so it runs before it.
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	dsn := dsnWithHosts(fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", frozen.Port, live.Port), "sslmode=disable&target_session_attrs=read-write")
+	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
+	readyIn := waitFor(t, 30*time.Second, "the replica to be ready past the frozen host", allReady(r))
+	t.Logf("frozen first host: ready after %s (default connect timeout %s)", readyIn.Round(time.Millisecond), bmdb.DefaultConnectTimeout)
+	if readyIn > bmdb.DefaultConnectTimeout+2*time.Second {
+		t.Errorf("ready after %s, want within the connect timeout %s plus 2 s", readyIn, bmdb.DefaultConnectTimeout)
+	}
+	want := fmt.Sprintf("BMDB: connected to 127.0.0.1:%d", live.Port)
+	connected := false
+	for _, l := range r.logLines() {
+		connected = connected || strings.Contains(l, want)
+	}
+	if !connected {
+		t.Errorf("the log does not say %q", want)
+	}
+	// Let it work a little on the live host, then audit.
+	waitFor(t, 30*time.Second, "a lease to be taken", func() (bool, string) {
+		h := history(t, openDB(t, live.DSN("bmdb")))
+		return len(h) > 0, "no history yet"
+	})
+	r.stop(30 * time.Second)
+	checkAudit(t, history(t, openDB(t, live.DSN("bmdb"))))
+}
