@@ -298,8 +298,9 @@ func retry(ctx context.Context, what string, fn func(context.Context) error, fat
 }
 
 // replicationCheckInterval is how often the daemon checks that the BMDB
-// primary has a synchronous standby.
-const replicationCheckInterval = time.Minute
+// primary has a synchronous standby: often enough to see the seconds after
+// a promotion when Patroni has not yet named a new one.
+const replicationCheckInterval = 10 * time.Second
 
 // watchReplication checks at start and every interval, until ctx is done,
 // that the BMDB primary has a synchronous standby, and warns when it has

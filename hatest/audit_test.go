@@ -3,6 +3,7 @@ package hatest
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -65,4 +66,43 @@ func auditHistory(t *testing.T, history []bmdb.HistoryEntry) audit {
 		a.open = append(a.open, hs...)
 	}
 	return a
+}
+
+// heldSince lists the leases of history started before t0 that were not
+// ended by t1 (by the database's clock, as recorded in the history).
+func heldSince(history []bmdb.HistoryEntry, t0, t1 time.Time) []string {
+	type lease struct {
+		machine uuid.UUID
+		process string
+		session uuid.UUID
+	}
+	started := map[lease]bmdb.HistoryEntry{}
+	for _, e := range history {
+		l := lease{e.Machine, e.Process, e.Session}
+		switch e.Event {
+		case bmdb.EventStarted:
+			started[l] = e
+		case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost, eventRescheduled:
+			if e.Timestamp.Before(t1) {
+				delete(started, l)
+			}
+		}
+	}
+	var out []string
+	for _, s := range started {
+		if s.Timestamp.Before(t0) {
+			out = append(out, fmt.Sprintf("%s on %s (session %s) since %s (history id %d)", s.Process, s.Machine, s.Session, s.Timestamp.Format(time.RFC3339Nano), s.ID))
+		}
+	}
+	return out
+}
+
+// startsAfter is the time of the first Started at or after t0.
+func startsAfter(history []bmdb.HistoryEntry, t0 time.Time) (time.Time, bool) {
+	for _, e := range history {
+		if e.Event == bmdb.EventStarted && !e.Timestamp.Before(t0) {
+			return e.Timestamp, true
+		}
+	}
+	return time.Time{}, false
 }
