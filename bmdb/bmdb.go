@@ -187,9 +187,25 @@ func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 
 // transact is Transact with an optional session check as its first statement.
 func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+	start := time.Now()
+	reconnects := 0
 	for attempt := 0; ; attempt++ {
 		err := db.transactOnce(ctx, s, fn)
+		var ns *notStartedError
 		switch {
+		case errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
+			// Nothing was done: a connection the server ended (a
+			// switchover terminates every backend, 57P01) or a primary
+			// not yet reachable. Try again on a new connection, so that
+			// ending a lease survives a failover.
+			db.metrics.transaction("retried")
+			pause := min(100*time.Millisecond<<reconnects, time.Second)
+			reconnects++
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("BMDB transaction: %w (while retrying: %w)", ctx.Err(), err)
+			case <-time.After(pause):
+			}
 		case err == nil:
 			db.metrics.transaction("committed")
 			db.txResult("committed")
@@ -218,7 +234,7 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	}
 	tx, err := db.pool.BeginTx(ctx, db.begin)
 	if err != nil {
-		return fmt.Errorf("beginning BMDB transaction: %w", err)
+		return &notStartedError{fmt.Errorf("beginning BMDB transaction: %w", err)}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if s != nil {
@@ -229,7 +245,7 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 			return ErrSessionExpired
 		}
 		if err != nil {
-			return fmt.Errorf("checking BMDB session: %w", err)
+			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
 		}
 	}
 	if err := fn(ctx, &Tx{tx: tx}); err != nil {
@@ -255,6 +271,19 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	}
 	return nil
 }
+
+// reconnectWindow is how long a transaction that could not start (no
+// connection, BEGIN refused) is tried again: longer than a Patroni
+// failover takes, shorter than the runner's 30 s to end a lease.
+const reconnectWindow = 20 * time.Second
+
+// notStartedError is a transaction's failure before its function ran:
+// connecting, BEGIN or the session check. Nothing was done, so the whole
+// transaction may run again.
+type notStartedError struct{ err error }
+
+func (e *notStartedError) Error() string { return e.err.Error() }
+func (e *notStartedError) Unwrap() error { return e.err }
 
 // isRetryable reports errors after which the same transaction may succeed.
 func isRetryable(err error) bool {

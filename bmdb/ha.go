@@ -119,6 +119,8 @@ func (h *hostLog) connected(conn *pgx.Conn) {
 		klog.Infof("BMDB: connected to %s", addr)
 	case prev != addr:
 		klog.Warningf("BMDB: connected to %s (previous connection was to %s: failover or host change)", addr, prev)
+	default:
+		klog.V(2).Infof("BMDB: new connection to %s", addr)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 // The replica must move on to the next host within the default connect
 // timeout and be ready within 30 s.
 func TestFrozenFirstHost(t *testing.T) {
+	t.Parallel()
 	frozen := startPostgres(t, false)
 	live := startPostgres(t, true)
 	pid, ok := pgcluster.ServerPID(frozen.DataDir)

@@ -85,6 +85,7 @@ logfile = %s
 // lease left held. migrate through the pooler refuses clearly and at once,
 // and leaves nothing that blocks the next, direct, migrate.
 func TestPgBouncerTransactionMode(t *testing.T) {
+	t.Parallel()
 	pg := startPostgres(t, true)
 	bouncer := startPgBouncer(t, pg.Port)
 	pooled := dsnWithHosts(fmt.Sprintf("127.0.0.1:%d", bouncer), "sslmode=disable")
