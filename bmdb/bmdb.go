@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/klog/v2"
 )
 
 var (
@@ -193,12 +194,18 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 		err := db.transactOnce(ctx, s, fn)
 		var ns *notStartedError
 		switch {
-		case errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
+		case ctx.Value(retryUnstartedKey{}) != nil && errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
 			// Nothing was done: a connection the server ended (a
 			// switchover terminates every backend, 57P01) or a primary
-			// not yet reachable. Try again on a new connection, so that
-			// ending a lease survives a failover.
+			// not yet reachable. Ending a lease is tried again on a new
+			// connection (each attempt checks the session's local
+			// deadline), so that it survives a failover. Other
+			// transactions fail at once: their callers log and retry,
+			// which keeps an outage visible.
 			db.metrics.transaction("retried")
+			if reconnects == 0 {
+				klog.Warningf("BMDB: ending a lease: %v; trying again on a new connection for up to %s", err, reconnectWindow)
+			}
 			pause := min(100*time.Millisecond<<reconnects, time.Second)
 			reconnects++
 			select {
@@ -208,7 +215,9 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 			}
 		case err == nil:
 			db.metrics.transaction("committed")
-			db.txResult("committed")
+			if s != nil {
+				db.txResult("committed")
+			}
 			return nil
 		case isRetryable(err) && attempt < db.maxRetries:
 			db.metrics.transaction("retried")
@@ -222,7 +231,9 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 		default:
 			kind := failureKind(err)
 			db.metrics.transaction(kind)
-			db.txResult(kind)
+			if s != nil {
+				db.txResult(kind)
+			}
 			return err
 		}
 	}
@@ -272,10 +283,23 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	return nil
 }
 
-// reconnectWindow is how long a transaction that could not start (no
-// connection, BEGIN refused) is tried again: longer than a Patroni
-// failover takes, shorter than the runner's 30 s to end a lease.
+// reconnectWindow bounds how long a session's transaction that could not
+// start (no connection, BEGIN refused) is tried again: longer than a
+// Patroni failover takes, shorter than the runner's 30 s to end a lease.
+// The session's local deadline usually ends it first.
 const reconnectWindow = 20 * time.Second
+
+// retryUnstartedKey marks a context whose transactions are tried again when
+// they could not start (see retryUnstarted).
+type retryUnstartedKey struct{}
+
+// retryUnstarted marks ctx so that a transaction under it that could not
+// start (no connection, BEGIN refused) is tried again for up to
+// reconnectWindow: for ending a lease, which must not be given up because
+// a failover ended the pooled connection it happened to get.
+func retryUnstarted(ctx context.Context) context.Context {
+	return context.WithValue(ctx, retryUnstartedKey{}, true)
+}
 
 // notStartedError is a transaction's failure before its function ran:
 // connecting, BEGIN or the session check. Nothing was done, so the whole

@@ -200,10 +200,10 @@ func (db *DB) Host() string {
 type health struct {
 	lastPoke    atomic.Int64 // unix nanoseconds of the last successful session heartbeat (or start)
 	lastReap    atomic.Int64 // ... of the last successful reap
-	lastTx      atomic.Int64 // ... of the last transaction that ran to its end (committed, or nothing to do)
+	lastTx      atomic.Int64 // ... of the last session transaction that ran to its end (committed, or nothing to do)
 	pokeFailing atomic.Int64 // consecutive failed heartbeats (all sessions)
 	reapFailing atomic.Int64 // consecutive failed reaps (all sessions)
-	txFailing   atomic.Int64 // consecutive failed transactions
+	txFailing   atomic.Int64 // consecutive failed session transactions
 }
 
 func stamp(a *atomic.Int64) { a.Store(time.Now().UnixNano()) }
@@ -240,8 +240,10 @@ func (db *DB) reapResult(err error) {
 	db.metrics.progress("reap")
 }
 
-// txResult records how a transaction ended: kind is its
-// shepherd_bmdb_transactions_total result.
+// txResult records how a session's transaction (a claim, a lease's end,
+// a task's own writes) ended: kind is its shepherd_bmdb_transactions_total
+// result. Other transactions (reaps, sourcing, agent heartbeats) succeed
+// while claims fail on a locked work table, so they are not counted.
 func (db *DB) txResult(kind string) {
 	switch kind {
 	case "committed", "rolled_back":
@@ -268,7 +270,7 @@ func (db *DB) Stalled(window time.Duration) string {
 		problems = append(problems, fmt.Sprintf("BMDB reaper failing (%d in a row, none succeeded for %s)", h.reapFailing.Load(), window))
 	}
 	if failingFor(&h.txFailing, &h.lastTx, window) {
-		problems = append(problems, fmt.Sprintf("BMDB transactions failing (%d in a row, none succeeded for %s)", h.txFailing.Load(), window))
+		problems = append(problems, fmt.Sprintf("BMDB transactions failing (claims, lease endings: %d in a row, none succeeded for %s)", h.txFailing.Load(), window))
 	}
 	return strings.Join(problems, "; ")
 }
