@@ -206,7 +206,7 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 			if reconnects == 0 {
 				klog.Warningf("BMDB: ending a lease: %v; trying again on a new connection for up to %s", err, reconnectWindow)
 			}
-			pause := min(100*time.Millisecond<<reconnects, time.Second)
+			pause := min(100*time.Millisecond<<min(reconnects, 4), time.Second)
 			reconnects++
 			select {
 			case <-ctx.Done():
