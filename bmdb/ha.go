@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,6 +184,18 @@ func (h *hostLog) beforeConnect(_ context.Context, cfg *pgx.ConnConfig) error {
 		cfg.Fallbacks = append(cfg.Fallbacks, &fb)
 	}
 	return nil
+}
+
+// ConnectBudget is how long one connection may take at worst when hosts
+// do not answer: the connect timeout of every host of the DSN. Callers that bound an operation which may have to
+// connect (the daemon's start-up checks) give it at least this.
+func (db *DB) ConnectBudget() time.Duration {
+	cfg := db.pool.Config().ConnConfig
+	seen := map[string]bool{}
+	for _, h := range hosts(&cfg.Config) {
+		seen[net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))] = true
+	}
+	return time.Duration(len(seen)) * cfg.ConnectTimeout
 }
 
 // Host is the server address of the pool's most recent connection, "" before

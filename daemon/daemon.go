@@ -196,7 +196,10 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	status.set(db, runners)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
-	err = retry(ctx, "checking the BMDB schema at "+target, db.CheckSchema, func(err error) bool {
+	// An attempt may have to wait out the connect timeout of every host
+	// of a multi-host DSN before it reaches the one that answers.
+	attemptTimeout := max(10*time.Second, db.ConnectBudget()+5*time.Second)
+	err = retry(ctx, "checking the BMDB schema at "+target, attemptTimeout, db.CheckSchema, func(err error) bool {
 		return errors.Is(err, bmdb.ErrSchema)
 	})
 	if err != nil || ctx.Err() != nil {
@@ -204,7 +207,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string) error {
 	}
 
 	ready.set(f.preparing())
-	if err := retry(ctx, f.preparing(), f.prepare, nil); err != nil || ctx.Err() != nil {
+	if err := retry(ctx, f.preparing(), attemptTimeout, f.prepare, nil); err != nil || ctx.Err() != nil {
 		return err
 	}
 
@@ -270,15 +273,16 @@ func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <
 	return err
 }
 
-// retry calls fn until it succeeds, fatal says its error is final, or ctx is
-// done (then it returns nil: the caller checks ctx). Transient errors, such
+// retry calls fn, each attempt bounded by attemptTimeout, until it
+// succeeds, fatal says its error is final, or ctx is done (then it returns
+// nil: the caller checks ctx). Transient errors, such
 // as an unreachable database, are logged and retried with a capped
 // exponential pause, so that a daemon started before its database comes up
 // by itself once the database does.
-func retry(ctx context.Context, what string, fn func(context.Context) error, fatal func(error) bool) error {
+func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn func(context.Context) error, fatal func(error) bool) error {
 	pause := 500 * time.Millisecond
 	for {
-		attemptCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		attemptCtx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := fn(attemptCtx)
 		cancel()
 		switch {

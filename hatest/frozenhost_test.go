@@ -2,6 +2,7 @@ package hatest
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,4 +53,32 @@ func TestFrozenFirstHost(t *testing.T) {
 	})
 	r.stop(30 * time.Second)
 	checkAudit(t, history(t, openDB(t, live.DSN("bmdb"))))
+}
+
+// TestTwoSilentHosts: the first two hosts of the DSN accept TCP connections
+// and never answer (as a frozen server does). Each costs the connect
+// timeout; the daemon's start-up checks wait for both and reach the third,
+// instead of timing out before it, attempt after attempt.
+func TestTwoSilentHosts(t *testing.T) {
+	t.Parallel()
+	live := startPostgres(t, true)
+	var silent []string
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Never accepted: the kernel completes the handshake from the
+		// backlog, and nothing is ever sent.
+		t.Cleanup(func() { l.Close() })
+		silent = append(silent, l.Addr().String())
+	}
+	dsn := dsnWithHosts(fmt.Sprintf("%s,%s,127.0.0.1:%d", silent[0], silent[1], live.Port), "sslmode=disable")
+	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
+	readyIn := waitFor(t, 30*time.Second, "the replica to be ready past two silent hosts", allReady(r))
+	t.Logf("two silent hosts first: ready after %s", readyIn.Round(time.Millisecond))
+	if want := 2*bmdb.DefaultConnectTimeout + 2*time.Second; readyIn > want {
+		t.Errorf("ready after %s, want within twice the connect timeout plus 2 s (%s)", readyIn, want)
+	}
+	r.stop(30 * time.Second)
 }
