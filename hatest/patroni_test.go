@@ -320,7 +320,10 @@ func TestPatroniFailover(t *testing.T) {
 	t.Logf("Patroni cluster up (leader %s, synchronous standby %s) in %s", roles["leader"], roles["sync_standby"], time.Since(setupStart).Round(time.Millisecond))
 
 	logDir := t.TempDir()
-	args := append(churnFlags(100), "-bmdb_dsn="+pc.dsn("bmdb"))
+	// The default session interval (10 s): sessions outlive a failover of
+	// a few seconds, so a lease whose ending failed is not released by its
+	// session's expiry, as in production.
+	args := append(churnFlags(100), "-bmdb_dsn="+pc.dsn("bmdb"), "-session_interval=10s")
 	a := startReplica(t, "a", logDir, args...)
 	b := startReplica(t, "b", logDir, args...)
 	waitFor(t, 30*time.Second, "both replicas ready", allReady(a, b))
