@@ -14,13 +14,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/klog/v2"
 )
 
 var (
@@ -62,8 +62,21 @@ type Options struct {
 	// default): until then no reaper can release those leases. Shepherd's
 	// transactions never wait on anything but the database between their
 	// statements, so a timeout of seconds costs nothing. A DSN that sets
-	// the parameter itself wins.
+	// the parameter itself wins. Set per transaction (SET LOCAL), like the
+	// two timeouts below, so that PgBouncer accepts it.
 	IdleInTransactionTimeout time.Duration
+	// StatementTimeout bounds each statement of a transaction
+	// (statement_timeout); default DefaultStatementTimeout, negative for
+	// the server's setting. A DSN that sets the parameter itself wins.
+	StatementTimeout time.Duration
+	// LockTimeout bounds each lock wait of a transaction (lock_timeout);
+	// default DefaultLockTimeout, negative for the server's setting. A DSN
+	// that sets the parameter itself wins.
+	LockTimeout time.Duration
+	// ConnectTimeout bounds a connection attempt to one host when the DSN
+	// sets no connect_timeout (nor $PGCONNECT_TIMEOUT); default
+	// DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // DefaultIdleInTransactionTimeout is Options.IdleInTransactionTimeout's
@@ -76,6 +89,10 @@ type DB struct {
 	pool       *pgxpool.Pool
 	metrics    *Metrics
 	maxRetries int
+	// begin starts every transaction and sets its timeouts (beginQuery).
+	begin  pgx.TxOptions
+	hosts  *hostLog
+	health health
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call
@@ -97,10 +114,41 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if opts.IdleInTransactionTimeout == 0 {
 		opts.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
 	}
-	const idleParam = "idle_in_transaction_session_timeout"
-	if _, inDSN := cfg.ConnConfig.RuntimeParams[idleParam]; !inDSN && opts.IdleInTransactionTimeout > 0 {
-		ms := max(opts.IdleInTransactionTimeout.Milliseconds(), 1)
-		cfg.ConnConfig.RuntimeParams[idleParam] = strconv.FormatInt(ms, 10)
+	if opts.StatementTimeout == 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	cc := cfg.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		// Per host: a frozen host of a multi-host DSN costs this much,
+		// then the next one is tried.
+		cc.ConnectTimeout = opts.ConnectTimeout
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		// Server-side prepared statements do not survive a
+		// transaction-mode pooler (SQLSTATE 42P05, 26000); the simple
+		// protocol and exec mode cannot encode []uuid.UUID. Describing
+		// each statement once per connection and sending it unnamed works
+		// through any pooler, and every type encodes as with prepared
+		// statements.
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	cc.DialFunc = dialer().DialContext
+	hosts := &hostLog{}
+	cfg.BeforeConnect = hosts.beforeConnect
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		hosts.connected(conn)
+		return nil
+	}
+	db := &DB{
+		metrics: opts.Metrics,
+		begin:   pgx.TxOptions{BeginQuery: beginQuery(cc.RuntimeParams, opts)},
+		hosts:   hosts,
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -109,7 +157,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if opts.MaxRetries <= 0 {
 		opts.MaxRetries = 10
 	}
-	return &DB{pool: pool, metrics: opts.Metrics, maxRetries: opts.MaxRetries}, nil
+	db.pool, db.maxRetries = pool, opts.MaxRetries
+	return db, nil
 }
 
 // redactedTarget names the server of a DSN without its credentials.
@@ -139,11 +188,36 @@ func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 
 // transact is Transact with an optional session check as its first statement.
 func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+	start := time.Now()
+	reconnects := 0
 	for attempt := 0; ; attempt++ {
 		err := db.transactOnce(ctx, s, fn)
+		var ns *notStartedError
 		switch {
+		case ctx.Value(retryUnstartedKey{}) != nil && errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
+			// Nothing was done: a connection the server ended (a
+			// switchover terminates every backend, 57P01) or a primary
+			// not yet reachable. Ending a lease is tried again on a new
+			// connection (each attempt checks the session's local
+			// deadline), so that it survives a failover. Other
+			// transactions fail at once: their callers log and retry,
+			// which keeps an outage visible.
+			db.metrics.transaction("retried")
+			if reconnects == 0 {
+				klog.Warningf("BMDB: ending a lease: %v; trying again on a new connection for up to %s", err, reconnectWindow)
+			}
+			pause := min(100*time.Millisecond<<min(reconnects, 4), time.Second)
+			reconnects++
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("BMDB transaction: %w (while retrying: %w)", ctx.Err(), err)
+			case <-time.After(pause):
+			}
 		case err == nil:
 			db.metrics.transaction("committed")
+			if s != nil {
+				db.txResult("committed")
+			}
 			return nil
 		case isRetryable(err) && attempt < db.maxRetries:
 			db.metrics.transaction("retried")
@@ -155,7 +229,11 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 			case <-time.After(pause):
 			}
 		default:
-			db.metrics.transaction(failureKind(err))
+			kind := failureKind(err)
+			db.metrics.transaction(kind)
+			if s != nil {
+				db.txResult(kind)
+			}
 			return err
 		}
 	}
@@ -165,9 +243,9 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	if s != nil && s.expired() {
 		return ErrSessionExpired
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.pool.BeginTx(ctx, db.begin)
 	if err != nil {
-		return fmt.Errorf("beginning BMDB transaction: %w", err)
+		return &notStartedError{fmt.Errorf("beginning BMDB transaction: %w", err)}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if s != nil {
@@ -178,7 +256,7 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 			return ErrSessionExpired
 		}
 		if err != nil {
-			return fmt.Errorf("checking BMDB session: %w", err)
+			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
 		}
 	}
 	if err := fn(ctx, &Tx{tx: tx}); err != nil {
@@ -204,6 +282,32 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.
 	}
 	return nil
 }
+
+// reconnectWindow bounds how long a session's transaction that could not
+// start (no connection, BEGIN refused) is tried again: longer than a
+// Patroni failover takes, shorter than the runner's 30 s to end a lease.
+// The session's local deadline usually ends it first.
+const reconnectWindow = 20 * time.Second
+
+// retryUnstartedKey marks a context whose transactions are tried again when
+// they could not start (see retryUnstarted).
+type retryUnstartedKey struct{}
+
+// retryUnstarted marks ctx so that a transaction under it that could not
+// start (no connection, BEGIN refused) is tried again for up to
+// reconnectWindow: for ending a lease, which must not be given up because
+// a failover ended the pooled connection it happened to get.
+func retryUnstarted(ctx context.Context) context.Context {
+	return context.WithValue(ctx, retryUnstartedKey{}, true)
+}
+
+// notStartedError is a transaction's failure before its function ran:
+// connecting, BEGIN or the session check. Nothing was done, so the whole
+// transaction may run again.
+type notStartedError struct{ err error }
+
+func (e *notStartedError) Error() string { return e.err.Error() }
+func (e *notStartedError) Unwrap() error { return e.err }
 
 // isRetryable reports errors after which the same transaction may succeed.
 func isRetryable(err error) bool {

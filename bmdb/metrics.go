@@ -12,6 +12,7 @@ type Metrics struct {
 	sessionsReaped  prometheus.Counter
 	leasesReaped    prometheus.Counter
 	historyPruned   prometheus.Counter
+	ha              *haMetrics
 }
 
 // TransactionResults are the values of the result label of
@@ -50,6 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.transactions.WithLabelValues(r)
 	}
 	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned)
+	m.ha = newHAMetrics(reg)
 	return m
 }
 

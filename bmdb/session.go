@@ -106,6 +106,7 @@ func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, er
 		return nil, fmt.Errorf("starting BMDB session for %s: %w", cfg.Component, err)
 	}
 	db.metrics.sessionStarted(cfg.Component)
+	db.pokeResult(cfg.Component, nil)
 	deadline := sent.Add(cfg.Interval - cfg.Margin)
 	s.localDeadline.Store(&deadline)
 	go s.heartbeat(deadline)
@@ -284,7 +285,11 @@ func (s *Session) reapEvery(ctx context.Context, done chan<- struct{}) {
 		case <-ctx.Done():
 			return
 		case <-reap.C:
-			if _, _, err := s.db.Reap(ctx); err != nil && ctx.Err() == nil {
+			_, _, err := s.db.Reap(ctx)
+			if ctx.Err() == nil {
+				s.db.reapResult(err)
+			}
+			if err != nil && ctx.Err() == nil {
 				klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)
 			}
 		}
@@ -298,6 +303,9 @@ func (s *Session) poke(ctx context.Context, localDeadline time.Time) (bool, erro
 	defer cancel()
 	tag, err := s.db.pool.Exec(ctx, qSessionPoke, s.id)
 	s.db.metrics.transaction(map[bool]string{true: "committed", false: "failed"}[err == nil])
+	if !errors.Is(err, context.Canceled) {
+		s.db.pokeResult(s.cfg.Component, err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("poking session: %w", err)
 	}

@@ -154,7 +154,7 @@ func (w *Work) end(ctx context.Context, fn func(ctx context.Context, tx *Tx) err
 	if w.done {
 		return ErrWorkDone
 	}
-	err := w.s.Transact(ctx, fn)
+	err := w.s.Transact(retryUnstarted(ctx), fn)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
 		// Ended, by us or by the lease's loss: nothing more can be done.
 		w.done = true

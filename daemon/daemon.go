@@ -202,8 +202,11 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	status.set(db, runners, cfg.enabled...)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
+	// An attempt may have to wait out the connect timeout of every host
+	// of a multi-host DSN before it reaches the one that answers.
+	attemptTimeout := max(10*time.Second, db.ConnectBudget()+5*time.Second)
 	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, exts...) }
-	err = retry(ctx, "checking the BMDB schema at "+target, checkSchema, func(err error) bool {
+	err = retry(ctx, "checking the BMDB schema at "+target, attemptTimeout, checkSchema, func(err error) bool {
 		return errors.Is(err, bmdb.ErrSchema)
 	})
 	if err != nil || ctx.Err() != nil {
@@ -211,11 +214,17 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	}
 
 	ready.set(f.preparing())
-	if err := retry(ctx, f.preparing(), f.prepare, nil); err != nil || ctx.Err() != nil {
+	if err := retry(ctx, f.preparing(), attemptTimeout, f.prepare, nil); err != nil || ctx.Err() != nil {
 		return err
 	}
 
+	// Readiness reflects progress, not only a ping: heartbeats, reaps and
+	// transactions that keep failing (a locked table, statements timing
+	// out, a broken reaper) make the replica not ready.
+	stallWindow := 2 * cfg.sessionInterval
+	checks = append(checks, func() string { return db.Stalled(stallWindow) })
 	ready.running(db, runners, checks...)
+	go watchReplication(ctx, db, replicationCheckInterval)
 	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
 	defer stopReady()
 	defer cfg.retention.start(ctx, db)()
@@ -275,15 +284,16 @@ func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <
 	return err
 }
 
-// retry calls fn until it succeeds, fatal says its error is final, or ctx is
-// done (then it returns nil: the caller checks ctx). Transient errors, such
+// retry calls fn, each attempt bounded by attemptTimeout, until it
+// succeeds, fatal says its error is final, or ctx is done (then it returns
+// nil: the caller checks ctx). Transient errors, such
 // as an unreachable database, are logged and retried with a capped
 // exponential pause, so that a daemon started before its database comes up
 // by itself once the database does.
-func retry(ctx context.Context, what string, fn func(context.Context) error, fatal func(error) bool) error {
+func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn func(context.Context) error, fatal func(error) bool) error {
 	pause := 500 * time.Millisecond
 	for {
-		attemptCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		attemptCtx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := fn(attemptCtx)
 		cancel()
 		switch {
@@ -299,5 +309,50 @@ func retry(ctx context.Context, what string, fn func(context.Context) error, fat
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 10*time.Second)
+	}
+}
+
+// replicationCheckInterval is how often the daemon checks that the BMDB
+// primary has a synchronous standby: often enough to see the seconds after
+// a promotion when Patroni has not yet named a new one.
+const replicationCheckInterval = 10 * time.Second
+
+// watchReplication checks at start and every interval, until ctx is done,
+// that the BMDB primary has a synchronous standby, and warns when it has
+// none: then a failover can lose a committed lease, which another replica
+// can be granted while the first still acts. The state is also the metric
+// shepherd_bmdb_synchronous_standbys. It logs on start and on each change.
+func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) {
+	last := "unchecked"
+	for {
+		r, err := db.Replication(ctx)
+		var state string
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			state = fmt.Sprintf("cannot check the BMDB's replication: %v", err)
+		case r.InRecovery:
+			state = "the BMDB DSN reaches a standby (read-only): add target_session_attrs=read-write"
+		case r.Synchronous():
+			state = ""
+		case r.SyncStandbys < 0 && r.StandbyNames != "":
+			state = fmt.Sprintf("BMDB synchronous_standby_names is %q, but this role cannot see whether a standby is in sync (grant it pg_monitor)", r.StandbyNames)
+		default:
+			state = fmt.Sprintf("the BMDB primary has no synchronous standby (synchronous_standby_names %q, synchronous_commit %s): a failover can lose committed leases and let two replicas act on one machine; see docs/high-availability.md", r.StandbyNames, r.SynchronousCommit)
+		}
+		if state != last {
+			if state == "" {
+				klog.Infof("BMDB primary at %s has %d synchronous standby(s)", db.Host(), r.SyncStandbys)
+			} else {
+				klog.Warning(state)
+			}
+			last = state
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // envDSN names the environment variable that gives the BMDB DSN when no flag
@@ -22,7 +24,7 @@ type dsnFlags struct {
 }
 
 func (d *dsnFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&d.dsn, "bmdb_dsn", "", "PostgreSQL DSN of the BMDB (URL or key=value); default $"+envDSN)
+	fs.StringVar(&d.dsn, "bmdb_dsn", "", "PostgreSQL DSN of the BMDB (URL or key=value); default $"+envDSN+". Without connect_timeout, each host gets "+bmdb.DefaultConnectTimeout.String()+" to answer; see docs/high-availability.md for replicated databases and PgBouncer")
 	fs.StringVar(&d.file, "bmdb_dsn_file", "", "file holding the BMDB DSN (e.g. a mounted secret); an alternative to -bmdb_dsn")
 }
 

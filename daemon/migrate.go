@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
@@ -99,6 +100,12 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if positional[0] != "version" {
+		if err := refuseTransactionPooler(ctx, dsn, target); err != nil {
+			fmt.Fprintf(stderr, "shepherd: migrate: %v\n", err)
+			return exitFailure
+		}
+	}
 	if err := action(ctx, dsn, target, d.extensions(), stdout); err != nil {
 		fmt.Fprintf(stderr, "shepherd: migrate: %v\n", err)
 		return exitFailure
@@ -258,5 +265,28 @@ func migrateForce(ctx context.Context, dsn, target string, version uint, stdout 
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: schema version recorded as %d (clean); no migration was run\n", target, version)
+	return nil
+}
+
+// poolerProbeTimeout bounds the check for a transaction pooler.
+const poolerProbeTimeout = 20 * time.Second
+
+// refuseTransactionPooler fails when dsn reaches PostgreSQL through a
+// transaction-mode pooler (PgBouncer pool_mode=transaction). Migrations need
+// a session: golang-migrate holds a session advisory lock while it runs,
+// and through such a pooler the lock and its unlock reach different server
+// connections, so the lock leaks and blocks every later migrate, direct
+// ones included. Checked before any lock is taken.
+func refuseTransactionPooler(ctx context.Context, dsn, target string) error {
+	ctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	defer cancel()
+	pooled, err := bmdb.TransactionPooled(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	if pooled {
+		return fmt.Errorf("%s is a transaction-mode pooler (e.g. PgBouncer pool_mode=transaction): migrations need a session of their own; "+
+			"run migrate with a DSN that reaches the PostgreSQL primary directly (or a session-mode pool); the daemon itself works through the pooler", target)
+	}
 	return nil
 }

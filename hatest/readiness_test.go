@@ -1,0 +1,78 @@
+package hatest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestReadinessWhileWorkTableLocked: a lock on the work table makes every
+// claim fail on lock_timeout while session heartbeats still succeed and a
+// ping still answers. /readyz must say the replica is not making progress,
+// the metrics must count the failures, and readiness must come back when
+// the lock is gone.
+func TestReadinessWhileWorkTableLocked(t *testing.T) {
+	t.Parallel()
+	pg := startPostgres(t, true)
+	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+pg.DSN("bmdb"), "-session_interval=2s")...)
+	waitFor(t, 30*time.Second, "the replica to be ready", allReady(r))
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pg.DSN("bmdb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE work IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	lockedAt := time.Now()
+	var why string
+	took := waitFor(t, 40*time.Second, "/readyz to report the stalled claims", func() (bool, string) {
+		ok, w := r.ready()
+		why = w
+		return !ok && strings.Contains(w, "transactions failing"), w
+	})
+	t.Logf("work table locked: not ready after %s: %s", took.Round(100*time.Millisecond), why)
+	if n := metricOf(t, r, "shepherd_bmdb_transactions_total", `result="failed"`); n == 0 {
+		t.Error(`shepherd_bmdb_transactions_total{result="failed"} is 0 while claims fail`)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := waitFor(t, 30*time.Second, "the replica to be ready again", allReady(r))
+	t.Logf("ready again %s after the lock was released (held %s)", back.Round(100*time.Millisecond), time.Since(lockedAt).Round(100*time.Millisecond)-back)
+	r.stop(30 * time.Second)
+	checkAudit(t, history(t, openDB(t, pg.DSN("bmdb"))))
+}
+
+// metricOf sums the samples of name on the replica's /metrics whose label
+// text contains label.
+func metricOf(t *testing.T, r *replica, name, label string) float64 {
+	t.Helper()
+	_, body, err := r.get("/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, l := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(l, name) || !strings.Contains(l, label) {
+			continue
+		}
+		var v float64
+		if i := strings.LastIndexByte(l, ' '); i >= 0 {
+			if _, err := fmt.Sscan(l[i+1:], &v); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
