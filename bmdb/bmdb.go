@@ -77,6 +77,10 @@ type Options struct {
 	// sets no connect_timeout (nor $PGCONNECT_TIMEOUT); default
 	// DefaultConnectTimeout.
 	ConnectTimeout time.Duration
+	// QuietConnections logs which host the pool connected to only at
+	// verbosity 2, for one-shot commands (the operator CLI) whose output
+	// is their answer; a daemon leaves it off, so that a failover shows.
+	QuietConnections bool
 }
 
 // DefaultIdleInTransactionTimeout is Options.IdleInTransactionTimeout's
@@ -139,7 +143,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	cc.DialFunc = dialer().DialContext
-	hosts := &hostLog{}
+	hosts := &hostLog{quiet: opts.QuietConnections}
 	cfg.BeforeConnect = hosts.beforeConnect
 	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
 		hosts.connected(conn)

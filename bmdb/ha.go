@@ -99,6 +99,7 @@ type hostLog struct {
 	mu        sync.Mutex
 	last      string // remote address of the last connection
 	preferred pgconn.FallbackConfig
+	quiet     bool // every line at V(2) (Options.QuietConnections)
 }
 
 func (h *hostLog) connected(conn *pgx.Conn) {
@@ -116,6 +117,8 @@ func (h *hostLog) connected(conn *pgx.Conn) {
 	}
 	h.mu.Unlock()
 	switch {
+	case h.quiet:
+		klog.V(2).Infof("BMDB: connected to %s", addr)
 	case prev == "":
 		klog.Infof("BMDB: connected to %s", addr)
 	case prev != addr:

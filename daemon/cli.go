@@ -222,7 +222,7 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: 2})
+	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: 2, QuietConnections: true})
 	if err != nil {
 		return fail(err)
 	}
