@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // exitNotFound is the status of an operator command whose machine, backoff
@@ -342,8 +343,10 @@ func (c *cli) table(header []string, rows [][]string) error {
 			if cell == "" {
 				cells[i] = "-"
 			}
-			// A cause with a tab or newline would break the columns.
-			cells[i] = strings.Join(strings.Fields(cells[i]), " ")
+			// A cause with a tab or newline would break the columns, and
+			// text from machines and BMCs may hold terminal escapes
+			// (ESC[2J clears the operator's screen): shown escaped.
+			cells[i] = untrusted.Line(strings.Join(strings.Fields(cells[i]), " "), 0)
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
@@ -545,7 +548,7 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 		if !b.WasActive {
 			state = "already ended at " + when(b.Until)
 		}
-		fmt.Fprintf(c.out, "Cleared the backoff of %s on %s (%s, interval %s, cause: %s)\n", b.Process, id, state, b.LastInterval, b.Cause)
+		fmt.Fprintf(c.out, "Cleared the backoff of %s on %s (%s, interval %s, cause: %s)\n", b.Process, id, state, b.LastInterval, untrusted.Line(b.Cause, 0))
 	}
 	return nil
 }
@@ -627,7 +630,7 @@ func (c *cli) resume(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(toPauseJSON(lifted))
 	}
-	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), lifted.Reason)
+	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
 	return nil
 }
 

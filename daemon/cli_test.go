@@ -440,3 +440,18 @@ func TestCLIHostKey(t *testing.T) {
 		t.Errorf("last history entry %+v, want HostKeyForgotten with the reason and %s", last, want)
 	}
 }
+
+// Text from machines, BMCs and operators reaches the terminal escaped: an
+// escape sequence in a cause or reason does not act on the screen.
+func TestCLIEscapesTerminalControls(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	f.expect(t, exitOK, "retry", f.failed.String(), "agentstart", "-reason", "fixed \x1b[2J\x07 by hand")
+	out, _ := f.expect(t, exitOK, "history", f.failed.String())
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Errorf("history prints raw control characters:\n%q", out)
+	}
+	if !strings.Contains(out, `fixed \x1b[2J\x07 by hand`) {
+		t.Errorf("history does not show the reason escaped:\n%s", out)
+	}
+}

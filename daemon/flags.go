@@ -42,6 +42,8 @@ type daemonConfig struct {
 	dsn             dsnFlags
 	retention       retentionFlags
 	listen          string
+	statusTokenFile string
+	statusToken     string // read from statusTokenFile by check
 	processes       string
 	provider        string
 	shutdownGrace   time.Duration
@@ -109,7 +111,8 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 
 	c.dsn.register(fs)
 	c.retention.register(fs)
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz and /readyz (port 0 picks a free one)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz, /readyz and /status (port 0 picks a free one)")
+	fs.StringVar(&c.statusTokenFile, "status_token_file", "", "file holding a token that /status requires (as a bearer token, or as the password of HTTP Basic authentication, any user); empty: /status is open to whoever reaches -listen")
 	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
 	fs.StringVar(&c.provider, "provider", providerSim, providerUsage)
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
@@ -171,6 +174,13 @@ func (c *daemonConfig) check() error {
 	}
 	if c.sessionInterval < time.Second {
 		return usagef("-session_interval %s: must be at least 1s", c.sessionInterval)
+	}
+	if c.statusTokenFile != "" {
+		token, err := readSecretFile(c.statusTokenFile)
+		if err != nil {
+			return usagef("-status_token_file: %v", err)
+		}
+		c.statusToken = token
 	}
 	if err := c.retention.check(); err != nil {
 		return err

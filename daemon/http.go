@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -75,9 +77,9 @@ func (r *readiness) check(ctx context.Context) []string {
 }
 
 // newHandler serves the metrics of reg and the probes.
-func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage) http.Handler {
+func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage, statusToken string) http.Handler {
 	mux := http.NewServeMux()
-	status.register(mux)
+	status.register(mux, statusToken)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	// /healthz answers as long as the process serves HTTP at all: a
 	// database outage must not make an orchestrator restart every replica.
@@ -98,6 +100,40 @@ func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage) 
 	return mux
 }
 
+// Limits of the -listen server.
+const (
+	// maxHeaderBytes bounds a request's headers: probes, scrapes and
+	// browsers send well under 8 KiB.
+	maxHeaderBytes = 16 << 10
+	// maxHTTPConnections bounds concurrent connections: Prometheus, the
+	// probes and a few operators need a handful.
+	maxHTTPConnections = 256
+)
+
+// requireToken serves h only to requests that carry token, as a bearer
+// token or as the password of HTTP Basic authentication (which browsers
+// prompt for); others get 401. An empty token lets every request through.
+func requireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var got string
+		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			got = bearer
+		} else if _, password, ok := r.BasicAuth(); ok {
+			got = password
+		}
+		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Basic realm="shepherd status"`)
+			http.Error(w, "the status page needs the token of -status_token_file", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // serveHTTP listens on addr (a port of 0 picks a free one, logged) and
 // serves h until stop is called.
 func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
@@ -105,7 +141,19 @@ func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("-listen %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Bounded in every dimension a client controls: a client trickling
+	// headers, sending a slow body, holding idle keep-alives or opening
+	// thousands of connections costs a bounded amount of memory and no
+	// goroutine forever.
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
+	l = netutil.LimitListener(l, maxHTTPConnections)
 	klog.Infof("Serving /metrics, /healthz and /readyz on http://%s", l.Addr())
 	done := make(chan struct{})
 	go func() {

@@ -20,10 +20,13 @@ type statusPage struct {
 	h atomic.Pointer[http.Handler]
 }
 
-// register routes /status and everything under it to the page.
-func (s *statusPage) register(mux *http.ServeMux) {
-	mux.Handle(statuspage.PathOverview, s)
-	mux.Handle(statuspage.PathOverview+"/", s)
+// register routes /status and everything under it to the page, behind
+// token when it is not empty (-status_token_file): the page shows failure
+// causes and machine addresses.
+func (s *statusPage) register(mux *http.ServeMux, token string) {
+	h := requireToken(token, s)
+	mux.Handle(statuspage.PathOverview, h)
+	mux.Handle(statuspage.PathOverview+"/", h)
 }
 
 // set binds the page to the database and the running loops, whose

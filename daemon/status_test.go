@@ -22,7 +22,7 @@ func TestStatusPageLateBinding(t *testing.T) {
 	t.Parallel()
 	var sp statusPage
 	mux := http.NewServeMux()
-	sp.register(mux)
+	sp.register(mux, "")
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	get := func(path string) (int, string) {
