@@ -22,6 +22,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 
@@ -180,6 +181,7 @@ var kinds = map[string]struct {
 	"Service":             {"v1", func() any { return &corev1.Service{} }},
 	"Deployment":          {"apps/v1", func() any { return &appsv1.Deployment{} }},
 	"PodDisruptionBudget": {"policy/v1", func() any { return &policyv1.PodDisruptionBudget{} }},
+	"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return &networkingv1.NetworkPolicy{} }},
 }
 
 var customKinds = map[string]string{
@@ -297,7 +299,7 @@ func TestManifestsParse(t *testing.T) {
 	}
 	for kind, n := range map[string]int{
 		"Deployment": 1, "Service": 2, "PodDisruptionBudget": 1, "ServiceMonitor": 1, "PrometheusRule": 1,
-		"Secret": 4, "ConfigMap": 1, "ServiceAccount": 1, "Namespace": 1, "Kustomization": 1,
+		"Secret": 4, "ConfigMap": 1, "ServiceAccount": 1, "Namespace": 1, "Kustomization": 1, "NetworkPolicy": 1,
 	} {
 		if got[kind] != n {
 			t.Errorf("want %d %s, found %d", n, kind, got[kind])
