@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -184,7 +185,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
 		// with 503; the agents send the next one at their next interval.
-		agents.serve(db, heartbeatMetrics)
+		agents.serve(db, heartbeat.Options{Metrics: heartbeatMetrics, SourceRate: rate.Limit(cfg.heartbeatRefusalRate), SourceBurst: cfg.heartbeatRefusalBurst})
 		checks = append(checks, agents.check)
 	}
 

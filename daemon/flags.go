@@ -43,12 +43,16 @@ type daemonConfig struct {
 	retention       retentionFlags
 	listen          string
 	statusTokenFile string
-	statusToken     string // read from statusTokenFile by check
-	processes       string
-	provider        string
-	shutdownGrace   time.Duration
-	sessionInterval time.Duration
-	stateDir        string
+	// heartbeatRefusalRate and heartbeatRefusalBurst are each source's
+	// bucket of refused heartbeat requests (heartbeat.Options).
+	heartbeatRefusalRate  float64
+	heartbeatRefusalBurst int
+	statusToken           string // read from statusTokenFile by check
+	processes             string
+	provider              string
+	shutdownGrace         time.Duration
+	sessionInterval       time.Duration
+	stateDir              string
 	// demoDefaults lists the flags demo mode changed, for its log.
 	demoDefaults []string
 
@@ -121,6 +125,8 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
 	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
 	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
+	fs.Float64Var(&c.heartbeatRefusalRate, "agent_refusals_per_second", 20, "refused heartbeat requests (forged, unknown machine, malformed, stale) a source address may make per second before it is answered 429; accepted heartbeats are never limited, however many agents share an address")
+	fs.IntVar(&c.heartbeatRefusalBurst, "agent_refusals_burst", 40, "burst of -agent_refusals_per_second")
 
 	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
 	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
@@ -174,6 +180,12 @@ func (c *daemonConfig) check() error {
 	}
 	if c.sessionInterval < time.Second {
 		return usagef("-session_interval %s: must be at least 1s", c.sessionInterval)
+	}
+	if !(c.heartbeatRefusalRate > 0 && c.heartbeatRefusalRate <= 1e6) {
+		return usagef("-agent_refusals_per_second %g: must be above 0 and at most 1000000", c.heartbeatRefusalRate)
+	}
+	if c.heartbeatRefusalBurst < 1 || c.heartbeatRefusalBurst > 1e6 {
+		return usagef("-agent_refusals_burst %d: must be between 1 and 1000000", c.heartbeatRefusalBurst)
 	}
 	if c.statusTokenFile != "" {
 		token, err := readSecretFile(c.statusTokenFile)

@@ -51,6 +51,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-recovery_heartbeat_timeout=0s"}, "shepherd: -recovery_heartbeat_timeout 0s: must be positive"},
 		{[]string{"-shutdown_grace=-1s"}, "shepherd: -shutdown_grace -1s: must not be negative"},
 		{[]string{"-session_interval=100ms"}, "shepherd: -session_interval 100ms: must be at least 1s"},
+		{[]string{"-agent_refusals_per_second=0"}, "shepherd: -agent_refusals_per_second 0: must be above 0 and at most 1000000"},
+		{[]string{"-agent_refusals_burst=0"}, "shepherd: -agent_refusals_burst 0: must be between 1 and 1000000"},
 		{[]string{"-history_retention=10m"}, "shepherd: -history_retention 10m0s: must be at least 1h0m0s (or 0 to keep history forever): history is the audit trail of running work"},
 		{[]string{"-history_prune_interval=0s"}, "shepherd: -history_prune_interval 0s: must be positive"},
 		{[]string{"-agentstart_loop_parallelism=many"}, `shepherd: invalid value "many" for flag -agentstart_loop_parallelism: parse error`},

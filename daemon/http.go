@@ -206,8 +206,8 @@ func (e *agentEndpoint) port() string {
 
 // serve serves heartbeats, recorded in db, until stop is called (which
 // waits for the server to shut down).
-func (e *agentEndpoint) serve(db *bmdb.DB, metrics *heartbeat.Metrics) {
-	srv := heartbeat.New(db, heartbeat.Options{Metrics: metrics})
+func (e *agentEndpoint) serve(db *bmdb.DB, opts heartbeat.Options) {
+	srv := heartbeat.New(db, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.served, e.stopServing = true, cancel
 	e.serving.Store(true)

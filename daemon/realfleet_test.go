@@ -24,6 +24,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
@@ -636,7 +637,7 @@ func TestAgentEndpointReadiness(t *testing.T) {
 	if p := e.check(); p == "" {
 		t.Error("ready before serving")
 	}
-	e.serve(nil, nil) // no request reaches the database
+	e.serve(nil, heartbeat.Options{}) // no request reaches the database
 	if p := e.check(); p != "" {
 		t.Errorf("not ready while serving: %s", p)
 	}

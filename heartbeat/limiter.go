@@ -61,6 +61,20 @@ func newSourceLimiters(limit rate.Limit, burst, max int) *sourceLimiters {
 	return &sourceLimiters{limit: limit, burst: burst, max: max, idle: idle, sources: make(map[string]*sourceLimiter)}
 }
 
+// exhausted reports whether source has spent its bucket: its requests are
+// refused at once until it refills. It takes no token, so that a source
+// whose requests are all accepted never runs out.
+func (l *sourceLimiters) exhausted(source string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.sources[source]
+	return ok && s.lim.TokensAt(now) < 1
+}
+
+// charge takes a token from source's bucket, for a request that cost the
+// server work and was refused.
+func (l *sourceLimiters) charge(source string, now time.Time) { l.allow(source, now) }
+
 // allow takes a token from source's bucket.
 func (l *sourceLimiters) allow(source string, now time.Time) bool {
 	l.mu.Lock()

@@ -66,10 +66,14 @@ type Options struct {
 	// that close to Shepherd's; it also bounds cross-replica replays (see
 	// the package documentation).
 	MaxClockSkew time.Duration
-	// SourceRate and SourceBurst are each source's token bucket (default
-	// 20 requests/s, burst 40): far above an agent's one per interval,
-	// even with several agents behind one NAT address, and far below what
-	// would load the database.
+	// SourceRate and SourceBurst are each source's token bucket of
+	// refused requests (default 20/s, burst 40): every refusal (bad
+	// request, bad signature, unknown machine, stale, replay) takes a
+	// token, and a source with none left is refused at once (429) until
+	// its bucket refills. Accepted heartbeats take none, so any number of
+	// healthy agents behind one NAT or load-balancer address are never
+	// limited; what is limited is what costs the daemon: forgeries and
+	// lookups of machines that have no agent.
 	SourceRate  rate.Limit
 	SourceBurst int
 	// MaxSources bounds how many sources' buckets are kept (default
@@ -196,7 +200,17 @@ func (s *Server) Handler() http.Handler {
 // refusal has a status (400, 403, 405, 413, 429, 503) and a one-line
 // plain-text reason, which the agent logs.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	result, status, reason := s.handle(w, r)
+	source := s.opts.SourceKey(r)
+	var result, reason string
+	var status int
+	if s.limiters.exhausted(source, time.Now()) {
+		result, status, reason = ResultRateLimited, http.StatusTooManyRequests, "too many refused requests from this source"
+	} else {
+		result, status, reason = s.handle(w, r)
+		if refusal(result) {
+			s.limiters.charge(source, time.Now())
+		}
+	}
 	s.opts.Metrics.count(result)
 	if result != ResultAccepted && result != ResultRateLimited && klog.V(2).Enabled() {
 		klog.InfoS("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
@@ -217,9 +231,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // handle runs the checks in order of cost and returns the result label, the
 // HTTP status and a reason for the client.
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, status int, reason string) {
-	if !s.limiters.allow(s.opts.SourceKey(r), time.Now()) {
-		return ResultRateLimited, http.StatusTooManyRequests, "too many requests from this source"
-	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
@@ -288,6 +299,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		return ResultBadSignature, http.StatusForbidden, "signed by an agent that is no longer the machine's recorded agent"
 	}
 	return ResultAccepted, http.StatusNoContent, ""
+}
+
+// refusal reports whether result refuses a request for what the client
+// sent (as opposed to accepting it, or failing on the server's side): what
+// a source's bucket is charged for.
+func refusal(result string) bool {
+	switch result {
+	case ResultBadRequest, ResultBadSignature, ResultUnknownMachine, ResultStale, ResultReplay:
+		return true
+	}
+	return false
 }
 
 // replayed reports whether hb is not newer than the last heartbeat accepted
