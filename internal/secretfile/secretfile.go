@@ -1,0 +1,50 @@
+// Package secretfile reads files that hold secrets (private keys,
+// passwords, tokens) the way OpenSSH reads a private key: refusing a file
+// that group or others may read, since anyone on the machine could then use
+// the secret, and anything but a regular file, since a FIFO blocks and a
+// device may never end.
+package secretfile
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/shepherd-fleet/shepherd/untrusted"
+)
+
+// Check refuses path unless it is a regular file (symlinks followed, as
+// Kubernetes secret volumes use them) that only its owner may read.
+func Check(path string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !info.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", path)
+	case info.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("%s is accessible by others (mode %#o): make it 0600 or 0400 (in Kubernetes, the secret volume's defaultMode)", path, info.Mode().Perm())
+	}
+	return nil
+}
+
+// Read checks path (see Check) and reads at most limit bytes of it; a
+// larger file is an error, since it is no secret of the expected kind.
+func Read(path string, limit int64) ([]byte, error) {
+	if err := Check(path); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, cut, err := untrusted.Read(f, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if cut {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return data, nil
+}
