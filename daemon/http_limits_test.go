@@ -148,7 +148,7 @@ func TestStatusTokenFileRefused(t *testing.T) {
 	os.WriteFile(open, []byte("token"), 0o644)
 	os.WriteFile(empty, []byte("\n"), 0o600)
 	for file, want := range map[string]string{
-		open:                          "readable by others",
+		open:                          "accessible by others",
 		empty:                         "is empty",
 		filepath.Join(dir, "missing"): "no such file",
 		dir:                           "not a regular file",

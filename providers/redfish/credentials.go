@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
+
+	"github.com/shepherd-fleet/shepherd/internal/secretfile"
 )
 
 // maxCredentialsSize bounds a credentials file: anything larger is not one.
@@ -38,18 +38,11 @@ func (c Credentials) GoString() string { return c.String() }
 //
 // Errors name the file and what is wrong with it, never its content.
 func ReadCredentials(path string) (Credentials, error) {
-	f, err := os.Open(path)
+	// Readable by others, the BMC's password would be anyone's on this
+	// machine: refused, as OpenSSH refuses such a private key.
+	data, err := secretfile.Read(path, maxCredentialsSize)
 	if err != nil {
 		return Credentials{}, fmt.Errorf("reading Redfish credentials: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxCredentialsSize+1))
-	if err != nil {
-		return Credentials{}, fmt.Errorf("reading Redfish credentials from %s: %w", path, err)
-	}
-	if len(data) > maxCredentialsSize {
-		//lint:ignore ST1005 Redfish is a proper noun.
-		return Credentials{}, fmt.Errorf("Redfish credentials file %s: larger than %d bytes, not a credentials file", path, maxCredentialsSize)
 	}
 	c, err := ParseCredentials(data)
 	if err != nil {

@@ -176,7 +176,10 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		Username:   creds.Username,
 		Password:   creds.Password,
 		BasicAuth:  true,
-		HTTPClient: &http.Client{Transport: boundedTransport{transport}, Timeout: c.cfg.Timeout, CheckRedirect: checkRedirect},
+		// ctx bounds the whole reset; the client's own timeout, a little
+		// longer, only backs it up for calls that do not carry ctx, so that
+		// an expired reset reports the deadline, not a transport timeout.
+		HTTPClient: &http.Client{Transport: boundedTransport{transport}, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: checkRedirect},
 	})
 	if err != nil {
 		return fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, contextError(ctx, err))

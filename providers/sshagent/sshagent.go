@@ -35,6 +35,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/secretfile"
 )
 
 // Target is one machine as SSH reaches it.
@@ -81,9 +82,14 @@ func New(cfg Config, pins PinStore) (*Client, error) {
 	}, nil
 }
 
-// loadSigner reads a private key file.
+// maxKeyFile bounds a private key file: an RSA key of 16384 bits in PEM is
+// under 13 KiB.
+const maxKeyFile = 64 << 10
+
+// loadSigner reads a private key file, refusing one that others may read
+// (as OpenSSH does).
 func loadSigner(file string) (ssh.Signer, error) {
-	pem, err := os.ReadFile(file)
+	pem, err := secretfile.Read(file, maxKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading SSH key: %w", err)
 	}

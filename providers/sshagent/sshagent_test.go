@@ -429,6 +429,9 @@ func TestConfigCheck(t *testing.T) {
 	os.WriteFile(encFile, pem.EncodeToMemory(enc), 0o600)
 	agent := filepath.Join(dir, "agent")
 	os.WriteFile(agent, []byte("x"), 0o755)
+	openKey := filepath.Join(dir, "open-key")
+	os.WriteFile(openKey, pem.EncodeToMemory(block), 0o600)
+	os.Chmod(openKey, 0o644)
 	good := func() Config {
 		c := DefaultConfig()
 		c.KeyFile, c.AgentBinary, c.HeartbeatURL = keyFile, agent, "https://shepherd.example:7443/heartbeat"
@@ -444,6 +447,7 @@ func TestConfigCheck(t *testing.T) {
 	}{
 		{"no key", func(c *Config) { c.KeyFile = "" }, "-ssh_key_file: required"},
 		{"encrypted key", func(c *Config) { c.KeyFile = encFile }, "is encrypted"},
+		{"key readable by others", func(c *Config) { c.KeyFile = openKey }, "accessible by others (mode 0644)"},
 		{"missing agent", func(c *Config) { c.AgentBinary = filepath.Join(dir, "nope") }, "-agent_binary: stat"},
 		{"no heartbeat URL", func(c *Config) { c.HeartbeatURL = "" }, "-agent_heartbeat_url: required"},
 		{"bad heartbeat URL", func(c *Config) { c.HeartbeatURL = "ftp://x" }, "scheme must be https or http"},

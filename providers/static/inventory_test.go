@@ -207,7 +207,7 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 			f + ":10: machines[1].redfish.credentials_file: Redfish credentials file " + filepath.Join(dir, "badcreds") + ": no colon; want username:password",
 			f + `:11: machines[1].redfish.reset_type: "ForceOff": want one of ForceRestart, GracefulRestart, PowerCycle, FullPowerCycle`,
 			f + ":12: machines[1].redfish.ca_file: CA file " + filepath.Join(dir, "notpem.ca") + ": no PEM certificate in it",
-			f + ":16: machines[2].redfish.credentials_file: reading Redfish credentials: open " + filepath.Join(dir, "missing-file") + ": no such file or directory",
+			f + ":16: machines[2].redfish.credentials_file: reading Redfish credentials: stat " + filepath.Join(dir, "missing-file") + ": no such file or directory",
 			f + ":15: machines[2].redfish.endpoint: missing (a machine without a BMC has no redfish section)",
 		},
 	}, {
