@@ -172,10 +172,10 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 	defer transport.CloseIdleConnections()
 
 	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
-		Endpoint:   endpoint,
-		Username:   creds.Username,
-		Password:   creds.Password,
-		BasicAuth:  true,
+		Endpoint:  endpoint,
+		Username:  creds.Username,
+		Password:  creds.Password,
+		BasicAuth: true,
 		// ctx bounds the whole reset; the client's own timeout, a little
 		// longer, only backs it up for calls that do not carry ctx, so that
 		// an expired reset reports the deadline, not a transport timeout.
