@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Inventory is a parsed, validated inventory file.
@@ -134,10 +135,29 @@ func (e *Error) Error() string {
 
 // Load reads and parses an inventory file. Relative file names in it
 // (credentials_file, ca_file) are relative to the file's directory.
+//
+// Only a regular file is read (symlinks followed), and at most
+// maxInventorySize bytes of it: a FIFO would block a reload (and shutdown
+// behind it), a link to /dev/zero would grow the daemon's memory without end.
 func Load(file string) (*Inventory, error) {
-	data, err := os.ReadFile(file)
+	info, err := os.Stat(file)
 	if err != nil {
 		return nil, fmt.Errorf("reading inventory: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("reading inventory: %s is not a regular file (%s)", file, info.Mode().Type())
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading inventory: %w", err)
+	}
+	defer f.Close()
+	data, cut, err := untrusted.Read(f, maxInventorySize)
+	if err != nil {
+		return nil, fmt.Errorf("reading inventory %s: %w", file, err)
+	}
+	if cut {
+		return nil, fmt.Errorf("reading inventory: %s is larger than %d bytes", file, maxInventorySize)
 	}
 	return Parse(file, data)
 }

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // writeFiles creates files in dir, returning dir.
@@ -252,5 +254,32 @@ func TestLoadReportsMissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("err = %v, want not-exist", err)
+	}
+}
+
+// Only a regular file is read, and only so much of it: a FIFO (which would
+// block a reload, and shutdown behind it) and a link to /dev/zero (which
+// would grow memory without end) are refused at once.
+func TestLoadRefusesWhatIsNotARegularFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(dir, "zero.yaml")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{fifo, zero, dir} {
+		done := make(chan error, 1)
+		go func() { _, err := Load(file); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("Load(%s) = %v, want a refusal", file, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Load(%s) blocked", file)
+		}
 	}
 }
