@@ -109,6 +109,16 @@ type Config struct {
 	backoffInitialSet, backoffMaximumSet, backoffExponentSet bool
 }
 
+// Upper bounds of the per-process flags: values beyond them do not work
+// (memory for millions of workers, backoffs past any horizon) and are
+// typos.
+const (
+	// MaxParallelism bounds -<p>_loop_parallelism.
+	MaxParallelism = 4096
+	// maxBackoff bounds -<p>_backoff_maximum (and so the initial one).
+	maxBackoff = 90 * 24 * time.Hour
+)
+
 // DefaultConfig is the configuration of a process before flags.
 func DefaultConfig(info Info) Config {
 	return Config{
@@ -190,6 +200,14 @@ func (c *Config) Check(prefix string) error {
 	switch {
 	case c.Parallelism < 1:
 		return fmt.Errorf("%sloop_parallelism %d: must be at least 1", p, c.Parallelism)
+	case c.Parallelism > MaxParallelism:
+		return fmt.Errorf("%sloop_parallelism %d: must be at most %d (each worker holds a goroutine and a lease; more replicas scale further)", p, c.Parallelism, MaxParallelism)
+	case c.IdlePoll > time.Hour:
+		return fmt.Errorf("%sidle_poll %s: must be at most 1h", p, c.IdlePoll)
+	case c.Backoff.Maximum > maxBackoff:
+		return fmt.Errorf("%sbackoff_maximum %s: must be at most %s", p, c.Backoff.Maximum, maxBackoff)
+	case c.Backoff.Exponent > 100:
+		return fmt.Errorf("%sbackoff_exponent %g: must be at most 100", p, c.Backoff.Exponent)
 	case c.QueryRate.Burst < 1:
 		return fmt.Errorf("%sdb_query_rate: burst must be at least 1", p)
 	case c.IdlePoll <= 0:

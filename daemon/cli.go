@@ -187,6 +187,8 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 		return reportUsage(stderr, usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
 	case *output != "text" && *output != "json":
 		return reportUsage(stderr, usagef("-o %q: want text or json", *output))
+	case *timeout <= 0 || *timeout > 24*time.Hour:
+		return reportUsage(stderr, usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
 	case opts.limit < 0:
 		return reportUsage(stderr, usagef("-limit %d: must not be negative", opts.limit))
 	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":

@@ -140,6 +140,8 @@ func TestCLIMachines(t *testing.T) {
 		{"machines", "-o", "yaml"},
 		{"machines", "extra"},
 		{"machines", "-limit", "-1"},
+		{"machines", "-timeout", "-1s"},
+		{"machines", "-timeout", "0s"},
 		{"machines", "-recovery_start_timeout", "0s"},
 	} {
 		_, errOut := f.expect(t, exitUsage, bad...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -64,6 +65,12 @@ func (d *dsnFlags) resolve() (string, error) {
 func describeDSN(dsn string) (string, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
+		// A TLS file the DSN names (sslrootcert, sslcert, sslkey) that
+		// cannot be read is no malformed DSN: say which file.
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			return "", fmt.Errorf("a TLS file the DSN names cannot be read: %w", pathErr)
+		}
 		// pgx's parse errors may quote the DSN, password included.
 		return "", errors.New("not a valid PostgreSQL URL or key=value DSN")
 	}

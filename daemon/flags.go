@@ -178,8 +178,11 @@ func (c *daemonConfig) check() error {
 	if c.shutdownGrace < 0 {
 		return usagef("-shutdown_grace %s: must not be negative", c.shutdownGrace)
 	}
-	if c.sessionInterval < time.Second {
-		return usagef("-session_interval %s: must be at least 1s", c.sessionInterval)
+	if c.sessionInterval < time.Second || c.sessionInterval > time.Hour {
+		return usagef("-session_interval %s: must be between 1s and 1h", c.sessionInterval)
+	}
+	if c.shutdownGrace > time.Hour {
+		return usagef("-shutdown_grace %s: must be at most 1h", c.shutdownGrace)
 	}
 	if !(c.heartbeatRefusalRate > 0 && c.heartbeatRefusalRate <= 1e6) {
 		return usagef("-agent_refusals_per_second %g: must be above 0 and at most 1000000", c.heartbeatRefusalRate)
