@@ -95,12 +95,7 @@ func (a *agent) heartbeat(ctx context.Context, logger *log.Logger) error {
 	var last time.Time
 	failures, sent := 0, 0
 	for {
-		// Strictly increasing timestamps: the endpoint refuses one not
-		// newer than the last it accepted, and wall clocks can step back.
-		ts := time.Now().Round(0)
-		if !ts.After(last) {
-			ts = last.Add(time.Microsecond)
-		}
+		ts := nextTimestamp(time.Now().Round(0), last)
 		last = ts
 		err := a.send(ctx, ts)
 		switch {
@@ -155,4 +150,23 @@ func (a *agent) send(ctx context.Context, ts time.Time) error {
 		return fmt.Errorf("%s: %q", resp.Status, bytes.TrimSpace(reason))
 	}
 	return nil
+}
+
+// maxClockStepBack is how far the wall clock may step back before the
+// agent follows it instead of keeping its timestamps increasing.
+const maxClockStepBack = time.Second
+
+// nextTimestamp is the timestamp of the heartbeat sent at now after one
+// stamped last. Timestamps increase strictly, since the endpoint refuses
+// one not newer than the last it accepted and a clock slewing back a little
+// would otherwise repeat one. But after a large step back (a clock that ran
+// ahead, then corrected), keeping last+1µs would stamp every heartbeat in
+// the past-corrected future, which the endpoint refuses as outside its
+// clock skew until the clock catches up, while Recovery sees a silent
+// agent: the agent then follows the clock again.
+func nextTimestamp(now, last time.Time) time.Time {
+	if now.After(last) || last.Sub(now) > maxClockStepBack {
+		return now
+	}
+	return last.Add(time.Microsecond)
 }
