@@ -179,6 +179,14 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 		return err
 	}
 	defer db.Close()
+	// The status page reads through a pool of its own, so that operators
+	// reloading it (or a flood of requests) during a slow database cannot
+	// take the connections that sessions, claims and lease endings need.
+	readDB, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
+	if err != nil {
+		return err
+	}
+	defer readDB.Close()
 	klog.Infof("Using the BMDB at %s", target)
 
 	var checks []func() string
@@ -200,7 +208,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	if err != nil {
 		return err
 	}
-	status.set(db, runners, cfg.enabled...)
+	status.set(readDB, runners, cfg.enabled...)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
 	// An attempt may have to wait out the connect timeout of every host

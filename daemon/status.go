@@ -9,6 +9,10 @@ import (
 	"github.com/shepherd-fleet/shepherd/statuspage"
 )
 
+// statusPoolSize is the status page's own connection pool: a few
+// concurrent page loads; more wait, each bounded by the page's timeout.
+const statusPoolSize = 3
+
 // statusPage serves the read-only status page (package statuspage) on the
 // daemon's listener. The listener starts before the database and the loops
 // exist, so the page is bound late: until set is called it answers 503,

@@ -1,0 +1,79 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// A hundred status page requests that hang on a locked lease table take
+// the status page's own connections, not those the loops' sessions need:
+// no session is lost meanwhile, and the loops work again after the lock.
+func TestStatusPageCannotStarveSessions(t *testing.T) {
+	t.Parallel()
+	dsn := bmdbtest.NewDatabase(t)
+	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=20", "-session_interval=2s")
+	waitFor(t, 60*time.Second, "work to be done", func() (bool, string) {
+		m, _ := d.metrics()
+		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
+		return v > 0, fmt.Sprintf("finished: %g", v)
+	})
+	ctx := context.Background()
+	var machine uuid.UUID
+	if err := openDB(t, dsn).Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.QueryRow(ctx, `SELECT machine_id FROM machines LIMIT 1`).Scan(&machine)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	lock, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, `LOCK TABLE work IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 30 * time.Second}
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get("http://" + d.httpAddr() + "/status/machine/" + machine.String())
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	// The lock is held for three session intervals: the scenario, not a
+	// wait for a condition.
+	time.Sleep(3 * 2 * time.Second)
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	m, _ := d.metrics()
+	if lost := m.value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-agentstart") + m.value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-recovery"); lost != 0 {
+		t.Errorf("%g sessions lost while status requests waited on the lock", lost)
+	}
+	before := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
+	waitFor(t, 60*time.Second, "the loops to work again", func() (bool, string) {
+		m, _ := d.metrics()
+		now := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
+		return now > before, fmt.Sprintf("started %g, before %g", now, before)
+	})
+}
