@@ -209,23 +209,33 @@ INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1,
 ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`
 
 	// qHeartbeatAgents records heartbeats of many agents at once ($1
-	// machines, $2 their agents' public keys, pairwise), only for machines
-	// whose recorded agent has that key, and returns those machines. FOR
-	// SHARE holds the agent_started rows until commit: a concurrent change of
-	// the agent (SetAgentStarted, DeleteAgentTags) either waits for this
-	// statement and then deletes its heartbeat, or commits first and this
-	// statement, re-checking the row, skips the machine. ORDER BY takes the
-	// locks in one order.
+	// machines, $2 their agents' public keys, $3 the agents' signed
+	// timestamps or NULL, element-wise), only for machines whose recorded
+	// agent has that key, and only when the timestamp is newer than the one
+	// recorded (a replay to another replica, or after a restart, is not).
+	// It returns every machine whose key matched and whether its heartbeat
+	// was recorded. FOR SHARE holds the agent_started rows until commit: a
+	// concurrent change of the agent (SetAgentStarted, DeleteAgentTags)
+	// either waits for this statement and then deletes its heartbeat, or
+	// commits first and this statement, re-checking the row, skips the
+	// machine. ORDER BY takes the locks in one order.
 	qHeartbeatAgents = `
-INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
-SELECT s.machine_id, now()
-FROM machine_agent_started s
-JOIN unnest($1::uuid[], $2::bytea[]) AS a(machine_id, agent_public_key)
-  ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
-ORDER BY s.machine_id
-FOR SHARE OF s
-ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at
-RETURNING machine_id`
+WITH matched AS (
+    SELECT s.machine_id, a.ts
+    FROM machine_agent_started s
+    JOIN unnest($1::uuid[], $2::bytea[], $3::timestamptz[]) AS a(machine_id, agent_public_key, ts)
+      ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
+    ORDER BY s.machine_id
+    FOR SHARE OF s
+), written AS (
+    INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp)
+    SELECT machine_id, now(), ts FROM matched
+    ON CONFLICT (machine_id) DO UPDATE
+    SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp
+    WHERE excluded.agent_timestamp IS NULL OR h.agent_timestamp IS NULL OR excluded.agent_timestamp > h.agent_timestamp
+    RETURNING machine_id
+)
+SELECT m.machine_id, w.machine_id IS NOT NULL FROM matched m LEFT JOIN written w ON w.machine_id = m.machine_id`
 
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )

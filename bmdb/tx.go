@@ -158,6 +158,9 @@ func (t *Tx) Heartbeat(ctx context.Context, machine uuid.UUID) error {
 type AgentKey struct {
 	Machine   uuid.UUID
 	PublicKey []byte
+	// Timestamp is the agent's signed timestamp of this heartbeat; zero
+	// when there is none (a simulated agent), which skips the replay check.
+	Timestamp time.Time
 }
 
 // HeartbeatAgents records, in one statement, a heartbeat for each of agents
@@ -166,23 +169,46 @@ type AgentKey struct {
 // were deleted by Recovery: its heartbeat must not make the machine look
 // alive, so the caller should stop heartbeating it.
 func (t *Tx) HeartbeatAgents(ctx context.Context, agents []AgentKey) ([]uuid.UUID, error) {
+	recorded, _, err := t.RecordHeartbeats(ctx, agents)
+	return recorded, err
+}
+
+// RecordHeartbeats is HeartbeatAgents that also checks the agents' signed
+// timestamps (AgentKey.Timestamp, when set) against the last one recorded
+// for each machine, by any replica before or since a restart: a heartbeat
+// not newer is not recorded, and its machine is returned in stale (a
+// replay). Machines whose key no longer matches are in neither list.
+func (t *Tx) RecordHeartbeats(ctx context.Context, agents []AgentKey) (recorded, stale []uuid.UUID, err error) {
 	if len(agents) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	machines := make([]uuid.UUID, len(agents))
 	keys := make([][]byte, len(agents))
+	stamps := make([]*time.Time, len(agents))
 	for i, a := range agents {
 		machines[i], keys[i] = a.Machine, a.PublicKey
+		if !a.Timestamp.IsZero() {
+			stamps[i] = &agents[i].Timestamp
+		}
 	}
-	rows, err := t.tx.Query(ctx, qHeartbeatAgents, machines, keys)
+	rows, err := t.tx.Query(ctx, qHeartbeatAgents, machines, keys, stamps)
 	if err != nil {
-		return nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+		return nil, nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
 	}
-	alive, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	var id uuid.UUID
+	var ok bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+		if ok {
+			recorded = append(recorded, id)
+		} else {
+			stale = append(stale, id)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+		return nil, nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
 	}
-	return alive, nil
+	return recorded, stale, nil
 }
 
 // LastHeartbeat reads the last heartbeat of machine's agent.

@@ -41,13 +41,18 @@ type recordRequest struct {
 type recordResult struct {
 	lead     bool
 	recorded bool
-	err      error
+	// stale: the BMDB holds a newer or equal timestamp of the machine's
+	// agent (a replay to this replica of what another accepted, or one
+	// from before a restart).
+	stale bool
+	err   error
 }
 
 // record records a heartbeat of agent and reports whether it was recorded:
 // false, without error, when the machine's recorded agent no longer has
-// agent's key (it was replaced, or Recovery deleted its tags).
-func (r *recorder) record(agent bmdb.AgentKey) (bool, error) {
+// agent's key (it was replaced, or Recovery deleted its tags), or when the
+// BMDB holds a timestamp of it that is not older (stale).
+func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error) {
 	req := &recordRequest{agent: agent, done: make(chan recordResult, 1)}
 	r.mu.Lock()
 	r.pending = append(r.pending, req)
@@ -59,7 +64,7 @@ func (r *recorder) record(agent bmdb.AgentKey) (bool, error) {
 		// handed the lead, and the write is bounded by r.timeout anyway.
 		res := <-req.done
 		if !res.lead {
-			return res.recorded, res.err
+			return res.recorded, res.stale, res.err
 		}
 	}
 	// Leading: req is first in pending (pending is empty whenever the
@@ -67,7 +72,7 @@ func (r *recorder) record(agent bmdb.AgentKey) (bool, error) {
 	// batch written now holds it.
 	r.writeBatch()
 	res := <-req.done
-	return res.recorded, res.err
+	return res.recorded, res.stale, res.err
 }
 
 // writeBatch writes the oldest pending heartbeats, delivers their results
@@ -85,6 +90,7 @@ func (r *recorder) writeBatch() {
 	// machine under another key waits for the next batch, because the
 	// statement reports recorded machines, not which key matched.
 	keys := make(map[uuid.UUID]string, len(batch))
+	index := make(map[uuid.UUID]int, len(batch))
 	agents := make([]bmdb.AgentKey, 0, len(batch))
 	var deferred []*recordRequest
 	for _, req := range batch {
@@ -92,16 +98,23 @@ func (r *recorder) writeBatch() {
 		switch {
 		case !ok:
 			keys[req.agent.Machine] = string(req.agent.PublicKey)
+			index[req.agent.Machine] = len(agents)
 			agents = append(agents, req.agent)
 		case key != string(req.agent.PublicKey):
 			deferred = append(deferred, req)
+		default:
+			// The same agent twice: its newest timestamp is the one to
+			// record (this replica accepts them only in increasing order).
+			if a := &agents[index[req.agent.Machine]]; req.agent.Timestamp.After(a.Timestamp) {
+				a.Timestamp = req.agent.Timestamp
+			}
 		}
 	}
 	// Not any request's context: one client hanging up must not fail the
 	// others' heartbeats.
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	r.writes.Add(1)
-	alive, err := r.write(ctx, agents)
+	alive, old, err := r.write(ctx, agents)
 	cancel()
 	if err != nil {
 		err = fmt.Errorf("recording %d heartbeats: %w", len(agents), err)
@@ -110,9 +123,13 @@ func (r *recorder) writeBatch() {
 	for _, m := range alive {
 		recorded[m] = true
 	}
+	stale := make(map[uuid.UUID]bool, len(old))
+	for _, m := range old {
+		stale[m] = true
+	}
 	for _, req := range batch {
 		if keys[req.agent.Machine] == string(req.agent.PublicKey) {
-			req.done <- recordResult{recorded: recorded[req.agent.Machine], err: err}
+			req.done <- recordResult{recorded: recorded[req.agent.Machine], stale: stale[req.agent.Machine], err: err}
 		}
 	}
 
@@ -130,7 +147,7 @@ func (r *recorder) writeBatch() {
 
 // write runs the statement. A panic becomes an error: the requests waiting
 // in the batch, and every later one, depend on this writer finishing.
-func (r *recorder) write(ctx context.Context, agents []bmdb.AgentKey) (alive []uuid.UUID, err error) {
+func (r *recorder) write(ctx context.Context, agents []bmdb.AgentKey) (alive, stale []uuid.UUID, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)
@@ -138,8 +155,8 @@ func (r *recorder) write(ctx context.Context, agents []bmdb.AgentKey) (alive []u
 	}()
 	err = r.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error
-		alive, err = tx.HeartbeatAgents(ctx, agents)
+		alive, stale, err = tx.RecordHeartbeats(ctx, agents)
 		return err
 	})
-	return alive, err
+	return alive, stale, err
 }

@@ -287,11 +287,15 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
 	}
 
-	recorded, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key})
+	recorded, stale, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key, Timestamp: hb.Timestamp})
 	switch {
 	case err != nil:
 		s.logError(r, "Recording heartbeats failed", err)
 		return ResultError, http.StatusServiceUnavailable, "recording the heartbeat failed, retry later"
+	case stale:
+		// Another replica, or this one before a restart, recorded a newer
+		// heartbeat of this agent: this one is a replay.
+		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last recorded heartbeat"
 	case !recorded:
 		// Between the key lookup and the write, the machine's agent was
 		// replaced or its tags deleted: this signer is no longer its agent.

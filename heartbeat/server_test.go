@@ -379,7 +379,7 @@ func TestRecorderKeys(t *testing.T) {
 			if i%2 == 1 {
 				agent = bad
 			}
-			recorded, err := e.srv.recorder.record(agent)
+			recorded, _, err := e.srv.recorder.record(agent)
 			if err != nil || recorded != (i%2 == 0) {
 				t.Errorf("heartbeat %d: recorded %v, %v", i, recorded, err)
 			}

@@ -1,0 +1,1 @@
+ALTER TABLE machine_agent_heartbeat DROP COLUMN agent_timestamp;
