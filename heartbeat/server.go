@@ -23,15 +23,12 @@
 //     key, so that the cache can never make a replaced agent's heartbeat
 //     count.
 //
-// Replays: within one replica, a heartbeat is accepted only if its signed
-// timestamp is newer than the last one accepted for the machine, which
-// rejects any replay. That memory is per replica: with several replicas
-// behind one address, a captured heartbeat replayed to another replica
-// within MaxClockSkew of its timestamp is accepted once there. The damage
-// is bounded: it can only make the machine's agent look alive until
-// MaxClockSkew after the agent really sent it, far shorter than Recovery's
-// heartbeat timeout (minutes). Persisting the last timestamp in the BMDB
-// would close that gap at the price of a schema change.
+// Replays: a heartbeat is accepted only if its signed timestamp is newer
+// than the last one accepted for the machine. Each replica checks that in
+// memory first (cheap, before any key lookup), and the batched write checks
+// it again against the timestamp the BMDB keeps for the machine, so that a
+// captured heartbeat replayed to another replica, or to a restarted one, is
+// refused too.
 package heartbeat
 
 import (
