@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -237,4 +238,47 @@ func TestMigrationLockWaitCancelled(t *testing.T) {
 	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 0 || dirty || err != nil {
 		t.Fatalf("ExtensionVersion = %d, dirty %v, %v; want 0, clean", v, dirty, err)
 	}
+}
+
+// migrate down works whatever events the history holds: each migration's
+// down removes the events its up admitted before the older check returns.
+func TestMigrateDownWithEveryEvent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	ms := e.addMachines(2)
+	w := claim(t, s, agentStart)
+	if err := w.Reschedule(ctx, nil, time.Hour); err != nil {
+		t.Fatalf("Reschedule: %v", err)
+	}
+	w = claim(t, s, agentStart)
+	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour}, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ClearBackoff(ctx, w.Machine, agentStart.Name, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Retry(ctx, ms[0], agentStart.Name, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for _, m := range ms {
+		for _, h := range e.history(m) {
+			events = append(events, h.Event)
+		}
+	}
+	for _, want := range []string{bmdb.EventRescheduled, bmdb.EventBackoffCleared, bmdb.EventRetried} {
+		if !slices.Contains(events, want) {
+			t.Fatalf("history %v lacks %s", events, want)
+		}
+	}
+	if err := bmdb.MigrateDown(ctx, dsn); err != nil {
+		t.Fatalf("MigrateDown: %v", err)
+	}
+	expectVersion(t, dsn, 0)
 }

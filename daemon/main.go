@@ -76,6 +76,8 @@ package daemon
 import (
 	"fmt"
 	"io"
+
+	"k8s.io/klog/v2"
 )
 
 // Exit statuses. Usage errors are told apart from runtime failures so that
@@ -113,6 +115,7 @@ func (d *Daemon) run(args []string, stdout, stderr io.Writer) int {
 			return exitOK
 		}
 		if isCLICommand(args[0]) {
+			quietLogs()
 			return d.runCLI(args[0], args[1:], stdout, stderr)
 		}
 	}
@@ -128,6 +131,14 @@ const topUsage = `Usage:
 
 Run 'shepherd -h' or 'shepherd migrate -h' for the flags.
 `
+
+// quietLogs keeps the libraries' informational log lines (such as the
+// BMDB's "connected to") off an operator command's stderr, which carries
+// its one-line errors; errors are still logged there.
+func quietLogs() {
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+}
 
 // usageError is a command line that cannot work. It is reported as one line
 // on stderr, with exit status 2.

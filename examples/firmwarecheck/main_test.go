@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// The binary's tests run against a real PostgreSQL, as Shepherd's do.
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
+
+// build builds this module's binary, fleetd, into a directory of the test.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fleetd")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// command runs the binary to completion.
+func command(t *testing.T, bin string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		t.Fatalf("running fleetd %v: %v", args, err)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+// daemon is a running fleetd.
+type fleetd struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	log  strings.Builder
+	addr chan string
+	done chan struct{}
+}
+
+var serveRE = regexp.MustCompile(`Serving /metrics, /healthz and /readyz on http://(\S+)`)
+
+// start starts fleetd with args and waits for its HTTP address. It is
+// stopped when the test ends.
+func start(t *testing.T, bin string, args ...string) (*fleetd, string) {
+	t.Helper()
+	d := &fleetd{cmd: exec.Command(bin, args...), addr: make(chan string, 1), done: make(chan struct{})}
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := d.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go d.read(out)
+	t.Cleanup(func() {
+		d.stop()
+		if t.Failed() {
+			t.Logf("fleetd log:\n%s", d.logText())
+		}
+	})
+	select {
+	case addr := <-d.addr:
+		return d, addr
+	case <-d.done:
+		t.Fatalf("fleetd exited:\n%s", d.logText())
+	case <-time.After(time.Minute):
+		t.Fatalf("fleetd did not serve HTTP within a minute:\n%s", d.logText())
+	}
+	return nil, ""
+}
+
+func (d *fleetd) read(r io.Reader) {
+	defer close(d.done)
+	s := bufio.NewScanner(r)
+	for s.Scan() {
+		d.mu.Lock()
+		d.log.WriteString(s.Text() + "\n")
+		d.mu.Unlock()
+		if m := serveRE.FindStringSubmatch(s.Text()); m != nil {
+			d.addr <- m[1]
+		}
+	}
+}
+
+func (d *fleetd) logText() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// stop sends SIGTERM and waits for the exit.
+func (d *fleetd) stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	<-d.done
+	_ = d.cmd.Wait()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitFor polls cond until it holds, failing the test if d exits first
+// or timeout passes.
+func (d *fleetd) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		select {
+		case <-d.done:
+			t.Fatalf("fleetd exited while waiting for %s", what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// metric reads one sample of the daemon's /metrics, 0 if absent.
+func metric(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// The example's own binary: migrate applies FirmwareCheck's table after
+// Shepherd's schema; the daemon runs FirmwareCheck beside AgentStart and
+// Recovery with the example's provider; failures back off (listed by
+// 'machines -process firmwarecheck'), successes show on /metrics, /status
+// and the machine's page and 'tags'; and 'migrate down' reverts it all
+// despite the table's foreign key to machines.
+func TestFleetd(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+	dsn := bmdbtest.NewDatabase(t) // Shepherd's schema, not FirmwareCheck's
+	db := "-bmdb_dsn=" + dsn
+
+	// The daemon refuses a database that lacks the process's table.
+	code, _, errOut := command(t, bin, db, "-listen=127.0.0.1:0", "-provider=simfirmware")
+	want := "shepherd: BMDB schema mismatch: the database lacks the tables of extension firmwarecheck; run 'migrate up' with this binary first\n"
+	if code != 1 || !strings.HasSuffix(errOut, want) {
+		t.Errorf("fleetd on a database without its table: exit %d, stderr ends %q; want 1 and %q", code, lastLine(errOut), want)
+	}
+
+	code, out, errOut := command(t, bin, "migrate", "up", db)
+	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck from version 0 to 1") {
+		t.Fatalf("migrate up: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = command(t, bin, "migrate", "version", db)
+	if code != 0 || !strings.Contains(out, "extension firmwarecheck version 1 (clean)") {
+		t.Fatalf("migrate version: exit %d\n%s", code, out)
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "up", "-extension", "firmwarecheck", db}, "shepherd: migrate up: -extension is for force only (up applies to every extension)\n"},
+		{[]string{"migrate", "force", "2", "-extension", "firmwarecheck", db}, "shepherd: migrate force 2: this binary knows versions of extension firmwarecheck up to 1\n"},
+	} {
+		if code, out, errOut := command(t, bin, c.args...); code != 2 || out != "" || errOut != c.want {
+			t.Errorf("fleetd %v: exit %d, stdout %q, stderr %q; want 2 and %q", c.args, code, out, errOut, c.want)
+		}
+	}
+
+	// The simulated agent starts fail now and then: AgentStart retries
+	// them within a second, so that every machine soon heartbeats.
+	common := []string{db, "-listen=127.0.0.1:0", "-provider=simfirmware", "-simfirmware_machines=4",
+		"-firmwarecheck_want=2.1.0", "-firmwarecheck_idle_poll=100ms",
+		"-agentstart_backoff_initial=1s", "-agentstart_backoff_maximum=1s", "-agentstart_idle_poll=100ms"}
+
+	// Every check fails: the machines back off (by the default minute),
+	// with the cause; an operator clears the backoffs.
+	failing, addr := start(t, bin, append(common, "-simfirmware_check_failure_rate=1")...)
+	failed := `shepherd_work_finished_total{process="firmwarecheck",result="failed"}`
+	failing.waitFor(t, time.Minute, "a failed firmware check on /metrics", func() bool { return metric(t, addr, failed) >= 1 })
+	failing.stop()
+	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", "-state", "backoff", db)
+	if code != 0 || !strings.Contains(out, "FirmwareCheck") || !strings.Contains(out, "simulated BMC busy") {
+		t.Errorf("machines -process firmwarecheck -state backoff: exit %d\n%s%s", code, out, errOut)
+	}
+	backingOff := regexp.MustCompile(`(?m)^([0-9a-f-]{36})\s+FirmwareCheck\s+backoff`).FindAllStringSubmatch(out, -1)
+	if len(backingOff) == 0 {
+		t.Fatalf("no machine backing off from FirmwareCheck:\n%s", out)
+	}
+	for _, m := range backingOff {
+		if code, out, errOut := command(t, bin, "backoff", "clear", m[1], "firmwarecheck", "-reason", "test: checks work again", db); code != 0 {
+			t.Errorf("backoff clear %s firmwarecheck: exit %d\n%s%s", m[1], code, out, errOut)
+		}
+	}
+
+	// Checks succeed: every machine gets its firmware tag.
+	running, addr := start(t, bin, append(common, "-simfirmware_check_failure_rate=0")...)
+	// A successful check ends as "check again later" (CheckAgainAfter).
+	rescheduled := `shepherd_work_finished_total{process="firmwarecheck",result="rescheduled"}`
+	running.waitFor(t, 2*time.Minute, "a firmware check of every machine", func() bool { return metric(t, addr, rescheduled) >= 4 })
+	code, body := get(t, "http://"+addr+"/status")
+	if code != http.StatusOK || !strings.Contains(body, "firmwarecheck") {
+		t.Errorf("/status: %d, want 200 with firmwarecheck", code)
+	}
+	code, out, errOut = command(t, bin, "machines", "-all", "-o", "json", db)
+	if code != 0 {
+		t.Fatalf("machines -all: exit %d\n%s", code, errOut)
+	}
+	ids := regexp.MustCompile(`"machine": "([0-9a-f-]{36})"`).FindAllStringSubmatch(out, -1)
+	if len(ids) != 4 {
+		t.Fatalf("machines -all lists %d machines, want 4:\n%s", len(ids), out)
+	}
+	for _, m := range ids {
+		id := uuid.MustParse(m[1])
+		code, body := get(t, fmt.Sprintf("http://%s/status/machine/%s", addr, id))
+		if code != http.StatusOK || !strings.Contains(body, "<dt>Firmware</dt>") || !regexp.MustCompile(`2\.(0\.7 \(outdated|1\.0 \(current)\)`).MatchString(body) {
+			t.Errorf("machine page of %s: %d, want 200 with its Firmware tag", id, code)
+		}
+		code, out, errOut := command(t, bin, "tags", id.String(), db)
+		if code != 0 || !strings.Contains(out, "firmwarecheck  Firmware") {
+			t.Errorf("tags %s: exit %d\n%s%s", id, code, out, errOut)
+		}
+	}
+	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", db)
+	if code != 0 || !strings.HasPrefix(out, "MACHINE") {
+		t.Errorf("machines -process firmwarecheck: exit %d\n%s%s", code, out, errOut)
+	}
+
+	// Its table's foreign key to machines does not break migrate down,
+	// which drops it first.
+	running.stop()
+	code, out, errOut = command(t, bin, "migrate", "down", "-yes", db)
+	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck down from version 1 to 0") || !strings.Contains(out, "every Shepherd table and its data is gone") {
+		t.Errorf("migrate down: exit %d\n%s%s", code, out, errOut)
+	}
+}
