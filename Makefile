@@ -2,7 +2,8 @@
 # needs and the machine lacks (scripts/install-deps, with sudo when not root).
 #
 #   make demo   the demo: private PostgreSQL, simulated fleet, both loops
-#   make test   every test, against real PostgreSQL, sshd, Prometheus, Chromium
+#   make test   every test, against real PostgreSQL, sshd, Prometheus, Chromium,
+#               Patroni and PgBouncer, and the tests of examples/firmwarecheck
 
 GO ?= go
 
@@ -15,3 +16,4 @@ demo:
 test:
 	scripts/install-deps test
 	$(GO) test -count=1 -timeout 20m ./...
+	cd examples/firmwarecheck && $(GO) test -count=1 -timeout 10m ./...
