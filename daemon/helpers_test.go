@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -217,7 +218,7 @@ func (p *shepherdProcess) metrics() (metrics, string) {
 	if err != nil || code != http.StatusOK {
 		p.t.Fatalf("%s: GET /metrics: status %d, %v", p.name, code, err)
 	}
-	var parser expfmt.TextParser
+	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
 		p.t.Fatalf("%s: parsing /metrics: %v", p.name, err)

@@ -17,6 +17,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // replica is one shepherd replica: a fixed command line and HTTP port, run
@@ -228,7 +229,8 @@ func (r *replica) metric(name string, want ...string) (float64, error) {
 	if code != http.StatusOK {
 		return 0, fmt.Errorf("GET /metrics: status %d", code)
 	}
-	families, err := new(expfmt.TextParser).TextToMetricFamilies(strings.NewReader(body))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
