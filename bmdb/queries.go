@@ -42,6 +42,30 @@ WITH released AS (
 INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
 SELECT machine_id, process, $2, session_id, $3 FROM released`
 
+	// qLeasesReap is qLeasesRelease for expired sessions: each release is
+	// recorded as Lost, and a repeated loss backs the process off the
+	// machine as a failure would. The first loss only leaves an ended
+	// backoff row (until now, interval 1 s, the least the table takes, which a
+	// later failure does not grow from: a restart is no verdict on the machine);
+	// a loss while a backoff row exists (an earlier loss or
+	// failure, no success since) backs off $3 seconds, doubling up to $4: a
+	// machine whose work kills the replica acting on it (an answer that
+	// exhausts memory, a crash) is not taken again at once by the next
+	// replica, and the next, without end.
+	qLeasesReap = `
+WITH released AS (
+    DELETE FROM work WHERE session_id = ANY($1) RETURNING machine_id, process, session_id
+), recorded AS (
+    INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+    SELECT machine_id, process, 'Lost', session_id, $2 FROM released
+)
+INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+SELECT machine_id, process, now(), $2, 1 FROM released
+ON CONFLICT (machine_id, process) DO UPDATE
+SET last_interval_seconds = LEAST(GREATEST(work_backoff.last_interval_seconds * 2, $3::bigint), $4::bigint),
+    until = now() + make_interval(secs => LEAST(GREATEST(work_backoff.last_interval_seconds * 2, $3::bigint), $4::bigint)),
+    cause = excluded.cause`
+
 	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
 
 	qSessionsList = `

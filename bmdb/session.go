@@ -344,8 +344,19 @@ func (s *Session) Close(ctx context.Context) error {
 	return nil
 }
 
-// Reap deletes expired sessions (of any owner), releasing their leases and
-// recording each release as a Lost event. Every live session runs it
+// Backoff after a lease is lost with its session again (a second loss, or
+// a loss after a failure, with no success in between): LostBackoffInitial,
+// doubling with each further loss, up to LostBackoffMaximum. A first loss
+// backs nothing off: most are one replica's restart. Fixed, since the
+// reaper does not know the process's own backoff.
+const (
+	LostBackoffInitial = time.Minute
+	LostBackoffMaximum = time.Hour
+)
+
+// Reap deletes expired sessions (of any owner), releasing their leases,
+// recording each release as a Lost event and, when the machine's leases
+// keep being lost, backing the process off it (see LostBackoffInitial). Every live session runs it
 // periodically; concurrent reapers skip each other's rows.
 func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
@@ -358,7 +369,8 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		tag, err := tx.tx.Exec(ctx, qLeasesRelease, ids, EventLost, "session expired")
+		tag, err := tx.tx.Exec(ctx, qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
+			int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
 		if err != nil {
 			return err
 		}

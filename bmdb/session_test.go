@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,8 +100,10 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 		if e.agentStarted(m) {
 			t.Errorf("late Finish recorded the agent of %s", m)
 		}
-		if b := e.backoffOf(m, agentStart); b != nil {
-			t.Errorf("late Fail left a backoff on %s: %+v", m, b)
+		// A first loss leaves only the reaper's ended backoff row; the late
+		// Fail must not have written its own.
+		if b := e.backoffOf(m, agentStart); b == nil || b.Active || b.Cause == "late" || b.LastIntervalSeconds != 1 {
+			t.Errorf("backoff on %s after the late Fail: %+v, want the reaper's ended one", m, b)
 		}
 	}
 
@@ -320,5 +323,52 @@ func TestCloseReleasesLeases(t *testing.T) {
 	sessions, err := e.db.Sessions(ctx)
 	if err != nil || len(sessions) != 0 {
 		t.Errorf("sessions after Close: %v, %v; want none", sessions, err)
+	}
+}
+
+// A machine whose leases keep being lost (its work kills the replica acting
+// on it) backs off like a failing one: LostBackoffInitial, then twice that,
+// so that the next replicas do not take it at once, one after another.
+func TestRepeatedLostBacksOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, bmdb.Options{})
+	cfg := bmdb.SessionConfig{Interval: time.Second, ReapInterval: 200 * time.Millisecond}
+	e.session(cfg) // the reaper
+	m := e.addMachines(1)[0]
+	for round, want := range []time.Duration{0, bmdb.LostBackoffInitial, 2 * bmdb.LostBackoffInitial} {
+		// The previous backoff has run out.
+		if _, err := e.raw.Exec(ctx, `UPDATE work_backoff SET until = now() WHERE machine_id = $1`, m); err != nil {
+			t.Fatal(err)
+		}
+		dying := e.session(cfg)
+		if _, err := dying.Work(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
+			t.Fatalf("round %d: claiming: %v", round, err)
+		}
+		dying.StopHeartbeat()
+		waitFor(t, 20*time.Second, "the lease to be reaped", func() (bool, error) {
+			n, err := e.db.LeaseCount(ctx, agentStart)
+			return n == 0, err
+		})
+		b := e.backoffOf(m, agentStart)
+		interval := int64(want / time.Second)
+		if want == 0 {
+			interval = 1 // the first loss's ended row
+		}
+		if b == nil || b.Active != (want > 0) || b.LastIntervalSeconds != interval || !strings.HasPrefix(b.Cause, "session expired") {
+			t.Fatalf("round %d: backoff after the lost lease %+v, want %s", round, b, want)
+		}
+		live := e.session(cfg)
+		_, err := live.Work(ctx, agentStart, bmdb.ProvidedCandidates())
+		switch {
+		case want == 0 && err != nil:
+			t.Fatalf("round %d: after a first loss the machine is not claimable: %v", round, err)
+		case want == 0:
+			if err := live.Close(ctx); err != nil { // releases it (Canceled)
+				t.Fatal(err)
+			}
+		case !errors.Is(err, bmdb.ErrNothingToDo):
+			t.Fatalf("round %d: after a repeated loss the machine was claimed again at once: %v", round, err)
+		}
 	}
 }
