@@ -1,66 +1,16 @@
 package sshagent
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
-
-// hostileSSHServer answers every connection with an SSH version line and
-// then an SSH disconnect message whose text is hostile: a NUL, invalid
-// UTF-8, a terminal escape and 64 KiB. Anything that answers on a machine's
-// SSH address can send this, before any host key is verified.
-func hostileSSHServer(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	text := "go away \x00\xff\x1b[2J" + strings.Repeat("z", 64<<10)
-	var payload []byte
-	payload = append(payload, 1) // SSH_MSG_DISCONNECT
-	payload = binary.BigEndian.AppendUint32(payload, 2)
-	payload = binary.BigEndian.AppendUint32(payload, uint32(len(text)))
-	payload = append(payload, text...)
-	payload = binary.BigEndian.AppendUint32(payload, 0) // language tag
-	padding := 8 - (len(payload)+5)%8
-	if padding < 4 {
-		padding += 8
-	}
-	var packet []byte
-	packet = binary.BigEndian.AppendUint32(packet, uint32(1+len(payload)+padding))
-	packet = append(packet, byte(padding))
-	packet = append(packet, payload...)
-	packet = append(packet, make([]byte, padding)...)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				c.Write([]byte("SSH-2.0-Hostile_1.0\r\n"))
-				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-					return
-				}
-				c.Write(packet)
-				time.Sleep(100 * time.Millisecond) // let the client read it before the close
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
 
 // A machine whose SSH address answers with a hostile disconnect text fails
 // the attempt with an error whose text, stored as the failure's cause,
@@ -69,7 +19,7 @@ func hostileSSHServer(t *testing.T) string {
 func TestHostileSSHDisconnectText(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.target.Address = hostileSSHServer(t)
+	f.target.Address = sshdtest.StartHostile(t, "go away \x00\xff\x1b[2J"+strings.Repeat("z", 64<<10))
 	start := time.Now()
 	_, sshErr := f.client(t).StartAgent(withTimeout(t, time.Minute), f.target)
 	if sshErr == nil || !strings.Contains(sshErr.Error(), "go away") {
