@@ -94,6 +94,7 @@ func TestHostileMachines(t *testing.T) {
       user: root
     redfish:
       endpoint: %s
+      allow_http: true
       credentials_file: %s
 `, name, sshHost, sshPort, bmcs[name], creds)
 	}

@@ -90,6 +90,7 @@ func newRealFleet(t *testing.T) *realFleet {
       user: %s
     redfish:
       endpoint: %s
+      allow_http: true
       credentials_file: %s
 `, f.machine.sshd.Port, f.machine.sshd.User, f.machine.bmc.URL, filepath.Base(credentials)))
 	f.dsn = bmdbtest.NewDatabase(t)

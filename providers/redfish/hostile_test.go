@@ -2,6 +2,7 @@ package redfish
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -57,7 +58,7 @@ func TestHostileBMCAnswersAreBounded(t *testing.T) {
 			var before runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: bmc.URL, CredentialsFile: credsFile(t)})
+			err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: bmc.URL, CredentialsFile: credsFile(t), AllowHTTP: true})
 			var after runtime.MemStats
 			runtime.ReadMemStats(&after)
 			if err == nil {
@@ -93,7 +94,7 @@ func TestRedirectAcrossSchemeOrHostRefused(t *testing.T) {
 		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusFound)
 	}))
 	defer redirector.Close()
-	err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: redirector.URL, CredentialsFile: credsFile(t)})
+	err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: redirector.URL, CredentialsFile: credsFile(t), AllowHTTP: true})
 	if err == nil || !strings.Contains(err.Error(), "refusing a redirect") {
 		t.Errorf("Reset through a redirect to another host: %v, want it refused", err)
 	}
@@ -115,5 +116,20 @@ func TestCredentialsReadableByOthersRefused(t *testing.T) {
 	_, err := ReadCredentials(p)
 	if err == nil || !strings.Contains(err.Error(), "accessible by others (mode 0644)") || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("ReadCredentials of a 0644 file: %v, want a refusal naming the mode (and not the password)", err)
+	}
+}
+
+// An http:// endpoint is refused unless the target allows it: HTTP Basic
+// would send the password in cleartext. Nothing reaches the BMC.
+func TestHTTPEndpointRefusedUnlessAllowed(t *testing.T) {
+	var reached atomic.Bool
+	bmc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached.Store(true) }))
+	defer bmc.Close()
+	err := New(Config{Timeout: 10 * time.Second}).Reset(context.Background(), Target{Endpoint: bmc.URL, CredentialsFile: credsFile(t)})
+	if !errors.Is(err, ErrCleartext) {
+		t.Errorf("Reset of an http:// endpoint: %v, want ErrCleartext", err)
+	}
+	if reached.Load() {
+		t.Error("the request reached the BMC")
 	}
 }

@@ -82,6 +82,11 @@ type Target struct {
 	// CAFile, if set, names a PEM file of certificates to verify the BMC's
 	// TLS certificate with, instead of the system roots.
 	CAFile string
+	// AllowHTTP lets an http:// Endpoint be used. Without it such an
+	// endpoint is refused, since HTTP Basic would send the BMC's password
+	// in cleartext; an operator sets it (inventory: redfish.allow_http)
+	// for a BMC on a network they trust that has no TLS.
+	AllowHTTP bool
 }
 
 // ParseEndpoint checks a BMC base URL and returns it in canonical form
@@ -112,6 +117,9 @@ func ParseEndpoint(s string) (string, error) {
 	}
 	return u.Scheme + "://" + u.Host, nil
 }
+
+// ErrCleartext refuses an http:// endpoint not explicitly allowed.
+var ErrCleartext = errors.New("http:// would send the BMC's password in cleartext: use https://, or set redfish.allow_http: true for this machine")
 
 // ValidResetType reports whether t is one of ResetTypes.
 func ValidResetType(t string) bool { return slices.Contains(ResetTypes, t) }
@@ -145,6 +153,9 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 	endpoint, err := ParseEndpoint(t.Endpoint)
 	if err != nil {
 		return fmt.Errorf("redfish endpoint: %w", err)
+	}
+	if strings.HasPrefix(endpoint, "http://") && !t.AllowHTTP {
+		return fmt.Errorf("redfish endpoint %s: %w", endpoint, ErrCleartext)
 	}
 	resetType := t.ResetType
 	if resetType == "" {

@@ -17,7 +17,7 @@ func TestResetDefaultsToForceRestart(t *testing.T) {
 	srv := redfishtest.Start(t, redfishtest.Options{})
 	dir := t.TempDir()
 	c := New(DefaultConfig())
-	err := c.Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: srv.WriteCredentials(t, dir)})
+	err := c.Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: srv.WriteCredentials(t, dir), AllowHTTP: true})
 	if err != nil {
 		t.Fatalf("Reset: %v", err)
 	}
@@ -76,7 +76,7 @@ func TestResetWrongCredentialsNeverLeaks(t *testing.T) {
 	if err := os.WriteFile(p, []byte(`{"username": "admin", "password": "`+secret+`"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := New(DefaultConfig()).Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: p})
+	err := New(DefaultConfig()).Reset(context.Background(), Target{Endpoint: srv.URL, CredentialsFile: p, AllowHTTP: true})
 	if err == nil {
 		t.Fatal("Reset with wrong credentials succeeded")
 	}
@@ -103,7 +103,7 @@ func TestResetTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err := New(Config{Timeout: 300 * time.Millisecond}).Reset(context.Background(), Target{Endpoint: hang.URL, CredentialsFile: creds})
+	err := New(Config{Timeout: 300 * time.Millisecond}).Reset(context.Background(), Target{Endpoint: hang.URL, CredentialsFile: creds, AllowHTTP: true})
 	if err == nil || !strings.Contains(err.Error(), "deadline exceeded") {
 		t.Fatalf("err = %v, want a deadline error", err)
 	}

@@ -347,11 +347,14 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 		"redfish": func(k, v *yaml.Node) {
 			rf := d.redfish
 			var hasEndpoint, hasCredentials bool
+			endpointLine := k.Line
 			if p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
 				"endpoint": func(_, v *yaml.Node) {
 					hasEndpoint = true
+					endpointLine = v.Line
 					rf.Endpoint, _ = p.endpoint(v, path+".redfish.endpoint")
 				},
+				"allow_http": func(_, v *yaml.Node) { rf.AllowHTTP, _ = p.boolean(v, path+".redfish.allow_http") },
 				"credentials_file": func(_, v *yaml.Node) {
 					hasCredentials = true
 					rf.CredentialsFile, _ = p.credentialsFile(v, path+".redfish.credentials_file")
@@ -364,6 +367,9 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 			}) {
 				if !hasEndpoint {
 					p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
+				}
+				if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
+					p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
 				}
 				if !hasCredentials && d.redfish.CredentialsFile == "" {
 					p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
@@ -539,6 +545,21 @@ func (p *parser) endpoint(n *yaml.Node, field string) (string, bool) {
 		return "", false
 	}
 	return u, true
+}
+
+func (p *parser) boolean(n *yaml.Node, field string) (bool, bool) {
+	s, ok := p.scalar(n, field)
+	if !ok {
+		return false, false
+	}
+	switch s {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	p.addf(n.Line, field, "%q: want true or false", s)
+	return false, false
 }
 
 func (p *parser) resetType(n *yaml.Node, field string) (string, bool) {

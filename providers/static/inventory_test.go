@@ -46,6 +46,7 @@ machines:
       user: root
     redfish:
       endpoint: http://[fd00::2]:8080
+      allow_http: true
       credentials_file: /ABS/other.json
       reset_type: PowerCycle
   - id: "12"
@@ -281,5 +282,46 @@ func TestLoadRefusesWhatIsNotARegularFile(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("Load(%s) blocked", file)
 		}
+	}
+}
+
+// An http:// Redfish endpoint needs allow_http: true on its machine, and
+// allow_http takes only true or false.
+func TestHTTPRedfishEndpointNeedsAllowHTTP(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "creds")
+	if err := os.WriteFile(creds, []byte("admin:pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "inv.yaml")
+	_, err := Parse(file, []byte(`machines:
+  - id: a
+    ssh: {address: 10.0.0.1, user: root}
+    redfish:
+      endpoint: http://10.0.100.1
+      credentials_file: creds
+  - id: b
+    ssh: {address: 10.0.0.2, user: root}
+    redfish:
+      endpoint: http://10.0.100.2
+      allow_http: yes-please
+      credentials_file: creds
+  - id: c
+    ssh: {address: 10.0.0.3, user: root}
+    redfish:
+      endpoint: http://10.0.100.3
+      allow_http: true
+      credentials_file: creds
+`))
+	for _, want := range []string{
+		file + ":5: machines[0].redfish.endpoint: http:// would send the BMC's password in cleartext",
+		file + `:11: machines[1].redfish.allow_http: "yes-please": want true or false`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse: %v\nwant a problem %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "machines[2]") {
+		t.Errorf("machine c allows http but was refused: %v", err)
 	}
 }

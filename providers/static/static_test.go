@@ -231,6 +231,7 @@ func TestRebootThroughRedfish(t *testing.T) {
   ssh: {address: 10.0.0.1, user: root}
   redfish:
     endpoint: ` + bmc.URL + `
+    allow_http: true
     credentials_file: ` + filepath.Base(creds) + `
     reset_type: GracefulRestart
 `})
