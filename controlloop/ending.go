@@ -3,12 +3,12 @@ package controlloop
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/jitter"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -62,7 +62,7 @@ func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Con
 			klog.Warningf("%s: recording the end of the lease on %s failed, retrying until it is recorded (or for %s): %s",
 				label, t.Machine, retry, untrusted.Line(err.Error(), 0))
 		}
-		wait := pause/2 + rand.N(pause/2+1)
+		wait := jitter.Half(pause)
 		pause = min(2*pause, endPauseMax)
 		timer := time.NewTimer(wait)
 		select {

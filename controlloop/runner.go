@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/jitter"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -144,8 +145,9 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 	onError := func(format string, args ...any) bool {
 		r.metrics.sourcingErrors.WithLabelValues(label).Inc()
 		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
-		klog.Warningf("%s: "+format+" (retrying in %s)", append([]any{label}, append(args, errorPause)...)...)
-		return pause(errorPause)
+		wait := jitter.Half(errorPause)
+		klog.Warningf("%s: "+format+" (retrying in %s)", append([]any{label}, append(args, wait.Round(time.Millisecond))...)...)
+		return pause(wait)
 	}
 
 	for {

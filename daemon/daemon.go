@@ -23,6 +23,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/jitter"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -311,11 +312,14 @@ func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn fu
 		case fatal != nil && fatal(err):
 			return err
 		}
-		klog.Warningf("%s: %v (retrying in %s)", what, err, pause)
+		// Jittered: replicas that lost the database together must not all
+		// come back at the same moment.
+		wait := jitter.Half(pause)
+		klog.Warningf("%s: %v (retrying in %s)", what, err, wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(pause):
+		case <-time.After(wait):
 		}
 		pause = min(2*pause, 10*time.Second)
 	}
