@@ -365,7 +365,11 @@ func schemaVersion(ctx context.Context, dsn string, e *Extension) (version uint,
 	defer closeMigrator(m)
 	version, dirty, err = m.Version()
 	if errors.Is(err, migrate.ErrNilVersion) {
-		return 0, false, nil
+		// golang-migrate reports no version, and hides that it is dirty,
+		// when the down migration of the first version failed half-way
+		// (it recorded version -1 dirty): read the flag itself, so that
+		// 'migrate version' tells the truth (version 0, dirty).
+		return 0, nilVersionDirty(ctx, dsn, e), nil
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("reading the schema version of %s: %w", e.label(), err)
@@ -384,6 +388,43 @@ func (db *DB) CheckSchema(ctx context.Context, exts ...*Extension) error {
 		}
 	}
 	return nil
+}
+
+// nilVersionDirty reports whether e's migrations table records no version
+// but dirty: the down migration of version 1 failed half-way. Any error
+// reads as no.
+func nilVersionDirty(ctx context.Context, dsn string, e *Extension) bool {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(ctx)
+	var version int64
+	var dirty bool
+	q := "SELECT version, dirty FROM " + pgx.Identifier{e.table()}.Sanitize() + " LIMIT 1"
+	if err := conn.QueryRow(ctx, q).Scan(&version, &dirty); err != nil {
+		return false
+	}
+	return version < 0 && dirty
+}
+
+// DirtyAdvice says how to recover from a migration that failed half-way,
+// given the version recorded dirty (0 when the down migration of version 1
+// failed): commands an operator can run as they are. golang-migrate records
+// the version a migration leads to as dirty before running it, and
+// PostgreSQL rolls the failed migration back, so the schema is at the
+// version before that step: one below after a failed up, one above after a
+// failed down.
+func DirtyAdvice(version uint, extension string) string {
+	ext := ""
+	if extension != "" {
+		ext = " -extension " + extension
+	}
+	if version == 0 {
+		return fmt.Sprintf("reverting version 1 failed half-way (migrate down) and was rolled back: fix what made it fail, then run 'shepherd migrate%s force 1' and 'shepherd migrate down -yes' again", ext)
+	}
+	return fmt.Sprintf("a migration failed half-way and was rolled back: fix what made it fail; if it was 'migrate up' (to version %d), run 'shepherd migrate%s force %d', then 'shepherd migrate up'; if it was 'migrate down', run 'shepherd migrate%s force %d', then 'shepherd migrate down -yes'",
+		version, ext, version-1, ext, version+1)
 }
 
 func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
@@ -414,7 +455,11 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 	}
 	switch {
 	case dirty:
-		return fmt.Errorf("%w: %s version %d is dirty (a migration failed half-way); finish or undo that migration by hand, then run 'shepherd migrate force %d' (or the version you restored)", ErrSchema, name, version, version)
+		extName := ""
+		if e != core {
+			extName = e.Name
+		}
+		return fmt.Errorf("%w: %s version %d is dirty: %s", ErrSchema, name, max(version, 0), DirtyAdvice(uint(max(version, 0)), extName))
 	case uint(version) > latest:
 		return fmt.Errorf("%w: %s version %d is newer than this binary knows (%d); run a shepherd release that knows version %d, or 'shepherd migrate down' with the newer binary", ErrSchema, name, version, latest, version)
 	case uint(version) < latest:

@@ -242,20 +242,20 @@ func migrateVersion(ctx context.Context, dsn, target string, exts []*bmdb.Extens
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d\n", target, v, dirtyText(dirty), bmdb.LatestVersion())
+	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d\n", target, v, dirtyText(v, dirty, ""), bmdb.LatestVersion())
 	for _, e := range exts {
 		v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, e)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: extension %s version %d (%s); this binary knows up to %d\n", target, e.Name, v, dirtyText(dirty), e.Latest())
+		fmt.Fprintf(stdout, "%s: extension %s version %d (%s); this binary knows up to %d\n", target, e.Name, v, dirtyText(v, dirty, e.Name), e.Latest())
 	}
 	return nil
 }
 
-func dirtyText(dirty bool) string {
+func dirtyText(version uint, dirty bool, extension string) string {
 	if dirty {
-		return "dirty: a migration failed half-way; repair it by hand, then 'shepherd migrate force N'"
+		return "dirty: " + bmdb.DirtyAdvice(version, extension)
 	}
 	return "clean"
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -66,7 +67,7 @@ func TestSchemaRefused(t *testing.T) {
 	}{
 		{"not migrated", true, "", "the database has no Shepherd schema; run 'shepherd migrate up' against it first"},
 		{"newer", false, "UPDATE schema_migrations SET version = version + 1", "is newer than this binary knows"},
-		{"dirty", false, "UPDATE schema_migrations SET dirty = true", "is dirty (a migration failed half-way)"},
+		{"dirty", false, "UPDATE schema_migrations SET dirty = true", "is dirty: a migration failed half-way and was rolled back"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -106,5 +107,56 @@ func TestSchemaRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A migrate down that fails half-way (a view of the operator's depends on
+// a table it drops) leaves the schema dirty; 'migrate version' says so,
+// and following the commands it prints, as they are, recovers.
+func TestMigrateDirtyAdviceRecovers(t *testing.T) {
+	t.Parallel()
+	dsn := bmdbtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE VIEW operators_view AS SELECT machine_id FROM machines`); err != nil {
+		t.Fatal(err)
+	}
+	shepherd := func(want int, args ...string) string {
+		t.Helper()
+		code, stdout, stderr := runShepherd(t, childEnv(), append(args, "-bmdb_dsn="+dsn)...)
+		if code != want {
+			t.Fatalf("shepherd %v: exit %d, want %d\n%s%s", args, code, want, stdout, stderr)
+		}
+		return stdout + stderr
+	}
+	shepherd(exitFailure, "migrate", "down", "-yes")
+	out := shepherd(exitOK, "migrate", "version")
+	if !strings.Contains(out, "schema version 0 (dirty") {
+		t.Fatalf("migrate version after a failed down does not say dirty:\n%s", out)
+	}
+	// The advice, run as printed.
+	var force []string
+	for _, quoted := range regexp.MustCompile(`'shepherd (migrate force \d+)'`).FindAllStringSubmatch(out, -1) {
+		force = strings.Fields(quoted[1])
+	}
+	if len(force) == 0 {
+		t.Fatalf("no 'shepherd migrate force N' in the advice:\n%s", out)
+	}
+	shepherd(exitOK, force...)
+	if out := shepherd(exitOK, "migrate", "version"); !strings.Contains(out, "schema version 1 (clean)") {
+		t.Fatalf("after %v: %s", force, out)
+	}
+	// The cause fixed, the down that failed now runs, and up restores all.
+	if _, err := conn.Exec(ctx, `DROP VIEW operators_view`); err != nil {
+		t.Fatal(err)
+	}
+	shepherd(exitOK, "migrate", "down", "-yes")
+	shepherd(exitOK, "migrate", "up")
+	if err := openDB(t, dsn).CheckSchema(ctx); err != nil {
+		t.Errorf("after recovery: %v", err)
 	}
 }
