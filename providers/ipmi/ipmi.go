@@ -1,0 +1,234 @@
+// Package ipmi power-cycles machines through their BMC over IPMI 2.0
+// (RMCP+, "lanplus"), for BMCs without a usable Redfish API, with the pure
+// Go client github.com/bougou/go-ipmi (no ipmitool process).
+//
+// Every action opens one short session and closes it: a BMC drops idle
+// sessions after about 30 s and has few of them, so a session kept open
+// between reboots would mostly be a dead one. One cipher suite is asked
+// for (3 by default: HMAC-SHA1, AES-CBC-128, which every IPMI 2.0 BMC
+// offers): walking the library's list would cost seconds per action, and
+// with a wrong password one failed login per suite, enough to lock the
+// account on a real BMC. Credentials come from a file, as for Redfish.
+package ipmi
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bougou/go-ipmi/pkg/client"
+	"github.com/bougou/go-ipmi/pkg/command/chassis"
+	"github.com/bougou/go-ipmi/pkg/types"
+
+	"github.com/shepherd-fleet/shepherd/internal/secretfile"
+	"github.com/shepherd-fleet/shepherd/providers/redfish"
+	"github.com/shepherd-fleet/shepherd/untrusted"
+)
+
+// Method names IPMI in metrics and causes, beside redfish and ssh.
+const Method = "ipmi"
+
+// DefaultPort is IPMI's RMCP port.
+const DefaultPort = 623
+
+// DefaultCipherSuite is the cipher suite asked for unless the inventory
+// names another.
+const DefaultCipherSuite = 3
+
+// Reset types: power_cycle (off, then on: what a hung machine needs) and
+// hard_reset (a reset line pulse, for BMCs whose power cycle is slow).
+const (
+	ResetPowerCycle = "power_cycle"
+	ResetHard       = "hard_reset"
+)
+
+// ResetTypes are the reset types an inventory may configure.
+var ResetTypes = []string{ResetPowerCycle, ResetHard}
+
+// Privileges are the session privilege levels an inventory may ask for;
+// chassis control needs operator at least.
+var Privileges = []string{"operator", "administrator"}
+
+// Config is the IPMI client's configuration, shared by all machines.
+type Config struct {
+	// Timeout bounds one action: login, command, logout.
+	Timeout time.Duration
+}
+
+// DefaultConfig returns the configuration before flags.
+func DefaultConfig() Config { return Config{Timeout: 10 * time.Second} }
+
+// RegisterFlags registers -ipmi_timeout on fs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.Timeout, "ipmi_timeout", c.Timeout, "bound on one power action through a BMC's IPMI (login, command, logout)")
+}
+
+// Check validates the configuration; its errors name the flag.
+func (c *Config) Check() error {
+	if c.Timeout <= 0 || c.Timeout > 10*time.Minute {
+		return fmt.Errorf("-ipmi_timeout %s: must be above 0 and at most 10m", c.Timeout)
+	}
+	return nil
+}
+
+// Target is one machine's BMC, as the inventory describes it.
+type Target struct {
+	// Address is the BMC's host name or IP address.
+	Address string
+	// Port is its RMCP port (DefaultPort when 0).
+	Port int
+	// CredentialsFile names the file holding the BMC account, user:password
+	// (or the JSON form; see redfish.ParseCredentials).
+	CredentialsFile string
+	// CipherSuite is the RMCP+ cipher suite (DefaultCipherSuite when 0).
+	CipherSuite int
+	// Privilege is one of Privileges ("administrator" when empty).
+	Privilege string
+	// ResetType is one of ResetTypes (ResetPowerCycle when empty).
+	ResetType string
+}
+
+// Endpoint is the BMC's address as causes and logs show it.
+func (t Target) Endpoint() string {
+	port := t.Port
+	if port == 0 {
+		port = DefaultPort
+	}
+	return net.JoinHostPort(t.Address, strconv.Itoa(port))
+}
+
+// ValidCipherSuite reports whether n is an RMCP+ cipher suite the client
+// can use (IPMI 2.0 table 22-20, and 17, the SHA-256 suite).
+func ValidCipherSuite(n int) bool { return n >= 0 && n <= 17 }
+
+// Client power-cycles machines over IPMI. It is safe for concurrent use.
+type Client struct{ cfg Config }
+
+// New returns a client with cfg.
+func New(cfg Config) *Client { return &Client{cfg: cfg} }
+
+// maxCredentialsFile bounds a credentials file.
+const maxCredentialsFile = 64 << 10
+
+// Reset power-cycles (or resets) the machine behind t. It returns once the
+// BMC accepted the command. A BMC that does not answer costs at most the
+// configured timeout (or ctx's deadline, if sooner).
+func (c *Client) Reset(ctx context.Context, t Target) error {
+	control := chassis.ChassisControlPowerCycle
+	switch t.ResetType {
+	case "", ResetPowerCycle:
+	case ResetHard:
+		control = chassis.ChassisControlHardReset
+	default:
+		return fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	}
+	return c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
+		_, err := cl.ChassisControl(ctx, control)
+		return err
+	})
+}
+
+// PowerStatus reports whether the machine behind t is powered on.
+func (c *Client) PowerStatus(ctx context.Context, t Target) (on bool, err error) {
+	err = c.do(ctx, t, "reading power status", func(ctx context.Context, cl *client.Client) error {
+		st, err := cl.GetChassisStatus(ctx)
+		if err == nil {
+			on = st.PowerIsOn
+		}
+		return err
+	})
+	return on, err
+}
+
+func resetName(t string) string {
+	if t == "" {
+		return ResetPowerCycle
+	}
+	return t
+}
+
+// do runs action in a session of its own with t's BMC, bounded by the
+// configured timeout; errors name the method and the BMC, with the BMC's
+// text cleaned and bounded.
+func (c *Client) do(ctx context.Context, t Target, what string, action func(context.Context, *client.Client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	fail := func(err error) error {
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0))
+	}
+	data, err := secretfile.Read(t.CredentialsFile, maxCredentialsFile)
+	if err != nil {
+		return fmt.Errorf("ipmi at %s: reading credentials: %w", t.Endpoint(), err)
+	}
+	creds, err := redfish.ParseCredentials(data)
+	if err != nil {
+		return fmt.Errorf("ipmi at %s: credentials file %s: %w", t.Endpoint(), t.CredentialsFile, err)
+	}
+	suite := t.CipherSuite
+	if suite == 0 {
+		suite = DefaultCipherSuite
+	}
+	privilege := types.PrivilegeLevelAdministrator
+	if t.Privilege == "operator" {
+		privilege = types.PrivilegeLevelOperator
+	}
+	port := t.Port
+	if port == 0 {
+		port = DefaultPort
+	}
+	cl, err := client.NewClient(t.Address, port, creds.Username, creds.Password)
+	if err != nil {
+		return fail(err)
+	}
+	deadline, _ := ctx.Deadline()
+	cl.WithInterface(client.InterfaceLanplus).
+		WithCipherSuiteID(types.CipherSuiteID(suite)).
+		WithMaxPrivilegeLevel(privilege).
+		WithTimeout(max(time.Until(deadline), time.Millisecond)).
+		WithRetry(0)
+
+	// The library is given ctx; the select makes sure a call that does not
+	// honour it still costs no more than its deadline.
+	done := make(chan error, 1)
+	go func() {
+		var closeOnce sync.Once // the library's Close panics when called twice
+		closeSession := func() {
+			closeOnce.Do(func() {
+				closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				defer cancel()
+				_ = cl.Close(closeCtx)
+			})
+		}
+		if err := cl.Connect(ctx); err != nil {
+			done <- fmt.Errorf("logging in: %w", err)
+			return
+		}
+		defer closeSession()
+		done <- action(ctx, cl)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fail(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	}
+}
+
+// ValidResetType reports whether s is one of ResetTypes.
+func ValidResetType(s string) bool { return slices.Contains(ResetTypes, s) }
+
+// ValidPrivilege reports whether s is one of Privileges.
+func ValidPrivilege(s string) bool { return slices.Contains(Privileges, s) }

@@ -1,0 +1,94 @@
+package ipmi
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
+)
+
+func simTarget(t *testing.T, sim *ipmisimtest.Sim, pass string) Target {
+	return Target{Address: sim.Host, Port: sim.Port, CredentialsFile: sim.WriteCredentials(t, t.TempDir(), pass)}
+}
+
+// A power cycle through a real IPMI BMC (ipmi_sim), seen on its side: the
+// chassis powers off and on again.
+func TestPowerCycleSeenByTheBMC(t *testing.T) {
+	t.Parallel()
+	sim := ipmisimtest.Start(t)
+	c := New(DefaultConfig())
+	target := simTarget(t, sim, "")
+	ctx := context.Background()
+	if on, err := c.PowerStatus(ctx, target); err != nil || !on {
+		t.Fatalf("PowerStatus = %v, %v; want on", on, err)
+	}
+	before := sim.PowerOns(t)
+	if err := c.Reset(ctx, target); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sim.PowerOns(t) == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("the BMC did not power the chassis on again; its log:\n%s", sim.Log(t))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if log := sim.Log(t); !strings.Contains(log, "power 0") || !strings.Contains(log, "power 1") {
+		t.Errorf("the BMC's log does not show the power cycle:\n%s", log)
+	}
+}
+
+// A wrong password fails at once, with one login (one cipher suite), and
+// the error names the method and the BMC, not the password.
+func TestWrongPassword(t *testing.T) {
+	t.Parallel()
+	sim := ipmisimtest.Start(t)
+	start := time.Now()
+	err := New(DefaultConfig()).Reset(context.Background(), simTarget(t, sim, "not-the-password"))
+	if err == nil {
+		t.Fatal("Reset with a wrong password succeeded")
+	}
+	if !strings.Contains(err.Error(), "ipmi") || !strings.Contains(err.Error(), sim.Host) || strings.Contains(err.Error(), "not-the-password") {
+		t.Errorf("error %q: want the method and the BMC's address, and no password", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("a wrong password took %s to fail", d)
+	}
+	if sim.PowerOns(t) != 0 || strings.Contains(sim.Log(t), "power 0") {
+		t.Error("the chassis was power cycled with a wrong password")
+	}
+}
+
+// A BMC that does not answer (a UDP socket that never replies, or a hung
+// ipmi_sim) costs at most the timeout plus a second.
+func TestUnansweringBMCBounded(t *testing.T) {
+	t.Parallel()
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	sim := ipmisimtest.Start(t)
+	hung := simTarget(t, sim, "")
+	sim.Freeze(t)
+	defer sim.Thaw(t)
+	addr := silent.LocalAddr().(*net.UDPAddr)
+	c := New(Config{Timeout: 2 * time.Second})
+	for name, target := range map[string]Target{
+		"silent socket": {Address: "127.0.0.1", Port: addr.Port, CredentialsFile: hung.CredentialsFile},
+		"frozen BMC":    hung,
+	} {
+		start := time.Now()
+		err := c.Reset(context.Background(), target)
+		took := time.Since(start)
+		if err == nil || !strings.Contains(err.Error(), "deadline") {
+			t.Errorf("%s: %v, want a deadline error", name, err)
+		}
+		if took > 3*time.Second {
+			t.Errorf("%s: took %s with a 2 s timeout", name, took)
+		}
+	}
+}
