@@ -16,6 +16,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/shepherd-fleet/shepherd/internal/secretfile"
+	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
@@ -69,9 +71,22 @@ type Machine struct {
 	// Redfish is the machine's BMC, or nil when it has none (reboots then
 	// go over SSH).
 	Redfish *redfish.Target
+	// IPMI is the machine's BMC over IPMI 2.0, or nil.
+	IPMI *ipmi.Target
+	// Power is how the machine is rebooted: PowerRedfish, PowerIPMI or
+	// PowerSSH, from the inventory's power key, or from the one BMC
+	// section it has.
+	Power string
 	// Line is where the machine's entry starts in the file.
 	Line int
 }
+
+// Reboot methods, the values of a machine's power key.
+const (
+	PowerRedfish = "redfish"
+	PowerIPMI    = ipmi.Method
+	PowerSSH     = "ssh"
+)
 
 // SSH is a machine's SSH login.
 type SSH struct {
@@ -317,6 +332,7 @@ func (p *parser) defaults(n *yaml.Node) defaults {
 
 func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) {
 	m := Machine{Line: n.Line, SSH: SSH{Port: d.sshPort, User: d.sshUser}}
+	powerLine := n.Line
 	before := len(p.problems)
 	// Presence is tracked apart from validity: a field that is present but
 	// invalid has been reported already and is not "missing" too.
@@ -377,12 +393,59 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 				m.Redfish = &rf
 			}
 		},
+		"ipmi": func(k, v *yaml.Node) {
+			t := ipmi.Target{Port: ipmi.DefaultPort}
+			var hasAddress, hasCredentials bool
+			if p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
+				"address": func(_, v *yaml.Node) {
+					hasAddress = true
+					t.Address, _ = p.host(v, path+".ipmi.address")
+				},
+				"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
+				"credentials_file": func(_, v *yaml.Node) {
+					hasCredentials = true
+					t.CredentialsFile, _ = p.ipmiCredentialsFile(v, path+".ipmi.credentials_file")
+				},
+				"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
+				"privilege": func(_, v *yaml.Node) {
+					t.Privilege, _ = p.oneOf(v, path+".ipmi.privilege", ipmi.Privileges)
+				},
+				"reset_type": func(_, v *yaml.Node) {
+					t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
+				},
+			}) {
+				if !hasAddress {
+					p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
+				}
+				if !hasCredentials {
+					p.addf(k.Line, path+".ipmi.credentials_file", "missing")
+				}
+				m.IPMI = &t
+			}
+		},
+		"power": func(k, v *yaml.Node) {
+			powerLine = v.Line
+			m.Power, _ = p.oneOf(v, path+".power", []string{PowerRedfish, PowerIPMI, PowerSSH})
+		},
 	})
 	if !ok {
 		return m, false
 	}
 	if !hasID {
 		p.addf(n.Line, path+".id", "missing")
+	}
+	// How the machine is rebooted: what power says, else its only BMC.
+	switch {
+	case m.Power == "" && m.Redfish != nil && m.IPMI != nil:
+		p.addf(n.Line, path+".power", "missing: the machine has both a redfish and an ipmi section; say which reboots it (power: redfish or power: ipmi)")
+	case m.Power == "" && m.Redfish != nil:
+		m.Power = PowerRedfish
+	case m.Power == "" && m.IPMI != nil:
+		m.Power = PowerIPMI
+	case m.Power == "":
+		m.Power = PowerSSH
+	case m.Power == PowerRedfish && m.Redfish == nil, m.Power == PowerIPMI && m.IPMI == nil:
+		p.addf(powerLine, path+".power", "%s: the machine has no %s section", m.Power, m.Power)
 	}
 	switch {
 	case !hasSSH:
@@ -601,6 +664,47 @@ func (p *parser) credentialsFile(n *yaml.Node, field string) (string, bool) {
 		return "", false
 	}
 	return file, true
+}
+
+func (p *parser) ipmiCredentialsFile(n *yaml.Node, field string) (string, bool) {
+	file, ok := p.path(n, field)
+	if !ok {
+		return "", false
+	}
+	data, err := secretfile.Read(file, 64<<10)
+	if err == nil {
+		_, err = redfish.ParseCredentials(data)
+	}
+	if err != nil {
+		p.addf(n.Line, field, "IPMI credentials: %v", err)
+		return "", false
+	}
+	return file, true
+}
+
+func (p *parser) cipherSuite(n *yaml.Node, field string) (int, bool) {
+	s, ok := p.scalar(n, field)
+	if !ok {
+		return 0, false
+	}
+	suite, err := strconv.Atoi(s)
+	if err != nil || !ipmi.ValidCipherSuite(suite) {
+		p.addf(n.Line, field, "%q: want an RMCP+ cipher suite number between 0 and 17 (3 is the one every BMC offers)", clip(s))
+		return 0, false
+	}
+	return suite, true
+}
+
+func (p *parser) oneOf(n *yaml.Node, field string, values []string) (string, bool) {
+	s, ok := p.scalar(n, field)
+	if !ok {
+		return "", false
+	}
+	if !slices.Contains(values, s) {
+		p.addf(n.Line, field, "%q: want one of %s", clip(s), strings.Join(values, ", "))
+		return "", false
+	}
+	return s, true
 }
 
 func (p *parser) caFile(n *yaml.Node, field string) (string, bool) {

@@ -139,7 +139,7 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 	}{{
 		name: "unknown field",
 		yaml: "machines:\n  - id: a\n    adress: x\n    ssh: {address: h, user: u}\n",
-		want: []string{f + ":3: machines[0].adress: unknown field (known: id, location, redfish, ssh)"},
+		want: []string{f + ":3: machines[0].adress: unknown field (known: id, ipmi, location, power, redfish, ssh)"},
 	}, {
 		name: "unknown top-level field",
 		yaml: "machine:\n  - id: a\n",
@@ -323,5 +323,80 @@ func TestHTTPRedfishEndpointNeedsAllowHTTP(t *testing.T) {
 	}
 	if err != nil && strings.Contains(err.Error(), "machines[2]") {
 		t.Errorf("machine c allows http but was refused: %v", err)
+	}
+}
+
+// A machine's ipmi section, and which BMC reboots a machine that has two.
+func TestIPMIInventory(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "ipmi.creds")
+	if err := os.WriteFile(creds, []byte("admin:pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open.creds")
+	if err := os.WriteFile(open, []byte("admin:pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o644)
+	file := filepath.Join(dir, "inv.yaml")
+	inv, err := Parse(file, []byte(`machines:
+  - id: a
+    ssh: {address: 10.0.0.1, user: root}
+    ipmi:
+      address: 10.0.100.1
+      credentials_file: ipmi.creds
+  - id: b
+    ssh: {address: 10.0.0.2, user: root}
+    power: ipmi
+    redfish: {endpoint: "https://10.0.101.2", credentials_file: ipmi.creds}
+    ipmi: {address: bmc-b.example, port: 6230, credentials_file: ipmi.creds, cipher_suite: 17, privilege: operator, reset_type: hard_reset}
+  - id: c
+    ssh: {address: 10.0.0.3, user: root}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := inv.Machines[0], inv.Machines[1], inv.Machines[2]
+	if a.Power != PowerIPMI || a.IPMI == nil || a.IPMI.Port != 623 || a.IPMI.Address != "10.0.100.1" {
+		t.Errorf("a: power %q, ipmi %+v", a.Power, a.IPMI)
+	}
+	if b.Power != PowerIPMI || b.IPMI.Port != 6230 || b.IPMI.CipherSuite != 17 || b.IPMI.Privilege != "operator" || b.IPMI.ResetType != "hard_reset" {
+		t.Errorf("b: power %q, ipmi %+v", b.Power, b.IPMI)
+	}
+	if c.Power != PowerSSH {
+		t.Errorf("c: power %q, want ssh", c.Power)
+	}
+
+	_, err = Parse(file, []byte(`machines:
+  - id: a
+    ssh: {address: 10.0.0.1, user: root}
+    redfish: {endpoint: "https://10.0.101.1", credentials_file: ipmi.creds}
+    ipmi: {address: 10.0.100.1, credentials_file: ipmi.creds}
+  - id: b
+    ssh: {address: 10.0.0.2, user: root}
+    power: ipmi
+    ipmi:
+      address: 10.0.100.2
+      port: 70000
+      cipher_suite: 99
+      privilege: god
+      reset_type: explode
+      credentials_file: open.creds
+  - id: c
+    ssh: {address: 10.0.0.3, user: root}
+    power: redfish
+`))
+	for _, want := range []string{
+		file + ":2: machines[0].power: missing: the machine has both a redfish and an ipmi section",
+		file + `:11: machines[1].ipmi.port: "70000": want a port number between 1 and 65535`,
+		file + `:12: machines[1].ipmi.cipher_suite: "99": want an RMCP+ cipher suite number`,
+		file + `:13: machines[1].ipmi.privilege: "god": want one of operator, administrator`,
+		file + `:14: machines[1].ipmi.reset_type: "explode": want one of power_cycle, hard_reset`,
+		file + ":15: machines[1].ipmi.credentials_file: IPMI credentials: " + open + " is accessible by others (mode 0644)",
+		file + ":18: machines[2].power: redfish: the machine has no redfish section",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse: want the problem\n  %s\ngot\n%v", want, err)
+		}
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/sshagent"
 )
@@ -57,13 +58,15 @@ type Config struct {
 	InventoryFile string
 	// SSH configures logins, agent start and SSH reboots.
 	SSH sshagent.Config
-	// Redfish configures BMC reboots.
+	// Redfish configures BMC reboots through Redfish.
 	Redfish redfish.Config
+	// IPMI configures BMC reboots through IPMI.
+	IPMI ipmi.Config
 }
 
 // DefaultConfig returns the configuration before flags.
 func DefaultConfig() Config {
-	return Config{SSH: sshagent.DefaultConfig(), Redfish: redfish.DefaultConfig()}
+	return Config{SSH: sshagent.DefaultConfig(), Redfish: redfish.DefaultConfig(), IPMI: ipmi.DefaultConfig()}
 }
 
 // RegisterFlags registers -inventory and the SSH and Redfish flags on fs.
@@ -71,6 +74,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InventoryFile, "inventory", c.InventoryFile, "static provider: YAML or JSON file listing the machines (reloaded on SIGHUP)")
 	c.SSH.RegisterFlags(fs)
 	c.Redfish.RegisterFlags(fs)
+	c.IPMI.RegisterFlags(fs)
 }
 
 // Check validates the configuration, including the inventory file; its
@@ -85,7 +89,10 @@ func (c *Config) Check() error {
 	if err := c.SSH.Check(); err != nil {
 		return err
 	}
-	return c.Redfish.Check()
+	if err := c.Redfish.Check(); err != nil {
+		return err
+	}
+	return c.IPMI.Check()
 }
 
 // Provider is the static provider. It implements providers.Provider.
@@ -94,6 +101,7 @@ type Provider struct {
 	db      *bmdb.DB
 	ssh     *sshagent.Client
 	redfish *redfish.Client
+	ipmi    *ipmi.Client
 	metrics *metrics
 
 	reloadMu sync.Mutex // serializes Reload
@@ -136,6 +144,7 @@ func Open(cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error)
 		db:      db,
 		ssh:     ssh,
 		redfish: redfish.New(cfg.Redfish),
+		ipmi:    ipmi.New(cfg.IPMI),
 		metrics: newMetrics(reg),
 		inv:     inv,
 	}
@@ -259,17 +268,34 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 	return p.ssh.StartAgent(ctx, target(m, e))
 }
 
-// Reboot implements providers.Provider: through the machine's BMC when the
-// inventory names one, else with the reboot command over SSH.
+// Reboot implements providers.Provider: through the machine's BMC, over
+// Redfish or IPMI, as its inventory entry says (power), else with the
+// reboot command over SSH. Errors name the method and the BMC.
 func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	e, err := p.lookup(m)
 	if err != nil {
 		return err
 	}
-	if e.Redfish != nil {
-		return p.redfish.Reset(ctx, *e.Redfish)
+	method := e.Power
+	switch method {
+	case PowerIPMI:
+		err = p.ipmi.Reset(ctx, *e.IPMI)
+	case PowerRedfish:
+		if err = p.redfish.Reset(ctx, *e.Redfish); err != nil {
+			err = fmt.Errorf("via redfish at %s: %w", e.Redfish.Endpoint, err)
+		}
+	default:
+		method = PowerSSH
+		if err = p.ssh.Reboot(ctx, target(m, e)); err != nil {
+			err = fmt.Errorf("via ssh: %w", err)
+		}
 	}
-	return p.ssh.Reboot(ctx, target(m, e))
+	result := "success"
+	if err != nil {
+		result = "failure"
+	}
+	p.metrics.resets.WithLabelValues(method, result).Inc()
+	return err
 }
 
 // metrics are the inventory's gauges and counters.
@@ -278,6 +304,7 @@ type metrics struct {
 	removed    prometheus.Gauge
 	reloads    *prometheus.CounterVec
 	lastReload prometheus.Gauge
+	resets     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -294,6 +321,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "shepherd_inventory_reloads_total",
 			Help: "Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).",
 		}, []string{"result"}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_provider_resets_total",
+			Help: "Reboots the static provider attempted, by method (redfish, ipmi, ssh) and result (success, failure).",
+		}, []string{"method", "result"}),
 		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shepherd_inventory_last_reload_successful",
 			Help: "1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force).",
@@ -301,8 +332,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
+	for _, method := range []string{PowerRedfish, PowerIPMI, PowerSSH} {
+		m.resets.WithLabelValues(method, "success")
+		m.resets.WithLabelValues(method, "failure")
+	}
 	if reg != nil {
-		reg.MustRegister(m.machines, m.removed, m.reloads, m.lastReload)
+		reg.MustRegister(m.machines, m.removed, m.reloads, m.lastReload, m.resets)
 	}
 	return m
 }
