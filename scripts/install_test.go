@@ -54,8 +54,8 @@ func TestInstallDepsOnAFreshMachine(t *testing.T) {
 		target, uid string
 		want        []string
 	}{
-		{"test", "1000", []string{"sudo", "apt-get update", "sudo", "apt-get install -y --no-install-recommends postgresql openssh-server prometheus chromium patroni etcd-server pgbouncer"}},
-		{"test", "0", []string{"apt-get update", "apt-get install -y --no-install-recommends postgresql openssh-server prometheus chromium patroni etcd-server pgbouncer"}},
+		{"test", "1000", []string{"sudo", "apt-get update", "sudo", "apt-get install -y --no-install-recommends postgresql openssh-server prometheus chromium patroni etcd-server pgbouncer openipmi ipmitool"}},
+		{"test", "0", []string{"apt-get update", "apt-get install -y --no-install-recommends postgresql openssh-server prometheus chromium patroni etcd-server pgbouncer openipmi ipmitool"}},
 		{"demo", "1000", []string{"sudo", "apt-get update", "sudo", "apt-get install -y --no-install-recommends postgresql"}},
 	} {
 		env, log := fakeMachine(t, tc.uid)
@@ -73,7 +73,7 @@ func TestInstallDepsOnAFreshMachine(t *testing.T) {
 func TestInstallDepsOnAPreparedMachine(t *testing.T) {
 	env, log := fakeMachine(t, "1000")
 	bin := strings.TrimPrefix(env[0], "PATH=")
-	for _, tool := range []string{"initdb", "prometheus", "chromium", "patronictl", "etcd", "pgbouncer"} {
+	for _, tool := range []string{"initdb", "prometheus", "chromium", "patronictl", "etcd", "pgbouncer", "ipmi_sim", "ipmitool"} {
 		if err := os.WriteFile(filepath.Join(bin, tool), []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
+	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
+)
+
+// Recovery through IPMI, through the real binary, against real IPMI BMCs
+// (ipmi_sim): a machine whose agent went silent is power-cycled (seen on
+// the simulator's side) and Recovery finishes; a BMC that refuses the
+// password, and one that never answers, each end the lease within the
+// timeout with a clean Failed cause naming the method and the BMC, and a
+// backoff.
+func TestRecoveryThroughIPMI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := ipmisimtest.Start(t)
+	refusing := ipmisimtest.Start(t)
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	silentPort := silent.LocalAddr().(*net.UDPAddr).Port
+
+	bmcs := map[string]string{
+		"good":     fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", good.Port, good.WriteCredentials(t, dir, "")),
+		"refusing": fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", refusing.Port, refusing.WriteCredentials(t, dir, "wrong-password")),
+		"silent":   fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", silentPort, good.WriteCredentials(t, t.TempDir(), "")),
+	}
+	inventory := "machines:\n"
+	for _, name := range []string{"good", "refusing", "silent"} {
+		// No agent can be started (the SSH address answers with a
+		// disconnect): the machine's agent is recorded by the test.
+		ssh := sshdtest.StartHostile(t, "no agents here")
+		host, port, _ := strings.Cut(ssh, ":")
+		inventory += fmt.Sprintf("  - id: %s\n    ssh: {address: %s, port: %s, user: root}\n    ipmi: %s\n", name, host, port, bmcs[name])
+	}
+	inventoryFile := filepath.Join(dir, "inventory.yaml")
+	writeFile(t, inventoryFile, inventory)
+	dsn := bmdbtest.NewDatabase(t)
+	db := openDB(t, dsn)
+	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
+		"-listen=127.0.0.1:0",
+		"-provider=static",
+		"-inventory="+inventoryFile,
+		"-ssh_key_file="+writeSSHKey(t, dir),
+		"-agent_binary="+sshdtest.BuildAgent(t),
+		"-agent_listen=127.0.0.1:0",
+		"-ipmi_timeout=2s",
+		"-recovery_start_timeout=1s",
+		"-agentstart_backoff_initial=1m",
+		"-recovery_backoff_initial=1m", "-recovery_backoff_maximum=1h",
+		"-shutdown_grace=2s",
+	)
+	machines := map[string]uuid.UUID{}
+	waitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
+		for id, p := range staticMachines(t, db) {
+			machines[id] = p.Machine
+		}
+		return len(machines) == 3, fmt.Sprintf("%d machines", len(machines))
+	})
+	// Each machine's agent was started an hour ago and never heartbeated.
+	ctx := context.Background()
+	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		for _, m := range machines {
+			if _, err := tx.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+				VALUES ($1, now() - interval '1 hour', '\x00') ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started_at`, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := good.PowerOns(t)
+	waitFor(t, 60*time.Second, "Recovery to end on every machine", func() (bool, string) {
+		f := countEvents(historyOf(t, db, machines["good"]), "ShepherdRecovery", bmdb.EventFinished)
+		r := countEvents(historyOf(t, db, machines["refusing"]), "ShepherdRecovery", bmdb.EventFailed)
+		s := countEvents(historyOf(t, db, machines["silent"]), "ShepherdRecovery", bmdb.EventFailed)
+		return f >= 1 && r >= 1 && s >= 1, fmt.Sprintf("good finished %d, refusing failed %d, silent failed %d", f, r, s)
+	})
+	waitFor(t, 10*time.Second, "the good BMC to power the chassis on again", func() (bool, string) {
+		n := good.PowerOns(t)
+		return n > before, fmt.Sprintf("power-ons %d (before %d); log:\n%s", n, before, good.Log(t))
+	})
+	if log := refusing.Log(t); strings.Contains(log, "power 0") {
+		t.Errorf("the BMC that refused the password power-cycled its chassis:\n%s", log)
+	}
+	for name, wantInCause := range map[string]string{"refusing": "127.0.0.1:" + strconv.Itoa(refusing.Port), "silent": "127.0.0.1:" + strconv.Itoa(silentPort)} {
+		h := historyOf(t, db, machines[name])
+		var started time.Time
+		for _, e := range h {
+			if e.Process != "ShepherdRecovery" {
+				continue
+			}
+			switch e.Event {
+			case bmdb.EventStarted:
+				started = e.Timestamp
+			case bmdb.EventFailed:
+				if took := e.Timestamp.Sub(started); took > 3*time.Second {
+					t.Errorf("%s: the lease took %s to fail with a 2 s IPMI timeout", name, took)
+				}
+				if !strings.Contains(e.Cause, "ipmi") || !strings.Contains(e.Cause, wantInCause) || !utf8.ValidString(e.Cause) || len(e.Cause) > 4200 {
+					t.Errorf("%s: cause %q does not name the method and the BMC %s", name, e.Cause, wantInCause)
+				}
+			}
+		}
+		b, err := db.BackoffOf(ctx, machines[name], bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"})
+		if err != nil || b == nil || !b.Active {
+			t.Errorf("%s: no active backoff after the failure (%+v, %v)", name, b, err)
+		}
+	}
+	m, _ := d.metrics()
+	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "success"); v < 1 {
+		t.Errorf("ipmi resets succeeded: %g, want at least 1", v)
+	}
+	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "failure"); v < 2 {
+		t.Errorf("ipmi resets failed: %g, want at least 2", v)
+	}
+}
