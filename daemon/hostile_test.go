@@ -20,21 +20,72 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
 
-// vmHWM reads a process's peak resident set size in bytes.
-func vmHWM(t *testing.T, pid int) int64 {
+// procStatus reads a size field of /proc/PID/status (VmRSS, VmHWM) in
+// bytes.
+func procStatus(t *testing.T, pid int, field string) int64 {
 	t.Helper()
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field+":" {
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb << 10
 		}
 	}
-	t.Fatal("no VmHWM")
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
+}
+
+// unreachableFleet runs shepherd -provider static over inventory (machine
+// entries, indented as list items) whose machines no agent can be started
+// on, with flags of seconds plus extra, and returns it, the BMDB and the
+// machines by provider id once the inventory is synced. The tests record
+// agents themselves to make Recovery act.
+func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*shepherdProcess, *bmdb.DB, map[string]uuid.UUID) {
+	t.Helper()
+	inventoryFile := filepath.Join(dir, "inventory.yaml")
+	writeFile(t, inventoryFile, "machines:\n"+inventory)
+	dsn := bmdbtest.NewDatabase(t)
+	db := openDB(t, dsn)
+	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), append([]string{
+		"-listen=127.0.0.1:0",
+		"-provider=static",
+		"-inventory=" + inventoryFile,
+		"-ssh_key_file=" + writeSSHKey(t, dir),
+		"-agent_binary=" + sshdtest.BuildAgent(t),
+		"-agent_listen=127.0.0.1:0",
+		"-recovery_start_timeout=1s",
+		"-shutdown_grace=2s",
+	}, extra...)...)
+	machines := map[string]uuid.UUID{}
+	want := strings.Count(inventory, "- id: ")
+	waitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
+		for id, p := range staticMachines(t, db) {
+			machines[id] = p.Machine
+		}
+		return len(machines) == want, fmt.Sprintf("%d of %d machines", len(machines), want)
+	})
+	return d, db, machines
+}
+
+// recordSilentAgents records for each machine an agent started an hour ago
+// that never heartbeated: Recovery's candidates.
+func recordSilentAgents(t *testing.T, db *bmdb.DB, machines map[string]uuid.UUID) {
+	t.Helper()
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		for _, m := range machines {
+			if _, err := tx.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+				VALUES ($1, now() - interval '1 hour', '\x00') ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started_at`, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // hostileBMC serves a Redfish endpoint that answers every request with
@@ -81,7 +132,7 @@ func TestHostileMachines(t *testing.T) {
 	creds := filepath.Join(dir, "bmc.creds")
 	writeFile(t, creds, "admin:pw")
 	os.Chmod(creds, 0o600)
-	inventory := "machines:\n"
+	inventory := ""
 	for _, name := range []string{"nul", "huge", "slow"} {
 		// Each machine's SSH address answers with a hostile disconnect.
 		hostileSSH := sshdtest.StartHostile(t, "bye \x00\xff\x1b[2J\x1b]0;owned\x07"+strings.Repeat("z", 32<<10))
@@ -98,33 +149,13 @@ func TestHostileMachines(t *testing.T) {
       credentials_file: %s
 `, name, sshHost, sshPort, bmcs[name], creds)
 	}
-	inventoryFile := filepath.Join(dir, "inventory.yaml")
-	writeFile(t, inventoryFile, inventory)
-	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
-
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-inventory="+inventoryFile,
-		"-ssh_key_file="+writeSSHKey(t, dir),
-		"-agent_binary="+sshdtest.BuildAgent(t),
-		"-agent_listen=127.0.0.1:0",
+	d, db, machines := unreachableFleet(t, dir, inventory,
 		"-agent_ssh_connect_timeout=5s",
 		"-redfish_timeout=2s",
-		"-recovery_start_timeout=1s",
 		"-agentstart_backoff_initial=1s", "-agentstart_backoff_maximum=2s",
 		"-recovery_backoff_initial=1s", "-recovery_backoff_maximum=2s",
-		"-shutdown_grace=2s",
 	)
 	ctx := context.Background()
-	machines := map[string]uuid.UUID{}
-	waitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
-		for id, p := range staticMachines(t, db) {
-			machines[id] = p.Machine
-		}
-		return len(machines) == 3, fmt.Sprintf("%d machines", len(machines))
-	})
 	// AgentStart fails against the hostile SSH server. Then each machine
 	// gets an agent that never heartbeats, so that Recovery reboots it
 	// through its hostile BMC.
@@ -137,17 +168,7 @@ func TestHostileMachines(t *testing.T) {
 		}
 		return n == 3, fmt.Sprintf("%d of 3", n)
 	})
-	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		for _, m := range machines {
-			if _, err := tx.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES ($1, now() - interval '1 hour', '\x00')`, m); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	recordSilentAgents(t, db, machines)
 	waitFor(t, 90*time.Second, "Recovery to fail twice on every machine", func() (bool, string) {
 		var counts []int
 		done := true
@@ -158,7 +179,7 @@ func TestHostileMachines(t *testing.T) {
 		}
 		return done, fmt.Sprintf("failures nul/huge/slow: %v", counts)
 	})
-	peak := vmHWM(t, d.cmd.Process.Pid)
+	peak := procStatus(t, d.cmd.Process.Pid, "VmHWM")
 	d.stop(30 * time.Second)
 
 	for name, m := range machines {

@@ -8,30 +8,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
-
-// vmRSS reads a process's resident set size in bytes.
-func vmRSS(t *testing.T, pid int) int64 {
-	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
 
 // The -listen server is bounded against clients that trickle headers,
 // send huge ones or hold hundreds of idle connections; it stays responsive
@@ -89,7 +71,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 	}
 
 	pid := d.cmd.Process.Pid
-	before := vmRSS(t, pid)
+	before := procStatus(t, pid, "VmRSS")
 	// 300 clients open connections and trickle a header, a byte a second.
 	var conns []net.Conn
 	for range 300 {
@@ -133,7 +115,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 		code, _, err := d.get("/healthz")
 		return err == nil && code == 200, fmt.Sprintf("/healthz: %d %v", code, err)
 	})
-	if grew := vmRSS(t, pid) - before; grew > 64<<20 {
+	if grew := procStatus(t, pid, "VmRSS") - before; grew > 64<<20 {
 		t.Errorf("RSS grew by %d MiB under 300 trickling connections", grew>>20)
 	}
 }

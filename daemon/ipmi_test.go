@@ -4,17 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
@@ -42,7 +39,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		"refusing": fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", refusing.Port, refusing.WriteCredentials(t, dir, "wrong-password")),
 		"silent":   fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", silentPort, good.WriteCredentials(t, t.TempDir(), "")),
 	}
-	inventory := "machines:\n"
+	inventory := ""
 	for _, name := range []string{"good", "refusing", "silent"} {
 		// No agent can be started (the SSH address answers with a
 		// disconnect): the machine's agent is recorded by the test.
@@ -50,44 +47,13 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		host, port, _ := strings.Cut(ssh, ":")
 		inventory += fmt.Sprintf("  - id: %s\n    ssh: {address: %s, port: %s, user: root}\n    ipmi: %s\n", name, host, port, bmcs[name])
 	}
-	inventoryFile := filepath.Join(dir, "inventory.yaml")
-	writeFile(t, inventoryFile, inventory)
-	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-inventory="+inventoryFile,
-		"-ssh_key_file="+writeSSHKey(t, dir),
-		"-agent_binary="+sshdtest.BuildAgent(t),
-		"-agent_listen=127.0.0.1:0",
+	d, db, machines := unreachableFleet(t, dir, inventory,
 		"-ipmi_timeout=2s",
-		"-recovery_start_timeout=1s",
 		"-agentstart_backoff_initial=1m",
 		"-recovery_backoff_initial=1m", "-recovery_backoff_maximum=1h",
-		"-shutdown_grace=2s",
 	)
-	machines := map[string]uuid.UUID{}
-	waitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
-		for id, p := range staticMachines(t, db) {
-			machines[id] = p.Machine
-		}
-		return len(machines) == 3, fmt.Sprintf("%d machines", len(machines))
-	})
-	// Each machine's agent was started an hour ago and never heartbeated.
+	recordSilentAgents(t, db, machines)
 	ctx := context.Background()
-	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		for _, m := range machines {
-			if _, err := tx.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
-				VALUES ($1, now() - interval '1 hour', '\x00') ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started_at`, m); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	before := good.PowerOns(t)
 	waitFor(t, 60*time.Second, "Recovery to end on every machine", func() (bool, string) {
 		f := countEvents(historyOf(t, db, machines["good"]), "ShepherdRecovery", bmdb.EventFinished)
