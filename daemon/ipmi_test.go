@@ -10,7 +10,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
