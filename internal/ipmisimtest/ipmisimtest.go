@@ -117,3 +117,6 @@ func (s *Sim) signal(t testing.TB, sig syscall.Signal) {
 		t.Fatalf("signalling ipmi_sim: %v", err)
 	}
 }
+
+// Kill kills the simulator (SIGKILL), as a BMC that dies mid-session.
+func (s *Sim) Kill(t testing.TB) { t.Helper(); s.signal(t, syscall.SIGKILL) }

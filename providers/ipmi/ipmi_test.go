@@ -92,3 +92,29 @@ func TestUnansweringBMCBounded(t *testing.T) {
 		}
 	}
 }
+
+// A BMC killed in the middle of a session (while the client waits for its
+// answer) fails the action within the timeout plus a second, cleanly.
+func TestBMCKilledMidSession(t *testing.T) {
+	t.Parallel()
+	sim := ipmisimtest.Start(t)
+	target := simTarget(t, sim, "")
+	sim.Freeze(t) // the request waits, unanswered
+	c := New(Config{Timeout: 3 * time.Second})
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Reset(context.Background(), target) }()
+	time.Sleep(500 * time.Millisecond) // the scenario: the BMC dies half a second in
+	sim.Kill(t)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "ipmi") || !strings.Contains(err.Error(), sim.Host) {
+			t.Errorf("Reset against a BMC killed mid-session: %v, want an ipmi error naming the BMC", err)
+		}
+		if took := time.Since(start); took > 4*time.Second {
+			t.Errorf("took %s with a 3 s timeout", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Reset did not return 10 s after the BMC died")
+	}
+}
