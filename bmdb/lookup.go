@@ -60,7 +60,7 @@ func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FleetMachine, error) {
 		var m FleetMachine
 		var started, heartbeat *time.Time
-		err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &started, &heartbeat, &m.Leased, &m.BackingOff)
+		err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &m.Power, &started, &heartbeat, &m.Leased, &m.BackingOff)
 		if started != nil {
 			m.AgentStarted = *started
 		}

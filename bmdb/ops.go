@@ -540,12 +540,12 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 		return MachineDetail{}, fmt.Errorf("reading machine %s: %w", machine, err)
 	}
 	var (
-		provider, providerID, address, location *string
+		provider, providerID, address, location, power *string
 		agentStarted, heartbeat, keyPinned      *time.Time
 		hostKey                                 *string
 	)
 	err := db.pool.QueryRow(ctx, qMachineTags, machine).Scan(&d.Created,
-		&provider, &providerID, &address, &location,
+		&provider, &providerID, &address, &location, &power,
 		&agentStarted, &d.AgentPublicKey, &heartbeat, &hostKey, &keyPinned)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -561,7 +561,7 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	default:
 		d.Exists = true
 		if provider != nil {
-			d.Provided = &Provided{Machine: machine, Provider: *provider, ProviderID: *providerID, Address: *address, Location: *location}
+			d.Provided = &Provided{Machine: machine, Provider: *provider, ProviderID: *providerID, Address: *address, Location: *location, Power: *power}
 		}
 		if agentStarted != nil {
 			d.AgentStarted = *agentStarted

@@ -197,19 +197,19 @@ FROM work_history WHERE id > $1 ORDER BY id LIMIT $2`
 	qMachineInsert = `INSERT INTO machines DEFAULT VALUES RETURNING machine_id`
 
 	qProvidedInsert = `
-INSERT INTO machine_provided (machine_id, provider, provider_id, address, location)
-VALUES ($1, $2, $3, $4, $5)`
+INSERT INTO machine_provided (machine_id, provider, provider_id, address, location, power)
+VALUES ($1, $2, $3, $4, $5, $6)`
 
 	qProvidedGet = `
-SELECT machine_id, provider, provider_id, address, location FROM machine_provided WHERE machine_id = $1`
+SELECT machine_id, provider, provider_id, address, location, power FROM machine_provided WHERE machine_id = $1`
 
 	qProvidedByProvider = `
-SELECT machine_id, provider, provider_id, address, location FROM machine_provided
+SELECT machine_id, provider, provider_id, address, location, power FROM machine_provided
 WHERE provider = $1 ORDER BY provider_id`
 
 	qProvidedUpdate = `
-UPDATE machine_provided SET address = $3, location = $4
-WHERE provider = $1 AND provider_id = $2 AND (address <> $3 OR location <> $4)`
+UPDATE machine_provided SET address = $3, location = $4, power = $5
+WHERE provider = $1 AND provider_id = $2 AND (address <> $3 OR location <> $4 OR power <> $5)`
 
 	qAgentStartedInsert = `
 INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)

@@ -236,7 +236,7 @@ ORDER BY "timestamp" DESC, id DESC LIMIT $2`
 	// was deleted has none (the caller then looks at its history).
 	qMachineTags = `
 SELECT m.machine_created_at,
-       p.provider, p.provider_id, p.address, p.location,
+       p.provider, p.provider_id, p.address, p.location, p.power,
        s.agent_started_at, s.agent_public_key,
        h.agent_heartbeat_at,
        k.host_key, k.pinned_at
@@ -273,7 +273,7 @@ WITH RECURSIVE providers AS (
     SELECT (SELECT provider FROM machine_provided WHERE provider > providers.provider ORDER BY provider LIMIT 1)
     FROM providers WHERE providers.provider IS NOT NULL
 )
-SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location
+SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location, p.power
 FROM providers JOIN machine_provided p ON p.provider = providers.provider AND p.provider_id = $1
 ORDER BY p.provider`
 
@@ -281,7 +281,7 @@ ORDER BY p.provider`
 	// lease or an active backoff on each, by provider and provider id
 	// (machine_provided's unique index), after the keyset ($1, $2), $3 rows.
 	qFleet = `
-SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location,
+SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location, p.power,
        s.agent_started_at, h.agent_heartbeat_at,
        ARRAY(SELECT w.process FROM work w WHERE w.machine_id = p.machine_id ORDER BY w.process),
        ARRAY(SELECT b.process FROM work_backoff b

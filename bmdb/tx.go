@@ -51,6 +51,9 @@ type Provided struct {
 	ProviderID string
 	Address    string
 	Location   string
+	// Power is how the provider reboots the machine (redfish, ipmi, ssh),
+	// or "" when it does not say.
+	Power string
 }
 
 // AddMachine creates a machine with its provided tag and returns its id.
@@ -59,16 +62,17 @@ func (t *Tx) AddMachine(ctx context.Context, p Provided) (uuid.UUID, error) {
 	if err := t.tx.QueryRow(ctx, qMachineInsert).Scan(&id); err != nil {
 		return uuid.Nil, fmt.Errorf("creating machine: %w", err)
 	}
-	if _, err := t.tx.Exec(ctx, qProvidedInsert, id, p.Provider, p.ProviderID, p.Address, p.Location); err != nil {
+	if _, err := t.tx.Exec(ctx, qProvidedInsert, id, p.Provider, p.ProviderID, p.Address, p.Location, p.Power); err != nil {
 		return uuid.Nil, fmt.Errorf("tagging machine %s as provided by %s/%s: %w", id, p.Provider, p.ProviderID, err)
 	}
 	return id, nil
 }
 
-// UpdateProvided changes the address and location of a provided machine; it
+// UpdateProvided changes the address, location and power method of a
+// provided machine; it
 // reports whether anything changed.
 func (t *Tx) UpdateProvided(ctx context.Context, p Provided) (bool, error) {
-	tag, err := t.tx.Exec(ctx, qProvidedUpdate, p.Provider, p.ProviderID, p.Address, p.Location)
+	tag, err := t.tx.Exec(ctx, qProvidedUpdate, p.Provider, p.ProviderID, p.Address, p.Location, p.Power)
 	if err != nil {
 		return false, fmt.Errorf("updating %s/%s: %w", p.Provider, p.ProviderID, err)
 	}
@@ -86,7 +90,7 @@ func (t *Tx) ProvidedBy(ctx context.Context, provider string) ([]Provided, error
 
 func scanProvided(row pgx.CollectableRow) (Provided, error) {
 	var p Provided
-	err := row.Scan(&p.Machine, &p.Provider, &p.ProviderID, &p.Address, &p.Location)
+	err := row.Scan(&p.Machine, &p.Provider, &p.ProviderID, &p.Address, &p.Location, &p.Power)
 	return p, err
 }
 

@@ -19,6 +19,7 @@ type fleetJSON struct {
 	ProviderID    string            `json:"provider_id"`
 	Address       string            `json:"address"`
 	Location      string            `json:"location,omitempty"`
+	Power         string            `json:"power,omitempty"`
 	AgentStarted  *time.Time        `json:"agent_started,omitempty"`
 	LastHeartbeat *time.Time        `json:"last_heartbeat,omitempty"`
 	Processes     map[string]string `json:"processes"`
@@ -71,7 +72,7 @@ func (c *cli) fleet(ctx context.Context) error {
 	if c.json {
 		out := make([]fleetJSON, 0, len(machines))
 		for _, m := range machines {
-			j := fleetJSON{Machine: m.Machine, Provider: m.Provider, ProviderID: m.ProviderID, Address: m.Address, Location: m.Location, Processes: states(m)}
+			j := fleetJSON{Machine: m.Machine, Provider: m.Provider, ProviderID: m.ProviderID, Address: m.Address, Location: m.Location, Power: m.Power, Processes: states(m)}
 			if !m.AgentStarted.IsZero() {
 				j.AgentStarted = &m.AgentStarted
 			}
@@ -89,7 +90,7 @@ func (c *cli) fleet(ctx context.Context) error {
 		for _, p := range slices.Sorted(maps.Keys(byProcess)) {
 			cells = append(cells, p+"="+byProcess[p])
 		}
-		rows = append(rows, []string{m.Machine.String(), m.Provider, m.ProviderID, m.Address, m.Location, when(m.AgentStarted), when(m.LastHeartbeat), strings.Join(cells, " ")})
+		rows = append(rows, []string{m.Machine.String(), m.Provider, m.ProviderID, m.Address, m.Location, m.Power, when(m.AgentStarted), when(m.LastHeartbeat), strings.Join(cells, " ")})
 	}
-	return c.table([]string{"MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "LOCATION", "AGENT STARTED", "LAST HEARTBEAT", "PROCESSES"}, rows)
+	return c.table([]string{"MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "LOCATION", "REBOOT", "AGENT STARTED", "LAST HEARTBEAT", "PROCESSES"}, rows)
 }

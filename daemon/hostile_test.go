@@ -41,9 +41,9 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 // unreachableFleet runs shepherd -provider static over inventory (machine
 // entries, indented as list items) whose machines no agent can be started
 // on, with flags of seconds plus extra, and returns it, the BMDB and the
-// machines by provider id once the inventory is synced. The tests record
+// machines by provider id once the inventory is synced, with its DSN. The tests record
 // agents themselves to make Recovery act.
-func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*shepherdProcess, *bmdb.DB, map[string]uuid.UUID) {
+func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*shepherdProcess, string, *bmdb.DB, map[string]uuid.UUID) {
 	t.Helper()
 	inventoryFile := filepath.Join(dir, "inventory.yaml")
 	writeFile(t, inventoryFile, "machines:\n"+inventory)
@@ -67,7 +67,7 @@ func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*sh
 		}
 		return len(machines) == want, fmt.Sprintf("%d of %d machines", len(machines), want)
 	})
-	return d, db, machines
+	return d, dsn, db, machines
 }
 
 // recordSilentAgents records for each machine an agent started an hour ago
@@ -149,7 +149,7 @@ func TestHostileMachines(t *testing.T) {
       credentials_file: %s
 `, name, sshHost, sshPort, bmcs[name], creds)
 	}
-	d, db, machines := unreachableFleet(t, dir, inventory,
+	d, _, db, machines := unreachableFleet(t, dir, inventory,
 		"-agent_ssh_connect_timeout=5s",
 		"-redfish_timeout=2s",
 		"-agentstart_backoff_initial=1s", "-agentstart_backoff_maximum=2s",

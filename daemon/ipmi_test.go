@@ -46,13 +46,22 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		host, port, _ := strings.Cut(ssh, ":")
 		inventory += fmt.Sprintf("  - id: %s\n    ssh: {address: %s, port: %s, user: root}\n    ipmi: %s\n", name, host, port, bmcs[name])
 	}
-	d, db, machines := unreachableFleet(t, dir, inventory,
+	d, dsn, db, machines := unreachableFleet(t, dir, inventory,
 		"-ipmi_timeout=2s",
 		"-agentstart_backoff_initial=1m",
 		"-recovery_backoff_initial=1m", "-recovery_backoff_maximum=1h",
 	)
 	recordSilentAgents(t, db, machines)
 	ctx := context.Background()
+
+	// The reboot method shows on the status page and in machines -all.
+	if code, body, err := d.get("/status/machine/" + machines["good"].String()); err != nil || code != 200 || !strings.Contains(body, "<dt>Reboot</dt><dd>ipmi</dd>") {
+		t.Errorf("the machine page does not show the reboot method ipmi (%d, %v)", code, err)
+	}
+	code, out, errOut := runShepherd(t, childEnv(), "machines", "-all", "-o", "json", "-bmdb_dsn="+dsn)
+	if code != 0 || strings.Count(out, `"power": "ipmi"`) != 3 {
+		t.Errorf("machines -all: exit %d, want every machine with power ipmi:\n%s%s", code, out, errOut)
+	}
 	before := good.PowerOns(t)
 	waitFor(t, 60*time.Second, "Recovery to end on every machine", func() (bool, string) {
 		f := countEvents(historyOf(t, db, machines["good"]), "ShepherdRecovery", bmdb.EventFinished)

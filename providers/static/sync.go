@@ -37,7 +37,7 @@ func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory) (SyncResult, error) 
 			have[p.ProviderID] = p
 		}
 		for _, m := range inv.Machines {
-			want := bmdb.Provided{Provider: Name, ProviderID: m.ID, Address: m.SSH.Address(), Location: m.Location}
+			want := bmdb.Provided{Provider: Name, ProviderID: m.ID, Address: m.SSH.Address(), Location: m.Location, Power: m.Power}
 			old, ok := have[m.ID]
 			delete(have, m.ID)
 			switch {
@@ -46,7 +46,7 @@ func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory) (SyncResult, error) 
 					return err
 				}
 				res.Added = append(res.Added, m.ID)
-			case old.Address != want.Address || old.Location != want.Location:
+			case old.Address != want.Address || old.Location != want.Location || old.Power != want.Power:
 				if _, err := tx.UpdateProvided(ctx, want); err != nil {
 					return err
 				}

@@ -1,0 +1,1 @@
+ALTER TABLE machine_provided DROP COLUMN power;
