@@ -541,8 +541,8 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	}
 	var (
 		provider, providerID, address, location, power *string
-		agentStarted, heartbeat, keyPinned      *time.Time
-		hostKey                                 *string
+		agentStarted, heartbeat, keyPinned             *time.Time
+		hostKey                                        *string
 	)
 	err := db.pool.QueryRow(ctx, qMachineTags, machine).Scan(&d.Created,
 		&provider, &providerID, &address, &location, &power,
