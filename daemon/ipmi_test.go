@@ -18,14 +18,15 @@ import (
 // Recovery through IPMI, through the real binary, against real IPMI BMCs
 // (ipmi_sim): a machine whose agent went silent is power-cycled (seen on
 // the simulator's side) and Recovery finishes; a BMC that refuses the
-// password, and one that never answers, each end the lease within the
-// timeout with a clean Failed cause naming the method and the BMC, and a
-// backoff.
+// password, one that never answers, and one killed mid-session each end
+// the lease within the timeout with a clean Failed cause naming the method
+// and the BMC, and a backoff.
 func TestRecoveryThroughIPMI(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	good := ipmisimtest.Start(t)
 	refusing := ipmisimtest.Start(t)
+	dying := ipmisimtest.Start(t)
 	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -37,9 +38,10 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		"good":     fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", good.Port, good.WriteCredentials(t, dir, "")),
 		"refusing": fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", refusing.Port, refusing.WriteCredentials(t, dir, "wrong-password")),
 		"silent":   fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", silentPort, good.WriteCredentials(t, t.TempDir(), "")),
+		"dying":    fmt.Sprintf("{address: 127.0.0.1, port: %d, credentials_file: %s}", dying.Port, dying.WriteCredentials(t, dir, "")),
 	}
 	inventory := ""
-	for _, name := range []string{"good", "refusing", "silent"} {
+	for _, name := range []string{"good", "refusing", "silent", "dying"} {
 		// No agent can be started (the SSH address answers with a
 		// disconnect): the machine's agent is recorded by the test.
 		ssh := sshdtest.StartHostile(t, "no agents here")
@@ -51,15 +53,22 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		"-agentstart_backoff_initial=1m",
 		"-recovery_backoff_initial=1m", "-recovery_backoff_maximum=1h",
 	)
+	// The dying BMC hangs, then is killed while Recovery waits for it.
+	dying.Freeze(t)
 	recordSilentAgents(t, db, machines)
 	ctx := context.Background()
+	waitFor(t, 60*time.Second, "Recovery to start on the machine of the dying BMC", func() (bool, string) {
+		n := countEvents(historyOf(t, db, machines["dying"]), "ShepherdRecovery", bmdb.EventStarted)
+		return n >= 1, fmt.Sprintf("%d started", n)
+	})
+	dying.Kill(t)
 
 	// The reboot method shows on the status page and in machines -all.
 	if code, body, err := d.get("/status/machine/" + machines["good"].String()); err != nil || code != 200 || !strings.Contains(body, "<dt>Reboot</dt><dd>ipmi</dd>") {
 		t.Errorf("the machine page does not show the reboot method ipmi (%d, %v)", code, err)
 	}
 	code, out, errOut := runShepherd(t, childEnv(), "machines", "-all", "-o", "json", "-bmdb_dsn="+dsn)
-	if code != 0 || strings.Count(out, `"power": "ipmi"`) != 3 {
+	if code != 0 || strings.Count(out, `"power": "ipmi"`) != 4 {
 		t.Errorf("machines -all: exit %d, want every machine with power ipmi:\n%s%s", code, out, errOut)
 	}
 	before := good.PowerOns(t)
@@ -67,7 +76,8 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		f := countEvents(historyOf(t, db, machines["good"]), "ShepherdRecovery", bmdb.EventFinished)
 		r := countEvents(historyOf(t, db, machines["refusing"]), "ShepherdRecovery", bmdb.EventFailed)
 		s := countEvents(historyOf(t, db, machines["silent"]), "ShepherdRecovery", bmdb.EventFailed)
-		return f >= 1 && r >= 1 && s >= 1, fmt.Sprintf("good finished %d, refusing failed %d, silent failed %d", f, r, s)
+		k := countEvents(historyOf(t, db, machines["dying"]), "ShepherdRecovery", bmdb.EventFailed)
+		return f >= 1 && r >= 1 && s >= 1 && k >= 1, fmt.Sprintf("good finished %d, refusing failed %d, silent failed %d, dying failed %d", f, r, s, k)
 	})
 	waitFor(t, 10*time.Second, "the good BMC to power the chassis on again", func() (bool, string) {
 		n := good.PowerOns(t)
@@ -76,7 +86,11 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 	if log := refusing.Log(t); strings.Contains(log, "power 0") {
 		t.Errorf("the BMC that refused the password power-cycled its chassis:\n%s", log)
 	}
-	for name, wantInCause := range map[string]string{"refusing": "127.0.0.1:" + strconv.Itoa(refusing.Port), "silent": "127.0.0.1:" + strconv.Itoa(silentPort)} {
+	for name, wantInCause := range map[string]string{
+		"refusing": "127.0.0.1:" + strconv.Itoa(refusing.Port),
+		"silent":   "127.0.0.1:" + strconv.Itoa(silentPort),
+		"dying":    "127.0.0.1:" + strconv.Itoa(dying.Port),
+	} {
 		h := historyOf(t, db, machines[name])
 		var started time.Time
 		for _, e := range h {
@@ -104,7 +118,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "success"); v < 1 {
 		t.Errorf("ipmi resets succeeded: %g, want at least 1", v)
 	}
-	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "failure"); v < 2 {
-		t.Errorf("ipmi resets failed: %g, want at least 2", v)
+	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "failure"); v < 3 {
+		t.Errorf("ipmi resets failed: %g, want at least 3", v)
 	}
 }
