@@ -97,6 +97,9 @@ type DB struct {
 	begin  pgx.TxOptions
 	hosts  *hostLog
 	health health
+	// registered remembers the process conditions registered for
+	// due-time sourcing through this DB (due.go).
+	registered registrations
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call

@@ -24,7 +24,10 @@ import (
 type Candidates struct {
 	name      string
 	condition string
-	args      pgx.NamedArgs
+	// due is the SQL of the time at which the condition may become true
+	// with no watched write (Condition.Due), or NULL.
+	due  string
+	args pgx.NamedArgs
 }
 
 // Name identifies the candidate condition in errors and query plans.
@@ -47,6 +50,16 @@ AND EXISTS (
     WHERE s.machine_id = m.machine_id
       AND ((h.machine_id IS NULL AND s.agent_started_at < now() - @start_timeout::interval)
         OR (h.machine_id IS NOT NULL AND h.agent_heartbeat_at < now() - @heartbeat_timeout::interval)))`
+
+	// dueRecovery: when condRecovery becomes true if no heartbeat arrives:
+	// the start timeout after the agent's start while it never
+	// heartbeated, else the heartbeat timeout after its last heartbeat.
+	dueRecovery = `(
+    SELECT CASE WHEN h.machine_id IS NULL THEN s.agent_started_at + @start_timeout::interval
+                ELSE h.agent_heartbeat_at + @heartbeat_timeout::interval END
+    FROM machine_agent_started s
+    LEFT JOIN machine_agent_heartbeat h ON h.machine_id = s.machine_id
+    WHERE s.machine_id = m.machine_id)`
 
 	// condProvided: every provided machine. Used by tests and benchmarks
 	// whose processes act on any machine.
@@ -79,6 +92,7 @@ func RecoveryCandidates(startTimeout, heartbeatTimeout time.Duration) Candidates
 	return mustCandidates(Condition{
 		Name: "recovery",
 		SQL:  condRecovery,
+		Due:  dueRecovery,
 		Args: pgx.NamedArgs{
 			"start_timeout":     startTimeout,
 			"heartbeat_timeout": heartbeatTimeout,
@@ -95,8 +109,11 @@ func ProvidedCandidates() Candidates {
 // noCandidates selects nothing: for statistics that do not need the
 // eligible count.
 func noCandidates() Candidates {
-	return Candidates{name: "none", condition: condNone}
+	return Candidates{name: "none", condition: condNone, due: noDue}
 }
+
+// noDue is the due time of a condition that time alone never makes true.
+const noDue = `NULL::timestamptz`
 
 // query splices the condition into a constant template and merges the named
 // arguments. Both template and condition are constants of this package.
@@ -108,7 +125,12 @@ func (c Candidates) query(template string, args pgx.NamedArgs) (string, pgx.Name
 	for k, v := range args {
 		merged[k] = v
 	}
-	return strings.Replace(template, "/*CONDITION*/", c.condition, 1), merged
+	due := c.due
+	if due == "" {
+		due = noDue
+	}
+	query := strings.ReplaceAll(template, "/*CONDITION*/", c.condition)
+	return strings.ReplaceAll(query, "/*DUE*/", due), merged
 }
 
 // Condition is a process's domain condition, declared by its author: which
@@ -128,13 +150,22 @@ type Condition struct {
 	// on machine_id (every tag table's primary key is one), since every
 	// claim and every eligible count evaluates it.
 	SQL string
+	// Due, for a condition that time alone can make true ("last
+	// heartbeat older than 10 minutes"), is a SQL expression over m of
+	// type timestamptz: the earliest time at which SQL may become true if
+	// none of the tables it reads is written meanwhile (NULL: never). Same
+	// rules as SQL; it may use Args. Claims do not trust it: they re-check
+	// SQL, so a Due that is too early costs a re-check, one that is too
+	// late delays work until the reconcile pass (and counts as drift).
+	// Leave it empty when only writes make SQL true ("no agent started").
+	Due string
 	// Args are the values of SQL's named parameters.
 	Args pgx.NamedArgs
 }
 
 // reservedArgs are the parameters the claim, listing and count templates
 // bind themselves; a condition may not redefine them.
-var reservedArgs = []string{"after", "group", "ids", "limit", "process", "session"}
+var reservedArgs = []string{"after", "chunk", "group", "ids", "limit", "process", "scan", "session"}
 
 var (
 	conditionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
@@ -157,6 +188,11 @@ func NewCandidates(c Condition) (Candidates, error) {
 	if err := checkBalanced(c.SQL); err != nil {
 		return Candidates{}, fmt.Errorf("candidate condition %s: %w", c.Name, err)
 	}
+	if c.Due != "" {
+		if err := checkBalanced(c.Due); err != nil {
+			return Candidates{}, fmt.Errorf("candidate condition %s: due time: %w", c.Name, err)
+		}
+	}
 	for name := range c.Args {
 		if slices.Contains(reservedArgs, name) {
 			return Candidates{}, fmt.Errorf("candidate condition %s: argument @%s is reserved by Shepherd's claim (reserved: %s)", c.Name, name, strings.Join(reservedArgs, ", "))
@@ -167,7 +203,11 @@ func NewCandidates(c Condition) (Candidates, error) {
 	}
 	args := make(pgx.NamedArgs, len(c.Args))
 	maps.Copy(args, c.Args)
-	return Candidates{name: c.Name, condition: c.SQL, args: args}, nil
+	due := c.Due
+	if strings.TrimSpace(due) == "" {
+		due = noDue
+	}
+	return Candidates{name: c.Name, condition: c.SQL, due: due, args: args}, nil
 }
 
 // checkBalanced refuses SQL that could end the expression it is spliced

@@ -39,3 +39,11 @@ var OpsTemplates = map[string]string{
 func BuildQuery(template string, c Candidates, args pgx.NamedArgs) (string, pgx.NamedArgs) {
 	return c.query(template, args)
 }
+
+// DueQueries are due-time sourcing's two claim statements, for the test
+// that interposes a concurrent write between them.
+var DueQueries = struct{ Lock, Claim string }{qDueLock, claimDueTemplate}
+
+// EligibleTemplate lists the machines a claim could lease now, evaluated
+// over the whole fleet.
+const EligibleTemplate = eligibleTemplate

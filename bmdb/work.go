@@ -37,10 +37,6 @@ var EndEvents = []string{EventFinished, EventRescheduled, EventFailed, EventCanc
 // EndsLease reports whether a history event ends a lease.
 func EndsLease(event string) bool { return slices.Contains(EndEvents, event) }
 
-// maxClaimRaces bounds how often a claim is retried when every candidate it
-// found was leased by a concurrent claimer a moment before.
-const maxClaimRaces = 16
-
 // Work is an exclusive lease of one machine for one process, held by a
 // session. Exactly one of Finish, Fail or Cancel ends it; until then no other
 // process of the same exclusion group can lease the machine.
@@ -77,7 +73,15 @@ func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Can
 
 // WorkBatchLimited is WorkBatch under lease limits that hold across every
 // replica (see Limits); it returns ErrNothingToDo while a limit is reached
-// or the process is paused.
+// or the process is paused. The error is then a *NothingDue that says when
+// the process's next machine comes due.
+//
+// A claim reads the process's due rows (due.go): it locks up to a few
+// hundred due rows by index, re-checks the process's condition and the
+// generic half of eligibility on those machines with a fresh snapshot,
+// leases up to limit of the eligible ones and moves the others' rows to
+// when they may next be candidates. Its cost follows the due work, not the
+// fleet.
 func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits) ([]*Work, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
@@ -85,30 +89,52 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 	if limit < 1 {
 		return nil, fmt.Errorf("claiming work for %s: limit %d < 1", process.Name, limit)
 	}
-	query, args := candidates.query(claimTemplate, pgx.NamedArgs{
+	if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
+		return nil, fmt.Errorf("claiming work for %s: %w", process.Name, err)
+	}
+	scan := max(limit, dueScan)
+	query, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
 		"session": s.id,
-		"limit":   limit,
 	})
-	for race := 0; race < maxClaimRaces; race++ {
+	lockArgs := pgx.NamedArgs{"process": process.Name, "scan": scan}
+	for round := 0; round < maxClaimRounds; round++ {
 		var leased []uuid.UUID
-		var found int
+		var locked int
+		var blocked bool
+		var next *time.Time
+		registered := true
 		err := s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-			leased, found = leased[:0], 0
+			leased, locked, blocked, next, registered = leased[:0], 0, false, nil, true
 			n, err := limits.budget(ctx, tx, process.Name, limit)
-			if err != nil || n == 0 {
+			if err != nil {
 				return err
 			}
-			args["limit"] = n
-			rows, err := tx.tx.Query(ctx, query, args)
+			if n == 0 {
+				blocked = true
+				return nil
+			}
+			rows, err := tx.tx.Query(ctx, qDueLock, lockArgs)
+			if err != nil {
+				return err
+			}
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			if err != nil {
+				return err
+			}
+			locked = len(ids)
+			if locked == 0 {
+				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
+			}
+			args["ids"], args["limit"] = ids, n
+			rows, err = tx.tx.Query(ctx, query, args)
 			if err != nil {
 				return err
 			}
 			var id uuid.UUID
 			var ok bool
 			_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
-				found++
 				if ok {
 					leased = append(leased, id)
 				}
@@ -133,14 +159,37 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 			}
 			return works, nil
 		}
-		if found == 0 {
-			return nil, ErrNothingToDo
+		switch {
+		case !registered:
+			// The registration is gone: register again and look again.
+			s.db.registered.forget(process.Name)
+			if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
+				return nil, fmt.Errorf("claiming work for %s: %w", process.Name, err)
+			}
+			continue
+		case blocked:
+			return nil, &NothingDue{Blocked: true}
+		case locked == 0 && next == nil:
+			return nil, &NothingDue{}
+		case locked == 0:
+			return nil, &NothingDue{Next: *next}
 		}
-		// Every candidate was leased by someone else between our snapshot and
-		// our insert: look again.
+		// Every locked row was re-checked and settled (not wanted yet,
+		// held, leased by the group, or lost to a concurrent claimer):
+		// look at the next ones.
 	}
-	return nil, ErrNothingToDo
+	return nil, &NothingDue{Next: time.Now(), More: true}
 }
+
+const (
+	// dueScan is how many due rows a claim locks and re-checks at least,
+	// so that a wave of rows that are due but not wanted (heartbeat
+	// deadlines that fresh heartbeats moved) is settled in few rounds.
+	dueScan = 256
+	// maxClaimRounds bounds the rounds of one claim that re-checked due
+	// rows without leasing any.
+	maxClaimRounds = 16
+)
 
 // Session is the session that holds the lease.
 func (w *Work) Session() *Session { return w.s }
@@ -273,9 +322,11 @@ func endLease(ctx context.Context, tx *Tx, w *Work, event, cause string) error {
 	return err
 }
 
-// EligibleCount counts the machines a claim for process could lease now.
+// EligibleCount counts the machines a claim for process could lease now, by
+// evaluating its condition over the whole fleet: the truth, at O(fleet)
+// cost, for operators' tools and tests. Gauges use Stats.
 func (db *DB) EligibleCount(ctx context.Context, process Process, candidates Candidates) (int64, error) {
-	st, err := db.Stats(ctx, process, candidates)
+	st, err := db.fleetStats(ctx, process, candidates)
 	return st.Eligible, err
 }
 
@@ -283,15 +334,41 @@ func (db *DB) EligibleCount(ctx context.Context, process Process, candidates Can
 type ProcessStats struct {
 	// Eligible machines could be leased now.
 	Eligible int64
+	// OldestDue is how long the longest-waiting eligible machine has been
+	// due (zero when none is).
+	OldestDue time.Duration
 	// Backoffs are active backoffs of the process.
 	Backoffs int64
 	// Leases are leases of the process, across all replicas.
 	Leases int64
 }
 
-// Stats reads a process's queue in one query, so that a replica's gauges
-// cost one transaction per process and refresh period.
+// Stats reads a process's queue in one query from its due rows, so that a
+// replica's gauges cost one transaction per process and refresh period, and
+// that transaction's cost follows the due work, not the fleet. The process
+// is registered for due-time sourcing first if it is not yet.
 func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
+	if err := process.Validate(); err != nil {
+		return ProcessStats{}, err
+	}
+	if err := db.ensureRegistered(ctx, process, candidates, "stats"); err != nil {
+		return ProcessStats{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+	}
+	query, args := candidates.query(dueStatsTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+	})
+	var st ProcessStats
+	var oldest float64
+	if err := db.pool.QueryRow(ctx, query, args).Scan(&st.Eligible, &oldest, &st.Backoffs, &st.Leases); err != nil {
+		return ProcessStats{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+	}
+	st.OldestDue = time.Duration(oldest * float64(time.Second))
+	return st, nil
+}
+
+// fleetStats is Stats computed over the whole fleet (statsTemplate).
+func (db *DB) fleetStats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
 	query, args := candidates.query(statsTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
@@ -305,13 +382,13 @@ func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates)
 
 // ActiveBackoffs counts the machines process is backing off from now.
 func (db *DB) ActiveBackoffs(ctx context.Context, process Process) (int64, error) {
-	st, err := db.Stats(ctx, process, noCandidates())
+	st, err := db.fleetStats(ctx, process, noCandidates())
 	return st.Backoffs, err
 }
 
 // LeaseCount counts the leases process holds now, across all replicas.
 func (db *DB) LeaseCount(ctx context.Context, process Process) (int64, error) {
-	st, err := db.Stats(ctx, process, noCandidates())
+	st, err := db.fleetStats(ctx, process, noCandidates())
 	return st.Leases, err
 }
 

@@ -1,0 +1,298 @@
+package bmdb
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Due-time sourcing. Each registered process has a row in work_due for
+// every machine that may be its candidate, with the time from which it may
+// be: triggers on the tables its condition reads (shepherd_watch) make a
+// written machine due now, the end of a lease makes the machine due for its
+// exclusion group, and a claim that finds a machine not (yet) wanted moves
+// its row to the condition's due time, or drops it. A claim then reads due
+// rows by index, so its cost follows the due work, not the fleet; it
+// re-checks the declared condition before leasing, which keeps the
+// condition the only truth of what is a candidate.
+
+// ErrUnwatchedTable is returned when a process's condition reads a table
+// whose writes Shepherd does not watch: writes there could make machines
+// candidates that no claim would look at until the reconcile pass.
+var ErrUnwatchedTable = errors.New("condition reads a table whose writes Shepherd does not watch")
+
+// registrations remembers which process conditions this DB has registered
+// (by fingerprint), so a claim registers once per process and condition.
+type registrations struct {
+	mu   sync.Mutex
+	done map[string]string // process -> fingerprint
+}
+
+func (r *registrations) registered(process, fingerprint string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done[process] == fingerprint
+}
+
+func (r *registrations) forget(process string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.done, process)
+}
+
+func (r *registrations) set(process, fingerprint string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done == nil {
+		r.done = map[string]string{}
+	}
+	r.done[process] = fingerprint
+}
+
+// Registration is what RegisterProcess recorded and did.
+type Registration struct {
+	// Watches are the tables the condition reads, whose writes make a
+	// machine due for the process.
+	Watches []string
+	// Rebuilt is set when the process's due rows were recomputed over the
+	// whole fleet: its first registration, or a changed condition or
+	// parameters.
+	Rebuilt bool
+	// Previous names who registered the process before, with another
+	// condition or parameters (empty when unchanged or new): two replicas
+	// that disagree rebuild each other's rows at every start.
+	Previous string
+	// Took is how long the registration (with a rebuild) took.
+	Took time.Duration
+}
+
+// fingerprint identifies a process's condition with its effective
+// parameters.
+func (c Candidates) fingerprint(p Process) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", p.group(), c.name, c.condition, c.due)
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range c.args {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		fmt.Fprintf(h, "%s=%v\x00", k, c.args[k])
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// argsJSON renders the condition's parameters for the registry, readable
+// by an operator (durations as Go writes them).
+func (c Candidates) argsJSON() []byte {
+	out := make(map[string]string, len(c.args))
+	for k, v := range c.args {
+		out[k] = fmt.Sprint(v)
+	}
+	b, err := json.Marshal(out)
+	if err != nil { // a map of strings always marshals
+		return []byte("{}")
+	}
+	return b
+}
+
+// RegisterProcess records process and its condition in the BMDB, checks
+// that every table the condition reads is watched, and (re)builds the
+// process's due rows when the condition or its parameters are new. A
+// runner calls it when it starts; a claim calls it on first use, so a
+// process that claims is always registered. by names the registrant (a
+// replica) for operators.
+func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates Candidates, by string) (Registration, error) {
+	start := time.Now()
+	if err := process.Validate(); err != nil {
+		return Registration{}, err
+	}
+	fp := candidates.fingerprint(process)
+	var reg Registration
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		reg = Registration{}
+		watches, err := conditionTables(ctx, tx.tx, candidates)
+		if err != nil {
+			return err
+		}
+		watched, err := watchedTables(ctx, tx.tx)
+		if err != nil {
+			return err
+		}
+		var unwatched []string
+		for _, t := range watches {
+			if _, ok := watched[t]; !ok {
+				unwatched = append(unwatched, t)
+			}
+		}
+		if len(unwatched) > 0 {
+			return fmt.Errorf("%w: %s; add SELECT shepherd_watch('%s', 'INSERT', 'UPDATE', 'DELETE') to the migration that creates it",
+				ErrUnwatchedTable, strings.Join(unwatched, ", "), unwatched[0])
+		}
+		reg.Watches = watches
+		var oldFP, oldBy string
+		err = tx.tx.QueryRow(ctx, qRegistryGet, process.Name).Scan(&oldFP, &oldBy)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if oldFP != "" && oldFP != fp {
+			reg.Previous = oldBy
+		}
+		if _, err := tx.tx.Exec(ctx, qRegistryUpsert, process.Name, process.group(), watches,
+			candidates.name, candidates.condition, candidates.due, candidates.argsJSON(), fp, by); err != nil {
+			return err
+		}
+		if oldFP == fp {
+			return nil
+		}
+		reg.Rebuilt = true
+		query, args := candidates.query(rebuildDueTemplate, pgx.NamedArgs{"process": process.Name})
+		_, err = tx.tx.Exec(ctx, query, args)
+		return err
+	})
+	if err != nil {
+		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
+	}
+	db.registered.set(process.Name, fp)
+	reg.Took = time.Since(start)
+	return reg, nil
+}
+
+// ensureRegistered registers the process on its first claim through this DB.
+func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates Candidates, by string) error {
+	if db.registered.registered(process.Name, candidates.fingerprint(process)) {
+		return nil
+	}
+	_, err := db.RegisterProcess(ctx, process, candidates, by)
+	return err
+}
+
+// conditionTables names the tables a condition and its due time read, from
+// the plan of a statement that evaluates them: the planner's list, not a
+// parse of the SQL, so it is what the database reads.
+func conditionTables(ctx context.Context, tx pgx.Tx, c Candidates) ([]string, error) {
+	query, args := c.query(explainJSON+watchProbeTemplate, nil)
+	var plan []byte
+	if err := tx.QueryRow(ctx, query, args).Scan(&plan); err != nil {
+		return nil, fmt.Errorf("planning the condition: %w", err)
+	}
+	var doc any
+	if err := json.Unmarshal(plan, &doc); err != nil {
+		return nil, fmt.Errorf("reading the condition's plan: %w", err)
+	}
+	set := map[string]bool{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if name, ok := v["Relation Name"].(string); ok {
+				set[name] = true
+			}
+			for _, child := range v {
+				walk(child)
+			}
+		case []any:
+			for _, child := range v {
+				walk(child)
+			}
+		}
+	}
+	walk(doc)
+	tables := make([]string, 0, len(set))
+	for t := range set {
+		tables = append(tables, t)
+	}
+	sort.Strings(tables)
+	return tables, nil
+}
+
+// watchedTables maps each table carrying shepherd_watch's triggers to its
+// watched events.
+func watchedTables(ctx context.Context, tx pgx.Tx) (map[string][]string, error) {
+	rows, err := tx.Query(ctx, qWatchedTables)
+	if err != nil {
+		return nil, fmt.Errorf("listing watched tables: %w", err)
+	}
+	out := map[string][]string{}
+	var name string
+	var events []string
+	_, err = pgx.ForEachRow(rows, []any{&name, &events}, func() error {
+		out[name] = slices.Clone(events)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing watched tables: %w", err)
+	}
+	return out, nil
+}
+
+// NothingDue is the ErrNothingToDo of a claim that found no due machine it
+// could lease: Next is when the process's next due row comes due (zero:
+// none), so a sourcer can sleep until then instead of polling.
+type NothingDue struct {
+	// Next is when the next due row comes due; zero when there is none,
+	// in the past when due rows exist that this claim could not take
+	// (locked by another claimer, the process paused).
+	Next time.Time
+	// Blocked is set when a lease limit left no room to claim.
+	Blocked bool
+	// More is set when the claim re-checked its round limit of due rows
+	// without leasing: more may be due at once.
+	More bool
+}
+
+func (e *NothingDue) Error() string { return ErrNothingToDo.Error() }
+
+// Is makes errors.Is(err, ErrNothingToDo) hold.
+func (e *NothingDue) Is(target error) bool { return target == ErrNothingToDo }
+
+// NextDue is when process's next due row comes due (zero: none).
+func (db *DB) NextDue(ctx context.Context, process Process) (time.Time, error) {
+	var next *time.Time
+	var registered bool
+	if err := db.pool.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered); err != nil {
+		return time.Time{}, fmt.Errorf("reading the next due time of %s: %w", process.Name, err)
+	}
+	if next == nil {
+		return time.Time{}, nil
+	}
+	return *next, nil
+}
+
+// ReconcileDue checks up to chunk machines after after (by id) for drift:
+// machines a claim would lease now that have no due row due now. It makes
+// them due and returns how many there were, and the last machine checked
+// (uuid.Nil when the fleet's end was reached). A full pass costs one
+// evaluation of the condition per machine, spread over as many calls as the
+// caller likes.
+func (db *DB) ReconcileDue(ctx context.Context, process Process, candidates Candidates, after uuid.UUID, chunk int) (last uuid.UUID, drift int64, err error) {
+	if err := process.Validate(); err != nil {
+		return uuid.Nil, 0, err
+	}
+	query, args := candidates.query(reconcileDueTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+		"after":   after,
+		"chunk":   chunk,
+	})
+	var lastID *uuid.UUID
+	if err := db.pool.QueryRow(ctx, query, args).Scan(&lastID, &drift); err != nil {
+		return uuid.Nil, 0, fmt.Errorf("reconciling the due rows of %s: %w", process.Name, err)
+	}
+	if lastID == nil {
+		return uuid.Nil, drift, nil
+	}
+	return *lastID, drift, nil
+}

@@ -1,0 +1,359 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// Virtual timeouts of the randomized test: time advances in steps of 10 s,
+// so every age is a multiple of 10 s and at least 3 s from each boundary.
+const (
+	dueStartTimeout     = 97 * time.Second
+	dueHeartbeatTimeout = 63 * time.Second
+	dueStep             = 10 * time.Second
+)
+
+// TestDueSelectsWhatConditionsSelect drives a random fleet through tag
+// changes, leases that finish, fail, are canceled or rescheduled, and clock
+// advances, and after every round requires that the machines the due
+// mechanism leases are exactly those the declared conditions select over
+// the whole fleet, for a condition that only writes make true (AgentStart)
+// and one that time makes true (Recovery), and that the reconcile pass finds
+// no drift.
+func TestDueSelectsWhatConditionsSelect(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, bmdb.Options{})
+	ctx := t.Context()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	s := e.session(bmdb.SessionConfig{})
+	processes := []struct {
+		p    bmdb.Process
+		cand bmdb.Candidates
+	}{
+		{agentStart, bmdb.AgentStartCandidates()},
+		{recovery, bmdb.RecoveryCandidates(dueStartTimeout, dueHeartbeatTimeout)},
+	}
+	ids := e.addMachines(120)
+	// Some machines exist without being provided.
+	for _, id := range ids[:10] {
+		e.exec(`DELETE FROM machine_provided WHERE machine_id = $1`, id)
+	}
+	for _, pc := range processes {
+		if _, err := e.db.RegisterProcess(ctx, pc.p, pc.cand, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lastShift := time.Now()
+	var compared, leasedTotal int
+	for round := range 40 {
+		// The world changes.
+		for _, id := range ids {
+			if rng.IntN(10) != 0 {
+				continue
+			}
+			e.mutate(rng, id)
+		}
+		// Time passes: every stored time moves back by whole steps, less
+		// the real time since the last shift, so ages stay on the grid.
+		// Time never runs backwards: a round without a step shifts nothing
+		// and leaves its real time to the next shift to absorb.
+		if steps := rng.IntN(8); steps > 0 {
+			e.shiftClock(time.Duration(steps)*dueStep - time.Since(lastShift))
+			lastShift = time.Now()
+		}
+
+		for _, pc := range processes {
+			drift := e.reconcile(pc.p, pc.cand)
+			if drift != 0 {
+				t.Errorf("round %d: reconcile found %d machines of %s the due rows missed", round, drift, pc.p.Name)
+			}
+			want := e.fleetEligible(pc.p, pc.cand)
+			got := claimEvery(t, s, pc.p, pc.cand)
+			slices.SortFunc(want, uuidCmp)
+			slices.SortFunc(got, func(a, b *bmdb.Work) int { return uuidCmp(a.Machine, b.Machine) })
+			gotIDs := make([]uuid.UUID, len(got))
+			for i, w := range got {
+				gotIDs[i] = w.Machine
+			}
+			if !slices.Equal(want, gotIDs) {
+				t.Fatalf("round %d (seed %d): %s: the conditions select %d machines %v, the due rows led to %d %v",
+					round, seed, pc.p.Name, len(want), want, len(gotIDs), gotIDs)
+			}
+			compared += len(want)
+			leasedTotal += len(got)
+			for _, w := range got {
+				e.endRandomly(rng, w)
+			}
+		}
+	}
+	if compared == 0 {
+		t.Fatal("no machine was ever eligible: the test exercised nothing")
+	}
+	t.Logf("40 rounds: %d leases, each selected by both the conditions and the due rows", leasedTotal)
+}
+
+// TestDueRecheckSeesConcurrentWrite is the case a one-statement claim gets
+// wrong: a write that makes a machine a candidate commits while a claim
+// holds the machine's due row and re-checks it. The write's trigger waits
+// for the claim; after it, the machine is due again and the next claim
+// leases it.
+func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, bmdb.Options{})
+	ctx := t.Context()
+	s := e.session(bmdb.SessionConfig{})
+	cand := bmdb.AgentStartCandidates()
+	m := e.addMachines(1)[0]
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.SetAgentStarted(ctx, m, []byte("key"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.RegisterProcess(ctx, agentStart, cand, "test"); err != nil {
+		t.Fatal(err)
+	}
+	// A due row that is due now, as a watched write leaves it.
+	e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now())
+	        ON CONFLICT (process, machine_id) DO UPDATE SET due_at = now()`, agentStart.Name, m)
+
+	claim, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Rollback(context.WithoutCancel(ctx))
+	locked, err := pgx.CollectRows(must(claim.Query(ctx, bmdb.DueQueries.Lock, pgx.NamedArgs{"process": agentStart.Name, "scan": 10})), pgx.RowTo[uuid.UUID])
+	if err != nil || len(locked) != 1 {
+		t.Fatalf("locking due rows: %v, %v", locked, err)
+	}
+
+	// The concurrent write: the agent's tags go, so AgentStart wants the
+	// machine. Its trigger blocks on the claim's lock.
+	writeDone := make(chan error, 1)
+	go func() {
+		writeDone <- e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.DeleteAgentTags(ctx, m)
+		})
+	}()
+	e.waitBlocked()
+
+	// The claim's re-check does not see the uncommitted write: the machine
+	// is not wanted and its row leaves the table.
+	query, args := bmdb.BuildQuery(bmdb.DueQueries.Claim, cand, pgx.NamedArgs{
+		"group": "Shepherd", "process": agentStart.Name, "session": s.ID(), "ids": locked, "limit": 10,
+	})
+	rows := must(claim.Query(ctx, query, args))
+	var leased []uuid.UUID
+	var id uuid.UUID
+	var ok bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+		leased = append(leased, id)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(leased) != 0 {
+		t.Fatalf("the claim leased %v before the write committed", leased)
+	}
+	if err := claim.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-writeDone; err != nil {
+		t.Fatalf("the concurrent write: %v", err)
+	}
+	w, err := s.Work(ctx, agentStart, cand)
+	if err != nil {
+		t.Fatalf("after the write, the machine was not leased: %v (negative control: a claim that trusts its first snapshot loses it)", err)
+	}
+	if w.Machine != m {
+		t.Fatalf("leased %s, want %s", w.Machine, m)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func uuidCmp(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) }
+
+// exec runs a statement on the raw pool.
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.raw.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// waitBlocked waits until some backend of the test database waits on a lock.
+func (e *env) waitBlocked() {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		err := e.raw.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.t.Fatal("the concurrent write never waited on the claim's lock")
+}
+
+// mutate applies one random change of facts to machine id, through the
+// statements the daemon uses where there is one.
+func (e *env) mutate(rng *rand.Rand, id uuid.UUID) {
+	e.t.Helper()
+	ctx := context.Background()
+	var err error
+	switch rng.IntN(7) {
+	case 0: // deprovisioned
+		e.exec(`DELETE FROM machine_provided WHERE machine_id = $1`, id)
+	case 1: // provided (again)
+		e.exec(`INSERT INTO machine_provided (machine_id, provider, provider_id) VALUES ($1, 'test', $2)
+		        ON CONFLICT DO NOTHING`, id, id.String())
+	case 2:
+		err = e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, id, []byte("key"))
+		})
+	case 3:
+		err = e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.DeleteAgentTags(ctx, id)
+		})
+	case 4, 5: // a heartbeat: the first one inserts, later ones update
+		e.exec(`INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
+		        SELECT machine_id, now() FROM machine_agent_started WHERE machine_id = $1
+		        ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`, id)
+	case 6:
+		e.exec(`DELETE FROM machine_agent_heartbeat WHERE machine_id = $1`, id)
+	}
+	if err != nil {
+		e.t.Fatalf("mutating %s: %v", id, err)
+	}
+}
+
+// shiftClock moves every stored time back by d, as if d had passed. The
+// due rows move with the facts, and no trigger fires: time passing writes
+// nothing.
+func (e *env) shiftClock(d time.Duration) {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.raw.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, q := range []string{
+		`SET LOCAL session_replication_role = replica`,
+		`UPDATE machine_agent_started SET agent_started_at = agent_started_at - $1::interval`,
+		`UPDATE machine_agent_heartbeat SET agent_heartbeat_at = agent_heartbeat_at - $1::interval`,
+		`UPDATE work_backoff SET until = until - $1::interval`,
+		`UPDATE work_not_before SET until = until - $1::interval`,
+		`UPDATE work_due SET due_at = due_at - $1::interval`,
+	} {
+		var args []any
+		if q[0] == 'U' {
+			args = []any{d}
+		}
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			e.t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// fleetEligible evaluates the declared condition and the generic half over
+// the whole fleet.
+func (e *env) fleetEligible(p bmdb.Process, c bmdb.Candidates) []uuid.UUID {
+	e.t.Helper()
+	query, args := bmdb.BuildQuery(bmdb.EligibleTemplate, c, pgx.NamedArgs{
+		"group": p.ExclusionGroup, "process": p.Name, "after": uuid.Nil, "limit": 100000,
+	})
+	ids, err := pgx.CollectRows(must(e.raw.Query(context.Background(), query, args)), pgx.RowTo[uuid.UUID])
+	if err != nil {
+		e.t.Fatalf("listing eligible machines of %s: %v", p.Name, err)
+	}
+	return ids
+}
+
+// reconcile runs a full reconcile pass and returns the drift it found.
+func (e *env) reconcile(p bmdb.Process, c bmdb.Candidates) int64 {
+	e.t.Helper()
+	var total int64
+	after := uuid.Nil
+	for {
+		last, drift, err := e.db.ReconcileDue(context.Background(), p, c, after, 37)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		total += drift
+		if last == uuid.Nil {
+			return total
+		}
+		after = last
+	}
+}
+
+// claimEvery leases every machine the due rows lead to.
+func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates) []*bmdb.Work {
+	t.Helper()
+	var all []*bmdb.Work
+	for {
+		works, err := s.WorkBatch(t.Context(), p, c, 16)
+		var nd *bmdb.NothingDue
+		if errors.As(err, &nd) {
+			if nd.More {
+				continue
+			}
+			return all
+		}
+		if err != nil {
+			t.Fatalf("claiming %s: %v", p.Name, err)
+		}
+		all = append(all, works...)
+	}
+}
+
+// endRandomly ends a lease as a process might.
+func (e *env) endRandomly(rng *rand.Rand, w *bmdb.Work) {
+	e.t.Helper()
+	ctx := context.Background()
+	var err error
+	switch rng.IntN(5) {
+	case 0, 1:
+		err = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			if w.Process == agentStart {
+				return tx.SetAgentStarted(ctx, w.Machine, []byte("key"))
+			}
+			return tx.DeleteAgentTags(ctx, w.Machine)
+		})
+	case 2:
+		err = w.Fail(ctx, bmdb.Backoff{Initial: 35 * time.Second, Maximum: 35 * time.Second, Exponent: 1}, "random failure")
+	case 3:
+		err = w.Cancel(ctx)
+	case 4:
+		err = w.Reschedule(ctx, nil, 45*time.Second)
+	}
+	if err != nil {
+		e.t.Fatalf("ending %s on %s: %v", w.Process.Name, w.Machine, err)
+	}
+}

@@ -1,0 +1,169 @@
+package bmdb
+
+// The statements of due-time sourcing (migration 0011): a claim reads the
+// due rows of its process by work_due_process_due_idx, then re-checks the
+// process's condition on those machines only. Like claimTemplate, the
+// templates splice a constant condition (/*CONDITION*/) and due time
+// (/*DUE*/) from candidates.go or a process's Condition.
+
+const (
+	// qDueLock locks up to @scan due rows of the process, oldest first,
+	// passing over rows another claimer holds. A paused process locks
+	// nothing. Reads a handful of index pages when nothing is due.
+	qDueLock = `
+SELECT d.machine_id FROM work_due d
+WHERE d.process = @process AND d.due_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM process_pause pp WHERE pp.process = @process AND pp.resumed_at IS NULL)
+ORDER BY d.due_at
+LIMIT @scan
+FOR UPDATE OF d SKIP LOCKED`
+
+	// qDueNext is when the process's next due row comes due (NULL: none),
+	// and whether the process is registered (its registration can be gone:
+	// a schema migrated down and up, an operator's cleanup).
+	qDueNext = `
+SELECT (SELECT min(due_at) FROM work_due WHERE process = $1),
+       EXISTS (SELECT 1 FROM process_registry WHERE process = $1)`
+
+	// dueFacts evaluates, for the locked due rows @ids, the process's
+	// condition and the generic half of eligibility, with the snapshot of
+	// a statement that started after the rows were locked: any write that
+	// made a machine due either committed before (and is seen here) or
+	// waits for the lock and marks the row due again after this commit.
+	dueFacts = `
+due AS (
+    SELECT m.machine_id, d.ord,
+           COALESCE((/*CONDITION*/), false) AS wanted,
+           EXISTS (SELECT 1 FROM work w
+                   WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group) AS leased,
+           GREATEST(
+               (SELECT b.until FROM work_backoff b
+                WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now()),
+               (SELECT nb.until FROM work_not_before nb
+                WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())) AS held_until,
+           (/*DUE*/)::timestamptz AS due_at
+    FROM unnest(@ids::uuid[]) WITH ORDINALITY AS d(machine_id, ord)
+    JOIN machines m ON m.machine_id = d.machine_id
+)`
+
+	// claimDueTemplate leases up to @limit of the locked due machines that
+	// are eligible, records Started, and settles every other locked row:
+	// a machine that another process of the group holds, or that the
+	// condition does not want and time will not make wanted, leaves the
+	// table (the lease's end or a watched write brings it back); one held
+	// by a backoff or "check again later" comes due when that ends; one
+	// the condition does not want yet comes due at its due time. Eligible
+	// machines beyond @limit stay due. A lease taken a moment ago by a
+	// concurrent claimer of the group makes ON CONFLICT skip the machine,
+	// whose row then leaves the table as a leased one's does.
+	claimDueTemplate = `
+WITH ` + dueFacts + `, chosen AS (
+    SELECT machine_id FROM due
+    WHERE wanted AND NOT leased AND held_until IS NULL
+    ORDER BY ord LIMIT @limit
+), leased AS (
+    INSERT INTO work (machine_id, exclusion_group, process, session_id)
+    SELECT machine_id, @group, @process, @session FROM chosen
+    ON CONFLICT DO NOTHING
+    RETURNING machine_id
+), started AS (
+    INSERT INTO work_history (machine_id, process, event, session_id)
+    SELECT machine_id, @process, 'Started', @session FROM leased
+), settled AS (
+    DELETE FROM work_due wd USING due
+    WHERE wd.process = @process AND wd.machine_id = due.machine_id
+      AND (due.machine_id IN (SELECT machine_id FROM chosen)
+           OR due.leased
+           OR (NOT due.wanted AND due.due_at IS NULL))
+), rescheduled AS (
+    UPDATE work_due wd
+    SET due_at = CASE WHEN due.wanted THEN due.held_until
+                      WHEN due.due_at > now() THEN due.due_at
+                      ELSE now() + interval '1 second' END
+    FROM due
+    WHERE wd.process = @process AND wd.machine_id = due.machine_id
+      AND NOT due.leased
+      AND ((due.wanted AND due.held_until IS NOT NULL) OR (NOT due.wanted AND due.due_at IS NOT NULL))
+)
+SELECT c.machine_id, l.machine_id IS NOT NULL FROM chosen c LEFT JOIN leased l USING (machine_id)`
+
+	// rebuildDueTemplate recomputes a process's due rows from its
+	// condition over the whole fleet: when a process is first registered,
+	// or its condition or parameters changed. O(fleet), once per change.
+	rebuildDueTemplate = `
+WITH cleared AS (
+    DELETE FROM work_due WHERE process = @process
+)
+INSERT INTO work_due (process, machine_id, due_at)
+SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END
+FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
+      FROM machines m) f
+WHERE f.wanted OR f.due_at IS NOT NULL
+ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at`
+
+	// reconcileDueTemplate checks one chunk of the fleet (@chunk machines
+	// after @after, by primary key): a machine that a claim would lease now
+	// but that has no due row due now was missed by the triggers (a write
+	// to a table the process does not watch, a Due that is too late). It
+	// is made due and counted as drift.
+	reconcileDueTemplate = `
+WITH chunk AS (
+    SELECT m.machine_id FROM machines m
+    WHERE m.machine_id > @after ORDER BY m.machine_id LIMIT @chunk
+), missing AS (
+    SELECT m.machine_id FROM machines m JOIN chunk USING (machine_id)
+    WHERE ` + eligibleFilter + `
+      AND NOT EXISTS (SELECT 1 FROM work_due d
+                      WHERE d.process = @process AND d.machine_id = m.machine_id AND d.due_at <= now())
+), marked AS (
+    INSERT INTO work_due AS d (process, machine_id, due_at)
+    SELECT @process, machine_id, now() FROM missing
+    ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(d.due_at, excluded.due_at)
+)
+SELECT (SELECT machine_id FROM chunk ORDER BY machine_id DESC LIMIT 1), (SELECT count(*) FROM missing)`
+
+	// dueStatsTemplate reads a process's gauges from its due rows only:
+	// how many due machines a claim would lease now, and how long the
+	// oldest of them has been due. O(due rows), not O(fleet).
+	dueStatsTemplate = `
+SELECT
+  (SELECT count(*) FROM work_due d JOIN machines m ON m.machine_id = d.machine_id
+   WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
+  (SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(d.due_at)), 0)::float8
+   FROM work_due d JOIN machines m ON m.machine_id = d.machine_id
+   WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
+  (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
+  (SELECT count(*) FROM work WHERE process = @process)`
+
+	// qRegistryGet reads a process's registration, locking it so that
+	// replicas registering at once rebuild one after the other.
+	qRegistryGet = `SELECT fingerprint, registered_by FROM process_registry WHERE process = $1 FOR UPDATE`
+
+	qRegistryUpsert = `
+INSERT INTO process_registry (process, exclusion_group, watches, condition_name, condition_sql, due_sql,
+                              condition_args, fingerprint, registered_by, registered_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now())
+ON CONFLICT (process) DO UPDATE
+SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
+    condition_name = excluded.condition_name, condition_sql = excluded.condition_sql,
+    due_sql = excluded.due_sql, condition_args = excluded.condition_args,
+    fingerprint = excluded.fingerprint, registered_by = excluded.registered_by,
+    registered_at = excluded.registered_at`
+
+	// qWatchedTables lists the tables that carry shepherd_watch's
+	// triggers, and for which events.
+	qWatchedTables = `
+SELECT c.relname, array_agg(substr(t.tgname, length('shepherd_due_') + 1) ORDER BY t.tgname)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE t.tgname IN ('shepherd_due_insert', 'shepherd_due_update', 'shepherd_due_delete')
+  AND pg_table_is_visible(c.oid)
+GROUP BY c.relname`
+
+	// explainJSON is prefixed to a statement to read the tables its plan
+	// touches.
+	explainJSON = `EXPLAIN (FORMAT JSON, VERBOSE) `
+
+	// watchProbeTemplate is the statement whose plan names the tables a
+	// condition and its due time read.
+	watchProbeTemplate = `SELECT (/*CONDITION*/), (/*DUE*/)::timestamptz FROM machines m`
+)
