@@ -81,9 +81,19 @@ type Config struct {
 	// QueryRate limits sourcing queries.
 	QueryRate Rate
 	// IdlePoll is how long sourcing waits before asking again after it found
-	// nothing: it bounds the reaction latency while idle and sets the idle
-	// load (one transaction per IdlePoll, whatever the parallelism).
+	// nothing while it cannot be woken: through a transaction pooler (no
+	// LISTEN), while its notification connection is down, or while the
+	// process is paused or at a lease limit. It then bounds the reaction
+	// latency and sets the idle load (one transaction per IdlePoll).
 	IdlePoll time.Duration
+	// SafetyPoll is how long an idle sourcer that is woken by notifications
+	// and by its next due time waits at most before asking anyway: the
+	// bound on a wake-up that was lost. Below IdlePoll, IdlePoll applies.
+	SafetyPoll time.Duration
+	// ReconcileInterval is the period of the pass that checks the whole
+	// fleet, in small chunks, for machines a claim would lease that have no
+	// due row (drift: a write the triggers did not see). 0 disables it.
+	ReconcileInterval time.Duration
 	// Backoff is the default backoff of failed work.
 	Backoff bmdb.Backoff
 	// Session configures the process's BMDB session.
@@ -122,16 +132,19 @@ const (
 // DefaultConfig is the configuration of a process before flags.
 func DefaultConfig(info Info) Config {
 	return Config{
-		Parallelism:    4,
-		QueryRate:      Rate{Interval: 250 * time.Millisecond, Burst: 8},
-		IdlePoll:       700 * time.Millisecond,
-		Backoff:        info.DefaultBackoff,
-		Session:        bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
-		ShutdownGrace:  10 * time.Second,
-		MetricsRefresh: 30 * time.Second,
-		Limits:         DefaultLimits(),
-		EndRetry:       2 * time.Minute,
-		EndAttempt:     30 * time.Second,
+		Parallelism: 4,
+		QueryRate:   Rate{Interval: 250 * time.Millisecond, Burst: 8},
+		IdlePoll:    700 * time.Millisecond,
+		SafetyPoll:  30 * time.Second,
+
+		ReconcileInterval: 10 * time.Minute,
+		Backoff:           info.DefaultBackoff,
+		Session:           bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
+		ShutdownGrace:     10 * time.Second,
+		MetricsRefresh:    30 * time.Second,
+		Limits:            DefaultLimits(),
+		EndRetry:          2 * time.Minute,
+		EndAttempt:        30 * time.Second,
 	}
 }
 
@@ -187,6 +200,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.Parallelism, p+"loop_parallelism", c.Parallelism, "number of "+prefix+" workers in this replica")
 	fs.Var(rateValue{&c.QueryRate}, p+"db_query_rate", "limit on "+prefix+" sourcing queries, as interval,burst (e.g. 250ms,8; interval 0 = unlimited)")
 	fs.DurationVar(&c.IdlePoll, p+"idle_poll", c.IdlePoll, "how often "+prefix+" looks for work while it has none (bounds reaction latency and idle load)")
+	fs.DurationVar(&c.SafetyPoll, p+"safety_poll", c.SafetyPoll, "how often an idle "+prefix+" looks for work even though no notification woke it (bounds a lost wake-up)")
+	fs.DurationVar(&c.ReconcileInterval, p+"reconcile_interval", c.ReconcileInterval, "period of the pass that checks the fleet for "+prefix+" candidates without a due row (0 disables it)")
 	fs.Var(durationFlag{&c.Backoff.Initial, &c.backoffInitialSet}, p+"backoff_initial", "first backoff after a "+prefix+" failure (at least 1s)")
 	fs.Var(durationFlag{&c.Backoff.Maximum, &c.backoffMaximumSet}, p+"backoff_maximum", "longest backoff after repeated "+prefix+" failures (at least the initial backoff)")
 	fs.Var(floatFlag{&c.Backoff.Exponent, &c.backoffExponentSet}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
@@ -212,6 +227,10 @@ func (c *Config) Check(prefix string) error {
 		return fmt.Errorf("%sdb_query_rate: burst must be at least 1", p)
 	case c.IdlePoll <= 0:
 		return fmt.Errorf("%sidle_poll %s: must be positive", p, c.IdlePoll)
+	case c.SafetyPoll <= 0 || c.SafetyPoll > time.Hour:
+		return fmt.Errorf("%ssafety_poll %s: must be positive and at most 1h", p, c.SafetyPoll)
+	case c.ReconcileInterval < 0 || (c.ReconcileInterval > 0 && c.ReconcileInterval < time.Minute) || c.ReconcileInterval > 7*24*time.Hour:
+		return fmt.Errorf("%sreconcile_interval %s: must be 0 (off) or between 1m and 168h", p, c.ReconcileInterval)
 	case c.backoffExponentSet && !(c.Backoff.Exponent >= 1):
 		return fmt.Errorf("%sbackoff_exponent %g: must be at least 1", p, c.Backoff.Exponent)
 	case c.backoffInitialSet && c.Backoff.Initial < time.Second:

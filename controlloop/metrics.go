@@ -36,6 +36,10 @@ type Metrics struct {
 	sourcingErrors *prometheus.CounterVec
 	panics         *prometheus.CounterVec
 	endRetries     *prometheus.CounterVec
+	oldestDue      *prometheus.GaugeVec
+	listening      *prometheus.GaugeVec
+	wakeups        *prometheus.CounterVec
+	drift          *prometheus.CounterVec
 	limits         *limitMetrics
 }
 
@@ -96,8 +100,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "shepherd_work_end_retries_total",
 		Help: "Attempts to record the end of a lease (fail, cancel) that the BMDB refused and that were retried, by outcome: retried, abandoned (the session was given up so that the reaper records the lease as lost).",
 	}, []string{"process", "outcome"})
+	m.oldestDue = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shepherd_work_oldest_due_seconds",
+		Help: "How long the longest-waiting machine the process could lease now has been due (0 when none), refreshed periodically: the backlog's age.",
+	}, []string{"process"})
+	m.listening = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shepherd_sourcing_notifications_listening",
+		Help: "1 while the process's idle sourcer is woken by database notifications (LISTEN); 0 while it polls every idle_poll (through a transaction pooler, or notifications lost).",
+	}, []string{"process"})
+	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shepherd_sourcing_wakeups_total",
+		Help: "Wake-ups of the idle sourcer, by reason: notify (a machine became due), timer (its next due time, the safety poll, or idle_poll while polling).",
+	}, []string{"process", "reason"})
+	m.drift = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shepherd_due_drift_total",
+		Help: "Machines the reconcile pass found a claim would lease but that had no due row (a write the due triggers did not see); each was made due.",
+	}, []string{"process"})
 	reg.MustRegister(m.started, m.finished, m.duration, m.eligible, m.backoffs, m.leases,
-		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics, m.endRetries)
+		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics, m.endRetries,
+		m.oldestDue, m.listening, m.wakeups, m.drift)
 	m.limits = newLimitMetrics(reg)
 	return m
 }
@@ -110,6 +131,11 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 		m.duration.WithLabelValues(label, r)
 	}
 	m.eligible.WithLabelValues(label)
+	m.oldestDue.WithLabelValues(label)
+	m.listening.WithLabelValues(label)
+	m.wakeups.WithLabelValues(label, "notify")
+	m.wakeups.WithLabelValues(label, "timer")
+	m.drift.WithLabelValues(label)
 	m.backoffs.WithLabelValues(label)
 	m.leases.WithLabelValues(label)
 	m.workersActive.WithLabelValues(label)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
@@ -103,11 +104,17 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	r.register(ctx)
 	gaugesCtx, stopGauges := context.WithCancel(ctx)
 	var gauges errgroup.Group
 	gauges.Go(func() error { r.refreshGauges(gaugesCtx); return nil })
+	if r.cfg.ReconcileInterval > 0 {
+		gauges.Go(func() error { r.reconcile(gaugesCtx); return nil })
+	}
+	listener := bmdb.NewDueListener()
+	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
 
-	r.source(ctx, tasks, idle)
+	r.source(ctx, tasks, idle, listener)
 	close(tasks)
 	workers.Wait()
 	stopGauges()
@@ -128,7 +135,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // source claims machines for idle workers until ctx is done. It holds one
 // idle token per worker it may feed; a task carries its token to the worker,
 // which returns it when done.
-func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}) {
+func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
@@ -140,6 +147,58 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			return false
 		case <-t.C:
 			return true
+		}
+	}
+	listening := false
+	noteListening := func(v bool) {
+		if v != listening {
+			listening = v
+			mode := "poll"
+			if v {
+				mode = "notify"
+			}
+			klog.InfoS("sourcing wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
+		}
+		r.metrics.listening.WithLabelValues(label).Set(boolGauge(v))
+	}
+	// idleWait sleeps after a claim found nothing it could lease: until a
+	// notification, the next due time or the safety poll while
+	// notifications work, else IdlePoll.
+	idleWait := func(nd *bmdb.NothingDue) bool {
+		wait := r.cfg.IdlePoll
+		if listening && nd != nil && !nd.Blocked {
+			wait = max(r.cfg.SafetyPoll, r.cfg.IdlePoll)
+			if !nd.Next.IsZero() {
+				// The database's clock decides when a row is due; a
+				// millisecond past it, the claim finds it.
+				wait = min(wait, max(time.Until(nd.Next)+time.Millisecond, 0))
+				if wait == 0 {
+					// Due rows this claim could not take (locked by
+					// another claimer): ask again after IdlePoll.
+					wait = r.cfg.IdlePoll
+				}
+			}
+		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-t.C:
+				r.metrics.wakeups.WithLabelValues(label, "timer").Inc()
+				return true
+			case <-listener.Wake():
+				r.metrics.wakeups.WithLabelValues(label, "notify").Inc()
+				return true
+			case v := <-listener.Listening():
+				noteListening(v)
+				if v {
+					// Notifications work again: rows may have become
+					// due while they did not.
+					return true
+				}
+			}
 		}
 	}
 	onError := func(format string, args ...any) bool {
@@ -204,7 +263,12 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			errorPause = 0
 			r.metrics.sourcing.WithLabelValues(label, "empty").Inc()
 			giveBack(n)
-			if !pause(r.cfg.IdlePoll) {
+			var nd *bmdb.NothingDue
+			errors.As(err, &nd)
+			if nd != nil && nd.More {
+				continue
+			}
+			if !idleWait(nd) {
 				return
 			}
 		case ctx.Err() != nil:
@@ -336,6 +400,92 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 	}
 }
 
+// register records the process and its condition for due-time sourcing
+// (the first claim would otherwise), so that a rebuild of its due rows is
+// logged with its cost, and replicas that disagree on the condition are
+// reported.
+func (r *Runner) register(ctx context.Context) {
+	label := r.info.Label
+	reg, err := r.db.RegisterProcess(ctx, r.info.Process, r.candidates, r.cfg.Session.Component)
+	switch {
+	case err != nil:
+		// The first claim registers again, and reports the error as a
+		// sourcing error if it persists.
+		klog.InfoS("registering for due-time sourcing failed; the first claim retries", "process", label, "err", err)
+	case reg.Previous != "":
+		klog.InfoS("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
+			"process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
+	case reg.Rebuilt:
+		klog.InfoS("registered for due-time sourcing; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
+	default:
+		klog.V(1).InfoS("registered for due-time sourcing", "process", label, "watches", reg.Watches)
+	}
+}
+
+// reconcileChunk is how many machines one reconcile statement checks.
+const reconcileChunk = 5000
+
+// reconcile checks the whole fleet once per ReconcileInterval, a chunk at
+// a time spread over the interval's first half, for machines a claim would
+// lease that have no due row: each is made due and counted as drift.
+func (r *Runner) reconcile(ctx context.Context) {
+	label := r.info.Label
+	for {
+		start := time.Now()
+		after := uuid.Nil
+		var drift int64
+		chunks := 0
+		for {
+			last, n, err := r.db.ReconcileDue(ctx, r.info.Process, r.candidates, after, reconcileChunk)
+			if err != nil {
+				if ctx.Err() == nil {
+					klog.V(1).InfoS("reconciling due rows", "process", label, "err", err)
+				}
+				break
+			}
+			drift += n
+			chunks++
+			if last == uuid.Nil {
+				break
+			}
+			after = last
+			// Spread the pass: a pause per chunk keeps its load flat.
+			if !sleepCtx(ctx, 100*time.Millisecond) {
+				return
+			}
+		}
+		if drift > 0 {
+			r.metrics.drift.WithLabelValues(label).Add(float64(drift))
+			klog.InfoS("reconcile found candidates without a due row (a write the due triggers did not see); made them due",
+				"process", label, "machines", drift)
+		}
+		klog.V(2).InfoS("reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
+		if !sleepCtx(ctx, max(r.cfg.ReconcileInterval-time.Since(start), time.Second)) {
+			return
+		}
+	}
+}
+
+// sleepCtx sleeps for d or until ctx is done; it reports whether ctx is
+// still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func boolGauge(v bool) float64 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
 // refreshGauges updates the queue gauges with one query per period.
 func (r *Runner) refreshGauges(ctx context.Context) {
 	label := r.info.Label
@@ -345,6 +495,7 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 		st, err := r.db.Stats(ctx, r.info.Process, r.candidates)
 		if err == nil {
 			r.metrics.eligible.WithLabelValues(label).Set(float64(st.Eligible))
+			r.metrics.oldestDue.WithLabelValues(label).Set(st.OldestDue.Seconds())
 			r.metrics.backoffs.WithLabelValues(label).Set(float64(st.Backoffs))
 			r.metrics.leases.WithLabelValues(label).Set(float64(st.Leases))
 		} else if ctx.Err() == nil {
