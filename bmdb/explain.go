@@ -5,37 +5,70 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
-// ExplainClaim runs the claim query of WorkBatch (for process, candidates and
-// limit, under this session) with EXPLAIN (ANALYZE, BUFFERS) and returns the
-// plan as PostgreSQL prints it, so that benchmarks and operators can check
-// that sourcing uses indexes. ANALYZE executes the query: it runs in a
-// transaction that is always rolled back, so no lease is taken and nothing is
-// recorded.
+// ExplainClaim runs the two statements of a claim (for process,
+// candidates and limit, under this session) with EXPLAIN (ANALYZE,
+// BUFFERS) and returns both plans as PostgreSQL prints them, so that
+// benchmarks and operators can check that sourcing uses indexes: the lock
+// of due rows, then the re-check and lease of the locked machines. ANALYZE
+// executes the statements: they run in a transaction that is always rolled
+// back, so no lease is taken and nothing is recorded.
 func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates Candidates, limit int) (string, error) {
 	if err := process.Validate(); err != nil {
 		return "", err
 	}
-	query, args := candidates.query(explainPrefix+claimTemplate, pgx.NamedArgs{
+	if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
+		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
+	}
+	fail := func(err error) (string, error) {
+		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
+	}
+	tx, err := s.db.pool.Begin(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	lockArgs := pgx.NamedArgs{"process": process.Name, "scan": max(limit, dueScan)}
+	lockPlan, err := explainLines(ctx, tx, explainPrefix+qDueLock, lockArgs)
+	if err != nil {
+		return fail(err)
+	}
+	// The plan above ran the lock: the rows stay locked in this
+	// transaction, so read their ids again (this transaction's own locks
+	// do not make SKIP LOCKED skip them).
+	rows, err := tx.Query(ctx, qDueLock, lockArgs)
+	if err != nil {
+		return fail(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fail(err)
+	}
+	query, args := candidates.query(explainPrefix+claimDueTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
 		"session": s.id,
 		"limit":   limit,
+		"ids":     ids,
 	})
-	tx, err := s.db.pool.Begin(ctx)
+	claimPlan, err := explainLines(ctx, tx, query, args)
 	if err != nil {
-		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
+		return fail(err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	return fmt.Sprintf("-- 1. lock due rows (%d locked)\n%s-- 2. re-check and lease\n%s", len(ids), lockPlan, claimPlan), nil
+}
+
+func explainLines(ctx context.Context, tx pgx.Tx, query string, args pgx.NamedArgs) (string, error) {
 	rows, err := tx.Query(ctx, query, args)
 	if err != nil {
-		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
+		return "", err
 	}
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
+		return "", err
 	}
 	return strings.Join(lines, "\n") + "\n", nil
 }

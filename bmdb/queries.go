@@ -64,7 +64,13 @@ SELECT machine_id, process, now(), $2, 1 FROM released
 ON CONFLICT (machine_id, process) DO UPDATE
 SET last_interval_seconds = LEAST(GREATEST(work_backoff.last_interval_seconds * 2, $3::bigint), $4::bigint),
     until = now() + make_interval(secs => LEAST(GREATEST(work_backoff.last_interval_seconds * 2, $3::bigint), $4::bigint)),
-    cause = excluded.cause`
+    cause = excluded.cause
+RETURNING process`
+
+	// qNotifyDue wakes the sourcers of processes $1: the lease-end trigger
+	// does not wake a lease's own process (its worker's return does), but
+	// a lease the reaper released had no worker left.
+	qNotifyDue = `SELECT count(pg_notify('shepherd_due', p)) FROM (SELECT DISTINCT unnest($1::text[]) AS p) ps`
 
 	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
 

@@ -369,13 +369,22 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		tag, err := tx.tx.Exec(ctx, qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
+		rows, err = tx.tx.Query(ctx, qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
 			int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
 		if err != nil {
 			return err
 		}
-		leases = int(tag.RowsAffected())
-		tag, err = tx.tx.Exec(ctx, qSessionsDelete, ids)
+		processes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		leases = len(processes)
+		if leases > 0 {
+			if _, err := tx.tx.Exec(ctx, qNotifyDue, processes); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.tx.Exec(ctx, qSessionsDelete, ids)
 		sessions = int(tag.RowsAffected())
 		return err
 	})

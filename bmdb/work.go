@@ -92,14 +92,21 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 	if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
 		return nil, fmt.Errorf("claiming work for %s: %w", process.Name, err)
 	}
-	scan := max(limit, dueScan)
+	// The first round locks little more than it may lease: re-checking
+	// costs per row. A round that leased nothing was settling rows that are
+	// due but not wanted (deadlines that fresh heartbeats moved): the next
+	// rounds take many at once.
+	scan := 2*limit + 8
 	query, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
 		"session": s.id,
 	})
-	lockArgs := pgx.NamedArgs{"process": process.Name, "scan": scan}
 	for round := 0; round < maxClaimRounds; round++ {
+		if round > 0 {
+			scan = max(scan, dueScan)
+		}
+		lockArgs := pgx.NamedArgs{"process": process.Name, "scan": scan}
 		var leased []uuid.UUID
 		var locked int
 		var blocked bool
@@ -182,9 +189,10 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 }
 
 const (
-	// dueScan is how many due rows a claim locks and re-checks at least,
-	// so that a wave of rows that are due but not wanted (heartbeat
-	// deadlines that fresh heartbeats moved) is settled in few rounds.
+	// dueScan is how many due rows a claim's later rounds lock and
+	// re-check at least, so that a wave of rows that are due but not wanted
+	// (heartbeat deadlines that fresh heartbeats moved) is settled in few
+	// rounds.
 	dueScan = 256
 	// maxClaimRounds bounds the rounds of one claim that re-checked due
 	// rows without leasing any.

@@ -166,33 +166,35 @@ SELECT shepherd_watch('machine_agent_started', 'INSERT', 'UPDATE', 'DELETE');
 SELECT shepherd_watch('machine_agent_heartbeat', 'INSERT', 'DELETE');
 
 -- shepherd_lease_ended makes a machine due now for every process of the
--- ended lease's exclusion group: the lease was what kept them off it.
+-- ended lease's exclusion group: the lease was what kept them off it. It
+-- wakes only the group's other processes: the process whose lease ended
+-- had a worker on the machine, whose return makes its sourcer claim at
+-- once. That keeps NOTIFY, which serializes the commits of notifying
+-- transactions, off the path of every finish.
 CREATE FUNCTION shepherd_lease_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     p TEXT;
 BEGIN
     FOR p IN
-        WITH marked AS (
-            INSERT INTO work_due AS d (process, machine_id, due_at)
-            SELECT r.process, o.machine_id, now()
-            FROM shepherd_changed_old o
-            JOIN machines m ON m.machine_id = o.machine_id
-            JOIN process_registry r ON r.exclusion_group = o.exclusion_group
-            ORDER BY r.process, o.machine_id
-            ON CONFLICT (process, machine_id) DO UPDATE
-            SET due_at = LEAST(d.due_at, excluded.due_at)
-            WHERE d.due_at > excluded.due_at
-            RETURNING d.process
-        )
-        SELECT DISTINCT process FROM marked
+        INSERT INTO work_due AS d (process, machine_id, due_at)
+        SELECT r.process, OLD.machine_id, now()
+        FROM process_registry r
+        WHERE r.exclusion_group = OLD.exclusion_group
+          AND EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = OLD.machine_id)
+        ORDER BY r.process
+        ON CONFLICT (process, machine_id) DO UPDATE
+        SET due_at = LEAST(d.due_at, excluded.due_at)
+        WHERE d.due_at > excluded.due_at
+        RETURNING d.process
     LOOP
-        PERFORM pg_notify('shepherd_due', p);
+        IF p <> OLD.process THEN
+            PERFORM pg_notify('shepherd_due', p);
+        END IF;
     END LOOP;
     RETURN NULL;
 END $$;
 CREATE TRIGGER shepherd_due_lease_ended AFTER DELETE ON work
-    REFERENCING OLD TABLE AS shepherd_changed_old
-    FOR EACH STATEMENT EXECUTE FUNCTION shepherd_lease_ended();
+    FOR EACH ROW EXECUTE FUNCTION shepherd_lease_ended();
 
 -- shepherd_hold_ended makes a machine due now for the one process whose
 -- backoff or "check again later" row was deleted (Finish, an operator's
