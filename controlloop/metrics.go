@@ -110,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"process"})
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shepherd_sourcing_wakeups_total",
-		Help: "Wake-ups of the idle sourcer, by reason: notify (a machine became due), timer (its next due time, the safety poll, or idle_poll while polling).",
+		Help: "Wake-ups of the idle sourcer, by reason: notify (a machine became due), lease_ended (one of this replica's workers ended a lease, which makes its machine due again), timer (its next due time, the safety poll, or idle_poll while polling).",
 	}, []string{"process", "reason"})
 	m.drift = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shepherd_due_drift_total",
@@ -135,6 +135,7 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.listening.WithLabelValues(label)
 	m.wakeups.WithLabelValues(label, "notify")
 	m.wakeups.WithLabelValues(label, "timer")
+	m.wakeups.WithLabelValues(label, "lease_ended")
 	m.drift.WithLabelValues(label)
 	m.backoffs.WithLabelValues(label)
 	m.leases.WithLabelValues(label)

@@ -89,6 +89,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer stopGrace()
 
 	tasks := make(chan *Task)
+	ended := make(chan struct{}, 1)
 	idle := make(chan struct{}, r.cfg.Parallelism)
 	for range r.cfg.Parallelism {
 		idle <- struct{}{}
@@ -100,6 +101,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			for t := range tasks {
 				r.work(workCtx, t)
 				idle <- struct{}{}
+				// The lease's end made the machine due again for this
+				// process (no notification wakes the process that ended
+				// its own lease): wake an idle sourcer.
+				select {
+				case ended <- struct{}{}:
+				default:
+				}
 			}
 			return nil
 		})
@@ -114,7 +122,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	listener := bmdb.NewDueListener()
 	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
 
-	r.source(ctx, tasks, idle, listener)
+	r.source(ctx, tasks, idle, ended, listener)
 	close(tasks)
 	workers.Wait()
 	stopGauges()
@@ -135,7 +143,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // source claims machines for idle workers until ctx is done. It holds one
 // idle token per worker it may feed; a task carries its token to the worker,
 // which returns it when done.
-func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}, listener *bmdb.DueListener) {
+func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
@@ -190,6 +198,9 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 				return true
 			case <-listener.Wake():
 				r.metrics.wakeups.WithLabelValues(label, "notify").Inc()
+				return true
+			case <-ended:
+				r.metrics.wakeups.WithLabelValues(label, "lease_ended").Inc()
 				return true
 			case v := <-listener.Listening():
 				noteListening(v)
@@ -422,19 +433,29 @@ func (r *Runner) register(ctx context.Context) {
 	}
 }
 
-// reconcileChunk is how many machines one reconcile statement checks.
-const reconcileChunk = 5000
+// reconcileChunk is how many machines one reconcile statement checks: a
+// million machines take 50 statements a pass.
+const reconcileChunk = 20000
 
 // reconcile checks the whole fleet once per ReconcileInterval, a chunk at
-// a time spread over the interval's first half, for machines a claim would
-// lease that have no due row: each is made due and counted as drift.
+// a time spread over half the interval, for machines a claim would lease
+// that have no due row: each is made due and counted as drift. The first
+// pass starts after half to one interval: registration has just built or
+// checked the due rows, and replicas that start together spread out.
 func (r *Runner) reconcile(ctx context.Context) {
 	label := r.info.Label
+	if !sleepCtx(ctx, jitter.Half(r.cfg.ReconcileInterval)) {
+		return
+	}
+	// Until a pass has counted the chunks, pause 100 ms between them.
+	lastChunks := max(int(r.cfg.ReconcileInterval/2/(100*time.Millisecond)), 1)
 	for {
 		start := time.Now()
 		after := uuid.Nil
 		var drift int64
 		chunks := 0
+		// Spread the pass: the pause between chunks keeps its load flat.
+		pause := max(r.cfg.ReconcileInterval/2/time.Duration(lastChunks), 10*time.Millisecond)
 		for {
 			last, n, err := r.db.ReconcileDue(ctx, r.info.Process, r.candidates, after, reconcileChunk)
 			if err != nil {
@@ -449,11 +470,11 @@ func (r *Runner) reconcile(ctx context.Context) {
 				break
 			}
 			after = last
-			// Spread the pass: a pause per chunk keeps its load flat.
-			if !sleepCtx(ctx, 100*time.Millisecond) {
+			if !sleepCtx(ctx, pause) {
 				return
 			}
 		}
+		lastChunks = max(chunks, 1)
 		if drift > 0 {
 			r.metrics.drift.WithLabelValues(label).Add(float64(drift))
 			klog.InfoS("reconcile found candidates without a due row (a write the due triggers did not see); made them due",

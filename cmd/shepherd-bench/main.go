@@ -304,9 +304,11 @@ type bench struct {
 	seedsCycles float64
 	tp          []throughputResult
 	claimP99    map[int]time.Duration
-	idleRuns    []idleResult
-	reactions   []reactionResult
-	peakRSSMiB  float64
+	// emptyClaimP99 is the p99 of claims that find nothing, by fleet size.
+	emptyClaimP99 map[int]time.Duration
+	idleRuns      []idleResult
+	reactions     []reactionResult
+	peakRSSMiB    float64
 }
 
 type envLine struct {

@@ -206,6 +206,7 @@ func planScans(plan string) (seq, idx []string) {
 // session, as a single worker would, at each fleet size.
 func (b *bench) sourcing(ctx context.Context) error {
 	b.claimP99 = map[int]time.Duration{}
+	b.emptyClaimP99 = map[int]time.Duration{}
 	if err := os.MkdirAll(b.o.outDir, 0o755); err != nil {
 		return err
 	}
@@ -320,6 +321,7 @@ func (b *bench) sourceOne(ctx context.Context, dsn string, proc bmdb.Process, n 
 	sortDurations(idleLat)
 	res.IdleClaims = len(idleLat)
 	res.IdleP50Ms, res.IdleP99Ms = millis(percentile(idleLat, 0.5)), millis(percentile(idleLat, 0.99))
+	b.emptyClaimP99[n] = percentile(idleLat, 0.99)
 	plan, err = s.ExplainClaim(ctx, proc, idle, 1)
 	if err != nil {
 		return res, err
@@ -346,6 +348,10 @@ type idleResult struct {
 	XactsPerS           float64 `json:"server_xacts_per_s"`
 	XactsPerSPerProcess float64 `json:"server_xacts_per_s_per_process"`
 	IdlePollMs          float64 `json:"idle_poll_ms"`
+	// ServerCPUPercent is the server's CPU time over the window, in
+	// percent of one core (private server only).
+	ServerCPUPercent float64 `json:"server_cpu_percent_of_core"`
+	Conditions       string  `json:"conditions"`
 }
 
 // idleDatabase creates the database of the idle and reaction scenarios:
@@ -386,11 +392,22 @@ func (b *bench) idle(ctx context.Context) error {
 	defer admin.Close(context.WithoutCancel(ctx))
 
 	for _, c := range []struct{ procs, workers int }{{0, 0}, {1, 1}, {1, 64}, {2, 64}} {
+		// The shipped processes' conditions: AgentStart's (no agent
+		// started: only writes make it true) and Recovery's (made true by
+		// time: every machine has a due time, its start timeout), with
+		// the daemon's default timeouts.
+		conds := []bmdb.Candidates{
+			bmdb.AgentStartCandidates(),
+			bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute),
+		}
 		var specs []procSpec
+		var names []string
 		for i := range c.procs {
+			cand := conds[i%len(conds)]
+			names = append(names, cand.Name())
 			specs = append(specs, procSpec{
 				name: "BenchIdle" + string(rune('A'+i)), label: "benchidle" + string(rune('a'+i)),
-				candidates: bmdb.AgentStartCandidates(), workers: c.workers,
+				candidates: cand, workers: c.workers,
 			})
 		}
 		rs, err := startRunners(ctx, db, specs)
@@ -413,12 +430,21 @@ func (b *bench) idle(ctx context.Context) error {
 			rs.stop()
 			return err
 		}
+		cpu0, err := b.srv.cpuSeconds()
+		if err != nil {
+			rs.stop()
+			return err
+		}
 		t0 := time.Now()
 		if err := sleep(ctx, dur(b.o.idleSeconds)); err != nil {
 			rs.stop()
 			return err
 		}
+		cpu1, cpuErr := b.srv.cpuSeconds()
 		c1, r1, err := b.srv.xactCounts(ctx, admin, name)
+		if err == nil {
+			err = cpuErr
+		}
 		x0, x1 := c0+r0, c1+r1
 		elapsed := time.Since(t0)
 		if stopErr := rs.stop(); err == nil {
@@ -434,8 +460,10 @@ func (b *bench) idle(ctx context.Context) error {
 		res := idleResult{
 			Scenario: "idle", Processes: c.procs, WorkersPerProcess: c.workers,
 			Machines: b.o.idleMachines, Seconds: seconds(elapsed), ServerXacts: x1 - x0, ServerRollbacks: r1 - r0,
-			XactsPerS:  round(float64(x1-x0)/elapsed.Seconds(), 2),
-			IdlePollMs: millis(cfg.IdlePoll),
+			XactsPerS:        round(float64(x1-x0)/elapsed.Seconds(), 2),
+			IdlePollMs:       millis(cfg.IdlePoll),
+			ServerCPUPercent: round(100*(cpu1-cpu0)/elapsed.Seconds(), 3),
+			Conditions:       strings.Join(names, ","),
 		}
 		if c.procs > 0 {
 			res.XactsPerSPerProcess = round(res.XactsPerS/float64(c.procs), 2)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -10,6 +11,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -298,4 +301,56 @@ func vacuum(ctx context.Context, conn *pgx.Conn) error {
 		}
 	}
 	return nil
+}
+
+// cpuSeconds is the CPU time the private server has used so far: the
+// postmaster's and its live children's user and system time, plus what
+// its exited children used (cutime, cstime). Zero with -dsn (not ours to
+// read).
+func (s *server) cpuSeconds() (float64, error) {
+	if s.cluster == nil {
+		return 0, nil
+	}
+	pid, ok := pgcluster.ServerPID(s.cluster.DataDir)
+	if !ok {
+		return 0, errors.New("reading server CPU: no running server")
+	}
+	const ticks = 100 // USER_HZ on Linux
+	fields := func(p string) ([]string, error) {
+		b, err := os.ReadFile(filepath.Join("/proc", p, "stat"))
+		if err != nil {
+			return nil, err
+		}
+		// The command name may hold spaces: fields start after its ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			return nil, errors.New("unexpected /proc stat format")
+		}
+		return strings.Fields(string(b[i+2:])), nil
+	}
+	// After the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
+	num := func(f []string, i int) float64 {
+		v, _ := strconv.ParseFloat(f[i], 64)
+		return v
+	}
+	root, err := fields(strconv.Itoa(pid))
+	if err != nil {
+		return 0, fmt.Errorf("reading server CPU: %w", err)
+	}
+	total := num(root, 11) + num(root, 12) + num(root, 13) + num(root, 14)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("reading server CPU: %w", err)
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		f, err := fields(e.Name())
+		if err != nil || len(f) < 15 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		total += num(f, 11) + num(f, 12)
+	}
+	return total / ticks, nil
 }

@@ -65,8 +65,28 @@ func (b *bench) targets() error {
 				worst = r
 			}
 		}
-		atMost("idle_xacts_per_s_per_process", worst.XactsPerSPerProcess, 2,
-			fmt.Sprintf("worst case: %d process(es) of %d workers", worst.Processes, worst.WorkersPerProcess))
+		atMost("idle_xacts_per_s_per_process", worst.XactsPerSPerProcess, 0.5,
+			fmt.Sprintf("worst case: %d process(es) of %d workers, %d machines", worst.Processes, worst.WorkersPerProcess, worst.Machines))
+		for _, r := range b.idleRuns {
+			if r.Processes == 2 {
+				atMost("idle_server_cpu_percent", r.ServerCPUPercent, 1,
+					fmt.Sprintf("server CPU, %% of one core, both processes (%s), %d machines, %.0f s", r.Conditions, r.Machines, r.Seconds))
+			}
+		}
+	}
+	if len(b.emptyClaimP99) > 0 {
+		var ns []int
+		for n := range b.emptyClaimP99 {
+			ns = append(ns, n)
+		}
+		sort.Ints(ns)
+		lo, hi := ns[0], ns[len(ns)-1]
+		atMost("empty_claim_p99_ms", millis(b.emptyClaimP99[hi]), 2, fmt.Sprintf("at %d machines", hi))
+		if lo != hi && b.emptyClaimP99[lo] > 0 {
+			atMost("empty_claim_p99_scaling", float64(b.emptyClaimP99[hi])/float64(b.emptyClaimP99[lo]), 2,
+				fmt.Sprintf("empty claim p99 at %d machines (%.3f ms) / at %d machines (%.3f ms) <= 2",
+					hi, millis(b.emptyClaimP99[hi]), lo, millis(b.emptyClaimP99[lo])))
+		}
 	}
 	for _, r := range b.reactions {
 		atMost("reaction_p99_ms_"+r.Kind, r.P99Ms, 1000, fmt.Sprintf("%d events", r.Events))
