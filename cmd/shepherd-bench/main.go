@@ -50,7 +50,7 @@ import (
 // childEnv marks a child process started for the memory scenario.
 const childEnv = "SHEPHERD_BENCH_CHILD"
 
-var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "memory"}
+var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "heartbeat_db", "memory"}
 
 type options struct {
 	dsn  string
@@ -270,6 +270,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"sourcing", b.sourcing},
 		{"idle", b.idle},
 		{"reaction", b.reaction},
+		{"heartbeat_db", b.heartbeatDB},
 		{"memory", b.memory},
 	}
 	for _, s := range steps {
