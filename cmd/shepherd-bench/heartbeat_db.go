@@ -105,14 +105,20 @@ func (b *bench) heartbeatRun(ctx context.Context, db *bmdb.DB, conn *pgx.Conn, i
 	if err != nil {
 		return res, err
 	}
+	// Each batch holds distinct machines (as the recorder's do), taken in
+	// turn from a shuffled fleet, so every row is updated as often.
 	rng := rand.New(rand.NewPCG(1, 2))
+	order := append([]uuid.UUID(nil), ids...)
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	batch := make([]bmdb.AgentKey, heartbeatDBBatch)
 	var lat []time.Duration
+	next := 0
 	t0 := time.Now()
 	for time.Since(t0) < dur(b.o.seconds) {
 		now := time.Now()
 		for i := range batch {
-			batch[i] = bmdb.AgentKey{Machine: ids[rng.IntN(len(ids))], PublicKey: []byte{0}, Timestamp: now}
+			batch[i] = bmdb.AgentKey{Machine: order[next%len(order)], PublicKey: []byte{0}, Timestamp: now}
+			next++
 		}
 		start := time.Now()
 		var recorded int
