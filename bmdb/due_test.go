@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -355,5 +356,49 @@ func (e *env) endRandomly(rng *rand.Rand, w *bmdb.Work) {
 	}
 	if err != nil {
 		e.t.Fatalf("ending %s on %s: %v", w.Process.Name, w.Machine, err)
+	}
+}
+
+// A condition that reads a table whose writes Shepherd does not watch is
+// refused when the process registers, with the statement that fixes it;
+// after shepherd_watch, it registers and its machines become due on writes.
+func TestUnwatchedTableRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, bmdb.Options{})
+	ctx := t.Context()
+	e.exec(`CREATE TABLE firmware_stale (machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE)`)
+	cand, err := bmdb.NewCandidates(bmdb.Condition{
+		Name: "firmware_stale",
+		SQL:  `EXISTS (SELECT 1 FROM firmware_stale f WHERE f.machine_id = m.machine_id)`,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bmdb.Process{Name: "FirmwareStale"}
+	_, err = e.db.RegisterProcess(ctx, p, cand, "test")
+	if !errors.Is(err, bmdb.ErrUnwatchedTable) || !strings.Contains(err.Error(), "SELECT shepherd_watch('firmware_stale', 'INSERT', 'UPDATE', 'DELETE')") {
+		t.Fatalf("RegisterProcess with an unwatched table: %v; want ErrUnwatchedTable naming the fix", err)
+	}
+	s := e.session(bmdb.SessionConfig{})
+	if _, err := s.Work(ctx, p, cand); !errors.Is(err, bmdb.ErrUnwatchedTable) {
+		t.Fatalf("a claim with an unwatched table: %v; want ErrUnwatchedTable", err)
+	}
+
+	e.exec(`SELECT shepherd_watch('firmware_stale', 'INSERT', 'UPDATE', 'DELETE')`)
+	reg, err := e.db.RegisterProcess(ctx, p, cand, "test")
+	if err != nil {
+		t.Fatalf("RegisterProcess after shepherd_watch: %v", err)
+	}
+	if !slices.Contains(reg.Watches, "firmware_stale") {
+		t.Errorf("watches %v, want firmware_stale among them", reg.Watches)
+	}
+	m := e.addMachines(1)[0]
+	if _, err := s.Work(ctx, p, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Fatalf("before the write: %v, want nothing to do", err)
+	}
+	e.exec(`INSERT INTO firmware_stale (machine_id) VALUES ($1)`, m)
+	w, err := s.Work(ctx, p, cand)
+	if err != nil || w.Machine != m {
+		t.Fatalf("after the write to the watched table: %v, %v; want the machine", w, err)
 	}
 }

@@ -112,7 +112,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	r.register(ctx)
+	if err := r.register(ctx); err != nil {
+		return err
+	}
 	gaugesCtx, stopGauges := context.WithCancel(ctx)
 	var gauges errgroup.Group
 	gauges.Go(func() error { r.refreshGauges(gaugesCtx); return nil })
@@ -415,10 +417,14 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 // (the first claim would otherwise), so that a rebuild of its due rows is
 // logged with its cost, and replicas that disagree on the condition are
 // reported.
-func (r *Runner) register(ctx context.Context) {
+func (r *Runner) register(ctx context.Context) error {
 	label := r.info.Label
 	reg, err := r.db.RegisterProcess(ctx, r.info.Process, r.candidates, r.cfg.Session.Component)
 	switch {
+	case errors.Is(err, bmdb.ErrUnwatchedTable):
+		// A process that cannot be woken by its own tables' writes is a
+		// bug of its migrations: refuse to run it.
+		return fmt.Errorf("%s: %w", label, err)
 	case err != nil:
 		// The first claim registers again, and reports the error as a
 		// sourcing error if it persists.
@@ -431,6 +437,7 @@ func (r *Runner) register(ctx context.Context) {
 	default:
 		klog.V(1).InfoS("registered for due-time sourcing", "process", label, "watches", reg.Watches)
 	}
+	return nil
 }
 
 // reconcileChunk is how many machines one reconcile statement checks: a

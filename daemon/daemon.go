@@ -281,9 +281,12 @@ func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <
 		}
 	}()
 
-	var loops errgroup.Group
+	// A loop that refuses to run (a process whose condition reads a table
+	// no trigger watches) stops the others: the daemon exits with its error
+	// instead of running without it.
+	loops, loopsCtx := errgroup.WithContext(ctx)
 	for _, r := range runners {
-		loops.Go(func() error { return r.Run(ctx) })
+		loops.Go(func() error { return r.Run(loopsCtx) })
 	}
 	err := loops.Wait()
 	stopFleet()
