@@ -92,7 +92,8 @@ func (b *bench) heartbeatDB(ctx context.Context) error {
 }
 
 func (b *bench) heartbeatRun(ctx context.Context, db *bmdb.DB, conn *pgx.Conn, ids []uuid.UUID) (heartbeatDBResult, error) {
-	res := heartbeatDBResult{Scenario: "heartbeat_db", Machines: len(ids), Batch: heartbeatDBBatch}
+	size := min(heartbeatDBBatch, len(ids))
+	res := heartbeatDBResult{Scenario: "heartbeat_db", Machines: len(ids), Batch: size}
 	var upd0, hot0 int64
 	statsQ := `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'machine_agent_heartbeat'`
 	if _, err := conn.Exec(ctx, stmt("flush_stats")); err != nil {
@@ -110,7 +111,7 @@ func (b *bench) heartbeatRun(ctx context.Context, db *bmdb.DB, conn *pgx.Conn, i
 	rng := rand.New(rand.NewPCG(1, 2))
 	order := append([]uuid.UUID(nil), ids...)
 	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-	batch := make([]bmdb.AgentKey, heartbeatDBBatch)
+	batch := make([]bmdb.AgentKey, size)
 	var lat []time.Duration
 	next := 0
 	t0 := time.Now()
