@@ -146,13 +146,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	cc.DialFunc = dialer().DialContext
-	// pgxpool pings a connection idle for more than 1 s before handing it
-	// out: a round trip (and a server transaction) per acquire of an idle
-	// replica, half of its idle load. A connection that died meanwhile
-	// fails its statement instead, which Transact retries on a new one.
-	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		return p.IdleDuration > time.Minute
-	}
 	hosts := &hostLog{quiet: opts.QuietConnections}
 	cfg.BeforeConnect = hosts.beforeConnect
 	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {

@@ -154,16 +154,30 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 			candidates.name, candidates.condition, candidates.due, candidates.argsJSON(), fp, by); err != nil {
 			return err
 		}
-		if oldFP == fp {
-			return nil
-		}
-		reg.Rebuilt = true
-		query, args := candidates.query(rebuildDueTemplate, pgx.NamedArgs{"process": process.Name})
-		_, err = tx.tx.Exec(ctx, query, args)
-		return err
+		reg.Rebuilt = oldFP != fp
+		return nil
 	})
 	if err != nil {
 		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
+	}
+	if reg.Rebuilt {
+		// The registration is committed first, so that from here on every
+		// watched write marks the process's machines. Then the rows are
+		// rebuilt from the condition, and computed once more with a later
+		// snapshot (only moving rows earlier): a write whose trigger ran
+		// before the registration was visible, and that committed after
+		// the rebuild's snapshot, is in neither the trigger's rows nor the
+		// rebuild's, but is in the second pass's.
+		for _, template := range []string{rebuildDueTemplate, refillDueTemplate} {
+			query, args := candidates.query(template, pgx.NamedArgs{"process": process.Name})
+			err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+				_, err := tx.tx.Exec(ctx, query, args)
+				return err
+			})
+			if err != nil {
+				return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
+			}
+		}
 	}
 	db.registered.set(process.Name, fp)
 	reg.Took = time.Since(start)

@@ -99,7 +99,17 @@ SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due
 FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
       FROM machines m) f
 WHERE f.wanted OR f.due_at IS NOT NULL
-ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at`
+ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
+
+	// refillDueTemplate is rebuildDueTemplate's second pass: the same rows
+	// with a later snapshot, without the delete, only moving rows earlier.
+	refillDueTemplate = `
+INSERT INTO work_due (process, machine_id, due_at)
+SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END
+FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
+      FROM machines m) f
+WHERE f.wanted OR f.due_at IS NOT NULL
+ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
 
 	// reconcileDueTemplate checks one chunk of the fleet (@chunk machines
 	// after @after, by primary key): a machine that a claim would lease now

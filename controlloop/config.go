@@ -135,7 +135,7 @@ func DefaultConfig(info Info) Config {
 		Parallelism: 4,
 		QueryRate:   Rate{Interval: 250 * time.Millisecond, Burst: 8},
 		IdlePoll:    700 * time.Millisecond,
-		SafetyPoll:  30 * time.Second,
+		SafetyPoll:  5 * time.Second,
 
 		ReconcileInterval: 10 * time.Minute,
 		Backoff:           info.DefaultBackoff,
