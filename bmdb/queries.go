@@ -225,6 +225,11 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = excluded.agent_started
 	qAgentStartedGet = `
 SELECT agent_started_at, agent_public_key FROM machine_agent_started WHERE machine_id = $1`
 
+	// qAgentKeysGet reads the agent keys of many machines ($1) at once:
+	// the heartbeat endpoint's key cache fills in batches.
+	qAgentKeysGet = `
+SELECT machine_id, agent_public_key FROM machine_agent_started WHERE machine_id = ANY($1::uuid[])`
+
 	qAgentStartedDelete = `DELETE FROM machine_agent_started WHERE machine_id = $1`
 
 	// qHeartbeatDelete runs after the agent_started row of the machine was

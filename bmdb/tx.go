@@ -138,6 +138,29 @@ func (t *Tx) AgentStarted(ctx context.Context, machine uuid.UUID) (time.Time, []
 	return at, key, nil
 }
 
+// AgentKeys reads the public keys of the agents of machines, in one
+// statement. Machines without a recorded agent are absent from the result.
+func (t *Tx) AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]byte, error) {
+	keys := make(map[uuid.UUID][]byte, len(machines))
+	if len(machines) == 0 {
+		return keys, nil
+	}
+	rows, err := t.tx.Query(ctx, qAgentKeysGet, machines)
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
+	}
+	var id uuid.UUID
+	var key []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error {
+		keys[id] = append([]byte(nil), key...)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
+	}
+	return keys, nil
+}
+
 // DeleteAgentTags removes the agent-started and heartbeat tags of machine,
 // which hands it back to AgentStart.
 func (t *Tx) DeleteAgentTags(ctx context.Context, machine uuid.UUID) error {

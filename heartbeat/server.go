@@ -16,8 +16,9 @@
 //     strictly; then the timestamp window and the per-machine replay check
 //     run from memory.
 //  3. The agent's key comes from an in-memory cache, filled from the BMDB
-//     (at most Options.MaxKeyLookups lookups at once): a flood of forged
-//     heartbeats for a known machine costs no database work.
+//     in batches (see keyLoader; at most Options.MaxKeyLookups reads at
+//     once): a flood of forged heartbeats for a known machine costs no
+//     database work.
 //  4. Verified heartbeats are written in batches by one writer (see
 //     recorder), conditionally on the key still being the machine's agent
 //     key, so that the cache can never make a replaced agent's heartbeat
@@ -83,7 +84,10 @@ type Options struct {
 	// MaxKeyLookups bounds concurrent reads of agent keys from the BMDB
 	// (default 2), so that heartbeats for machines whose key is not cached
 	// (mostly forgeries, from many sources) cannot take the database's
-	// connections from everything else.
+	// connections from everything else. Each read fetches the keys of up to
+	// MaxBatch machines, those whose lookups waited for it: a cold cache
+	// under a large fleet's load costs a transaction per batch, not per
+	// heartbeat.
 	MaxKeyLookups int
 	// KeyCacheTTL is how long an agent key (and the machine's last
 	// timestamp) stays cached without use (default 10 min, at least
@@ -99,8 +103,8 @@ type Options struct {
 	// timestamp) (default 1<<20). Entries exist only for machines with a
 	// recorded agent, so the fleet size bounds it anyway.
 	MaxMachines int
-	// MaxBatch bounds the heartbeats written in one statement (default
-	// 500).
+	// MaxBatch bounds the heartbeats written in one statement, and the
+	// keys read in one (default 500).
 	MaxBatch int
 	// DBTimeout bounds each BMDB operation, including the wait for a
 	// lookup slot (default 5 s).
@@ -155,7 +159,7 @@ type Server struct {
 	db       *bmdb.DB
 	opts     Options
 	limiters *sourceLimiters
-	lookups  chan struct{} // semaphore of key lookups
+	keys     *keyLoader
 	recorder *recorder
 	errLog   rateLimitedLog
 
@@ -179,7 +183,7 @@ func New(db *bmdb.DB, opts Options) *Server {
 		db:       db,
 		opts:     opts,
 		limiters: newSourceLimiters(opts.SourceRate, opts.SourceBurst, opts.MaxSources),
-		lookups:  make(chan struct{}, opts.MaxKeyLookups),
+		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout},
 		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout},
 		machines: make(map[uuid.UUID]*machineState),
 	}
@@ -358,18 +362,7 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DBTimeout)
 	defer cancel()
-	select {
-	case s.lookups <- struct{}{}:
-		defer func() { <-s.lookups }()
-	case <-ctx.Done():
-		return nil, false, fmt.Errorf("waiting for a key lookup slot: %w", ctx.Err())
-	}
-	var key []byte
-	err := s.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		_, key, err = tx.AgentStarted(ctx, machine)
-		return err
-	})
+	key, err := s.keys.load(ctx, machine)
 	if err != nil {
 		if errors.Is(err, bmdb.ErrNotFound) {
 			s.forgetKey(machine)
