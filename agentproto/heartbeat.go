@@ -141,10 +141,20 @@ func EncodeHeartbeat(h Heartbeat) ([]byte, error) {
 // DecodeHeartbeat parses a heartbeat body. It checks the form only; the
 // signature, timestamp window and replay are the endpoint's to check.
 func DecodeHeartbeat(data []byte) (Heartbeat, error) {
+	// The endpoint decodes every request: the common form skips
+	// encoding/json, anything else takes the strict path below.
+	if h, ok := decodeHeartbeatFast(data); ok {
+		return h, nil
+	}
 	var w heartbeatWire
 	if err := decodeStrict(data, MaxHeartbeatSize, "heartbeat", heartbeatShape, &w); err != nil {
 		return Heartbeat{}, err
 	}
+	return heartbeatFromWire(w)
+}
+
+// heartbeatFromWire checks and converts the fields of a decoded heartbeat.
+func heartbeatFromWire(w heartbeatWire) (Heartbeat, error) {
 	if w.Version == 0 {
 		return Heartbeat{}, invalidf("heartbeat: version is missing")
 	}

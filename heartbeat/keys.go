@@ -27,6 +27,7 @@ type keyLoader struct {
 	maxBatch int
 	slots    int
 	timeout  time.Duration
+	linger   linger
 
 	mu      sync.Mutex
 	pending []*keyRequest
@@ -59,6 +60,9 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 		l.running++
 	} else {
 		l.pending = append(l.pending, req)
+		if len(l.pending) >= l.maxBatch-1 {
+			l.linger.filled()
+		}
 	}
 	l.mu.Unlock()
 	if !lead {
@@ -75,12 +79,22 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 		if !res.lead {
 			return res.key, res.err
 		}
+		// Handed a slot: lookups arrived while all slots were busy, so
+		// more are coming.
+		l.linger.wait(l.full)
 	}
 	// Leading: req was taken out of pending (or never joined it), and the
 	// batch read now holds it and the oldest pending requests.
 	l.readBatch(req)
 	res := <-req.done
 	return res.key, res.err
+}
+
+// full reports whether the pending lookups fill a batch (with the leader).
+func (l *keyLoader) full() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending) >= l.maxBatch-1
 }
 
 // abandon removes req from the pending requests, unless it was handed a

@@ -106,6 +106,14 @@ type Options struct {
 	// MaxBatch bounds the heartbeats written in one statement, and the
 	// keys read in one (default 500).
 	MaxBatch int
+	// BatchDelay is how long a batch (a write of heartbeats, a read of
+	// keys) that starts while requests keep arriving, right after the
+	// previous batch, waits to fill up to MaxBatch (default 20 ms). An idle
+	// endpoint writes at once; under load, heartbeats wait up to this much
+	// longer, and the database sees one transaction per MaxBatch
+	// heartbeats or per BatchDelay, whichever comes first, instead of one
+	// per statement's duration. Negative: no wait.
+	BatchDelay time.Duration
 	// DBTimeout bounds each BMDB operation, including the wait for a
 	// lookup slot (default 5 s).
 	DBTimeout time.Duration
@@ -147,6 +155,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 500
 	}
+	if o.BatchDelay == 0 {
+		o.BatchDelay = 20 * time.Millisecond
+	}
 	if o.DBTimeout <= 0 {
 		o.DBTimeout = 5 * time.Second
 	}
@@ -183,8 +194,8 @@ func New(db *bmdb.DB, opts Options) *Server {
 		db:       db,
 		opts:     opts,
 		limiters: newSourceLimiters(opts.SourceRate, opts.SourceBurst, opts.MaxSources),
-		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout},
-		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout},
+		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
+		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
 		machines: make(map[uuid.UUID]*machineState),
 	}
 }
