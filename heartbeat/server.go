@@ -247,7 +247,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		w.Header().Set("Allow", http.MethodPost)
 		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, agentproto.MaxHeartbeatSize))
+	buf := bodyBuffers.Get().(*[]byte)
+	defer bodyBuffers.Put(buf)
+	body, err := readBody(http.MaxBytesReader(w, r.Body, agentproto.MaxHeartbeatSize), (*buf)[:0])
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -315,6 +317,31 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		return ResultBadSignature, http.StatusForbidden, "signed by an agent that is no longer the machine's recorded agent"
 	}
 	return ResultAccepted, http.StatusNoContent, ""
+}
+
+// bodyBuffers holds request body buffers: a heartbeat is decoded (and
+// copied out of its buffer) before the handler returns.
+var bodyBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 0, agentproto.MaxHeartbeatSize+1)
+	return &b
+}}
+
+// readBody reads r to its end into buf, which it grows only for bodies
+// larger than its capacity (MaxBytesReader stops those first).
+func readBody(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
 
 // refusal reports whether result refuses a request for what the client
