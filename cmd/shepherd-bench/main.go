@@ -79,6 +79,8 @@ type options struct {
 	heartbeatSeconds float64
 	heartbeatClients int
 	heartbeatProfile string
+	heartbeatSender  string // internal: run as the heartbeat scenario's sender, to this address
+	heartbeatBodies  string // internal: the sender's file of request bodies
 
 	clients       int
 	pgbenchScale  int
@@ -127,6 +129,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.heartbeatSeconds, "heartbeat_seconds", 20, "sending time of the heartbeat scenario, in seconds")
 	fs.IntVar(&o.heartbeatClients, "heartbeat_clients", 1000, "concurrent senders (keep-alive connections) of the heartbeat scenario")
 	fs.StringVar(&o.heartbeatProfile, "heartbeat_cpuprofile", "", "write a CPU profile of the heartbeat scenario's sending time to this file")
+	fs.StringVar(&o.heartbeatSender, "heartbeat_sender", "", "internal: run as the heartbeat scenario's sender process, to this address")
+	fs.StringVar(&o.heartbeatBodies, "heartbeat_bodies", "", "internal: the heartbeat sender's file of request bodies")
 	fs.IntVar(&o.clients, "clients", 16, "clients of the pgbench and seeds runs")
 	fs.IntVar(&o.pgbenchScale, "pgbench_scale", 10, "pgbench -i scale factor")
 	fs.IntVar(&o.seedsMachines, "seeds_machines", 100000, "machines of the seeds' algorithm run")
@@ -256,6 +260,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	out := emitter{stdout}
 	if o.memoryChild {
 		return memoryChild(ctx, o, out)
+	}
+	if o.heartbeatSender != "" {
+		return heartbeatSender(ctx, o, out)
 	}
 	if o.plotFrom != "" {
 		return replot(o)
