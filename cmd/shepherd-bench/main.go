@@ -180,6 +180,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-claims, -reaction_events, -memory_workers and -clients must be at least 1, -idle_claims at least 0")
 	case o.heartbeatAgents < 1 || o.heartbeatClients < 1 || o.heartbeatSeconds <= 0:
 		return nil, errors.New("-heartbeat_agents and -heartbeat_clients must be at least 1, -heartbeat_seconds positive")
+	case o.heartbeatClients >= o.heartbeatAgents:
+		// Heartbeats in flight at once are then of distinct agents: two of
+		// one agent could overtake each other, and the older be a replay.
+		return nil, errors.New("-heartbeat_clients must be less than -heartbeat_agents")
 	case o.idleMachines < 1 || o.seedsMachines < 1 || o.pgbenchScale < 1:
 		return nil, errors.New("-idle_machines, -seeds_machines and -pgbench_scale must be at least 1")
 	case o.memoryChild && o.dsn == "":
