@@ -60,7 +60,7 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 		l.running++
 	} else {
 		l.pending = append(l.pending, req)
-		if len(l.pending) >= l.maxBatch-1 {
+		if len(l.pending)+1 >= lingerTarget(l.maxBatch) {
 			l.linger.filled()
 		}
 	}
@@ -90,11 +90,12 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 	return res.key, res.err
 }
 
-// full reports whether the pending lookups fill a batch (with the leader).
+// full reports whether the pending lookups (with the leader's) make a
+// batch worth reading without waiting longer.
 func (l *keyLoader) full() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.pending) >= l.maxBatch-1
+	return len(l.pending)+1 >= lingerTarget(l.maxBatch)
 }
 
 // abandon removes req from the pending requests, unless it was handed a

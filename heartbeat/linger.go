@@ -17,6 +17,13 @@ type linger struct {
 	full chan struct{}
 }
 
+// lingerTarget is the batch size at which a lingering leader stops
+// waiting: a quarter of the limit. That is already few transactions per
+// heartbeat, and the batch that runs still takes every pending request up
+// to the limit; waiting for a full batch would make the single writer's
+// cycle, and so the heartbeats' latency, longer than it needs to be.
+func lingerTarget(maxBatch int) int { return max(1, maxBatch/4) }
+
 func newLinger(delay time.Duration) linger {
 	if delay <= 0 {
 		return linger{}
@@ -24,7 +31,7 @@ func newLinger(delay time.Duration) linger {
 	return linger{delay: delay, full: make(chan struct{}, 1)}
 }
 
-// filled signals a waiting leader that its batch is full. Callers hold
+// filled signals a waiting leader that its batch is big enough. Callers hold
 // the batcher's lock.
 func (l linger) filled() {
 	select {
@@ -34,7 +41,7 @@ func (l linger) filled() {
 }
 
 // wait waits for delay, or until filled is called; isFull reports, under
-// the batcher's lock, whether the batch is full already.
+// the batcher's lock, whether the batch is big enough already.
 func (l linger) wait(isFull func() bool) {
 	if l.delay <= 0 {
 		return

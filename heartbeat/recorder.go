@@ -57,7 +57,7 @@ func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error)
 	req := &recordRequest{agent: agent, done: make(chan recordResult, 1)}
 	r.mu.Lock()
 	r.pending = append(r.pending, req)
-	if len(r.pending) >= r.maxBatch {
+	if len(r.pending) >= lingerTarget(r.maxBatch) {
 		r.linger.filled()
 	}
 	lead := !r.busy
@@ -82,11 +82,12 @@ func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error)
 	return res.recorded, res.stale, res.err
 }
 
-// full reports whether the pending heartbeats fill a batch.
+// full reports whether the pending heartbeats make a batch worth writing
+// without waiting longer.
 func (r *recorder) full() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.pending) >= r.maxBatch
+	return len(r.pending) >= lingerTarget(r.maxBatch)
 }
 
 // writeBatch writes the oldest pending heartbeats, delivers their results

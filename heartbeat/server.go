@@ -104,11 +104,14 @@ type Options struct {
 	// recorded agent, so the fleet size bounds it anyway.
 	MaxMachines int
 	// MaxBatch bounds the heartbeats written in one statement, and the
-	// keys read in one (default 500).
+	// keys read in one (default 2000). One writer writes every batch, so
+	// this also bounds the endpoint's rate: MaxBatch per statement's
+	// duration (a batch of 2000 takes tens of milliseconds).
 	MaxBatch int
 	// BatchDelay is how long a batch (a write of heartbeats, a read of
 	// keys) that starts while requests keep arriving, right after the
-	// previous batch, waits to fill up to MaxBatch (default 20 ms). An idle
+	// previous batch, waits to fill up to a quarter of MaxBatch (default
+	// 20 ms). An idle
 	// endpoint writes at once; under load, heartbeats wait up to this much
 	// longer, and the database sees one transaction per MaxBatch
 	// heartbeats or per BatchDelay, whichever comes first, instead of one
@@ -153,7 +156,7 @@ func (o Options) withDefaults() Options {
 		o.MaxMachines = 1 << 20
 	}
 	if o.MaxBatch <= 0 {
-		o.MaxBatch = 500
+		o.MaxBatch = 2000
 	}
 	if o.BatchDelay == 0 {
 		o.BatchDelay = 20 * time.Millisecond
