@@ -1,8 +1,12 @@
 package agentproto
 
 import (
+	"bytes"
 	"crypto/ed25519"
+	"encoding/base64"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Heartbeat keys in the order of fastFields' slots.
@@ -85,25 +89,77 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 		}
 	}
 	var h Heartbeat
-	var err error
-	if h.MachineID, err = parseMachineID(string(values[1]), "heartbeat"); err != nil {
+	var ok bool
+	if h.MachineID, ok = canonicalUUID(values[1]); !ok {
 		return Heartbeat{}, false
 	}
 	if len(values[2]) == 0 {
 		return Heartbeat{}, false
 	}
+	var err error
 	if h.Timestamp, err = time.Parse(time.RFC3339Nano, string(values[2])); err != nil || checkTimestamp(h.Timestamp) != nil {
 		return Heartbeat{}, false
 	}
-	nonce, err := decodeBase64(string(values[3]), NonceSize, "heartbeat: nonce")
-	if err != nil {
+	var nonce [(NonceSize + 2) / 3 * 3]byte
+	if !canonicalBase64(nonce[:], values[3], NonceSize) {
 		return Heartbeat{}, false
 	}
-	copy(h.Nonce[:], nonce)
-	if h.Signature, err = decodeBase64(string(values[4]), ed25519.SignatureSize, "heartbeat: signature"); err != nil {
+	copy(h.Nonce[:], nonce[:NonceSize])
+	var sig [(ed25519.SignatureSize + 2) / 3 * 3]byte
+	if !canonicalBase64(sig[:], values[4], ed25519.SignatureSize) {
 		return Heartbeat{}, false
 	}
+	h.Signature = append([]byte(nil), sig[:ed25519.SignatureSize]...)
 	return h, true
+}
+
+// canonicalUUID parses b as parseMachineID would accept it: a lowercase
+// canonical UUID, not the nil one.
+func canonicalUUID(b []byte) (uuid.UUID, bool) {
+	if len(b) != 36 {
+		return uuid.Nil, false
+	}
+	id, err := uuid.ParseBytes(b)
+	if err != nil || id == uuid.Nil {
+		return uuid.Nil, false
+	}
+	const digits = "0123456789abcdef"
+	j := 0
+	for i, c := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			if b[j] != '-' {
+				return uuid.Nil, false
+			}
+			j++
+		}
+		if b[j] != digits[c>>4] || b[j+1] != digits[c&0xf] {
+			return uuid.Nil, false
+		}
+		j += 2
+	}
+	return id, true
+}
+
+// base64Len is the length of the padded standard base64 of n bytes.
+func base64Len(n int) int { return (n + 2) / 3 * 4 }
+
+// canonicalBase64 decodes src into dst (of len(src)/4*3 bytes) as
+// decodeBase64 would accept it: canonical standard base64 of exactly n
+// bytes.
+func canonicalBase64(dst, src []byte, n int) bool {
+	if len(src) != base64Len(n) || len(dst) != len(src)/4*3 {
+		return false
+	}
+	got, err := base64.StdEncoding.Decode(dst, src)
+	if err != nil || got != n {
+		return false
+	}
+	var enc [128]byte
+	if base64Len(n) > len(enc) {
+		return false
+	}
+	base64.StdEncoding.Encode(enc[:], dst[:n])
+	return bytes.Equal(enc[:base64Len(n)], src)
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
