@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Tx is a BMDB transaction, handed to the functions given to Transact and
@@ -138,6 +139,33 @@ func (t *Tx) AgentStarted(ctx context.Context, machine uuid.UUID) (time.Time, []
 	return at, key, nil
 }
 
+// AgentKeys reads the public keys of the agents of machines, in one
+// statement. Machines without a recorded agent are absent from the result.
+func (t *Tx) AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]byte, error) {
+	keys := make(map[uuid.UUID][]byte, len(machines))
+	if len(machines) == 0 {
+		return keys, nil
+	}
+	ids := make([]pgtype.UUID, len(machines)) // see RecordHeartbeats
+	for i, m := range machines {
+		ids[i] = pgtype.UUID{Bytes: m, Valid: true}
+	}
+	rows, err := t.tx.Query(ctx, qAgentKeysGet, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
+	}
+	var id pgtype.UUID
+	var key []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error {
+		keys[id.Bytes] = append([]byte(nil), key...)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
+	}
+	return keys, nil
+}
+
 // DeleteAgentTags removes the agent-started and heartbeat tags of machine,
 // which hands it back to AgentStart.
 func (t *Tx) DeleteAgentTags(ctx context.Context, machine uuid.UUID) error {
@@ -186,11 +214,13 @@ func (t *Tx) RecordHeartbeats(ctx context.Context, agents []AgentKey) (recorded,
 	if len(agents) == 0 {
 		return nil, nil, nil
 	}
-	machines := make([]uuid.UUID, len(agents))
+	// pgtype.UUID, not uuid.UUID: pgx encodes the latter through its
+	// driver.Valuer, as text, a reflection and a parse per element.
+	machines := make([]pgtype.UUID, len(agents))
 	keys := make([][]byte, len(agents))
 	stamps := make([]*time.Time, len(agents))
 	for i, a := range agents {
-		machines[i], keys[i] = a.Machine, a.PublicKey
+		machines[i], keys[i] = pgtype.UUID{Bytes: a.Machine, Valid: true}, a.PublicKey
 		if !a.Timestamp.IsZero() {
 			stamps[i] = &agents[i].Timestamp
 		}
@@ -199,13 +229,13 @@ func (t *Tx) RecordHeartbeats(ctx context.Context, agents []AgentKey) (recorded,
 	if err != nil {
 		return nil, nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
 	}
-	var id uuid.UUID
+	var id pgtype.UUID
 	var ok bool
 	_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
 		if ok {
-			recorded = append(recorded, id)
+			recorded = append(recorded, id.Bytes)
 		} else {
-			stale = append(stale, id)
+			stale = append(stale, id.Bytes)
 		}
 		return nil
 	})

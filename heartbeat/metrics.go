@@ -40,6 +40,7 @@ var Results = []string{
 // nothing.
 type Metrics struct {
 	heartbeats *prometheus.CounterVec
+	byResult   map[string]prometheus.Counter // the series of Results, resolved once
 }
 
 // NewMetrics creates the heartbeat metrics and registers them with reg.
@@ -52,8 +53,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Agent heartbeat requests received by this replica, by result: accepted, bad_request, bad_signature, unknown_machine, stale, replay, rate_limited, error.",
 		}, []string{"result"}),
 	}
+	m.byResult = make(map[string]prometheus.Counter, len(Results))
 	for _, r := range Results {
-		m.heartbeats.WithLabelValues(r)
+		m.byResult[r] = m.heartbeats.WithLabelValues(r)
 	}
 	reg.MustRegister(m.heartbeats)
 	return m
@@ -61,6 +63,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 func (m *Metrics) count(result string) {
 	if m != nil {
-		m.heartbeats.WithLabelValues(result).Inc()
+		m.byResult[result].Inc()
 	}
 }

@@ -23,6 +23,7 @@ type recorder struct {
 	db       *bmdb.DB
 	maxBatch int
 	timeout  time.Duration
+	linger   linger
 
 	mu      sync.Mutex
 	pending []*recordRequest
@@ -56,6 +57,9 @@ func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error)
 	req := &recordRequest{agent: agent, done: make(chan recordResult, 1)}
 	r.mu.Lock()
 	r.pending = append(r.pending, req)
+	if len(r.pending) >= lingerTarget(r.maxBatch) {
+		r.linger.filled()
+	}
 	lead := !r.busy
 	r.busy = true
 	r.mu.Unlock()
@@ -66,6 +70,9 @@ func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error)
 		if !res.lead {
 			return res.recorded, res.stale, res.err
 		}
+		// Handed the lead: heartbeats arrived while the last batch was
+		// written, so more are coming.
+		r.linger.wait(r.full)
 	}
 	// Leading: req is first in pending (pending is empty whenever the
 	// recorder is idle, and the lead goes to the oldest waiter), so the
@@ -73,6 +80,14 @@ func (r *recorder) record(agent bmdb.AgentKey) (recorded, stale bool, err error)
 	r.writeBatch()
 	res := <-req.done
 	return res.recorded, res.stale, res.err
+}
+
+// full reports whether the pending heartbeats make a batch worth writing
+// without waiting longer.
+func (r *recorder) full() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pending) >= lingerTarget(r.maxBatch)
 }
 
 // writeBatch writes the oldest pending heartbeats, delivers their results

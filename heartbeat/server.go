@@ -16,8 +16,9 @@
 //     strictly; then the timestamp window and the per-machine replay check
 //     run from memory.
 //  3. The agent's key comes from an in-memory cache, filled from the BMDB
-//     (at most Options.MaxKeyLookups lookups at once): a flood of forged
-//     heartbeats for a known machine costs no database work.
+//     in batches (see keyLoader; at most Options.MaxKeyLookups reads at
+//     once): a flood of forged heartbeats for a known machine costs no
+//     database work.
 //  4. Verified heartbeats are written in batches by one writer (see
 //     recorder), conditionally on the key still being the machine's agent
 //     key, so that the cache can never make a replaced agent's heartbeat
@@ -83,7 +84,10 @@ type Options struct {
 	// MaxKeyLookups bounds concurrent reads of agent keys from the BMDB
 	// (default 2), so that heartbeats for machines whose key is not cached
 	// (mostly forgeries, from many sources) cannot take the database's
-	// connections from everything else.
+	// connections from everything else. Each read fetches the keys of up to
+	// MaxBatch machines, those whose lookups waited for it: a cold cache
+	// under a large fleet's load costs a transaction per batch, not per
+	// heartbeat.
 	MaxKeyLookups int
 	// KeyCacheTTL is how long an agent key (and the machine's last
 	// timestamp) stays cached without use (default 10 min, at least
@@ -99,9 +103,20 @@ type Options struct {
 	// timestamp) (default 1<<20). Entries exist only for machines with a
 	// recorded agent, so the fleet size bounds it anyway.
 	MaxMachines int
-	// MaxBatch bounds the heartbeats written in one statement (default
-	// 500).
+	// MaxBatch bounds the heartbeats written in one statement, and the
+	// keys read in one (default 2000). One writer writes every batch, so
+	// this also bounds the endpoint's rate: MaxBatch per statement's
+	// duration (a batch of 2000 takes tens of milliseconds).
 	MaxBatch int
+	// BatchDelay is how long a batch (a write of heartbeats, a read of
+	// keys) that starts while requests keep arriving, right after the
+	// previous batch, waits to fill up to a quarter of MaxBatch (default
+	// 20 ms). An idle
+	// endpoint writes at once; under load, heartbeats wait up to this much
+	// longer, and the database sees one transaction per MaxBatch
+	// heartbeats or per BatchDelay, whichever comes first, instead of one
+	// per statement's duration. Negative: no wait.
+	BatchDelay time.Duration
 	// DBTimeout bounds each BMDB operation, including the wait for a
 	// lookup slot (default 5 s).
 	DBTimeout time.Duration
@@ -141,7 +156,10 @@ func (o Options) withDefaults() Options {
 		o.MaxMachines = 1 << 20
 	}
 	if o.MaxBatch <= 0 {
-		o.MaxBatch = 500
+		o.MaxBatch = 2000
+	}
+	if o.BatchDelay == 0 {
+		o.BatchDelay = 20 * time.Millisecond
 	}
 	if o.DBTimeout <= 0 {
 		o.DBTimeout = 5 * time.Second
@@ -155,7 +173,7 @@ type Server struct {
 	db       *bmdb.DB
 	opts     Options
 	limiters *sourceLimiters
-	lookups  chan struct{} // semaphore of key lookups
+	keys     *keyLoader
 	recorder *recorder
 	errLog   rateLimitedLog
 
@@ -179,8 +197,8 @@ func New(db *bmdb.DB, opts Options) *Server {
 		db:       db,
 		opts:     opts,
 		limiters: newSourceLimiters(opts.SourceRate, opts.SourceBurst, opts.MaxSources),
-		lookups:  make(chan struct{}, opts.MaxKeyLookups),
-		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout},
+		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
+		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
 		machines: make(map[uuid.UUID]*machineState),
 	}
 }
@@ -232,7 +250,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		w.Header().Set("Allow", http.MethodPost)
 		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, agentproto.MaxHeartbeatSize))
+	buf := bodyBuffers.Get().(*[]byte)
+	defer bodyBuffers.Put(buf)
+	body, err := readBody(http.MaxBytesReader(w, r.Body, agentproto.MaxHeartbeatSize), (*buf)[:0])
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -302,6 +322,31 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 	return ResultAccepted, http.StatusNoContent, ""
 }
 
+// bodyBuffers holds request body buffers: a heartbeat is decoded (and
+// copied out of its buffer) before the handler returns.
+var bodyBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 0, agentproto.MaxHeartbeatSize+1)
+	return &b
+}}
+
+// readBody reads r to its end into buf, which it grows only for bodies
+// larger than its capacity (MaxBytesReader stops those first).
+func readBody(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
 // refusal reports whether result refuses a request for what the client
 // sent (as opposed to accepting it, or failing on the server's side): what
 // a source's bucket is charged for.
@@ -358,18 +403,7 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DBTimeout)
 	defer cancel()
-	select {
-	case s.lookups <- struct{}{}:
-		defer func() { <-s.lookups }()
-	case <-ctx.Done():
-		return nil, false, fmt.Errorf("waiting for a key lookup slot: %w", ctx.Err())
-	}
-	var key []byte
-	err := s.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		_, key, err = tx.AgentStarted(ctx, machine)
-		return err
-	})
+	key, err := s.keys.load(ctx, machine)
 	if err != nil {
 		if errors.Is(err, bmdb.ErrNotFound) {
 			s.forgetKey(machine)

@@ -16,6 +16,9 @@
 //     with 1 and 64 workers, one and two processes;
 //   - reaction: time from a machine becoming eligible (its agent tag
 //     deleted; its backoff expiring) to the process running on it;
+//   - heartbeat: signed heartbeats of simulated agents (1M identities) over
+//     loopback HTTP to the real heartbeat endpoint, against the same run's
+//     bare ed25519 verification rate;
 //   - memory: peak RSS of a child process running two processes of 64
 //     workers each under load;
 //
@@ -50,7 +53,7 @@ import (
 // childEnv marks a child process started for the memory scenario.
 const childEnv = "SHEPHERD_BENCH_CHILD"
 
-var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "heartbeat_db", "memory"}
+var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "heartbeat_db", "heartbeat", "memory"}
 
 type options struct {
 	dsn  string
@@ -71,6 +74,13 @@ type options struct {
 	idleMachines     int
 	reactionEvents   int
 	memoryWorkers    int
+
+	heartbeatAgents  int
+	heartbeatSeconds float64
+	heartbeatClients int
+	heartbeatProfile string
+	heartbeatSender  string // internal: run as the heartbeat scenario's sender, to this address
+	heartbeatBodies  string // internal: the sender's file of request bodies
 
 	clients       int
 	pgbenchScale  int
@@ -115,6 +125,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.idleMachines, "idle_machines", 10000, "machines (none eligible) in the idle and reaction scenarios")
 	fs.IntVar(&o.reactionEvents, "reaction_events", 30, "events of each kind in the reaction scenario")
 	fs.IntVar(&o.memoryWorkers, "memory_workers", 64, "workers per process in the memory scenario")
+	fs.IntVar(&o.heartbeatAgents, "heartbeat_agents", 1000000, "agent identities (machines with an agent key) of the heartbeat scenario")
+	fs.Float64Var(&o.heartbeatSeconds, "heartbeat_seconds", 20, "sending time of the heartbeat scenario, in seconds")
+	fs.IntVar(&o.heartbeatClients, "heartbeat_clients", 1000, "concurrent senders (keep-alive connections) of the heartbeat scenario")
+	fs.StringVar(&o.heartbeatProfile, "heartbeat_cpuprofile", "", "write a CPU profile of the heartbeat scenario's sending time to this file")
+	fs.StringVar(&o.heartbeatSender, "heartbeat_sender", "", "internal: run as the heartbeat scenario's sender process, to this address")
+	fs.StringVar(&o.heartbeatBodies, "heartbeat_bodies", "", "internal: the heartbeat sender's file of request bodies")
 	fs.IntVar(&o.clients, "clients", 16, "clients of the pgbench and seeds runs")
 	fs.IntVar(&o.pgbenchScale, "pgbench_scale", 10, "pgbench -i scale factor")
 	fs.IntVar(&o.seedsMachines, "seeds_machines", 100000, "machines of the seeds' algorithm run")
@@ -162,6 +178,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-seconds and -idle_seconds must be positive")
 	case o.claims < 1 || o.idleClaims < 0 || o.reactionEvents < 1 || o.memoryWorkers < 1 || o.clients < 1:
 		return nil, errors.New("-claims, -reaction_events, -memory_workers and -clients must be at least 1, -idle_claims at least 0")
+	case o.heartbeatAgents < 1 || o.heartbeatClients < 1 || o.heartbeatSeconds <= 0:
+		return nil, errors.New("-heartbeat_agents and -heartbeat_clients must be at least 1, -heartbeat_seconds positive")
+	case o.heartbeatClients >= o.heartbeatAgents:
+		// Heartbeats in flight at once are then of distinct agents: two of
+		// one agent could overtake each other, and the older be a replay.
+		return nil, errors.New("-heartbeat_clients must be less than -heartbeat_agents")
 	case o.idleMachines < 1 || o.seedsMachines < 1 || o.pgbenchScale < 1:
 		return nil, errors.New("-idle_machines, -seeds_machines and -pgbench_scale must be at least 1")
 	case o.memoryChild && o.dsn == "":
@@ -243,6 +265,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.memoryChild {
 		return memoryChild(ctx, o, out)
 	}
+	if o.heartbeatSender != "" {
+		return heartbeatSender(ctx, o, out)
+	}
 	if o.plotFrom != "" {
 		return replot(o)
 	}
@@ -271,6 +296,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"idle", b.idle},
 		{"reaction", b.reaction},
 		{"heartbeat_db", b.heartbeatDB},
+		{"heartbeat", b.heartbeat},
 		{"memory", b.memory},
 	}
 	for _, s := range steps {
@@ -310,6 +336,7 @@ type bench struct {
 	idleRuns      []idleResult
 	reactions     []reactionResult
 	peakRSSMiB    float64
+	hb            []heartbeatResult
 }
 
 type envLine struct {

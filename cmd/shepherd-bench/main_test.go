@@ -42,7 +42,8 @@ func TestSmoke(t *testing.T) {
 		"-machines", "200", "-workers", "1,16", "-seconds", "1",
 		"-sourcing_machines", "200,400", "-claims", "10", "-idle_claims", "2",
 		"-idle_seconds", "1", "-idle_machines", "200", "-reaction_events", "1",
-		"-memory_workers", "4", "-clients", "2", "-pgbench_scale", "1", "-seeds_machines", "200",
+		"-memory_workers", "4", "-clients", "2",
+		"-heartbeat_agents", "200", "-heartbeat_seconds", "1", "-heartbeat_clients", "4", "-pgbench_scale", "1", "-seeds_machines", "200",
 		"-seeds_bench_dir", seedsDir, "-out_dir", filepath.Join(dir, "out"),
 		"-plot", filepath.Join(dir, "out", "throughput.png"),
 	}
@@ -115,7 +116,8 @@ func TestSmoke(t *testing.T) {
 	for _, l := range want("target", len(byScenario["target"]), "target", "value", "limit", "pass") {
 		targets[l["target"].(string)] = true
 	}
-	for _, name := range []string{"claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"} {
+	want("heartbeat", 1, "accepted_per_s", "p99_ms", "db_xacts_per_100_heartbeats", "verify_ceiling_per_s", "accepted_vs_verify_ceiling")
+	for _, name := range []string{"heartbeat_vs_verify_ceiling", "heartbeat_db_xacts_per_100", "claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"} {
 		if !targets[name] {
 			t.Errorf("no target line %s", name)
 		}
@@ -128,6 +130,72 @@ func TestSmoke(t *testing.T) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Errorf("plot: %v", err)
+	}
+}
+
+// TestHeartbeatScenario runs the heartbeat scenario alone with tiny
+// numbers: every heartbeat sent is accepted and recorded, and the figures
+// are there. It checks no figure against a target.
+func TestHeartbeatScenario(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server")
+	}
+	dir := t.TempDir()
+	args := []string{"-scenarios", "heartbeat", "-heartbeat_agents", "300", "-heartbeat_seconds", "1",
+		"-heartbeat_clients", "8", "-out_dir", filepath.Join(dir, "out")}
+	if dsn := os.Getenv("SHEPHERD_TEST_DSN"); dsn != "" {
+		args = append(args, "-dsn", dsn)
+	} else {
+		args = append(args, "-fast", "-dir", filepath.Join(dir, "pg"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	var hb map[string]any
+	targets := 0
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("output line is not a JSON object: %q: %v", sc.Text(), err)
+		}
+		switch line["scenario"] {
+		case "heartbeat":
+			hb = line
+		case "target":
+			if strings.HasPrefix(line["target"].(string), "heartbeat_") {
+				targets++
+			}
+		}
+	}
+	if hb == nil {
+		t.Fatalf("no heartbeat line in\n%s", stdout.String())
+	}
+	num := func(k string) float64 {
+		v, ok := hb[k].(float64)
+		if !ok {
+			t.Fatalf("heartbeat line lacks %q: %v", k, hb)
+		}
+		return v
+	}
+	sent, accepted := num("sent"), num("accepted")
+	if accepted <= 0 || accepted != sent {
+		t.Errorf("%g of %g heartbeats accepted (refused: %v)", accepted, sent, hb["refused"])
+	}
+	if rows := num("db_rows_timestamped"); rows != min(accepted, 300) {
+		t.Errorf("%g heartbeat rows with a signed timestamp, want %g", rows, min(accepted, 300))
+	}
+	for _, k := range []string{"accepted_per_s", "p50_ms", "p99_ms", "db_xacts_per_s", "db_xacts_per_100_heartbeats",
+		"verify_ceiling_per_s", "accepted_vs_verify_ceiling", "endpoint_cpu_us_per_heartbeat"} {
+		if num(k) <= 0 {
+			t.Errorf("%s = %g, want > 0", k, num(k))
+		}
+	}
+	if targets != 2 {
+		t.Errorf("%d heartbeat target lines, want 2", targets)
 	}
 }
 
@@ -198,6 +266,7 @@ func TestFlags(t *testing.T) {
 		{"-seconds", "0"},
 		{"-memory_child"},
 		{"-plot_from", "x.jsonl"},
+		{"-heartbeat_agents", "10", "-heartbeat_clients", "10"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
