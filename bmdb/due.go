@@ -123,6 +123,9 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 	var reg Registration
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		reg = Registration{}
+		if _, err := tx.tx.Exec(ctx, qRegistryLock, process.Name); err != nil {
+			return err
+		}
 		watches, err := conditionTables(ctx, tx.tx, candidates)
 		if err != nil {
 			return err

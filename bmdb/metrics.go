@@ -12,6 +12,7 @@ type Metrics struct {
 	sessionsReaped  prometheus.Counter
 	leasesReaped    prometheus.Counter
 	historyPruned   prometheus.Counter
+	endsPerCommit   prometheus.Histogram
 	ha              *haMetrics
 }
 
@@ -46,11 +47,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "shepherd_bmdb_history_pruned_total",
 			Help: "work_history events older than the retention deleted by this process.",
 		}),
+		endsPerCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "shepherd_bmdb_lease_ends_per_transaction",
+			Help:    "Lease ends (finish, reschedule, fail, cancel) carried by one transaction: a session's concurrent ends share a commit.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
 	}
 	for _, r := range TransactionResults {
 		m.transactions.WithLabelValues(r)
 	}
-	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned)
+	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned, m.endsPerCommit)
 	m.ha = newHAMetrics(reg)
 	return m
 }
@@ -67,6 +73,12 @@ func (m *Metrics) InitComponent(component string) {
 func (m *Metrics) transaction(result string) {
 	if m != nil {
 		m.transactions.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) endsCommitted(n int) {
+	if m != nil {
+		m.endsPerCommit.Observe(float64(n))
 	}
 }
 

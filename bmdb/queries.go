@@ -21,6 +21,13 @@ WHERE session_id = $1 AND session_deadline > now()`
 
 	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
 
+	// qEndSavepoint, qEndRelease and qEndRollback keep each lease end of a
+	// shared transaction (group commit, endbatch.go) apart: one that fails
+	// is rolled back alone.
+	qEndSavepoint = `SAVEPOINT lease_end`
+	qEndRelease   = `RELEASE SAVEPOINT lease_end`
+	qEndRollback  = `ROLLBACK TO SAVEPOINT lease_end`
+
 	// qSessionsExpiredLock picks expired sessions for reaping. SKIP LOCKED lets
 	// every replica reap at once without waiting on each other.
 	qSessionsExpiredLock = `

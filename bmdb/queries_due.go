@@ -90,6 +90,9 @@ SELECT c.machine_id, l.machine_id IS NOT NULL FROM chosen c LEFT JOIN leased l U
 	// rebuildDueTemplate recomputes a process's due rows from its
 	// condition over the whole fleet: when a process is first registered,
 	// or its condition or parameters changed. O(fleet), once per change.
+	// Rows are written in machine order, the order in which a batch of
+	// lease ends (endbatch.go) takes them, so that the two do not
+	// deadlock.
 	rebuildDueTemplate = `
 WITH cleared AS (
     DELETE FROM work_due WHERE process = @process
@@ -99,6 +102,7 @@ SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due
 FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
       FROM machines m) f
 WHERE f.wanted OR f.due_at IS NOT NULL
+ORDER BY f.machine_id
 ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
 
 	// refillDueTemplate is rebuildDueTemplate's second pass: the same rows
@@ -109,6 +113,7 @@ SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due
 FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
       FROM machines m) f
 WHERE f.wanted OR f.due_at IS NOT NULL
+ORDER BY f.machine_id
 ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
 
 	// reconcileDueTemplate checks one chunk of the fleet (@chunk machines
@@ -127,7 +132,7 @@ WITH chunk AS (
                       WHERE d.process = @process AND d.machine_id = m.machine_id AND d.due_at <= now())
 ), marked AS (
     INSERT INTO work_due AS d (process, machine_id, due_at)
-    SELECT @process, machine_id, now() FROM missing
+    SELECT @process, machine_id, now() FROM missing ORDER BY machine_id
     ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(d.due_at, excluded.due_at)
 )
 SELECT (SELECT machine_id FROM chunk ORDER BY machine_id DESC LIMIT 1), (SELECT count(*) FROM missing)`
@@ -144,6 +149,13 @@ SELECT
    WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
+
+	// qRegistryLock serializes the registrations of one process: replicas
+	// that start at once would otherwise all find no row (FOR UPDATE
+	// locks none), and all rebuild the process's due rows over the fleet.
+	// The lock is the transaction's, so it works through a transaction
+	// pooler too.
+	qRegistryLock = `SELECT pg_advisory_xact_lock(hashtext('shepherd.process_registry'), hashtext($1))`
 
 	// qRegistryGet reads a process's registration, locking it so that
 	// replicas registering at once rebuild one after the other.

@@ -81,6 +81,9 @@ type Session struct {
 	stop        chan struct{}
 	stopOnce    sync.Once
 	stopped     chan struct{}
+
+	// ends group-commits the ends of the session's concurrent leases.
+	ends endBatcher
 }
 
 // StartSession creates a session and starts its heartbeat. ctx bounds only

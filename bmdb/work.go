@@ -202,16 +202,17 @@ const (
 // Session is the session that holds the lease.
 func (w *Work) Session() *Session { return w.s }
 
-// end runs the transaction that ends the lease, at most once successfully:
+// end runs the transaction that ends the lease, at most once successfully
+// (commit: fn runs process code, see endRequest.isolate):
 // a failed attempt (database unreachable, commit function error) leaves the
 // work open, so that the caller can still Fail or Cancel it.
-func (w *Work) end(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+func (w *Work) end(ctx context.Context, commit bool, fn func(ctx context.Context, tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.done {
 		return ErrWorkDone
 	}
-	err := w.s.Transact(retryUnstarted(ctx), fn)
+	err := w.s.end(retryUnstarted(ctx), w.Machine, commit, fn)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
 		// Ended, by us or by the lease's loss: nothing more can be done.
 		w.done = true
@@ -224,7 +225,7 @@ func (w *Work) end(ctx context.Context, fn func(ctx context.Context, tx *Tx) err
 // records Finished, and runs fn to record the outcome (tags). If the lease is
 // no longer held, or fn fails, nothing is committed.
 func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
 		var id int64
 		err := tx.tx.QueryRow(ctx, qWorkFinish, w.Machine, w.Process.Name, w.s.id).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -251,7 +252,7 @@ func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) 
 // Finish does).
 func (w *Work) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
 	seconds := max(after.Seconds(), 1)
-	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
 		var id int64
 		err := tx.tx.QueryRow(ctx, qWorkReschedule, w.Machine, w.Process.Name, w.s.id, seconds).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -278,7 +279,7 @@ func (w *Work) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *
 // held, nothing is committed.
 func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
 	cause = cleanCause(cause)
-	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
 		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
 			return err
 		}
@@ -301,7 +302,7 @@ func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
 // Cancel ends the lease without an outcome: it records Canceled and keeps any
 // backoff, so the machine is eligible again as soon as its backoff allows.
 func (w *Work) Cancel(ctx context.Context) error {
-	err := w.end(ctx, func(ctx context.Context, tx *Tx) error {
+	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
 		return endLease(ctx, tx, w, EventCanceled, "")
 	})
 	if err != nil {

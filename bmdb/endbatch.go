@@ -1,0 +1,283 @@
+package bmdb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Group commit of lease ends.
+//
+// A worker's cycle costs a claim and an end (Finish, Reschedule, Fail or
+// Cancel), each its own transaction: with many workers the server's commit
+// rate, not its CPU, caps the fleet's throughput. The ends of one session's
+// concurrent workers are therefore committed together: while one end's
+// transaction is in flight, the ends that arrive wait, and the next
+// transaction carries all of them. An end that finds nothing in flight
+// starts at once, so a quiet process pays no delay.
+//
+// Each end in a shared transaction runs under a savepoint and keeps its own
+// fence: the statement that deletes its lease names its session, and a lease
+// that is gone makes that end, and only it, fail with ErrLeaseLost. An end
+// whose function fails is rolled back to its savepoint and reports its own
+// error; the others commit. An end that meets a serialization failure or a
+// deadlock, or a transaction that cannot start (a connection lost to a
+// failover), is run again on its own through the ordinary path with its
+// retries, so that batching changes no failure's handling.
+
+// errRunAlone tells a batched end to run in a transaction of its own.
+var errRunAlone = errors.New("bmdb: run this lease end in its own transaction")
+
+// endRequest is one lease end waiting for, or carried by, a shared
+// transaction.
+type endRequest struct {
+	machine uuid.UUID
+	ctx     context.Context
+	fn      func(ctx context.Context, tx *Tx) error
+	// isolate runs fn under a savepoint: it holds process code (a commit
+	// function), whose failure must not abort the others' ends. The
+	// framework's own statements fail only with the transaction (or find
+	// the lease gone, which aborts nothing), so they run without one.
+	isolate bool
+	// result receives the end's outcome, or lead: the request's caller
+	// must carry the pending ends (its own among them) in the next
+	// transaction.
+	result chan endOutcome
+}
+
+type endOutcome struct {
+	err  error
+	lead bool
+}
+
+// endBatcher queues one session's lease ends. Its zero value is ready.
+type endBatcher struct {
+	mu      sync.Mutex
+	pending []*endRequest
+	// running is set while a caller carries a batch: ends that arrive then
+	// queue for the next one.
+	running bool
+}
+
+// end runs fn, the body of the end of a lease on machine, in a transaction of the session,
+// shared with the session's concurrent ends when there are any.
+func (s *Session) end(ctx context.Context, machine uuid.UUID, isolate bool, fn func(ctx context.Context, tx *Tx) error) error {
+	b := &s.ends
+	req := &endRequest{machine: machine, ctx: ctx, fn: fn, isolate: isolate, result: make(chan endOutcome, 1)}
+	b.mu.Lock()
+	b.pending = append(b.pending, req)
+	lead := !b.running
+	b.running = true
+	b.mu.Unlock()
+	for {
+		if lead {
+			s.carry(b)
+		}
+		var out endOutcome
+		select {
+		case out = <-req.result:
+		case <-ctx.Done():
+			if b.withdraw(req) {
+				// Handed the lead just before: pass it on.
+				select {
+				case out = <-req.result:
+					b.handOff()
+				default:
+				}
+				return fmt.Errorf("waiting to end the lease: %w", ctx.Err())
+			}
+			// A batch holds the request: its outcome follows.
+			out = <-req.result
+		}
+		switch {
+		case out.lead:
+			lead = true
+		case errors.Is(out.err, errRunAlone):
+			return s.Transact(ctx, fn)
+		default:
+			return out.err
+		}
+	}
+}
+
+// withdraw removes req from the queue, reporting whether it was still
+// there (no batch carries it).
+func (b *endBatcher) withdraw(req *endRequest) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, r := range b.pending {
+		if r == req {
+			b.pending = append(b.pending[:i], b.pending[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// carry commits the pending ends as one batch, then hands the lead on.
+func (s *Session) carry(b *endBatcher) {
+	b.mu.Lock()
+	batch := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	s.commitEnds(batch)
+	b.handOff()
+}
+
+// handOff gives the lead to the oldest end that arrived while a batch was
+// carried, or ends the run when none did.
+func (b *endBatcher) handOff() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.pending) == 0 {
+		b.running = false
+		return
+	}
+	b.pending[0].result <- endOutcome{lead: true}
+}
+
+// commitEnds runs batch in one transaction and tells each request its
+// outcome. A batch of one runs as any session transaction does, retries
+// included; it still holds the lead meanwhile, so that the ends arriving
+// during it wait and share the next transaction.
+func (s *Session) commitEnds(batch []*endRequest) {
+	if len(batch) == 0 {
+		return
+	}
+	s.db.metrics.endsCommitted(len(batch))
+	if len(batch) == 1 {
+		req := batch[0]
+		req.result <- endOutcome{err: s.Transact(req.ctx, req.fn)}
+		return
+	}
+	// Ends in machine order: two transactions that lock rows of the same
+	// machines (due rows of another exclusion group's lease ends, tags
+	// written by commit functions) then take them in the same order, and
+	// a registration's rebuild takes due rows in that order too.
+	slices.SortFunc(batch, func(a, b *endRequest) int { return bytes.Compare(a.machine[:], b.machine[:]) })
+	errs, err := s.db.transactEnds(s, batch)
+	for i, req := range batch {
+		if err != nil {
+			req.result <- endOutcome{err: err}
+		} else {
+			req.result <- endOutcome{err: errs[i]}
+		}
+	}
+}
+
+// transactEnds runs the ends of batch in one transaction of s, each under a
+// savepoint. It returns each end's own outcome, or an error that is every
+// end's: errRunAlone when nothing was committed and each may run again
+// alone, ErrSessionExpired, or a failed commit (outcome unknown, as for a
+// single transaction's commit).
+func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
+	if s.expired() {
+		return nil, ErrSessionExpired
+	}
+	// The transaction serves callers whose contexts differ: none of them
+	// may cancel a statement of the others' (pgx closes a connection whose
+	// query is cancelled), so statements run under a context of their own,
+	// bounded as a commit is.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), commitTimeout)
+	defer cancel()
+	tx, err := db.pool.BeginTx(ctx, db.begin)
+	if err != nil {
+		return nil, errRunAlone
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var one int
+	err = tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		s.markExpired()
+		db.txResult("session_expired")
+		return nil, ErrSessionExpired
+	}
+	if err != nil {
+		return nil, errRunAlone
+	}
+	errs := make([]error, len(batch))
+	committing := 0
+	for i, req := range batch {
+		if err := req.ctx.Err(); err != nil {
+			errs[i] = fmt.Errorf("waiting to end the lease: %w", err)
+			continue
+		}
+		if !req.isolate {
+			ferr := runEnd(ctx, req, tx)
+			switch {
+			case ferr == nil:
+				committing++
+			case errors.Is(ferr, ErrLeaseLost):
+				errs[i] = ferr
+			case isForeignKeyOn(ferr, "work_session_id_fkey"):
+				s.markExpired()
+				return nil, ErrSessionExpired
+			default:
+				// The transaction is aborted: nothing is committed,
+				// every end may run again on its own.
+				return nil, errRunAlone
+			}
+			continue
+		}
+		if _, err := tx.Exec(ctx, qEndSavepoint); err != nil {
+			return nil, errRunAlone
+		}
+		ferr := runEnd(ctx, req, tx)
+		if ferr == nil {
+			if _, err := tx.Exec(ctx, qEndRelease); err != nil {
+				ferr = fmt.Errorf("releasing the savepoint of a lease end: %w", err)
+			}
+		}
+		if ferr == nil {
+			committing++
+			continue
+		}
+		if isForeignKeyOn(ferr, "work_session_id_fkey") {
+			s.markExpired()
+			return nil, ErrSessionExpired
+		}
+		if _, err := tx.Exec(ctx, qEndRollback); err != nil {
+			// The transaction itself is broken: nothing is committed,
+			// every end may run again on its own.
+			return nil, errRunAlone
+		}
+		if isRetryable(ferr) {
+			ferr = errRunAlone
+		}
+		errs[i] = ferr
+	}
+	if committing == 0 {
+		return errs, nil
+	}
+	// A session lost while the ends ran commits nothing (see transactOnce).
+	if s.expired() {
+		return nil, ErrSessionExpired
+	}
+	if err := tx.Commit(ctx); err != nil {
+		db.metrics.transaction(failureKind(err))
+		db.txResult(failureKind(err))
+		return nil, fmt.Errorf("committing BMDB transaction: %w", err)
+	}
+	db.metrics.transaction("committed")
+	db.txResult("committed")
+	return errs, nil
+}
+
+// runEnd runs req's function on tx with req's context values (its logger,
+// say) but the batch's deadline: a caller's cancellation must not cancel a
+// statement of a transaction that others share.
+func runEnd(batchCtx context.Context, req *endRequest, tx pgx.Tx) error {
+	ctx := context.WithoutCancel(req.ctx)
+	if deadline, ok := batchCtx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	return req.fn(ctx, &Tx{tx: tx})
+}

@@ -1,0 +1,241 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+)
+
+// endsPerTransaction reads the histogram of lease ends per transaction:
+// how many transactions carried ends, and how many ends they carried.
+func endsPerTransaction(t *testing.T, reg *prometheus.Registry) (transactions uint64, ends float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "shepherd_bmdb_lease_ends_per_transaction" {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatal("no shepherd_bmdb_lease_ends_per_transaction")
+	return 0, 0
+}
+
+// batchBehindHeldEnd claims n+1 machines, starts a Finish of the first whose
+// commit function blocks until release is closed, and returns once ends
+// (started by the caller with the other n works) queue behind it.
+type heldEnd struct {
+	works      []*bmdb.Work
+	release    chan struct{}
+	releaseNow func()
+	done       chan error
+}
+
+func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
+	t.Helper()
+	e.addMachines(n + 1)
+	works, err := s.WorkBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
+	if err != nil || len(works) != n+1 {
+		t.Fatalf("WorkBatch: %d leases, %v", len(works), err)
+	}
+	h := &heldEnd{works: works, release: make(chan struct{}), done: make(chan error, 1)}
+	var releaseOnce sync.Once
+	h.releaseNow = func() { releaseOnce.Do(func() { close(h.release) }) }
+	// A test that fails before releasing must not leave the end (and the
+	// session's close) blocked.
+	t.Cleanup(h.releaseNow)
+	entered := make(chan struct{})
+	go func() {
+		h.done <- works[0].Finish(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+			close(entered)
+			<-h.release
+			return nil
+		})
+	}()
+	<-entered
+	return h
+}
+
+// The ends of one session's concurrent workers share a transaction: while
+// one end's transaction is open, the ends that arrive wait and then commit
+// together, each recorded as its own Finished or Failed.
+func TestConcurrentEndsShareATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+	s := e.session(bmdb.SessionConfig{})
+	const n = 6
+	h := holdFirstEnd(t, e, s, n)
+
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, w := range h.works[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				errs[i] = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+					return tx.SetAgentStarted(ctx, w.Machine, []byte("key"))
+				})
+			} else {
+				errs[i] = w.Fail(ctx, bmdb.Backoff{Initial: time.Minute}, "batched failure")
+			}
+		}()
+	}
+	waitFor(t, 10*time.Second, "the ends to queue behind the open one", func() (bool, error) {
+		return bmdb.PendingEnds(s) == n, nil
+	})
+	h.releaseNow()
+	if err := <-h.done; err != nil {
+		t.Fatalf("the first Finish: %v", err)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("end %d: %v", i, err)
+		}
+	}
+	if txs, ends := endsPerTransaction(t, reg); txs != 2 || ends != n+1 {
+		t.Errorf("lease ends per transaction: %d transactions carried %v ends, want 2 carrying %d (1, then %d together)", txs, ends, n+1, n)
+	}
+	for i, w := range h.works[1:] {
+		want := []string{bmdb.EventStarted, bmdb.EventFinished}
+		if i%2 == 1 {
+			want = []string{bmdb.EventStarted, bmdb.EventFailed}
+			if b := e.backoffOf(w.Machine, agentStart); b == nil {
+				t.Errorf("machine %s: no backoff after a batched Fail", w.Machine)
+			}
+		} else if !e.agentStarted(w.Machine) {
+			t.Errorf("machine %s: the batched Finish's tag is missing", w.Machine)
+		}
+		if got := events(e.history(w.Machine)); !slices.Equal(got, want) {
+			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
+		}
+	}
+	if n := e.leaseCount(agentStart); n != 0 {
+		t.Errorf("leases after every end: %d, want 0", n)
+	}
+}
+
+// In a shared transaction every end keeps its own fence and its own
+// outcome: a commit function that fails, or a lease lost behind the
+// worker's back (with or without a commit function), fails that end alone (its writes rolled back), while the
+// others commit; a queued end whose caller gives up leaves the batch and
+// its lease stays held.
+func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	h := holdFirstEnd(t, e, s, 5)
+	failing, lost, fine, impatient, lostPlain := h.works[1], h.works[2], h.works[3], h.works[4], h.works[5]
+	for _, w := range []*bmdb.Work{lost, lostPlain} {
+		if _, err := e.raw.Exec(ctx, `DELETE FROM work WHERE machine_id = $1`, w.Machine); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	boom := errors.New("boom")
+	results := make(chan error, 4)
+	go func() { results <- w(lostPlain.Cancel(ctx), "lostPlain") }()
+	go func() {
+		results <- w(failing.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			if err := tx.SetAgentStarted(ctx, failing.Machine, []byte("key")); err != nil {
+				return err
+			}
+			return boom
+		}), "failing")
+	}()
+	go func() {
+		results <- w(lost.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, lost.Machine, []byte("key"))
+		}), "lost")
+	}()
+	go func() {
+		results <- w(fine.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, fine.Machine, []byte("key"))
+		}), "fine")
+	}()
+	impatientCtx, giveUp := context.WithCancel(ctx)
+	impatientDone := make(chan error, 1)
+	go func() { impatientDone <- impatient.Cancel(impatientCtx) }()
+	waitFor(t, 10*time.Second, "five ends to queue", func() (bool, error) {
+		return bmdb.PendingEnds(s) == 5, nil
+	})
+	giveUp()
+	if err := <-impatientDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("Cancel whose caller gave up while queued: %v, want context.Canceled", err)
+	}
+	h.releaseNow()
+	if err := <-h.done; err != nil {
+		t.Fatalf("the first Finish: %v", err)
+	}
+	got := map[string]error{}
+	for range 4 {
+		err := <-results
+		var ne namedErr
+		errors.As(err, &ne)
+		got[ne.name] = ne.err
+	}
+	if !errors.Is(got["failing"], boom) {
+		t.Errorf("Finish whose commit function failed: %v, want boom", got["failing"])
+	}
+	if !errors.Is(got["lost"], bmdb.ErrLeaseLost) {
+		t.Errorf("Finish of a lost lease: %v, want ErrLeaseLost", got["lost"])
+	}
+	if !errors.Is(got["lostPlain"], bmdb.ErrLeaseLost) {
+		t.Errorf("Cancel of a lost lease: %v, want ErrLeaseLost", got["lostPlain"])
+	}
+	if got["fine"] != nil {
+		t.Errorf("Finish beside them: %v, want success", got["fine"])
+	}
+	if e.agentStarted(failing.Machine) || e.agentStarted(lost.Machine) {
+		t.Errorf("a failed end's tag was committed")
+	}
+	if !e.agentStarted(fine.Machine) {
+		t.Errorf("the successful end's tag is missing")
+	}
+	for w, want := range map[*bmdb.Work][]string{
+		failing:   {bmdb.EventStarted},
+		lost:      {bmdb.EventStarted},
+		fine:      {bmdb.EventStarted, bmdb.EventFinished},
+		impatient: {bmdb.EventStarted},
+		lostPlain: {bmdb.EventStarted},
+	} {
+		if got := events(e.history(w.Machine)); !slices.Equal(got, want) {
+			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
+		}
+	}
+	// The failed end and the withdrawn one still hold their leases and
+	// can end them.
+	if err := failing.Cancel(ctx); err != nil {
+		t.Errorf("Cancel after a failed Finish: %v", err)
+	}
+	if err := impatient.Cancel(ctx); err != nil {
+		t.Errorf("Cancel after a withdrawn Cancel: %v", err)
+	}
+	if n := e.leaseCount(agentStart); n != 0 {
+		t.Errorf("leases at the end: %d, want 0", n)
+	}
+}
+
+type namedErr struct {
+	name string
+	err  error
+}
+
+func (e namedErr) Error() string { return e.name + ": " + errors.Join(e.err).Error() }
+
+// w tags an end's error with the end's name (nil errors too).
+func w(err error, name string) error { return namedErr{name: name, err: err} }
