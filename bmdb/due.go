@@ -94,20 +94,6 @@ func (c Candidates) fingerprint(p Process) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// argsJSON renders the condition's parameters for the registry, readable
-// by an operator (durations as Go writes them).
-func (c Candidates) argsJSON() []byte {
-	out := make(map[string]string, len(c.args))
-	for k, v := range c.args {
-		out[k] = fmt.Sprint(v)
-	}
-	b, err := json.Marshal(out)
-	if err != nil { // a map of strings always marshals
-		return []byte("{}")
-	}
-	return b
-}
-
 // RegisterProcess records process and its condition in the BMDB, checks
 // that every table the condition reads is watched, and (re)builds the
 // process's due rows when the condition or its parameters are new. A

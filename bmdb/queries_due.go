@@ -172,6 +172,28 @@ SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
     fingerprint = excluded.fingerprint, registered_by = excluded.registered_by,
     registered_at = excluded.registered_at`
 
+	// qRegistryCondition reads the condition a process was last
+	// registered with, for the CLI and the status page.
+	qRegistryCondition = `
+SELECT condition_name, condition_sql, due_sql, condition_args, fingerprint, registered_by, registered_at
+FROM process_registry WHERE process = $1`
+
+	// qRegistrantUpsert records a live session's view of its process's
+	// condition (migration 0012).
+	qRegistrantUpsert = `
+INSERT INTO process_registrants (process, session_id, fingerprint, condition_args)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (process, session_id) DO UPDATE
+SET fingerprint = excluded.fingerprint, condition_args = excluded.condition_args, registered_at = now()`
+
+	// qRegistrants lists the live sessions' views of a process's
+	// condition, with who runs them.
+	qRegistrants = `
+SELECT r.session_id, s.session_runtime_info, r.fingerprint, r.condition_args, r.registered_at
+FROM process_registrants r JOIN sessions s USING (session_id)
+WHERE r.process = $1 AND s.session_deadline > now()
+ORDER BY r.registered_at`
+
 	// qWatchedTables lists the tables that carry shepherd_watch's
 	// triggers, and for which events.
 	qWatchedTables = `

@@ -314,6 +314,11 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	r.session.Store(s)
 	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(1)
 	klog.Infof("%s: holding BMDB session %s", r.info.Label, s.ID())
+	// Tools compare the replicas' conditions through these rows; a
+	// failure costs only that comparison, so work goes on.
+	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates); err != nil {
+		klog.Warningf("%s: %v", r.info.Label, err)
+	}
 	return s, nil
 }
 

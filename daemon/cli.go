@@ -127,10 +127,17 @@ func isCLICommand(name string) bool {
 
 // cli is one operator command's run.
 type cli struct {
-	db   *bmdb.DB
-	out  io.Writer
-	json bool
-	opts cliOptions
+	db *bmdb.DB
+	// out gets the command's output; errOut notes about it (which
+	// condition decided eligibility), which scripts reading out skip.
+	out    io.Writer
+	errOut io.Writer
+	json   bool
+	opts   cliOptions
+	// givenProcessFlags are the process flags on the command line
+	// (-recovery_heartbeat_timeout): eligibility then follows them
+	// instead of the condition the running daemons recorded.
+	givenProcessFlags []string
 	// known are the binary's registered processes.
 	known []cliProcess
 }
@@ -151,12 +158,20 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	// Eligibility (machines) depends on the processes' flags, such as
 	// Recovery's timeouts.
 	withProcessFlags := name == "machines"
+	processFlags := map[string]bool{}
 	if withProcessFlags {
+		before := map[string]bool{}
+		fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
 		for _, p := range d.processes {
 			if p.Flags != nil {
 				p.Flags(fs)
 			}
 		}
+		fs.VisitAll(func(f *flag.Flag) {
+			if !before[f.Name] {
+				processFlags[f.Name] = true
+			}
+		})
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
@@ -241,7 +256,12 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(err)
 	}
-	c := &cli{db: db, out: stdout, json: *output == "json", opts: opts, known: known}
+	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known}
+	fs.Visit(func(f *flag.Flag) {
+		if processFlags[f.Name] {
+			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
+		}
+	})
 	err = cmd.run(c, ctx, positional)
 	var usage usageError
 	switch {
@@ -395,13 +415,18 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
+		if c.opts.state == "" || c.opts.state == bmdb.StateEligible {
+			if p, err = c.withRecordedCondition(ctx, p); err != nil {
+				return err
+			}
+		}
 		if c.opts.state == bmdb.StateEligible && p.candidates == nil {
-			return usagef("-state eligible: this binary does not know what makes a machine eligible for %s", p.process.Name)
+			return usagef("-state eligible: neither this binary nor the BMDB's registry knows what makes a machine eligible for %s", p.process.Name)
 		}
 		procs = []cliProcess{p}
 	} else {
 		// This binary's processes, and any other the BMDB has seen.
-		procs = c.knownProcesses()
+		procs = slices.Clone(c.knownProcesses())
 		names, err := c.db.KnownProcesses(ctx)
 		if err != nil {
 			return err
@@ -409,6 +434,13 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		for _, name := range names {
 			if !slices.ContainsFunc(procs, func(p cliProcess) bool { return p.process.Name == name }) {
 				procs = append(procs, cliProcess{process: bmdb.Process{Name: name}})
+			}
+		}
+		if slices.Contains(states, bmdb.StateEligible) {
+			for i := range procs {
+				if procs[i], err = c.withRecordedCondition(ctx, procs[i]); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -36,8 +36,13 @@ func (c *cli) fleet(ctx context.Context) error {
 	for i, m := range machines {
 		ids[i] = m.Machine
 	}
-	procs := c.knownProcesses()
+	procs := slices.Clone(c.knownProcesses())
 	eligible := make(map[string]map[uuid.UUID]bool, len(procs))
+	for i := range procs {
+		if procs[i], err = c.withRecordedCondition(ctx, procs[i]); err != nil {
+			return err
+		}
+	}
 	for _, p := range procs {
 		if p.candidates == nil {
 			continue

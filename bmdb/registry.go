@@ -1,0 +1,219 @@
+package bmdb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// registryArg is one condition parameter as the registry stores it: its
+// type, so that the CLI and the status page rebuild the very value the
+// daemons bind, and its text, readable by an operator (durations as Go
+// writes them).
+type registryArg struct {
+	Type  string `json:"type"`
+	Value string `json:"value"`
+}
+
+// argsJSON renders the condition's parameters for the registry.
+func (c Candidates) argsJSON() []byte {
+	out := make(map[string]registryArg, len(c.args))
+	for k, v := range c.args {
+		out[k] = encodeArg(v)
+	}
+	b, err := json.Marshal(out)
+	if err != nil { // a map of strings always marshals
+		return []byte("{}")
+	}
+	return b
+}
+
+func encodeArg(v any) registryArg {
+	switch v := v.(type) {
+	case time.Duration:
+		return registryArg{"duration", v.String()}
+	case string:
+		return registryArg{"string", v}
+	case bool:
+		return registryArg{"bool", strconv.FormatBool(v)}
+	case int:
+		return registryArg{"int", strconv.Itoa(v)}
+	case int32:
+		return registryArg{"int", strconv.FormatInt(int64(v), 10)}
+	case int64:
+		return registryArg{"int", strconv.FormatInt(v, 10)}
+	case float64:
+		return registryArg{"float", strconv.FormatFloat(v, 'g', -1, 64)}
+	case time.Time:
+		return registryArg{"time", v.UTC().Format(time.RFC3339Nano)}
+	default:
+		return registryArg{fmt.Sprintf("%T", v), fmt.Sprint(v)}
+	}
+}
+
+func decodeArg(a registryArg) (any, error) {
+	switch a.Type {
+	case "duration":
+		return time.ParseDuration(a.Value)
+	case "string":
+		return a.Value, nil
+	case "bool":
+		return strconv.ParseBool(a.Value)
+	case "int":
+		return strconv.ParseInt(a.Value, 10, 64)
+	case "float":
+		return strconv.ParseFloat(a.Value, 64)
+	case "time":
+		return time.Parse(time.RFC3339Nano, a.Value)
+	default:
+		return nil, fmt.Errorf("a value of Go type %s, which the registry records as text only", a.Type)
+	}
+}
+
+// decodeArgs reads the registry's parameters; a parameter of a type it
+// cannot carry makes the condition unusable, said by the error.
+func decodeArgs(raw []byte) (pgx.NamedArgs, map[string]string, error) {
+	var stored map[string]registryArg
+	if err := json.Unmarshal(raw, &stored); err != nil {
+		return nil, nil, fmt.Errorf("reading the recorded parameters: %w", err)
+	}
+	args := make(pgx.NamedArgs, len(stored))
+	text := make(map[string]string, len(stored))
+	for k, a := range stored {
+		text[k] = a.Value
+		v, err := decodeArg(a)
+		if err != nil {
+			return nil, text, fmt.Errorf("parameter @%s: %w", k, err)
+		}
+		args[k] = v
+	}
+	return args, text, nil
+}
+
+// ErrNotRegistered is returned for a process no runner has registered in
+// the BMDB: there is no recorded condition to evaluate.
+var ErrNotRegistered = errors.New("process not registered in the BMDB (no runner of it has started against this database)")
+
+// RegisteredCondition is a process's condition as the BMDB recorded it,
+// and what the live replicas running it say.
+type RegisteredCondition struct {
+	// Candidates evaluates the recorded condition with its recorded
+	// parameters: what the process's due rows were built from.
+	Candidates Candidates
+	// Args are the recorded parameters as text, for operators.
+	Args map[string]string
+	// By and At say which runner registered it last, and when.
+	By string
+	At time.Time
+	// Fingerprint identifies the condition with its parameters.
+	Fingerprint string
+	// Registrants are the live sessions running the process, each with
+	// its own parameters; Disagree is set when they are not all the
+	// recorded condition.
+	Registrants []Registrant
+	Disagree    bool
+}
+
+// Registrant is one live session's view of a process's condition.
+type Registrant struct {
+	Session      uuid.UUID
+	RuntimeInfo  string
+	Fingerprint  string
+	Args         map[string]string
+	RegisteredAt time.Time
+}
+
+// ArgsText renders recorded parameters as name=value pairs, sorted.
+func ArgsText(args map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(args)) {
+		parts = append(parts, k+"="+args[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// RegisteredCondition reads the condition process was last registered
+// with, and its live registrants. Tools use it so that they evaluate what
+// the running daemons evaluate, not their own defaults. It fails with
+// ErrNotRegistered when no runner has registered the process, and with a
+// descriptive error when a recorded parameter has a type the registry
+// cannot carry.
+func (db *DB) RegisteredCondition(ctx context.Context, process Process) (RegisteredCondition, error) {
+	var (
+		rc              RegisteredCondition
+		name, cond, due string
+		rawArgs         []byte
+		registrants     []Registrant
+	)
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		registrants = registrants[:0]
+		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&name, &cond, &due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotRegistered
+		}
+		if err != nil {
+			return err
+		}
+		rows, err := tx.tx.Query(ctx, qRegistrants, process.Name)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var r Registrant
+			var raw []byte
+			if err := rows.Scan(&r.Session, &r.RuntimeInfo, &r.Fingerprint, &raw, &r.RegisteredAt); err != nil {
+				rows.Close()
+				return err
+			}
+			_, r.Args, _ = decodeArgs(raw)
+			registrants = append(registrants, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return RegisteredCondition{}, fmt.Errorf("reading the registered condition of %s: %w", process.Name, err)
+	}
+	rc.Registrants = registrants
+	for _, r := range registrants {
+		if r.Fingerprint != rc.Fingerprint {
+			rc.Disagree = true
+		}
+	}
+	args, text, err := decodeArgs(rawArgs)
+	rc.Args = text
+	if err != nil {
+		return rc, fmt.Errorf("the registered condition of %s (%s): %w", process.Name, name, err)
+	}
+	if due == noDue {
+		due = ""
+	}
+	c, err := NewCandidates(Condition{Name: name, SQL: cond, Due: due, Args: args})
+	if err != nil {
+		return rc, fmt.Errorf("the registered condition of %s: %w", process.Name, err)
+	}
+	rc.Candidates = c
+	return rc, nil
+}
+
+// RecordCandidates records the session's view of process's condition, so
+// that tools can tell when the replicas running process disagree. The row
+// lives as long as the session.
+func (s *Session) RecordCandidates(ctx context.Context, process Process, candidates Candidates) error {
+	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, candidates.fingerprint(process), candidates.argsJSON())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("recording the condition of %s for session %s: %w", process.Name, s.id, err)
+	}
+	return nil
+}
