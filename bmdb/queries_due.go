@@ -85,7 +85,9 @@ WITH ` + dueFacts + `, chosen AS (
       AND NOT due.leased
       AND ((due.wanted AND due.held_until IS NOT NULL) OR (NOT due.wanted AND due.due_at IS NOT NULL))
 )
-SELECT c.machine_id, l.machine_id IS NOT NULL FROM chosen c LEFT JOIN leased l USING (machine_id)`
+SELECT c.machine_id, l.machine_id IS NOT NULL, mp.provider_id
+FROM chosen c LEFT JOIN leased l USING (machine_id)
+LEFT JOIN machine_provided mp ON mp.machine_id = c.machine_id`
 
 	// rebuildDueTemplate recomputes a process's due rows from its
 	// condition over the whole fleet: when a process is first registered,

@@ -47,6 +47,9 @@ type Work struct {
 	Process Process
 	// Started is when the lease was taken (local clock).
 	Started time.Time
+	// ProviderID is the machine's id at its provider, the name operators
+	// know it by (empty for a machine no provider lists), for logs.
+	ProviderID string
 
 	s    *Session
 	mu   sync.Mutex
@@ -108,12 +111,13 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 		}
 		lockArgs := pgx.NamedArgs{"process": process.Name, "scan": scan}
 		var leased []uuid.UUID
+		var providerIDs []string
 		var locked int
 		var blocked bool
 		var next *time.Time
 		registered := true
 		err := s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-			leased, locked, blocked, next, registered = leased[:0], 0, false, nil, true
+			leased, providerIDs, locked, blocked, next, registered = leased[:0], providerIDs[:0], 0, false, nil, true
 			n, err := limits.budget(ctx, tx, process.Name, limit)
 			if err != nil {
 				return err
@@ -141,9 +145,11 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 			}
 			var id uuid.UUID
 			var ok bool
-			_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+			var providerID *string
+			_, err = pgx.ForEachRow(rows, []any{&id, &ok, &providerID}, func() error {
 				if ok {
 					leased = append(leased, id)
+					providerIDs = append(providerIDs, untrusted.Line(deref(providerID), 0))
 				}
 				return nil
 			})
@@ -162,7 +168,7 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 			now := time.Now()
 			works := make([]*Work, len(leased))
 			for i, id := range leased {
-				works[i] = &Work{Machine: id, Process: process, Started: now, s: s}
+				works[i] = &Work{Machine: id, Process: process, Started: now, ProviderID: providerIDs[i], s: s}
 			}
 			return works, nil
 		}
@@ -198,6 +204,13 @@ const (
 	// rows without leasing any.
 	maxClaimRounds = 16
 )
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
 
 // Session is the session that holds the lease.
 func (w *Work) Session() *Session { return w.s }

@@ -28,7 +28,7 @@ const (
 // exclusion group (and count against -<p>_max_in_flight) until the replica
 // stops.
 func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Context) error) error {
-	label := r.info.Label
+	logger := klog.FromContext(ctx)
 	sess := t.work.Session()
 	retry, attemptTimeout := r.cfg.EndRetry, r.endAttempt()
 	if retry <= 0 {
@@ -42,7 +42,7 @@ func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Con
 		cancel()
 		if err == nil || isLeaseGone(err) {
 			if attempt > 1 && err == nil {
-				klog.Infof("%s: ended the lease on %s at attempt %d", label, t.Machine, attempt)
+				logger.Info("ended the lease", "attempt", attempt)
 			}
 			return err
 		}
@@ -51,16 +51,15 @@ func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Con
 			return fmt.Errorf("%w (after: %v)", bmdb.ErrSessionExpired, err)
 		}
 		if time.Now().After(giveUp) {
-			r.metrics.endRetries.WithLabelValues(label, "abandoned").Inc()
-			klog.Errorf("%s: could not record the end of the lease on %s for %s (%d attempts): abandoning session %s so that the reaper records its leases as Lost: %s",
-				label, t.Machine, retry, attempt, sess.ID(), untrusted.Line(err.Error(), 0))
+			r.metrics.endRetries.WithLabelValues(r.info.Label, "abandoned").Inc()
+			logger.Error(nil, "could not record the end of the lease: abandoning the session so that the reaper records its leases as Lost",
+				"for", retry, "attempts", attempt, "cause", untrusted.Line(err.Error(), 0))
 			sess.Abandon()
 			return fmt.Errorf("%w: abandoned after %d attempts: %v", bmdb.ErrSessionExpired, attempt, err)
 		}
-		r.metrics.endRetries.WithLabelValues(label, "retried").Inc()
+		r.metrics.endRetries.WithLabelValues(r.info.Label, "retried").Inc()
 		if attempt == 1 {
-			klog.Warningf("%s: recording the end of the lease on %s failed, retrying until it is recorded (or for %s): %s",
-				label, t.Machine, retry, untrusted.Line(err.Error(), 0))
+			logger.Info("recording the end of the lease failed, retrying until it is recorded", "for", retry, "cause", untrusted.Line(err.Error(), 0))
 		}
 		wait := jitter.Half(pause)
 		pause = min(2*pause, endPauseMax)

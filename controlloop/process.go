@@ -52,6 +52,9 @@ type Process interface {
 type Task struct {
 	// Machine is the leased machine.
 	Machine uuid.UUID
+	// ProviderID is the machine's id at its provider, the name operators
+	// know it by (empty when no provider lists it).
+	ProviderID string
 	// Backoff is applied if Run fails. It starts as the process's configured
 	// default; Run may replace it for a specific failure mode (for example a
 	// changed host key that an operator must look at backs off longer).

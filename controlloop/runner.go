@@ -77,13 +77,13 @@ func (r *Runner) Ready() bool {
 // closes the session. It returns nil after a clean shutdown.
 func (r *Runner) Run(ctx context.Context) error {
 	label := r.info.Label
-	klog.Infof("%s: starting %d workers (query rate %s, idle poll %s)", label, r.cfg.Parallelism, r.cfg.QueryRate, r.cfg.IdlePoll)
+	klog.InfoS("starting workers", "process", label, "workers", r.cfg.Parallelism, "query_rate", r.cfg.QueryRate.String(), "idle_poll", r.cfg.IdlePoll)
 
 	// Work outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	stopGrace := context.AfterFunc(ctx, func() {
-		klog.Infof("%s: stopping; in-flight work has %s to end", label, r.cfg.ShutdownGrace)
+		klog.InfoS("stopping; in-flight work has the grace to end", "process", label, "grace", r.cfg.ShutdownGrace)
 		time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
 	})
 	defer stopGrace()
@@ -138,7 +138,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 	r.metrics.sessionHeld.WithLabelValues(label).Set(0)
-	klog.Infof("%s: stopped", label)
+	klog.InfoS("stopped", "process", label)
 	return nil
 }
 
@@ -270,7 +270,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			giveBack(n - len(works))
 			for _, w := range works {
 				r.metrics.started.WithLabelValues(label).Inc()
-				tasks <- &Task{Machine: w.Machine, Backoff: r.cfg.Backoff, work: w}
+				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w}
 			}
 		case errors.Is(err, bmdb.ErrNothingToDo):
 			errorPause = 0
@@ -290,7 +290,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 			giveBack(n)
 			r.metrics.sourcingErrors.WithLabelValues(label).Inc()
-			klog.Warningf("%s: session lost, starting a new one", label)
+			klog.InfoS("session lost, starting a new one", "process", label)
 		default:
 			giveBack(n)
 			if !onError("sourcing: %v", err) {
@@ -313,7 +313,7 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	}
 	r.session.Store(s)
 	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(1)
-	klog.Infof("%s: holding BMDB session %s", r.info.Label, s.ID())
+	klog.InfoS("holding BMDB session", "process", r.info.Label, "session", s.ID())
 	// Tools compare the replicas' conditions through these rows; a
 	// failure costs only that comparison, so work goes on.
 	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates); err != nil {
@@ -323,11 +323,19 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 }
 
 // work runs the process on one task and ends its lease.
+//
+// The task's context carries a logger (klog.FromContext) with the keys an
+// operator searches by: process, machine, provider_id and session. Process
+// code that logs through it names its machine for free, and the runner's
+// own lines about the task add result and cause.
 func (r *Runner) work(workCtx context.Context, t *Task) {
 	label := r.info.Label
 	r.metrics.workersActive.WithLabelValues(label).Inc()
 	defer r.metrics.workersActive.WithLabelValues(label).Dec()
 
+	logger := klog.LoggerWithValues(klog.FromContext(workCtx),
+		"process", label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
+	workCtx = klog.NewContext(workCtx, logger)
 	ctx, cancel := t.work.Session().Bind(workCtx)
 	runErr := r.run(ctx, t)
 	stopped := ctx.Err() != nil
@@ -354,7 +362,7 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 		}
 		cancel()
 		if err != nil && !isLeaseGone(err) {
-			klog.Errorf("%s: %s", label, untrusted.Line(err.Error(), 0))
+			logger.Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
 			result = ResultFailed
 			cause := fmt.Sprintf("recording the outcome failed: %v", err)
 			err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
@@ -365,16 +373,17 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 		err = r.endLease(endCtx, t, t.work.Cancel)
 	default:
 		result = ResultFailed
-		klog.Warningf("%s: %s: %s", label, t.Machine, untrusted.Line(runErr.Error(), 0))
+		logger.Info("work failed", "result", result, "cause", untrusted.Line(runErr.Error(), 0))
 		backoff := t.backoffFor(runErr)
 		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, backoff, runErr.Error()) })
 	}
 	if err != nil {
 		if !isLeaseGone(err) {
-			klog.Errorf("%s: ending work on %s: %s", label, t.Machine, untrusted.Line(err.Error(), 0))
+			logger.Error(nil, "ending the work failed", "result", ResultLost, "cause", untrusted.Line(err.Error(), 0))
 		}
 		result = ResultLost
 	}
+	logger.V(2).Info("work ended", "result", result)
 	if result == ResultFailed {
 		breakerCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
 		r.checkBreaker(breakerCtx)
@@ -393,7 +402,7 @@ func (r *Runner) run(ctx context.Context, t *Task) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.metrics.panics.WithLabelValues(r.info.Label).Inc()
-			klog.Errorf("%s: panic on %s: %v\n%s", r.info.Label, t.Machine, p, debug.Stack())
+			klog.FromContext(ctx).Error(nil, "panic in the process", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
@@ -410,7 +419,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 		defer func() {
 			if p := recover(); p != nil {
 				r.metrics.panics.WithLabelValues(r.info.Label).Inc()
-				klog.Errorf("%s: panic committing %s: %v\n%s", r.info.Label, t.Machine, p, debug.Stack())
+				klog.FromContext(ctx).Error(nil, "panic in the commit function", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
 				err = fmt.Errorf("panic: %v", p)
 			}
 		}()

@@ -63,6 +63,9 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportUsage(stderr, err)
 	}
+	if cfg.logFormat == "json" {
+		useJSONLogs(stderr, fs)
+	}
 	defer klog.Flush()
 
 	ctx, stop := shutdownOnSignal(cfg.shutdownGrace)

@@ -39,6 +39,9 @@ func (c *daemonConfig) providerNames() []string {
 
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
+	// logFormat is -log_format: text (klog's lines) or json (one JSON
+	// object a line, for a log pipeline).
+	logFormat       string
 	dsn             dsnFlags
 	retention       retentionFlags
 	listen          string
@@ -141,6 +144,7 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 			l.def.Flags(fs)
 		}
 	}
+	fs.StringVar(&c.logFormat, "log_format", "text", "log output: text (klog's lines) or json (one JSON object a line, with the keys as fields: process, machine, provider_id, session, result, cause)")
 	klog.InitFlags(fs)
 	return c
 }
@@ -165,6 +169,9 @@ func (c *daemonConfig) noteGiven(fs *flag.FlagSet) {
 // check validates what parsing could not and applies the global settings to
 // every loop. Its errors name the flag.
 func (c *daemonConfig) check() error {
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return usagef("-log_format %q: want text or json", c.logFormat)
+	}
 	if !slices.Contains(c.providerNames(), c.provider) {
 		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(c.providerNames(), ", "))
 	}

@@ -57,6 +57,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-agentstart_loop_parallelism=2147483647"}, "shepherd: -agentstart_loop_parallelism 2147483647: must be at most 4096"},
 		{[]string{"-recovery_idle_poll=2h"}, "shepherd: -recovery_idle_poll 2h0m0s: must be at most 1h"},
 		{[]string{"-recovery_safety_poll=0s"}, "shepherd: -recovery_safety_poll 0s: must be positive and at most 1h"},
+		{[]string{"-log_format=xml"}, `shepherd: -log_format "xml": want text or json`},
 		{[]string{"-agentstart_reconcile_interval=10s"}, "shepherd: -agentstart_reconcile_interval 10s: must be 0 (off) or between 1m and 168h"},
 		{[]string{"-recovery_backoff_maximum=10000h"}, "shepherd: -recovery_backoff_maximum 10000h0m0s: must be at most 2160h0m0s"},
 		{[]string{"-recovery_backoff_exponent=1000"}, "shepherd: -recovery_backoff_exponent 1000: must be at most 100"},
