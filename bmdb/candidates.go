@@ -33,6 +33,14 @@ type Candidates struct {
 // Name identifies the candidate condition in errors and query plans.
 func (c Candidates) Name() string { return c.name }
 
+// Arg is the value of the condition's parameter name, for tools that show
+// a process's effective settings (the status page's notion of a stale
+// agent is Recovery's heartbeat_timeout).
+func (c Candidates) Arg(name string) (any, bool) {
+	v, ok := c.args[name]
+	return v, ok
+}
+
 const (
 	// condAgentStart: provided machines without a started agent.
 	condAgentStart = `

@@ -43,7 +43,7 @@ func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops ...*l
 			ps[i].Tags = loops[i].def.Tags
 		}
 	}
-	h := statuspage.New(db, ps)
+	h := statuspage.New(db, ps, statuspage.Options{})
 	s.h.Store(&h)
 }
 

@@ -3,11 +3,14 @@
 // newest failures with their causes, the oldest leases and whether it is
 // paused and why; per machine its tags, leases, backoffs and history.
 //
-// It is plain server-rendered HTML (html/template) with inline CSS and no
-// script, image, font or other external asset, because it is read where
-// the machines are, which has no internet, often from a phone in a data
-// centre aisle. It only reads: every change goes through the CLI, which
-// records who did what and why.
+// It is plain server-rendered HTML (html/template) with inline CSS and
+// inline SVG, and no external asset (image, font, script file), because it
+// is read where the machines are, which has no internet, often from a
+// phone in a data centre aisle. One small inline script, allowed by its
+// hash in the Content-Security-Policy, refreshes the overview in place for
+// an operator who leaves it open; without it the page is a plain page. It
+// only reads: every change goes through the CLI, which records who did
+// what and why.
 package statuspage
 
 import (
@@ -67,8 +70,27 @@ const (
 // MachinePath is the status page of one machine.
 func MachinePath(id uuid.UUID) string { return PathMachine + id.String() }
 
+// Options tune the pages; the zero value is the defaults.
+type Options struct {
+	// Refresh is how often an open overview refreshes itself (default
+	// 15 s; negative: never).
+	Refresh time.Duration
+	// StaleAfter tells a healthy agent from a stale one in the fleet
+	// totals. Zero: the heartbeat timeout of a process whose condition
+	// has one (Recovery's heartbeat_timeout), else 10 minutes.
+	StaleAfter time.Duration
+}
+
 // Defaults of the page's reads.
 const (
+	defaultRefresh    = 15 * time.Second
+	defaultStaleAfter = 10 * time.Minute
+	// totalsTTL: the fleet totals read the whole fleet's tag indexes, so
+	// they are read at most this often, whatever the page's traffic.
+	totalsTTL = 30 * time.Second
+	// activityBuckets of activityWidth make the sparklines' hour.
+	activityBuckets = 12
+	activityWidth   = 5 * time.Minute
 	// overviewTTL: the overview costs one fleet scan per process (the
 	// eligible count); requests within this long of the last one share its
 	// result, so that a page left reloading, or many operators at once, cost
@@ -95,25 +117,36 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 	"fingerprint": fingerprint,
 	"eventClass":  eventClass,
 	"seconds":     func(s int64) time.Duration { return time.Duration(s) * time.Second },
+	"sparkline":   sparkline,
+	"refreshJS":   refreshJS,
 }).ParseFS(templateFS, "templates/*.html"))
 
 // handler serves the pages.
 type handler struct {
 	db        *bmdb.DB
 	processes []Process
+	opts      Options
 	now       func() time.Time
 
 	mu       sync.Mutex
 	cached   *overview
 	cachedAt time.Time
 	ttl      time.Duration
+	totals   *bmdb.FleetTotals
+	totalsAt time.Time
 }
 
 // New returns the status page handler for processes, which serves
 // PathOverview and everything under PathMachine; mount it on those paths
 // of the daemon's listener.
-func New(db *bmdb.DB, processes []Process) http.Handler {
-	h := &handler{db: db, processes: processes, now: time.Now, ttl: overviewTTL}
+func New(db *bmdb.DB, processes []Process, opts Options) http.Handler {
+	if opts.Refresh == 0 {
+		opts.Refresh = defaultRefresh
+	}
+	if opts.StaleAfter <= 0 {
+		opts.StaleAfter = staleAfter(processes)
+	}
+	h := &handler{db: db, processes: processes, opts: opts, now: time.Now, ttl: overviewTTL}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+PathOverview, h.serveOverview)
 	mux.HandleFunc("GET "+PathOverview+"/{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -133,10 +166,31 @@ func New(db *bmdb.DB, processes []Process) http.Handler {
 	return mux
 }
 
+// staleAfter is the heartbeat timeout of the first process whose
+// condition has one, the daemon's own notion of a dead agent.
+func staleAfter(processes []Process) time.Duration {
+	for _, p := range processes {
+		if v, ok := p.Candidates.Arg("heartbeat_timeout"); ok {
+			if d, ok := v.(time.Duration); ok && d > 0 {
+				return d
+			}
+		}
+	}
+	return defaultStaleAfter
+}
+
 // overview is the data of the overview page.
 type overview struct {
 	Generated time.Time
+	// RefreshSeconds is how often the page refreshes itself; 0: never.
+	RefreshSeconds int
+	// Totals are the fleet's counts, read at most every totalsTTL; nil
+	// when they could not be read.
+	Totals    *bmdb.FleetTotals
+	TotalsAt  time.Time
 	Processes []processView
+	// Names are the provider ids of the machines the page lists.
+	Names map[uuid.UUID]string
 	// OtherPauses are active pauses of processes this daemon does not run.
 	OtherPauses []bmdb.Pause
 	Sessions    []bmdb.SessionInfo
@@ -149,7 +203,12 @@ type processView struct {
 	Counts   bmdb.ProcessCounts
 	Pause    *bmdb.Pause
 	Failures []bmdb.HistoryEntry
-	Leases   []bmdb.MachineState
+	// Recovered marks the failures (by history id) that a later success
+	// on the same machine made good.
+	Recovered map[int64]bool
+	Leases    []bmdb.MachineState
+	// Activity is the last hour's starts and failures, oldest first.
+	Activity []bmdb.ActivityBucket
 }
 
 func (h *handler) serveOverview(w http.ResponseWriter, r *http.Request) {
@@ -179,7 +238,10 @@ func (h *handler) overview(ctx context.Context) *overview {
 }
 
 func (h *handler) readOverview(ctx context.Context) *overview {
-	ov := &overview{Generated: h.now()}
+	ov := &overview{Generated: h.now(), Names: map[uuid.UUID]string{}}
+	if h.opts.Refresh > 0 {
+		ov.RefreshSeconds = max(1, int(h.opts.Refresh.Seconds()))
+	}
 	fail := func(err error) {
 		klog.Warningf("status page: %v", err)
 		ov.Errors = append(ov.Errors, err.Error())
@@ -205,11 +267,42 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		if pv.Failures, err = h.db.RecentFailures(ctx, name, recentFailures); err != nil {
 			fail(err)
 		}
+		if pv.Recovered, err = h.db.Recovered(ctx, pv.Failures); err != nil {
+			fail(err)
+		}
 		if pv.Leases, err = h.db.Machines(ctx, bmdb.MachineQuery{Process: p.Info.Process, State: bmdb.StateLeased, Limit: oldestLeases}); err != nil {
+			fail(err)
+		}
+		if pv.Activity, err = h.db.Activity(ctx, name, activityWidth, activityBuckets); err != nil {
 			fail(err)
 		}
 		ov.Processes = append(ov.Processes, pv)
 	}
+	var listed []uuid.UUID
+	for _, pv := range ov.Processes {
+		for _, f := range pv.Failures {
+			listed = append(listed, f.Machine)
+		}
+		for _, l := range pv.Leases {
+			listed = append(listed, l.Machine)
+		}
+	}
+	names, err := h.db.ProviderIDs(ctx, listed)
+	if err != nil {
+		fail(err)
+	}
+	for id, name := range names {
+		ov.Names[id] = untrusted.Line(name, 120)
+	}
+	if h.totals == nil || h.now().Sub(h.totalsAt) >= totalsTTL {
+		t, err := h.db.FleetTotals(ctx, h.opts.StaleAfter)
+		if err != nil {
+			fail(err)
+		} else {
+			h.totals, h.totalsAt = &t, h.now()
+		}
+	}
+	ov.Totals, ov.TotalsAt = h.totals, h.totalsAt
 	for _, p := range pauses {
 		if p.Active() && !running[p.Process] {
 			ov.OtherPauses = append(ov.OtherPauses, p)
@@ -221,18 +314,47 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 	return ov
 }
 
-// serveLookup sends the overview's lookup form to the machine's page.
+// serveLookup sends the overview's search form to the machine's page: a
+// machine UUID, or a provider id ("rack1-07", a hostname) as operators
+// know machines. An id several providers use lists the matches.
 func (h *handler) serveLookup(w http.ResponseWriter, r *http.Request) {
 	raw := strings.TrimSpace(r.URL.Query().Get("id"))
-	id, err := uuid.Parse(raw)
-	if err != nil {
+	if id, err := uuid.Parse(raw); err == nil {
+		http.Redirect(w, r, MachinePath(id), http.StatusSeeOther)
+		return
+	}
+	shown := untrusted.Line(raw, 120)
+	if raw == "" || len(raw) > 512 {
 		h.render(w, http.StatusBadRequest, "error.html", errorPage{
-			Title:   "Not a machine ID",
-			Message: fmt.Sprintf("%q is not a machine ID: machine IDs are UUIDs like 0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b.", raw),
+			Title:   "Nothing to look up",
+			Message: "Give a machine ID (a UUID) or a provider id (as the provider names the machine, such as sim-0002).",
 		})
 		return
 	}
-	http.Redirect(w, r, MachinePath(id), http.StatusSeeOther)
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	found, err := h.db.MachinesByProviderID(ctx, raw)
+	switch {
+	case err != nil:
+		klog.Warningf("status page: %v", err)
+		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
+	case len(found) == 0:
+		h.render(w, http.StatusNotFound, "error.html", errorPage{
+			Title:   "No machine matches",
+			Message: fmt.Sprintf("No machine has the ID or provider id %q.", shown),
+		})
+	case len(found) == 1:
+		http.Redirect(w, r, MachinePath(found[0].Machine), http.StatusSeeOther)
+	default:
+		h.render(w, http.StatusOK, "matches.html", matchesPage{Query: shown, Machines: found})
+	}
+}
+
+// matchesPage lists the machines of several providers that share a
+// provider id.
+type matchesPage struct {
+	Query    string
+	Machines []bmdb.Provided
 }
 
 // machinePage is the data of a machine's page.
@@ -312,6 +434,7 @@ type errorPage struct {
 
 // render writes a page with headers that keep it self-contained: the
 // Content-Security-Policy allows nothing but the page's own inline style,
+// the refresh script (by its hash) and requests to the page's own origin,
 // which is what "no external assets" means to a browser.
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var b strings.Builder
@@ -322,7 +445,7 @@ func (h *handler) render(w http.ResponseWriter, status int, name string, data an
 	}
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/html; charset=utf-8")
-	hdr.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+	hdr.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src '"+refreshScriptHash+"'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	hdr.Set("Referrer-Policy", "no-referrer")
 	hdr.Set("Cache-Control", "no-store")
@@ -336,8 +459,11 @@ func ago(t time.Time) string {
 		return "never"
 	}
 	d := time.Since(t)
-	if d < 0 {
+	switch {
+	case d < 0 && -d >= time.Second:
 		return "in " + coarse(-d)
+	case d < time.Second:
+		return "just now"
 	}
 	return coarse(d) + " ago"
 }

@@ -40,6 +40,9 @@ var (
 // page must show it as text, never as markup.
 const hostileCause = `ssh: handshake failed: <script>alert("x")</script> & more`
 
+// recoveredCause is the cause of a failure that a later Finish made good.
+const recoveredCause = "BMC busy, try later"
+
 // fleet is a test database with a small fleet in every state the page
 // shows.
 type fleet struct {
@@ -47,8 +50,10 @@ type fleet struct {
 	db       *bmdb.DB
 	failed   uuid.UUID // AgentStart failed on it (hostileCause), then retried
 	leased   uuid.UUID // AgentStart holds a lease on it
-	finished uuid.UUID // AgentStart finished on it: it has an agent
-	session  *bmdb.Session
+	finished uuid.UUID // AgentStart failed on it (recoveredCause), then finished: it has an agent
+	// twins share provider id "twin" at two providers.
+	twins   []uuid.UUID
+	session *bmdb.Session
 }
 
 func newFleet(t *testing.T) *fleet {
@@ -82,6 +87,16 @@ func newFleet(t *testing.T) *fleet {
 
 	w := f.claim(t)
 	f.finished = w.Machine
+	// A failure of this machine's lease that the Finish below makes good:
+	// recorded as the lease's history would have it (the page only reads
+	// history).
+	if err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO work_history (machine_id, process, event, session_id, failed_cause) VALUES ($1, $2, 'Failed', $3, $4)`,
+			w.Machine, agentStart.Name, s.ID(), recoveredCause)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.SetAgentStarted(ctx, w.Machine, []byte("agent-key"))
 	}); err != nil {
@@ -107,6 +122,22 @@ func newFleet(t *testing.T) *fleet {
 	t.Cleanup(func() { w.Cancel(context.Background()) })
 
 	if _, err := db.PauseProcess(ctx, recovery.Name, "incident 1234: BMC firmware rollout"); err != nil {
+		t.Fatal(err)
+	}
+	// Two machines that two providers both call "twin", added after the
+	// claims so that none of them is leased.
+	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		f.twins = f.twins[:0]
+		for _, provider := range []string{"redfish", "ipmi"} {
+			id, err := tx.AddMachine(ctx, bmdb.Provided{Provider: provider, ProviderID: "twin"})
+			if err != nil {
+				return err
+			}
+			f.twins = append(f.twins, id)
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.PauseProcess(ctx, "ShepherdInstall", "not ours"); err != nil {
@@ -143,7 +174,7 @@ func get(t *testing.T, srv *httptest.Server, path string) (int, http.Header, str
 func TestPagesOverHTTP(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	srv := httptest.NewServer(New(f.db, processes))
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
 	defer srv.Close()
 
 	code, hdr, body := get(t, srv, "/status")
@@ -166,13 +197,38 @@ func TestPagesOverHTTP(t *testing.T) {
 			t.Errorf("/status lacks %q", want)
 		}
 	}
-	if strings.Contains(body, "<script>") {
-		t.Errorf("/status contains an unescaped <script>")
+	// One script: the refresh, inline, allowed by its hash and nothing else.
+	if n := strings.Count(body, "<script"); n != 1 || !strings.Contains(body, "<script>"+refreshScript+"</script>") {
+		t.Errorf("/status has %d scripts, want only the inline refresh script", n)
 	}
-	for _, asset := range []string{"<script", "<link", "<img", "src=", "@import", "url("} {
+	if csp := hdr.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src '"+refreshScriptHash+"'") || strings.Contains(csp, "unsafe-eval") {
+		t.Errorf("Content-Security-Policy %q does not allow exactly the refresh script", csp)
+	}
+	for _, asset := range []string{"<link", "<img", "src=", "@import", "url("} {
 		if strings.Contains(body, asset) {
 			t.Errorf("/status contains %q: the page must have no external assets", asset)
 		}
+	}
+	// Totals: 8 machines, one agent started (it never heartbeated:
+	// stale), 7 never started.
+	for _, want := range []string{
+		`<b>8</b><span>machines</span>`, `<b class="ok">0</b><span>agents healthy</span>`,
+		`<b class="warn">1</b><span>agents stale</span>`, `<b>7</b><span>never started</span>`,
+		"heartbeated in the last 10m0s", // Recovery's heartbeat_timeout
+		`<tr class="recovered">`, `<span class="badge ok">recovered</span>`, recoveredCause,
+		`<tr class="failed">`,
+		`<span class="pid">rack1-`, // provider ids beside UUIDs
+		`data-points="12"`,         // the sparklines
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+	quietSrv := httptest.NewServer(New(f.db, processes, Options{Refresh: -1}))
+	defer quietSrv.Close()
+	_, _, quiet := get(t, quietSrv, "/status")
+	if strings.Contains(quiet, "<script") || strings.Contains(quiet, `id="refresh"`) {
+		t.Errorf("with refresh off, the page still has the refresh script or control")
 	}
 
 	code, _, body = get(t, srv, MachinePath(f.failed))
@@ -195,14 +251,23 @@ func TestPagesOverHTTP(t *testing.T) {
 	}{
 		{MachinePath(uuid.New()), http.StatusNotFound, "Unknown machine"},
 		{"/status/machine/not-a-uuid", http.StatusBadRequest, "Not a machine ID"},
-		{"/status/machine/?id=junk", http.StatusBadRequest, "Not a machine ID"},
+		{"/status/machine/?id=junk", http.StatusNotFound, "No machine matches"},
+		{"/status/machine/?id=", http.StatusBadRequest, "Nothing to look up"},
 		{"/status/machine/?id=" + f.failed.String(), http.StatusSeeOther, ""},
+		{"/status/machine/?id=rack1-03", http.StatusSeeOther, ""},
+		{"/status/machine/?id=twin", http.StatusOK, "Machines named twin"},
 		{"/status/", http.StatusMovedPermanently, ""},
 		{"/status/nothing", http.StatusNotFound, "Not found"},
 	} {
 		code, _, body := get(t, srv, tc.path)
 		if code != tc.code || !strings.Contains(body, tc.want) {
 			t.Errorf("GET %s: %d, want %d with %q", tc.path, code, tc.code, tc.want)
+		}
+	}
+	_, _, body = get(t, srv, "/status/machine/?id=twin")
+	for _, id := range f.twins {
+		if !strings.Contains(body, `href="`+MachinePath(id)+`"`) {
+			t.Errorf("the page of an ambiguous provider id does not link %s", id)
 		}
 	}
 	resp, err := http.Post(srv.URL+"/status", "text/plain", nil)
@@ -219,7 +284,7 @@ func TestPagesOverHTTP(t *testing.T) {
 func TestDeletedMachine(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	srv := httptest.NewServer(New(f.db, processes))
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
 	defer srv.Close()
 	// Deleting machines is a provider's business, which the BMDB API does
 	// not offer yet: delete the row by hand.
@@ -242,7 +307,7 @@ func TestDeletedMachine(t *testing.T) {
 func TestBreakerPauseShown(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	srv := httptest.NewServer(New(f.db, processes))
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
 	defer srv.Close()
 	// The fleet's last two AgentStart attempts include a failure: a
 	// window of two with a threshold of 0 trips.
@@ -371,8 +436,11 @@ func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Actio
 func TestInChromium(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	srv := httptest.NewServer(New(f.db, processes))
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
 	defer srv.Close()
+	// The same pages, refreshing every second, for the refresh check.
+	liveSrv := httptest.NewServer(New(f.db, processes, Options{Refresh: time.Second}))
+	defer liveSrv.Close()
 	out := outputDir(t)
 	ctx := browser(t)
 	start := time.Now()
@@ -387,7 +455,7 @@ func TestInChromium(t *testing.T) {
 		if e, ok := ev.(*network.EventRequestWillBeSent); ok && e.Request != nil {
 			mu.Lock()
 			requests = append(requests, e.Request.URL)
-			if !strings.HasPrefix(e.Request.URL, srv.URL) {
+			if !strings.HasPrefix(e.Request.URL, srv.URL) && !strings.HasPrefix(e.Request.URL, liveSrv.URL) {
 				foreign = append(foreign, e.Request.URL)
 			}
 			mu.Unlock()
@@ -412,6 +480,36 @@ func TestInChromium(t *testing.T) {
 	}
 	if failureCause != hostileCause {
 		t.Errorf("the failure cause reads %q, want the literal text %q", failureCause, hostileCause)
+	}
+	totals := run(t, ctx, "reading the totals", chromedp.Text(chromedp.CSS("#totals")))
+	for _, want := range []string{"8\nmachines", "0\nagents healthy", "1\nagents stale", "7\nnever started"} {
+		if !strings.Contains(totals, want) {
+			t.Errorf("the fleet totals do not read %q: %q", want, totals)
+		}
+	}
+	recovered := run(t, ctx, "reading the recovered failure", chromedp.Text(chromedp.CSS("#process-agentstart tr.recovered")))
+	if !strings.Contains(recovered, "recovered") || !strings.Contains(recovered, recoveredCause) {
+		t.Errorf("the failure that a Finish made good reads %q, want it marked recovered", recovered)
+	}
+	recoveredColour := run(t, ctx, "reading the recovered failure's colour", chromedp.Evaluate[string](
+		`getComputedStyle(document.querySelector('#process-agentstart tr.recovered td.cause .muted')).color`))
+	failedColour := run(t, ctx, "reading the failure's colour", chromedp.Evaluate[string](
+		`getComputedStyle(document.querySelector('#process-agentstart tr.failed td.cause')).color`))
+	if recoveredColour == failedColour {
+		t.Errorf("a recovered failure is shown in the failures' colour (%s)", failedColour)
+	}
+	spark := run(t, ctx, "reading the sparkline", chromedp.Evaluate[[]int](
+		`(function () { var s = document.querySelector('#process-agentstart svg.spark');
+		   if (!s) return [];
+		   return [Number(s.getAttribute('data-points')), s.querySelectorAll('polyline').length,
+		           s.querySelector('polyline.started').getAttribute('points').split(' ').length,
+		           Math.round(s.getBoundingClientRect().width)]; })()`))
+	if len(spark) != 4 || spark[0] != 12 || spark[1] != 2 || spark[2] != 12 || spark[3] == 0 {
+		t.Errorf("the sparkline (points, lines, points drawn, width) is %v, want 12 points, 2 lines, 12 points, drawn", spark)
+	}
+	pids := run(t, ctx, "reading the provider ids", chromedp.Text(chromedp.CSS("#process-agentstart table.failures .pid")))
+	if !strings.HasPrefix(pids, "rack1-") {
+		t.Errorf("the failures do not name their machine's provider id: %q", pids)
 	}
 
 	// Follow the most recent failure to its machine, as an operator would.
@@ -441,6 +539,38 @@ func TestInChromium(t *testing.T) {
 		t.Errorf("the lookup form led to %s", loc)
 	}
 
+	// The search takes provider ids too: one match opens the machine, an
+	// id that two providers use lists both, an unknown one says so.
+	names, err := f.db.ProviderIDs(context.Background(), []uuid.UUID{f.failed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do(t, ctx, "searching a provider id",
+		chromedp.Navigate(srv.URL+"/status"),
+		chromedp.SetValue(chromedp.CSS("form.lookup input"), names[f.failed]),
+		chromedp.Submit(chromedp.CSS("form.lookup")),
+		chromedp.WaitVisible(chromedp.CSS("table.history")))
+	if loc := run(t, ctx, "reading the location", chromedp.Location()); loc != srv.URL+MachinePath(f.failed) {
+		t.Errorf("searching %s led to %s, want its machine's page", names[f.failed], loc)
+	}
+	do(t, ctx, "searching an ambiguous provider id",
+		chromedp.Navigate(srv.URL+"/status"),
+		chromedp.SetValue(chromedp.CSS("form.lookup input"), "twin"),
+		chromedp.Submit(chromedp.CSS("form.lookup")),
+		chromedp.WaitVisible(chromedp.CSS("table.matches")))
+	if n := run(t, ctx, "counting the matches", chromedp.Evaluate[int](`document.querySelectorAll('table.matches tbody tr').length`)); n != 2 {
+		t.Errorf("the ambiguous search lists %d machines, want 2", n)
+	}
+	save(t, out, "search-ambiguous.png", run(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
+	do(t, ctx, "searching an unknown provider id",
+		chromedp.Navigate(srv.URL+"/status"),
+		chromedp.SetValue(chromedp.CSS("form.lookup input"), "rack9-99"),
+		chromedp.Submit(chromedp.CSS("form.lookup")),
+		chromedp.WaitVisible(chromedp.CSS("section.error")))
+	if text := run(t, ctx, "reading the answer", chromedp.Text(chromedp.CSS("body"))); !strings.Contains(text, "No machine matches") {
+		t.Errorf("an unknown provider id got %q", text)
+	}
+
 	// On a phone: nothing wider than the screen, so nothing to scroll
 	// sideways but the tables' own scrollers.
 	const wider = `document.documentElement.scrollWidth > window.innerWidth + 1`
@@ -459,6 +589,41 @@ func TestInChromium(t *testing.T) {
 		t.Errorf("on a 390px-wide screen the machine page is wider than the screen")
 	}
 	save(t, out, "machine-phone.png", run(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
+
+	// Left open, the overview refreshes itself in place: a change in the
+	// BMDB shows up with no navigation (a marker set on the page survives).
+	// The heading is read in one script: a refresh may swap it between a
+	// query and a read.
+	const recoveryHeading = `document.querySelector('#process-recovery h2').textContent`
+	do(t, ctx, "loading a self-refreshing /status",
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Navigate(liveSrv.URL+"/status"),
+		chromedp.WaitVisible(chromedp.CSS("#autorefresh")))
+	run(t, ctx, "marking the page", chromedp.Evaluate[bool](`window.stillTheSamePage = true`))
+	if !strings.Contains(run(t, ctx, "reading Recovery", chromedp.Evaluate[string](recoveryHeading)), "paused") {
+		t.Fatalf("Recovery is not shown paused before the change")
+	}
+	if _, err := f.db.ResumeProcess(context.Background(), recovery.Name); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		heading := run(t, ctx, "reading Recovery", chromedp.Evaluate[string](recoveryHeading))
+		if strings.Contains(heading, "running") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the open page did not show Recovery resumed within 20 s: %q", heading)
+		}
+		run(t, ctx, "waiting for a refresh", chromedp.Poll[bool](`document.getElementById('refreshed').textContent !== ''`, chromedp.WithPollingTimeout(5*time.Second)))
+	}
+	if !run(t, ctx, "checking the marker", chromedp.Evaluate[bool](`window.stillTheSamePage === true`)) {
+		t.Errorf("the page was reloaded instead of refreshed in place")
+	}
+	if note := run(t, ctx, "reading the refresh note", chromedp.Text(chromedp.CSS("#refreshed"))); !strings.HasPrefix(note, "updated ") {
+		t.Errorf("the refresh note reads %q", note)
+	}
+	save(t, out, "overview-refreshed.png", run(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
 
 	mu.Lock()
 	defer mu.Unlock()

@@ -29,7 +29,7 @@ func TestProcessTags(t *testing.T) {
 	withTags[1].Tags = func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) ([]Tag, error) {
 		return nil, errors.New("table missing")
 	}
-	srv := httptest.NewServer(New(f.db, withTags))
+	srv := httptest.NewServer(New(f.db, withTags, Options{}))
 	defer srv.Close()
 
 	code, _, body := get(t, srv, MachinePath(f.finished))
