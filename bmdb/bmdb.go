@@ -2,11 +2,11 @@
 // (BMDB): connection, schema checks, worker sessions, transactions with retry,
 // exclusive work leases, backoff and the audit history.
 //
-// The semantics it guarantees are those of DESIGN.md: leases are exclusive per
-// machine and exclusion group (enforced by a primary key, so they hold under
-// READ COMMITTED with any number of workers), a lease belongs to a
-// heartbeating session and dies with it, and every step is written to
-// work_history in causal order.
+// The semantics it guarantees: leases are exclusive per machine and
+// exclusion group (enforced by a primary key, so they hold under READ
+// COMMITTED with any number of workers), a lease belongs to a heartbeating
+// session and dies with it, and every step is written to work_history in
+// causal order.
 package bmdb
 
 import (

@@ -591,7 +591,10 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	}
 	d.Backoffs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackoffState, error) {
 		var b BackoffState
-		return b, row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &b.LastIntervalSeconds, &b.Active)
+		var seconds int64
+		err := row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
+		b.LastInterval = time.Duration(seconds) * time.Second
+		return b, err
 	})
 	if err != nil {
 		return fail(err)

@@ -113,7 +113,7 @@ func TestClearBackoff(t *testing.T) {
 
 	// The machine is eligible again, and a new failure starts from Initial.
 	failOne(t, s, agentStart, "again")
-	if b := e.backoffOf(m, agentStart); b == nil || b.LastIntervalSeconds != 3600 {
+	if b := e.backoffOf(m, agentStart); b == nil || int64(b.LastInterval/time.Second) != 3600 {
 		t.Errorf("backoff after clear + fail = %+v, want a fresh 1h", b)
 	}
 	if _, err := e.db.ClearBackoff(ctx, m, agentStart.Name, "enough"); err != nil {
@@ -172,7 +172,7 @@ func TestRetry(t *testing.T) {
 	if err := w.Fail(ctx, quickBackoff, "second"); err != nil {
 		t.Fatal(err)
 	}
-	if b := e.backoffOf(m, agentStart); b == nil || b.LastIntervalSeconds != 7200 {
+	if b := e.backoffOf(m, agentStart); b == nil || int64(b.LastInterval/time.Second) != 7200 {
 		t.Errorf("backoff after a failed retry = %+v, want 2h (1h x 2)", b)
 	}
 

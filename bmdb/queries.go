@@ -1,10 +1,14 @@
 package bmdb
 
-// Every SQL statement the BMDB layer runs lives in this file, so that a
-// reviewer can read the whole data access of Shepherd in one place. All values
-// are passed as parameters; the only composition is claimQuery's, which
-// splices a constant candidate condition from candidates.go into a constant
-// template.
+// The SQL of the BMDB layer lives in the queries*.go files of this package,
+// as Go constants, one file per concern (this one: sessions, leases,
+// backoffs, tags and history; queries_due.go, queries_ops.go,
+// queries_retention.go, queries_status.go), so that a reviewer reads the
+// whole data access of Shepherd in one place. A constant named qName is run
+// as it is; one named nameTemplate has a process's constant condition
+// spliced in (Candidates.query: /*CONDITION*/, /*DUE*/). Every value is a
+// parameter. queries_test.go prepares every one of them, read from the
+// source, against the migrated schema.
 
 const (
 	// Schema and sessions.

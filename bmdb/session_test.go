@@ -102,7 +102,7 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 		}
 		// A first loss leaves only the reaper's ended backoff row; the late
 		// Fail must not have written its own.
-		if b := e.backoffOf(m, agentStart); b == nil || b.Active || b.Cause == "late" || b.LastIntervalSeconds != 1 {
+		if b := e.backoffOf(m, agentStart); b == nil || b.Active || b.Cause == "late" || int64(b.LastInterval/time.Second) != 1 {
 			t.Errorf("backoff on %s after the late Fail: %+v, want the reaper's ended one", m, b)
 		}
 	}
@@ -355,7 +355,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 		if want == 0 {
 			interval = 1 // the first loss's ended row
 		}
-		if b == nil || b.Active != (want > 0) || b.LastIntervalSeconds != interval || !strings.HasPrefix(b.Cause, "session expired") {
+		if b == nil || b.Active != (want > 0) || int64(b.LastInterval/time.Second) != interval || !strings.HasPrefix(b.Cause, "session expired") {
 			t.Fatalf("round %d: backoff after the lost lease %+v, want %s", round, b, want)
 		}
 		live := e.session(cfg)

@@ -416,19 +416,23 @@ func (db *DB) LeaseCount(ctx context.Context, process Process) (int64, error) {
 
 // BackoffState is a work_backoff row.
 type BackoffState struct {
-	Machine             uuid.UUID
-	Process             string
-	Until               time.Time
-	Cause               string
-	LastIntervalSeconds int64
-	Active              bool
+	Machine uuid.UUID
+	Process string
+	Until   time.Time
+	Cause   string
+	// LastInterval is the backoff's interval (the next failure's grows
+	// from it), as MachineState.LastInterval is.
+	LastInterval time.Duration
+	Active       bool
 }
 
 // BackoffOf returns the backoff of process on machine, or nil if none.
 func (db *DB) BackoffOf(ctx context.Context, machine uuid.UUID, process Process) (*BackoffState, error) {
 	var b BackoffState
+	var seconds int64
 	err := db.pool.QueryRow(ctx, qBackoffGet, machine, process.Name).Scan(
-		&b.Machine, &b.Process, &b.Until, &b.Cause, &b.LastIntervalSeconds, &b.Active)
+		&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
+	b.LastInterval = time.Duration(seconds) * time.Second
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -36,7 +36,7 @@ func TestBackoffSequenceThroughFail(t *testing.T) {
 		if got == nil {
 			t.Fatalf("no backoff row after Fail")
 		}
-		if got.LastIntervalSeconds != want || got.Cause != "test failure" || !got.Active {
+		if int64(got.LastInterval/time.Second) != want || got.Cause != "test failure" || !got.Active {
 			t.Fatalf("backoff after Fail: %+v, want an active %d s backoff with its cause", got, want)
 		}
 		// Without jitter, until is exactly the interval after the failure
@@ -80,7 +80,7 @@ func TestBackoffBlocksSourcingUntilItEnds(t *testing.T) {
 		t.Fatalf("Fail: %v", err)
 	}
 	b := e.backoffOf(m, agentStart)
-	if b == nil || !b.Active || b.LastIntervalSeconds != 2 {
+	if b == nil || !b.Active || int64(b.LastInterval/time.Second) != 2 {
 		t.Fatalf("backoff: %+v, want active for 2 s", b)
 	}
 
@@ -115,7 +115,7 @@ func TestBackoffBlocksSourcingUntilItEnds(t *testing.T) {
 	if err := w.Cancel(ctx); err != nil {
 		t.Fatalf("Cancel: %v", err)
 	}
-	if got := e.backoffOf(m, agentStart); got == nil || got.LastIntervalSeconds != 2 || got.Active {
+	if got := e.backoffOf(m, agentStart); got == nil || int64(got.LastInterval/time.Second) != 2 || got.Active {
 		t.Fatalf("backoff after Cancel: %+v, want the expired 2 s row kept", got)
 	}
 }
@@ -139,7 +139,7 @@ func TestBackoffJitter(t *testing.T) {
 		b := e.backoffOf(w.Machine, agentStart)
 		h := e.history(w.Machine)
 		d := b.Until.Sub(h[len(h)-1].Timestamp)
-		if b.LastIntervalSeconds != 100 || d < 100*time.Second || d > 150*time.Second {
+		if int64(b.LastInterval/time.Second) != 100 || d < 100*time.Second || d > 150*time.Second {
 			t.Errorf("backoff %+v ends %v after the failure, want interval 100 s and until within [100 s, 150 s]", b, d)
 		}
 		spread[d] = true

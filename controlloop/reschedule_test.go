@@ -83,7 +83,7 @@ func TestBackoffErrorInChainSetsBackoff(t *testing.T) {
 	e.start(p, fastConfig(p, 1))
 	waitFor(t, 20*time.Second, "the failure", func() (bool, error) { return e.count(bmdb.EventFailed) == 1, nil })
 	b, err := e.db.BackoffOf(context.Background(), m, p.info.Process)
-	if err != nil || b == nil || b.LastIntervalSeconds != int64(custom.Initial/time.Second) {
+	if err != nil || b == nil || int64(b.LastInterval/time.Second) != int64(custom.Initial/time.Second) {
 		t.Errorf("backoff %+v (%v), want the error's %s", b, err, custom.Initial)
 	}
 }

@@ -328,8 +328,8 @@ func TestRunnerCustomBackoff(t *testing.T) {
 		if hostKey[m] {
 			want, cause = 6*3600, "starting agent: ssh: host key changed"
 		}
-		if b.LastIntervalSeconds != want || b.Cause != cause || !b.Active {
-			t.Errorf("%s: backoff %ds (active %t) cause %q, want %ds active cause %q", m, b.LastIntervalSeconds, b.Active, b.Cause, want, cause)
+		if int64(b.LastInterval/time.Second) != want || b.Cause != cause || !b.Active {
+			t.Errorf("%s: backoff %ds (active %t) cause %q, want %ds active cause %q", m, int64(b.LastInterval/time.Second), b.Active, b.Cause, want, cause)
 		}
 	}
 }

@@ -79,8 +79,8 @@ func TestFleet(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if b != nil && b.LastIntervalSeconds > 1 {
-					t.Logf("backoff grew: %s backs off %d s after repeated failures (%s)", machine, b.LastIntervalSeconds, b.Cause)
+				if b != nil && b.LastInterval > time.Second {
+					t.Logf("backoff grew: %s backs off %s after repeated failures (%s)", machine, b.LastInterval, b.Cause)
 					grown = true
 					break
 				}

@@ -344,8 +344,8 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 	switch {
 	case b == nil:
 		t.Fatal("no AgentStart backoff after the host key failure")
-	case b.LastIntervalSeconds != int64(sshagent.HostKeyBackoff.Initial/time.Second):
-		t.Errorf("backoff interval %ds, want the host key backoff's %s (not -agentstart_backoff_initial 1s)", b.LastIntervalSeconds, sshagent.HostKeyBackoff.Initial)
+	case b.LastInterval != sshagent.HostKeyBackoff.Initial:
+		t.Errorf("backoff interval %s, want the host key backoff's %s (not -agentstart_backoff_initial 1s)", b.LastInterval, sshagent.HostKeyBackoff.Initial)
 	case time.Until(b.Until) < 50*time.Minute:
 		t.Errorf("backoff until %s, in %s: want about an hour", b.Until, time.Until(b.Until))
 	case !strings.Contains(b.Cause, "host key changed"):

@@ -361,7 +361,7 @@ func TestProviderCustomBackoff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b == nil || b.LastIntervalSeconds != want {
+		if b == nil || int64(b.LastInterval/time.Second) != want {
 			t.Errorf("machine %d: %s backoff %+v, want %ds", i, process.Name, b, want)
 		}
 	}

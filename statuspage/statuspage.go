@@ -116,7 +116,6 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 	"machinePath": MachinePath,
 	"fingerprint": fingerprint,
 	"eventClass":  eventClass,
-	"seconds":     func(s int64) time.Duration { return time.Duration(s) * time.Second },
 	"sparkline":   sparkline,
 	"refreshJS":   refreshJS,
 }).ParseFS(templateFS, "templates/*.html"))

@@ -232,10 +232,10 @@ func TestFailedCheckBacksOff(t *testing.T) {
 	waitFor(t, 30*time.Second, "both machines backing off", func() bool {
 		return backoff(plain) != nil && backoff(custom) != nil
 	})
-	if b := backoff(plain); b.LastIntervalSeconds != 60 || b.Cause != "checking firmware of test/plain: BMC busy" {
+	if b := backoff(plain); b.LastInterval != time.Minute || b.Cause != "checking firmware of test/plain: BMC busy" {
 		t.Errorf("backoff of plain: %+v, want the default 60 s with the cause", b)
 	}
-	if b := backoff(custom); b.LastIntervalSeconds != 3600 {
+	if b := backoff(custom); int64(b.LastInterval/time.Second) != 3600 {
 		t.Errorf("backoff of custom: %+v, want the error's 3600 s", b)
 	}
 	for _, m := range []uuid.UUID{plain, custom} {
