@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // TestStress runs 32 workers in 4 sessions (each with its own connection
@@ -113,26 +114,9 @@ func TestStress(t *testing.T) {
 		t.Errorf("only %d leases in %v: too few to prove anything", started.Load(), duration)
 	}
 
-	// The audit, from history alone.
-	groups := map[string]string{agentStart.Name: agentStart.ExclusionGroup, recovery.Name: recovery.ExclusionGroup}
-	type key struct {
-		machine uuid.UUID
-		group   string
-	}
-	open := map[key]bmdb.HistoryEntry{}
-	count := map[string]int64{}
-	// Machines on which both processes held leases, one after the other:
-	// the group was exercised, not just each process against itself.
-	lastProcess := map[key]string{}
-	handovers := 0
+	// The audit, from history alone, by the shared auditor.
+	var history []bmdb.HistoryEntry
 	var after int64
-	violations := 0
-	violation := func(format string, args ...any) {
-		violations++
-		if violations <= 10 {
-			t.Errorf(format, args...)
-		}
-	}
 	for {
 		page, err := e.db.HistoryAfter(context.Background(), after, 1000)
 		if err != nil {
@@ -141,42 +125,40 @@ func TestStress(t *testing.T) {
 		if len(page) == 0 {
 			break
 		}
-		for _, h := range page {
-			after = h.ID
-			count[h.Event]++
-			group, ok := groups[h.Process]
-			if !ok {
-				violation("history entry of unknown process: %+v", h)
-				continue
-			}
-			k := key{h.Machine, group}
-			cur, held := open[k]
-			switch h.Event {
-			case bmdb.EventStarted:
-				if held {
-					violation("overlap on %s in group %s: %+v started while %+v still held", h.Machine, group, h, cur)
-				}
-				open[k] = h
-				if prev, ok := lastProcess[k]; ok && prev != h.Process {
-					handovers++
-				}
-				lastProcess[k] = h.Process
-			case bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost:
-				if !held || cur.Process != h.Process || cur.Session != h.Session {
-					violation("%+v ends no lease it held (open lease: %+v, held: %v)", h, cur, held)
-				}
-				delete(open, k)
-			default:
-				violation("unknown event: %+v", h)
+		history = append(history, page...)
+		after = page[len(page)-1].ID
+	}
+	res, err := bmdbtest.AuditLeases(history, bmdbtest.GroupsOf(agentStart, recovery))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, list := range [][]string{res.Overlaps, res.Orphans} {
+		for i, v := range list {
+			if i < 10 {
+				t.Errorf("%s", v)
 			}
 		}
 	}
-	for k, h := range open {
-		violation("lease on %s in group %s never ended: %+v", k.machine, k.group, h)
+	for _, h := range res.Open {
+		t.Errorf("lease never ended: %+v", h)
+	}
+	count := res.Events
+	// Machines on which both processes held leases, one after the other:
+	// the group was exercised, not just each process against itself.
+	lastProcess := map[uuid.UUID]string{}
+	handovers := 0
+	for _, h := range history {
+		if h.Event != bmdb.EventStarted {
+			continue
+		}
+		if prev, ok := lastProcess[h.Machine]; ok && prev != h.Process {
+			handovers++
+		}
+		lastProcess[h.Machine] = h.Process
 	}
 	t.Logf("history: %v; %d handovers between the two processes", count, handovers)
-	if count[bmdb.EventStarted] != started.Load() || count[bmdb.EventFinished] != finished.Load() ||
-		count[bmdb.EventFailed] != failed.Load() || count[bmdb.EventCanceled] != canceled.Load() || count[bmdb.EventLost] != 0 {
+	if int64(count[bmdb.EventStarted]) != started.Load() || int64(count[bmdb.EventFinished]) != finished.Load() ||
+		int64(count[bmdb.EventFailed]) != failed.Load() || int64(count[bmdb.EventCanceled]) != canceled.Load() || count[bmdb.EventLost] != 0 {
 		t.Errorf("history counts %v, want %d Started, %d Finished, %d Failed, %d Canceled, no Lost",
 			count, started.Load(), finished.Load(), failed.Load(), canceled.Load())
 	}

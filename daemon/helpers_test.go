@@ -24,6 +24,8 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 // shepherdProcess is a running shepherd binary.
@@ -296,35 +298,13 @@ func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
 	return bmdbtest.History(t, db)
 }
 
-// auditLeases proves from history order that no two leases of one
-// exclusion group (AgentStart and Recovery share one) overlapped on a
-// machine, and that every lease ended. It returns the number of leases.
+// auditLeases proves from history order, with the shared auditor, that no
+// two leases of one exclusion group (AgentStart and Recovery share one)
+// overlapped on a machine, and that every lease ended. It returns the
+// number of leases.
 func auditLeases(t *testing.T, history []bmdb.HistoryEntry) int {
 	t.Helper()
-	holder := map[string]bmdb.HistoryEntry{} // machine -> its open Started
-	leases := 0
-	for _, e := range history {
-		key := e.Machine.String()
-		switch e.Event {
-		case bmdb.EventStarted:
-			if h, ok := holder[key]; ok {
-				t.Errorf("overlap on %s: %s (session %s) started at history id %d while %s (session %s) held it since id %d",
-					e.Machine, e.Process, e.Session, e.ID, h.Process, h.Session, h.ID)
-			}
-			holder[key] = e
-			leases++
-		default:
-			h, ok := holder[key]
-			if !ok || h.Process != e.Process || h.Session != e.Session {
-				t.Errorf("history id %d: %s %s on %s by session %s ends no lease it holds", e.ID, e.Process, e.Event, e.Machine, e.Session)
-			}
-			delete(holder, key)
-		}
-	}
-	for _, h := range holder {
-		t.Errorf("lease of %s on %s (history id %d) never ended", h.Process, h.Machine, h.ID)
-	}
-	return leases
+	return bmdbtest.CheckLeases(t, history, bmdbtest.GroupsOf(agentstart.Process, recovery.Process))
 }
 
 // tcpProxy forwards connections to a target, and can make the target look

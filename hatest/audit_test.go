@@ -8,11 +8,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
-
-// eventRescheduled ends a lease successfully ("check again later"), once
-// the controlloop has it.
-const eventRescheduled = "Rescheduled"
 
 // exclusionGroup is each shipped process's exclusion group; another process
 // is its own group.
@@ -24,48 +21,19 @@ func exclusionGroup(process string) string {
 	return process
 }
 
-// audit is what a run's history proves: overlapping leases (a Started while
-// another lease of the group was held on the machine) and the leases still
-// held at the end. It is deliberately thin: the fault suite's audit is the
-// full one.
-type audit struct {
-	leases   int
-	overlaps []string
-	// open are the Started events never ended.
-	open []bmdb.HistoryEntry
-}
-
-func auditHistory(t *testing.T, history []bmdb.HistoryEntry) audit {
+// auditHistory audits a run's history with the shared auditor
+// (bmdbtest.AuditLeases), the shipped processes sharing their group.
+func auditHistory(t *testing.T, history []bmdb.HistoryEntry) bmdbtest.LeaseAudit {
 	t.Helper()
-	type key struct {
-		machine uuid.UUID
-		group   string
-	}
-	var a audit
-	held := map[key][]bmdb.HistoryEntry{}
+	groups := map[string]string{}
 	for _, e := range history {
-		k := key{e.Machine, exclusionGroup(e.Process)}
-		switch e.Event {
-		case bmdb.EventStarted:
-			a.leases++
-			for _, h := range held[k] {
-				a.overlaps = append(a.overlaps, fmt.Sprintf("history id %d: %s started on %s (session %s) while %s held it since id %d (session %s)",
-					e.ID, e.Process, e.Machine, e.Session, h.Process, h.ID, h.Session))
-			}
-			held[k] = append(held[k], e)
-		case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost, eventRescheduled:
-			for i, h := range held[k] {
-				if h.Process == e.Process && h.Session == e.Session {
-					held[k] = append(held[k][:i:i], held[k][i+1:]...)
-					break
-				}
-			}
-		}
+		groups[e.Process] = exclusionGroup(e.Process)
 	}
-	for _, hs := range held {
-		a.open = append(a.open, hs...)
+	res, err := bmdbtest.AuditLeases(history, groups)
+	if err != nil {
+		t.Fatalf("auditing leases: %v", err)
 	}
-	return a
+	return res
 }
 
 // heldSince lists the leases of history started before t0 that were not
@@ -79,10 +47,10 @@ func heldSince(history []bmdb.HistoryEntry, t0, t1 time.Time) []string {
 	started := map[lease]bmdb.HistoryEntry{}
 	for _, e := range history {
 		l := lease{e.Machine, e.Process, e.Session}
-		switch e.Event {
-		case bmdb.EventStarted:
+		switch {
+		case e.Event == bmdb.EventStarted:
 			started[l] = e
-		case bmdb.EventFinished, bmdb.EventFailed, bmdb.EventCanceled, bmdb.EventLost, eventRescheduled:
+		case bmdb.EndsLease(e.Event):
 			if e.Timestamp.Before(t1) {
 				delete(started, l)
 			}

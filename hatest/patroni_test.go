@@ -387,7 +387,7 @@ func TestPatroniFailover(t *testing.T) {
 	a.stop(30 * time.Second)
 	b.stop(30 * time.Second)
 	res := checkAudit(t, history(t, db))
-	t.Logf("Patroni run: %d leases, %d overlaps, %d never ended", res.leases, len(res.overlaps), len(res.open))
+	t.Logf("Patroni run: %d leases, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
 	for _, r := range []*replica{a, b} {
 		t.Logf("%s: what it logged about the database:\n%s", r.name, strings.Join(linesAbout(r.logLines(), 30,
 			"BMDB: connected", "synchronous standby", "ending work", "ending a lease", "session expires"), "\n"))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -152,16 +153,16 @@ func runShepherd(t *testing.T, timeout time.Duration, args ...string) (int, stri
 }
 
 // checkAudit fails t on overlapping leases and on leases never ended.
-func checkAudit(t *testing.T, h []bmdb.HistoryEntry) audit {
+func checkAudit(t *testing.T, h []bmdb.HistoryEntry) bmdbtest.LeaseAudit {
 	t.Helper()
 	a := auditHistory(t, h)
-	if len(a.overlaps) > 0 {
-		t.Errorf("%d overlapping leases, e.g.:\n%s", len(a.overlaps), strings.Join(a.overlaps[:min(5, len(a.overlaps))], "\n"))
+	if len(a.Overlaps) > 0 {
+		t.Errorf("%d overlapping leases, e.g.:\n%s", len(a.Overlaps), strings.Join(a.Overlaps[:min(5, len(a.Overlaps))], "\n"))
 	}
-	if len(a.open) > 0 {
-		t.Errorf("%d leases never ended after both replicas stopped, e.g. %s on %s since %s", len(a.open), a.open[0].Process, a.open[0].Machine, a.open[0].Timestamp)
+	if len(a.Open) > 0 {
+		t.Errorf("%d leases never ended after both replicas stopped, e.g. %s on %s since %s", len(a.Open), a.Open[0].Process, a.Open[0].Machine, a.Open[0].Timestamp)
 	}
-	if a.leases == 0 {
+	if a.Leases == 0 {
 		t.Error("no lease was taken at all: the fleet did not churn")
 	}
 	return a

@@ -134,7 +134,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 
 	h := history(t, openDB(t, direct))
 	res := checkAudit(t, h)
-	t.Logf("through PgBouncer (transaction mode): %d leases in 30 s by 2 replicas, %d overlaps, %d never ended", res.leases, len(res.overlaps), len(res.open))
+	t.Logf("through PgBouncer (transaction mode): %d leases in 30 s by 2 replicas, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
 	for _, r := range []*replica{a, b} {
 		for msg, n := range repeatedErrors(r.logLines()) {
 			if n < 3 {

@@ -143,24 +143,12 @@ func count(h []bmdb.HistoryEntry, process bmdb.Process, event string) map[uuid.U
 	return n
 }
 
-// checkExclusive fails unless no two leases of the Shepherd exclusion
-// group (AgentStart and Recovery) on one machine overlapped.
+// checkExclusive audits h with the shared auditor (bmdbtest): no two
+// leases of the Shepherd exclusion group (AgentStart and Recovery) on one
+// machine overlapped, and no end ended another's lease.
 func checkExclusive(t *testing.T, h []bmdb.HistoryEntry) {
 	t.Helper()
-	holder := map[uuid.UUID]string{}
-	for _, e := range h {
-		if e.Event == bmdb.EventStarted {
-			if p := holder[e.Machine]; p != "" {
-				t.Errorf("history %d: %s started on %s while %s held it", e.ID, e.Process, e.Machine, p)
-			}
-			holder[e.Machine] = e.Process
-		} else {
-			if holder[e.Machine] != e.Process {
-				t.Errorf("history %d: %s %s on %s, but %q held it", e.ID, e.Process, e.Event, e.Machine, holder[e.Machine])
-			}
-			holder[e.Machine] = ""
-		}
-	}
+	bmdbtest.CheckExclusion(t, h, bmdbtest.GroupsOf(agentstart.Process, recovery.Process))
 }
 
 // agentState reads whether each machine has an agent started and a
