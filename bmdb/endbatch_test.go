@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // endsPerTransaction reads the histogram of lease ends per transaction:
@@ -93,7 +94,7 @@ func TestConcurrentEndsShareATransaction(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 10*time.Second, "the ends to queue behind the open one", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the ends to queue behind the open one", func() (bool, error) {
 		return bmdb.PendingEnds(s) == n, nil
 	})
 	h.releaseNow()
@@ -170,7 +171,7 @@ func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
 	impatientCtx, giveUp := context.WithCancel(ctx)
 	impatientDone := make(chan error, 1)
 	go func() { impatientDone <- impatient.Cancel(impatientCtx) }()
-	waitFor(t, 10*time.Second, "five ends to queue", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 10*time.Second, "five ends to queue", func() (bool, error) {
 		return bmdb.PendingEnds(s) == 5, nil
 	})
 	giveUp()

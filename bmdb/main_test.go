@@ -175,7 +175,7 @@ func expectNothing(t testing.TB, s *bmdb.Session, p bmdb.Process) {
 func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Duration) *bmdb.Work {
 	t.Helper()
 	var w *bmdb.Work
-	waitFor(t, timeout, p.Name+" sourcing a machine", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, timeout, p.Name+" sourcing a machine", func() (bool, error) {
 		var err error
 		w, err = s.Work(context.Background(), p, bmdb.ProvidedCandidates())
 		if errors.Is(err, bmdb.ErrNothingToDo) {
@@ -184,28 +184,6 @@ func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Durati
 		return err == nil, err
 	})
 	return w
-}
-
-// waitFor polls cond until it holds, failing the test after timeout. It
-// returns how long the condition took.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("waiting for %s: still false after %v", what, timeout)
-		}
-		<-tick.C
-	}
 }
 
 // events lists the event names of h.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // seedHistory inserts n synthetic Finished events aged age (plus one second
@@ -284,7 +285,7 @@ func TestPruneHistoryWhileClaiming(t *testing.T) {
 		<-claimerDone
 	}
 	defer stopClaimer()
-	waitFor(t, 30*time.Second, "the claimer's first cycles", func() (bool, error) { return cycles.Load() >= 5, nil })
+	bmdbtest.WaitForNoError(t, 30*time.Second, "the claimer's first cycles", func() (bool, error) { return cycles.Load() >= 5, nil })
 
 	pruneStart := time.Now()
 	deleted, err := e.db.PruneHistory(ctx, 30*24*time.Hour, 500)
@@ -294,7 +295,7 @@ func TestPruneHistoryWhileClaiming(t *testing.T) {
 	}
 	// A few more cycles after the prune, so the claimer is seen running on.
 	after := cycles.Load()
-	waitFor(t, 30*time.Second, "claims after the prune", func() (bool, error) { return cycles.Load() >= after+5, nil })
+	bmdbtest.WaitForNoError(t, 30*time.Second, "claims after the prune", func() (bool, error) { return cycles.Load() >= after+5, nil })
 	stopClaimer()
 	if claimErr != nil {
 		t.Fatalf("claiming while pruning: %v", claimErr)
@@ -336,7 +337,7 @@ func TestRunRetention(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.db.RunRetention(ctx, time.Hour, 30*24*time.Hour) }()
-	waitFor(t, 30*time.Second, "the first retention round", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 30*time.Second, "the first retention round", func() (bool, error) {
 		older, _ := e.historyAges(30 * 24 * time.Hour)
 		return older == 0, nil
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // A session whose heartbeat stops loses its leases to the reaper that
@@ -39,7 +40,7 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 
 	stopped := time.Now()
 	dead.StopHeartbeat()
-	waitFor(t, 20*time.Second, "the reaper to release the dead session's leases", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "the reaper to release the dead session's leases", func() (bool, error) {
 		n, err := e.db.LeaseCount(ctx, agentStart)
 		return n == 0, err
 	})
@@ -272,7 +273,7 @@ func TestClaimBySessionBeingReaped(t *testing.T) {
 		_, err := s.Work(ctx, agentStart, bmdb.ProvidedCandidates())
 		done <- err
 	}()
-	waitFor(t, 10*time.Second, "the claim to wait on the session being deleted", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the session being deleted", func() (bool, error) {
 		var n int
 		err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
@@ -346,7 +347,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 			t.Fatalf("round %d: claiming: %v", round, err)
 		}
 		dying.StopHeartbeat()
-		waitFor(t, 20*time.Second, "the lease to be reaped", func() (bool, error) {
+		bmdbtest.WaitForNoError(t, 20*time.Second, "the lease to be reaped", func() (bool, error) {
 			n, err := e.db.LeaseCount(ctx, agentStart)
 			return n == 0, err
 		})

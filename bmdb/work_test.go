@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // The backoff sequence of DESIGN.md, end to end: every failure goes through
@@ -467,7 +468,7 @@ func TestClaimRacingUncommittedLease(t *testing.T) {
 				w, err := s2.Work(ctx, agentStart, bmdb.ProvidedCandidates())
 				done <- result{w, err}
 			}()
-			waitFor(t, 10*time.Second, "the claim to wait on the uncommitted lease", func() (bool, error) {
+			bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the uncommitted lease", func() (bool, error) {
 				var n int
 				err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 					WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 )
 
@@ -77,11 +78,11 @@ func TestLeaseEndRetriedThroughTableLock(t *testing.T) {
 	<-running
 	release := e.lockWork()
 	close(proceed)
-	waitFor(t, time.Minute, "the Fail to be retried", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, time.Minute, "the Fail to be retried", func() (bool, error) {
 		return e.metric("shepherd_work_end_retries_total", map[string]string{"outcome": "retried"}) >= 2, nil
 	})
 	release()
-	waitFor(t, time.Minute, "the failure to be recorded", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, time.Minute, "the failure to be recorded", func() (bool, error) {
 		return e.count(bmdb.EventFailed) == 1, nil
 	})
 	for _, h := range e.history() {
@@ -133,11 +134,11 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	<-running
 	release := e.lockWork()
 	close(proceed)
-	waitFor(t, time.Minute, "the session to be abandoned", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, time.Minute, "the session to be abandoned", func() (bool, error) {
 		return e.metric("shepherd_work_end_retries_total", map[string]string{"outcome": "abandoned"}) == 1, nil
 	})
 	release()
-	waitFor(t, time.Minute, "the abandoned lease to be reaped as Lost, and the machine done by a new session", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, time.Minute, "the abandoned lease to be reaped as Lost, and the machine done by a new session", func() (bool, error) {
 		ev := eventsByMachine(e.history())[machine]
 		return strings.Join(ev, " ") == "Started Lost Started Finished", nil
 	})
@@ -148,7 +149,7 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	if h[1].Session != h[0].Session {
 		t.Errorf("Lost recorded for session %s, want the abandoned %s", h[1].Session, h[0].Session)
 	}
-	waitFor(t, time.Minute, "the runner to hold a live session", func() (bool, error) { return r.Ready(), nil })
+	bmdbtest.WaitForNoError(t, time.Minute, "the runner to hold a live session", func() (bool, error) { return r.Ready(), nil })
 	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
 		t.Errorf("%d leases held at the end (%v), want none", n, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 )
 
@@ -140,7 +141,7 @@ func TestRunnerMaxInFlightAcrossReplicas(t *testing.T) {
 	e.start(p, cfg)
 	e.replica().start(p, cfg)
 
-	waitFor(t, 30*time.Second, "every machine done", func() (bool, error) { return done.Load() == 24, nil })
+	bmdbtest.WaitForNoError(t, 30*time.Second, "every machine done", func() (bool, error) { return done.Load() == 24, nil })
 	if got := c.max.Load(); got > 3 {
 		t.Errorf("%d machines acted on at once across the replicas, want at most 3", got)
 	} else if got < 2 {
@@ -175,7 +176,7 @@ func TestRunnerMaxPerHour(t *testing.T) {
 	cfg := fastConfig(p, 4)
 	cfg.Limits.MaxPerHour = 5
 	e.start(p, cfg)
-	waitFor(t, 10*time.Second, "five machines done", func() (bool, error) { return done.Load() >= 5, nil })
+	bmdbtest.WaitForNoError(t, 10*time.Second, "five machines done", func() (bool, error) { return done.Load() >= 5, nil })
 	// Give the loop time to (wrongly) take more: many idle polls.
 	time.Sleep(20 * cfg.IdlePoll)
 	if got := done.Load(); got != 5 {
@@ -207,7 +208,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	cfg := fastConfig(p, 2)
 	cfg.IdlePoll = 100 * time.Millisecond
 	r := e.start(p, cfg)
-	waitFor(t, 10*time.Second, "work flowing", func() (bool, error) { return started.Load() > 10, nil })
+	bmdbtest.WaitForNoError(t, 10*time.Second, "work flowing", func() (bool, error) { return started.Load() > 10, nil })
 
 	ctx := context.Background()
 	pausedAt := time.Now()
@@ -217,7 +218,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	// In-flight work (at most the parallelism) ends; nothing new starts.
 	var last int64
 	stable := time.Time{}
-	waitFor(t, 5*time.Second, "the loop to stop leasing", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 5*time.Second, "the loop to stop leasing", func() (bool, error) {
 		n := started.Load()
 		if n != last {
 			last, stable = n, time.Now()
@@ -244,7 +245,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	if maxSrc := window.Seconds()/cfg.IdlePoll.Seconds() + 2; src > maxSrc {
 		t.Errorf("paused: %.0f claims in %s, want at most one per idle poll (%.0f)", src, window, maxSrc)
 	}
-	waitFor(t, 5*time.Second, "the paused gauge", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 5*time.Second, "the paused gauge", func() (bool, error) {
 		return e.metric("shepherd_process_paused", map[string]string{"process": "test", "reason": "operator"}) == 1, nil
 	})
 	if !r.Ready() {
@@ -255,8 +256,8 @@ func TestRunnerPauseAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := started.Load()
-	waitFor(t, 5*time.Second, "work after resume", func() (bool, error) { return started.Load() > before, nil })
-	waitFor(t, 5*time.Second, "the paused gauge to clear", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 5*time.Second, "work after resume", func() (bool, error) { return started.Load() > before, nil })
+	bmdbtest.WaitForNoError(t, 5*time.Second, "the paused gauge to clear", func() (bool, error) {
 		return e.metric("shepherd_process_paused", nil) == 0, nil
 	})
 }
@@ -288,7 +289,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 			return len(ps) == 1 && ps[0].Active() && ps[0].Source == source, nil
 		}
 	}
-	waitFor(t, 10*time.Second, "the breaker to pause the process", pausedBy(bmdb.PauseByBreaker))
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the breaker to pause the process", pausedBy(bmdb.PauseByBreaker))
 	time.Sleep(10 * cfg.IdlePoll)
 	// One worker: it failed four times, tripped the breaker at the fourth,
 	// and took nothing since.
@@ -311,7 +312,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 	if _, err := e.db.ResumeProcess(ctx, p.info.Process.Name); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the breaker to trip again", pausedBy(bmdb.PauseByBreaker))
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the breaker to trip again", pausedBy(bmdb.PauseByBreaker))
 	time.Sleep(10 * cfg.IdlePoll)
 	if got := attempts.Load(); got != 8 {
 		t.Errorf("%d attempts after one resume, want 8", got)
@@ -341,7 +342,7 @@ func TestRunnerBreakerStopsEveryReplica(t *testing.T) {
 	e.start(failing, cfg)
 	e.replica().start(failing, cfg)
 
-	waitFor(t, 10*time.Second, "a breaker trip", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 10*time.Second, "a breaker trip", func() (bool, error) {
 		ps, err := e.db.Pauses(context.Background())
 		return len(ps) == 1 && ps[0].Active(), err
 	})

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 )
 
@@ -64,7 +65,7 @@ func TestTaskContextLogger(t *testing.T) {
 		}
 		return ""
 	}
-	waitFor(t, 10*time.Second, "the process's and the runner's lines", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the process's and the runner's lines", func() (bool, error) {
 		return find("hello from the process") != "" && find("work failed") != "", nil
 	})
 	for _, want := range []string{`"process":"test"`, `"machine":"`, `"provider_id":"` + provider + `"`, `"session":"`} {

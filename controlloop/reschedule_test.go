@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 )
 
@@ -29,7 +30,7 @@ func TestCheckAgainAfterIsNeitherFailureNorBackoff(t *testing.T) {
 	p.candidates = bmdb.ProvidedCandidates() // every machine, always
 	started := time.Now()
 	r := e.start(p, fastConfig(p, 2))
-	waitFor(t, time.Minute, "each machine rescheduled twice", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, time.Minute, "each machine rescheduled twice", func() (bool, error) {
 		return e.count(bmdb.EventRescheduled) >= 2*len(machines), nil
 	})
 	r.Stop(t, time.Minute)
@@ -81,7 +82,7 @@ func TestBackoffErrorInChainSetsBackoff(t *testing.T) {
 		return errors.Join(errors.New("context"), controlloop.WithBackoff(errors.New("host key changed"), custom))
 	})
 	e.start(p, fastConfig(p, 1))
-	waitFor(t, 20*time.Second, "the failure", func() (bool, error) { return e.count(bmdb.EventFailed) == 1, nil })
+	bmdbtest.WaitForNoError(t, 20*time.Second, "the failure", func() (bool, error) { return e.count(bmdb.EventFailed) == 1, nil })
 	b, err := e.db.BackoffOf(context.Background(), m, p.info.Process)
 	if err != nil || b == nil || int64(b.LastInterval/time.Second) != int64(custom.Initial/time.Second) {
 		t.Errorf("backoff %+v (%v), want the error's %s", b, err, custom.Initial)

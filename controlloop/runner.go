@@ -113,6 +113,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		})
 	}
 	if err := r.register(ctx); err != nil {
+		// The workers wait for tasks: end them, or they outlive Run.
+		close(tasks)
+		workers.Wait()
 		return err
 	}
 	gaugesCtx, stopGauges := context.WithCancel(ctx)

@@ -148,25 +148,6 @@ func (r *runner) Stop(t *testing.T, timeout time.Duration) time.Duration {
 	return time.Since(start)
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // history reads the whole work history.
 func (e *env) history() []bmdb.HistoryEntry {
 	e.t.Helper()
@@ -261,7 +242,7 @@ func TestRunnerFinishesEveryMachine(t *testing.T) {
 	})
 	r := e.start(p, fastConfig(p, 4))
 
-	waitFor(t, 20*time.Second, "every machine to be finished", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "every machine to be finished", func() (bool, error) {
 		return e.count(bmdb.EventFinished) == len(machines), nil
 	})
 	// Idle now: nothing more may be started.
@@ -309,7 +290,7 @@ func TestRunnerCustomBackoff(t *testing.T) {
 	})
 	e.start(p, fastConfig(p, 3))
 
-	waitFor(t, 20*time.Second, "every machine to fail", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "every machine to fail", func() (bool, error) {
 		return e.count(bmdb.EventFailed) == len(machines), nil
 	})
 	for _, m := range machines {
@@ -351,12 +332,12 @@ func TestRunnerPanic(t *testing.T) {
 	})
 	e.start(p, fastConfig(p, 1))
 
-	waitFor(t, 20*time.Second, "every machine to be done", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "every machine to be done", func() (bool, error) {
 		return e.count(bmdb.EventFailed) == 2 && e.count(bmdb.EventFinished) == 2, nil
 	})
 	// Still running: new work is done.
 	late := e.addMachines(1)[0]
-	waitFor(t, 20*time.Second, "a machine added after the panics to be finished", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "a machine added after the panics to be finished", func() (bool, error) {
 		return e.count(bmdb.EventFinished) == 3, nil
 	})
 
@@ -394,7 +375,7 @@ func TestRunnerShutdownCancelsAfterGrace(t *testing.T) {
 	cfg := fastConfig(p, 3)
 	cfg.ShutdownGrace = 300 * time.Millisecond
 	r := e.start(p, cfg)
-	waitFor(t, 20*time.Second, "all machines in progress", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "all machines in progress", func() (bool, error) {
 		return running.Load() == 3, nil
 	})
 	took := r.Stop(t, 10*time.Second)
@@ -441,7 +422,7 @@ func TestRunnerShutdownLetsWorkFinish(t *testing.T) {
 	cfg := fastConfig(p, 2)
 	cfg.ShutdownGrace = time.Minute
 	r := e.start(p, cfg)
-	waitFor(t, 20*time.Second, "two machines in progress", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "two machines in progress", func() (bool, error) {
 		return running.Load() == 2, nil
 	})
 	time.AfterFunc(300*time.Millisecond, func() { close(release) })
@@ -468,7 +449,7 @@ func TestRunnerIdleLoad(t *testing.T) {
 	cfg := controlloop.DefaultConfig(p.Info())
 	cfg.Parallelism = 64
 	r := e.start(p, cfg)
-	waitFor(t, 10*time.Second, "a session", func() (bool, error) { return r.Ready(), nil })
+	bmdbtest.WaitForNoError(t, 10*time.Second, "a session", func() (bool, error) { return r.Ready(), nil })
 
 	const window = 3 * time.Second
 	tx0 := e.metric("shepherd_bmdb_transactions_total", nil)
@@ -516,7 +497,7 @@ func TestRunnerSessionLoss(t *testing.T) {
 	cfg := fastConfig(p, 3)
 	cfg.Session.Interval = 2 * time.Second
 	e.start(p, cfg)
-	waitFor(t, 20*time.Second, "all machines in progress", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 20*time.Second, "all machines in progress", func() (bool, error) {
 		return blocked.Load() == 3, nil
 	})
 
@@ -531,7 +512,7 @@ func TestRunnerSessionLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waitFor(t, 30*time.Second, "every machine to be finished under a new session", func() (bool, error) {
+	bmdbtest.WaitForNoError(t, 30*time.Second, "every machine to be finished under a new session", func() (bool, error) {
 		return e.count(bmdb.EventFinished) == len(machines), nil
 	})
 	h := e.history()

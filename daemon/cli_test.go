@@ -34,7 +34,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	t.Helper()
 	ctx := context.Background()
 	f := &cliFleet{dsn: bmdbtest.NewDatabase(t)}
-	f.db = openDB(t, f.dsn)
+	f.db = bmdbtest.Open(t, f.dsn)
 	err := f.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		for i := range 4 {
 			if _, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: fmt.Sprintf("m%d", i)}); err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -25,7 +26,7 @@ func TestDemoMode(t *testing.T) {
 
 	started := time.Now()
 	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
-	waitFor(t, 30*time.Second-time.Since(started), "AgentStart work finished in demo mode", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second-time.Since(started), "AgentStart work finished in demo mode", func() (bool, string) {
 		m, _ := d.metrics()
 		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf(`shepherd_work_finished_total{process="agentstart",result="finished"} is %g`, v)
@@ -43,7 +44,7 @@ func TestDemoMode(t *testing.T) {
 
 	// The state persists: the second run reuses the cluster and its fleet.
 	again := startShepherd(t, "demo-again", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
-	waitFor(t, 30*time.Second, "the second demo run to be ready", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the second demo run to be ready", func() (bool, string) {
 		code, body, err := again.get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
@@ -80,7 +81,7 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 	t.Cleanup(func() { killPostgres(t, filepath.Join(stateDir, "data")) })
 	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir, "-sim_machines=10")
-	waitFor(t, 60*time.Second, "the demo to be ready", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the demo to be ready", func() (bool, string) {
 		code, body, err := d.get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})

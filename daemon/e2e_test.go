@@ -49,14 +49,14 @@ func fastFleetFlags(machines int, extra ...string) []string {
 func TestFleet(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
+	db := bmdbtest.Open(t, dsn)
 	const grace = 2 * time.Second
 	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), fastFleetFlags(200,
 		"-agentstart_loop_parallelism=8", "-recovery_loop_parallelism=8")...)
 	started := time.Now()
 
 	grown := false // some AgentStart backoff longer than its initial 1 s
-	waitFor(t, 60*time.Second, "both loops to show all their behaviour", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "both loops to show all their behaviour", func() (bool, string) {
 		m, _ := d.metrics()
 		for _, c := range []struct {
 			name   string
@@ -147,12 +147,12 @@ func TestFleet(t *testing.T) {
 func TestTwoDaemons(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
+	db := bmdbtest.Open(t, dsn)
 	flags := fastFleetFlags(200, "-bmdb_dsn="+dsn, "-sim_action_time=300ms")
 	a := startShepherd(t, "replica-a", childEnv(), flags...)
 	b := startShepherd(t, "replica-b", childEnv(), flags...)
 
-	waitFor(t, 45*time.Second, "both replicas to finish AgentStart and Recovery work", func() (bool, string) {
+	bmdbtest.WaitFor(t, 45*time.Second, "both replicas to finish AgentStart and Recovery work", func() (bool, string) {
 		for _, d := range []*shepherdProcess{a, b} {
 			m, _ := d.metrics()
 			for _, p := range []string{"agentstart", "recovery"} {
@@ -194,7 +194,7 @@ func TestShutdown(t *testing.T) {
 			"-sim_machines=10", "-sim_action_time=1m", "-agentstart_loop_parallelism=4", "-shutdown_grace=" + grace}
 	}
 	waitBusy := func(t *testing.T, d *shepherdProcess) {
-		waitFor(t, 30*time.Second, "4 busy agentstart workers", func() (bool, string) {
+		bmdbtest.WaitFor(t, 30*time.Second, "4 busy agentstart workers", func() (bool, string) {
 			m, _ := d.metrics()
 			v := m.value("shepherd_workers_active", "process", "agentstart")
 			return v == 4, fmt.Sprintf("%g workers active", v)
@@ -204,7 +204,7 @@ func TestShutdown(t *testing.T) {
 	t.Run("grace then cancel", func(t *testing.T) {
 		t.Parallel()
 		dsn := bmdbtest.NewDatabase(t)
-		db := openDB(t, dsn)
+		db := bmdbtest.Open(t, dsn)
 		d := startShepherd(t, "shepherd", childEnv(), flags(dsn, "1s")...)
 		waitBusy(t, d)
 		if took := d.stop(10 * time.Second); took < time.Second || took > 6*time.Second {
@@ -226,7 +226,7 @@ func TestShutdown(t *testing.T) {
 		d := startShepherd(t, "shepherd", childEnv(), flags(dsn, "1m")...)
 		waitBusy(t, d)
 		d.signal(syscall.SIGTERM)
-		waitFor(t, 5*time.Second, "the first signal to be logged", func() (bool, string) {
+		bmdbtest.WaitFor(t, 5*time.Second, "the first signal to be logged", func() (bool, string) {
 			return d.logCount("Received terminated") == 1, "not logged yet"
 		})
 		sent := d.signal(syscall.SIGINT)

@@ -33,7 +33,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
+	db := bmdbtest.Open(t, dsn)
 
 	// Heartbeat ages and agent starts without a heartbeat, chosen so that
 	// the daemon's -recovery_heartbeat_timeout=20m and
@@ -112,7 +112,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
 		"-listen=127.0.0.1:0", "-sim_machines=0",
 		"-recovery_heartbeat_timeout=20m", "-recovery_start_timeout=1h", "-shutdown_grace=2s")
-	waitFor(t, 30*time.Second, "the daemon to register Recovery with its timeouts", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the daemon to register Recovery with its timeouts", func() (bool, string) {
 		rc, err := db.RegisteredCondition(ctx, recovery.Process)
 		if err != nil {
 			return false, err.Error()
@@ -156,7 +156,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		t.Errorf("machines with the default timeouts given as flags: %d rows (%v), want 5", len(rows), err)
 	}
 
-	waitFor(t, 30*time.Second, "the status page to count Recovery's eligible machines", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the status page to count Recovery's eligible machines", func() (bool, string) {
 		code, body, err := d.get("/status")
 		if err != nil || code != 200 {
 			return false, fmt.Sprintf("/status: %d %v", code, err)
@@ -175,7 +175,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		t.Fatal(err)
 	}
 	var claimed []uuid.UUID
-	waitFor(t, 30*time.Second, "Recovery to claim the eligible machines", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "Recovery to claim the eligible machines", func() (bool, string) {
 		claimed = claimed[:0]
 		for _, e := range fullHistory(t, db) {
 			if e.Process == recovery.Process.Name && e.Event == bmdb.EventStarted && !slices.Contains(claimed, e.Machine) {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/tcpproxy"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
@@ -147,7 +147,7 @@ func (p *shepherdProcess) logCount(s string) int {
 func (p *shepherdProcess) httpAddr() string {
 	p.t.Helper()
 	var addr string
-	waitFor(p.t, 30*time.Second, p.name+" serving HTTP", func() (bool, string) {
+	bmdbtest.WaitFor(p.t, 30*time.Second, p.name+" serving HTTP", func() (bool, string) {
 		p.mu.Lock()
 		addr = p.addr
 		p.mu.Unlock()
@@ -264,34 +264,6 @@ series:
 	return -1
 }
 
-// waitFor polls cond until it holds, failing the test with cond's last
-// explanation after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, why)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// openDB opens the BMDB at dsn for the test's own checks.
-func openDB(t *testing.T, dsn string) *bmdb.DB {
-	t.Helper()
-	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
-}
-
 // fullHistory reads the whole work history in causal order.
 func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
 	t.Helper()
@@ -307,109 +279,33 @@ func auditLeases(t *testing.T, history []bmdb.HistoryEntry) int {
 	return bmdbtest.CheckLeases(t, history, bmdbtest.GroupsOf(agentstart.Process, recovery.Process))
 }
 
-// tcpProxy forwards connections to a target, and can make the target look
-// unreachable (new connections are closed at once, open ones are cut)
-// without giving up its port.
-type tcpProxy struct {
-	l      net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
+// newTCPProxy puts a controllable TCP proxy (internal/tcpproxy) in front
+// of target for the test's lifetime: Cut makes the target unreachable
+// without giving up the port, Restore brings it back.
+func newTCPProxy(t *testing.T, target string) *tcpproxy.Proxy {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := tcpproxy.New(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &tcpProxy{l: l, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	t.Cleanup(func() {
-		l.Close()
-		p.setDown(true)
-	})
+	t.Cleanup(func() { p.Close() })
 	return p
-}
-
-func (p *tcpProxy) addr() string { return p.l.Addr().String() }
-
-func (p *tcpProxy) serve() {
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		down := p.down
-		if !down {
-			p.conns[c] = true
-		}
-		p.mu.Unlock()
-		if down {
-			c.Close()
-			continue
-		}
-		go p.forward(c)
-	}
-}
-
-func (p *tcpProxy) forward(c net.Conn) {
-	defer p.forget(c)
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		return
-	}
-	p.mu.Lock()
-	if p.down {
-		p.mu.Unlock()
-		up.Close()
-		return
-	}
-	p.conns[up] = true
-	p.mu.Unlock()
-	defer p.forget(up)
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
-}
-
-func (p *tcpProxy) forget(c net.Conn) {
-	c.Close()
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-}
-
-// setDown makes the target unreachable (true) or reachable again.
-func (p *tcpProxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for c := range p.conns {
-			c.Close()
-		}
-	}
 }
 
 // testPassword is put into DSNs so that tests can check that no log shows it.
 const testPassword = "s3cret-test-password"
 
 // viaProxy returns dsn rerouted through a new proxy to its server.
-func viaProxy(t *testing.T, dsn string) (string, *tcpProxy) {
+func viaProxy(t *testing.T, dsn string) (string, *tcpproxy.Proxy) {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal("cannot parse the test DSN")
 	}
 	proxy := newTCPProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
-	host, port, _ := net.SplitHostPort(proxy.addr())
+	host, port, _ := net.SplitHostPort(proxy.Addr())
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Host = proxy.addr()
+		u.Host = proxy.Addr()
 		if _, hasPassword := u.User.Password(); !hasPassword && bmdbtest.Cluster() != nil {
 			// The private cluster trusts local connections and never asks
 			// for it: a password that lets tests check it is never logged.

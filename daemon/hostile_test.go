@@ -48,7 +48,7 @@ func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*sh
 	inventoryFile := filepath.Join(dir, "inventory.yaml")
 	writeFile(t, inventoryFile, "machines:\n"+inventory)
 	dsn := bmdbtest.NewDatabase(t)
-	db := openDB(t, dsn)
+	db := bmdbtest.Open(t, dsn)
 	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), append([]string{
 		"-listen=127.0.0.1:0",
 		"-provider=static",
@@ -61,7 +61,7 @@ func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*sh
 	}, extra...)...)
 	machines := map[string]uuid.UUID{}
 	want := strings.Count(inventory, "- id: ")
-	waitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the inventory in the BMDB", func() (bool, string) {
 		for id, p := range staticMachines(t, db) {
 			machines[id] = p.Machine
 		}
@@ -159,7 +159,7 @@ func TestHostileMachines(t *testing.T) {
 	// AgentStart fails against the hostile SSH server. Then each machine
 	// gets an agent that never heartbeats, so that Recovery reboots it
 	// through its hostile BMC.
-	waitFor(t, 60*time.Second, "AgentStart to fail on every machine", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "AgentStart to fail on every machine", func() (bool, string) {
 		n := 0
 		for _, m := range machines {
 			if countEvents(historyOf(t, db, m), "ShepherdAgentStart", bmdb.EventFailed) > 0 {
@@ -169,7 +169,7 @@ func TestHostileMachines(t *testing.T) {
 		return n == 3, fmt.Sprintf("%d of 3", n)
 	})
 	recordSilentAgents(t, db, machines)
-	waitFor(t, 90*time.Second, "Recovery to fail twice on every machine", func() (bool, string) {
+	bmdbtest.WaitFor(t, 90*time.Second, "Recovery to fail twice on every machine", func() (bool, string) {
 		var counts []int
 		done := true
 		for _, name := range []string{"nul", "huge", "slow"} {

@@ -28,7 +28,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=5", "-status_token_file="+token)
-	waitFor(t, 60*time.Second, "the daemon to be ready", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the daemon to be ready", func() (bool, string) {
 		code, body, err := d.get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
@@ -111,7 +111,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 		}
 	}
 	// ... and answers again.
-	waitFor(t, 30*time.Second, "the server to answer after the trickle", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the server to answer after the trickle", func() (bool, string) {
 		code, _, err := d.get("/healthz")
 		return err == nil && code == 200, fmt.Sprintf("/healthz: %d %v", code, err)
 	})

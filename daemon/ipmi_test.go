@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
@@ -57,7 +58,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 	dying.Freeze(t)
 	recordSilentAgents(t, db, machines)
 	ctx := context.Background()
-	waitFor(t, 60*time.Second, "Recovery to start on the machine of the dying BMC", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "Recovery to start on the machine of the dying BMC", func() (bool, string) {
 		n := countEvents(historyOf(t, db, machines["dying"]), "ShepherdRecovery", bmdb.EventStarted)
 		return n >= 1, fmt.Sprintf("%d started", n)
 	})
@@ -72,14 +73,14 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		t.Errorf("machines -all: exit %d, want every machine with power ipmi:\n%s%s", code, out, errOut)
 	}
 	before := good.PowerOns(t)
-	waitFor(t, 60*time.Second, "Recovery to end on every machine", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "Recovery to end on every machine", func() (bool, string) {
 		f := countEvents(historyOf(t, db, machines["good"]), "ShepherdRecovery", bmdb.EventFinished)
 		r := countEvents(historyOf(t, db, machines["refusing"]), "ShepherdRecovery", bmdb.EventFailed)
 		s := countEvents(historyOf(t, db, machines["silent"]), "ShepherdRecovery", bmdb.EventFailed)
 		k := countEvents(historyOf(t, db, machines["dying"]), "ShepherdRecovery", bmdb.EventFailed)
 		return f >= 1 && r >= 1 && s >= 1 && k >= 1, fmt.Sprintf("good finished %d, refusing failed %d, silent failed %d, dying failed %d", f, r, s, k)
 	})
-	waitFor(t, 10*time.Second, "the good BMC to power the chassis on again", func() (bool, string) {
+	bmdbtest.WaitFor(t, 10*time.Second, "the good BMC to power the chassis on again", func() (bool, string) {
 		n := good.PowerOns(t)
 		return n > before, fmt.Sprintf("power-ons %d (before %d); log:\n%s", n, before, good.Log(t))
 	})

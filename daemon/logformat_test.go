@@ -18,7 +18,7 @@ func TestJSONLogs(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), fastFleetFlags(20, "-log_format=json")...)
 	var failed map[string]any
-	waitFor(t, 60*time.Second, "a JSON line about a failed task", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "a JSON line about a failed task", func() (bool, string) {
 		for _, line := range strings.Split(d.log(), "\n") {
 			var obj map[string]any
 			if json.Unmarshal([]byte(line), &obj) != nil {

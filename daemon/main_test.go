@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 )
 
 // The tests of this package run the real binary, built once per test run,
@@ -42,12 +42,10 @@ func buildAndRunTests() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "shepherd")
 	start := time.Now()
-	build := exec.Command("go", "build", "-o", bin, "../cmd/shepherd")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build -o %s ../cmd/shepherd: %v\n", bin, err)
+	bin, err := gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if testingVerbose() {

@@ -49,7 +49,7 @@ func TestMigrate(t *testing.T) {
 		}
 		t.Logf("shepherd %v: %s", step.args, strings.TrimSpace(stdout))
 	}
-	db := openDB(t, dsn)
+	db := bmdbtest.Open(t, dsn)
 	if err := db.CheckSchema(context.Background()); err != nil {
 		t.Errorf("after migrate up: %v", err)
 	}
@@ -102,7 +102,7 @@ func TestSchemaRefused(t *testing.T) {
 				if code, _, stderr := runShepherd(t, childEnv(), force...); code != 0 {
 					t.Fatalf("shepherd %v: exit status %d\n%s", force, code, stderr)
 				}
-				if err := openDB(t, dsn).CheckSchema(context.Background()); err != nil {
+				if err := bmdbtest.Open(t, dsn).CheckSchema(context.Background()); err != nil {
 					t.Errorf("after migrate force: %v", err)
 				}
 			}
@@ -156,7 +156,7 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 	}
 	shepherd(exitOK, "migrate", "down", "-yes")
 	shepherd(exitOK, "migrate", "up")
-	if err := openDB(t, dsn).CheckSchema(ctx); err != nil {
+	if err := bmdbtest.Open(t, dsn).CheckSchema(ctx); err != nil {
 		t.Errorf("after recovery: %v", err)
 	}
 }

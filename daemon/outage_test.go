@@ -17,7 +17,7 @@ import (
 func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	dsn, proxy := viaProxy(t, bmdbtest.NewDatabase(t))
-	proxy.setDown(true)
+	proxy.Cut()
 	d := startShepherd(t, "shepherd", childEnv(), "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn,
 		"-session_interval=2s", "-sim_machines=20")
 
@@ -33,11 +33,11 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 
 	// Unreachable from the start: the schema check is retried, not fatal.
-	waitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
 		n := d.logCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
-	waitFor(t, 5*time.Second, "/readyz to say it waits for the BMDB", readyz(false, "waiting for the BMDB"))
+	bmdbtest.WaitFor(t, 5*time.Second, "/readyz to say it waits for the BMDB", readyz(false, "waiting for the BMDB"))
 	if m, _ := d.metrics(); m.value("shepherd_work_started_total", "process", "recovery") != 0 {
 		t.Errorf("shepherd_work_started_total{process=\"recovery\"} does not exist at zero while the database is away")
 	}
@@ -45,9 +45,9 @@ func TestDatabaseOutage(t *testing.T) {
 		t.Errorf("/healthz: %d %v while the database is away, want 200", code, err)
 	}
 
-	proxy.setDown(false)
-	waitFor(t, 30*time.Second, "ready once the database is reachable", readyz(true, "ok"))
-	waitFor(t, 15*time.Second, "AgentStart to finish work", func() (bool, string) {
+	proxy.Restore()
+	bmdbtest.WaitFor(t, 30*time.Second, "ready once the database is reachable", readyz(true, "ok"))
+	bmdbtest.WaitFor(t, 15*time.Second, "AgentStart to finish work", func() (bool, string) {
 		m, _ := d.metrics()
 		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("%g finished", v)
@@ -55,12 +55,12 @@ func TestDatabaseOutage(t *testing.T) {
 
 	// Away while running: the probe fails on the ping, then on the loops,
 	// whose sessions are lost.
-	proxy.setDown(true)
-	waitFor(t, 10*time.Second, "not ready: database", readyz(false, "database: "))
-	waitFor(t, 15*time.Second, "not ready: sessions lost", readyz(false, "agentstart: no live BMDB session"))
+	proxy.Cut()
+	bmdbtest.WaitFor(t, 10*time.Second, "not ready: database", readyz(false, "database: "))
+	bmdbtest.WaitFor(t, 15*time.Second, "not ready: sessions lost", readyz(false, "agentstart: no live BMDB session"))
 
-	proxy.setDown(false)
-	waitFor(t, 45*time.Second, "ready again once the database is back", readyz(true, "ok"))
+	proxy.Restore()
+	bmdbtest.WaitFor(t, 45*time.Second, "ready again once the database is back", readyz(true, "ok"))
 	// A worker ending its lease retries that itself (bmdb logs it), and
 	// may keep the loop from sourcing during a short outage.
 	if n := d.logCount("agentstart: sourcing: ") + d.logCount("agentstart: cannot start a BMDB session") + d.logCount("BMDB: ending a lease: "); n == 0 {

@@ -94,7 +94,7 @@ func newRealFleet(t *testing.T) *realFleet {
       credentials_file: %s
 `, f.machine.sshd.Port, f.machine.sshd.User, f.machine.bmc.URL, filepath.Base(credentials)))
 	f.dsn = bmdbtest.NewDatabase(t)
-	f.db = openDB(t, f.dsn)
+	f.db = bmdbtest.Open(t, f.dsn)
 	return f
 }
 
@@ -127,7 +127,7 @@ func (f *realFleet) start(extra ...string) *shepherdProcess {
 func (f *realFleet) machineID(id string) uuid.UUID {
 	f.t.Helper()
 	var m uuid.UUID
-	waitFor(f.t, 60*time.Second, "machine "+id+" in machine_provided", func() (bool, string) {
+	bmdbtest.WaitFor(f.t, 60*time.Second, "machine "+id+" in machine_provided", func() (bool, string) {
 		p, ok := staticMachines(f.t, f.db)[id]
 		m = p.Machine
 		return ok, "not there"
@@ -170,7 +170,7 @@ func (f *realFleet) agentState(machine uuid.UUID) agentState {
 func (f *realFleet) waitHeartbeating(machine uuid.UUID, since time.Time, timeout time.Duration) agentState {
 	f.t.Helper()
 	var s agentState
-	waitFor(f.t, timeout, "an agent started and heartbeating", func() (bool, string) {
+	bmdbtest.WaitFor(f.t, timeout, "an agent started and heartbeating", func() (bool, string) {
 		s = f.agentState(machine)
 		switch {
 		case s.startedAt.IsZero():
@@ -234,7 +234,7 @@ func TestRealFleetRecovery(t *testing.T) {
 	}
 	// Heartbeats keep coming, each newer than the last.
 	prev := first.heartbeatAt
-	waitFor(t, 5*time.Second, "a newer heartbeat", func() (bool, string) {
+	bmdbtest.WaitFor(t, 5*time.Second, "a newer heartbeat", func() (bool, string) {
 		s := f.agentState(machine)
 		return s.heartbeatAt.After(prev), fmt.Sprintf("last heartbeat still %s", s.heartbeatAt)
 	})
@@ -321,7 +321,7 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 	f.machine.bmc.WaitResets(t, 1, 60*time.Second)
 
 	var failed bmdb.HistoryEntry
-	waitFor(t, 60*time.Second, "AgentStart to fail on the changed host key", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "AgentStart to fail on the changed host key", func() (bool, string) {
 		history, err := f.db.History(context.Background(), machine)
 		if err != nil {
 			t.Fatal(err)
@@ -378,9 +378,9 @@ func TestStaticReload(t *testing.T) {
 	writeFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node1", 2201))
 
 	rawDSN := bmdbtest.NewDatabase(t)
-	db := openDB(t, rawDSN)
+	db := bmdbtest.Open(t, rawDSN)
 	dsn, proxy := viaProxy(t, rawDSN)
-	proxy.setDown(true)
+	proxy.Cut()
 	// Only Recovery runs, which has nothing to do: no machine is reached.
 	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
 		"-listen=127.0.0.1:0",
@@ -392,19 +392,19 @@ func TestStaticReload(t *testing.T) {
 		"-agent_listen=127.0.0.1:0",
 		"-shutdown_grace=2s",
 	)
-	waitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
 		n := d.logCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
 	if code, body, err := d.get("/readyz"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the BMDB") {
 		t.Errorf("/readyz while the database is down: %d %q %v, want 503 waiting for the BMDB", code, body, err)
 	}
-	proxy.setDown(false)
-	waitFor(t, 30*time.Second, "node1 synced", func() (bool, string) {
+	proxy.Restore()
+	bmdbtest.WaitFor(t, 30*time.Second, "node1 synced", func() (bool, string) {
 		got := staticMachines(t, db)
 		return len(got) == 1 && got["node1"].Address == "127.0.0.1:2201", fmt.Sprintf("machine_provided: %v", got)
 	})
-	waitFor(t, 30*time.Second, "ready", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "ready", func() (bool, string) {
 		code, body, err := d.get("/readyz")
 		return err == nil && code == http.StatusOK, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
@@ -412,7 +412,7 @@ func TestStaticReload(t *testing.T) {
 	// A new machine, and node1 moved to another port.
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node1", 2211)+entry("node2", 2202))
 	d.signal(syscall.SIGHUP)
-	waitFor(t, 20*time.Second, "node2 added and node1 updated", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "node2 added and node1 updated", func() (bool, string) {
 		got := staticMachines(t, db)
 		return len(got) == 2 && got["node2"].Address == "127.0.0.1:2202" && got["node1"].Address == "127.0.0.1:2211", fmt.Sprintf("machine_provided: %v", got)
 	})
@@ -423,7 +423,7 @@ func TestStaticReload(t *testing.T) {
 		"  - id: node3\n    ssh:\n      adress: 127.0.0.1\n")
 	d.signal(syscall.SIGHUP)
 	wantErr := inventory + ":15: machines[2].ssh.adress: unknown field"
-	waitFor(t, 20*time.Second, "the rejected reload in the log", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "the rejected reload in the log", func() (bool, string) {
 		return d.logCount(wantErr) > 0 && d.logCount("Inventory not reloaded, the last good one (2 machines) stays in force") > 0, "not logged yet"
 	})
 	m, _ := d.metrics()
@@ -449,7 +449,7 @@ func TestStaticReload(t *testing.T) {
 	// node1 removed from the file: reported, kept.
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node2", 2202))
 	d.signal(syscall.SIGHUP)
-	waitFor(t, 20*time.Second, "node1 reported as removed", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "node1 reported as removed", func() (bool, string) {
 		m, _ := d.metrics()
 		v := m.value("shepherd_inventory_removed_machines")
 		return v == 1 && d.logCount("no longer listed and are kept") > 0, fmt.Sprintf("shepherd_inventory_removed_machines %g", v)
@@ -551,7 +551,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 		"-agent_binary="+agent, "-agent_listen=127.0.0.1:0")
 	re := regexp.MustCompile(`Serving agent heartbeats on http://127\.0\.0\.1:(\d+)/agent/v1/heartbeat`)
 	var port string
-	waitFor(t, 20*time.Second, "the heartbeat endpoint's address in the log", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "the heartbeat endpoint's address in the log", func() (bool, string) {
 		m := re.FindStringSubmatch(d.log())
 		if m != nil {
 			port = m[1]
@@ -559,7 +559,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 		return m != nil, "not logged"
 	})
 	want := "agents will send heartbeats to http://127.0.0.1:" + port + "/agent/v1/heartbeat"
-	waitFor(t, 20*time.Second, "the derived URL in the log", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "the derived URL in the log", func() (bool, string) {
 		return d.logCount(want) > 0, "no line with " + want
 	})
 	// Something answers there: the endpoint (it refuses a GET).
@@ -643,7 +643,7 @@ func TestAgentEndpointReadiness(t *testing.T) {
 		t.Errorf("not ready while serving: %s", p)
 	}
 	e.ln.Close() // the listener fails under the server
-	waitFor(t, 10*time.Second, "the failure to show", func() (bool, string) {
+	bmdbtest.WaitFor(t, 10*time.Second, "the failure to show", func() (bool, string) {
 		p := e.check()
 		return strings.HasPrefix(p, "heartbeat endpoint: "), fmt.Sprintf("check says %q", p)
 	})

@@ -22,14 +22,14 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewDatabase(t)
 	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=20", "-session_interval=2s")
-	waitFor(t, 60*time.Second, "work to be done", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "work to be done", func() (bool, string) {
 		m, _ := d.metrics()
 		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("finished: %g", v)
 	})
 	ctx := context.Background()
 	var machine uuid.UUID
-	if err := openDB(t, dsn).Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	if err := bmdbtest.Open(t, dsn).Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.QueryRow(ctx, `SELECT machine_id FROM machines LIMIT 1`).Scan(&machine)
 	}); err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 		t.Errorf("%g sessions lost while status requests waited on the lock", lost)
 	}
 	before := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
-	waitFor(t, 60*time.Second, "the loops to work again", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the loops to work again", func() (bool, string) {
 		m, _ := d.metrics()
 		now := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
 		return now > before, fmt.Sprintf("started %g, before %g", now, before)

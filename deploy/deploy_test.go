@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
@@ -533,12 +534,9 @@ func shepherdBinary(t *testing.T) string {
 			binaryErr = err
 			return
 		}
-		binaryPath = filepath.Join(dir, "shepherd")
-		cmd := exec.Command("go", "build", "-o", binaryPath, "./cmd/shepherd")
-		cmd.Dir = ".."
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binaryErr = fmt.Errorf("building cmd/shepherd as the Dockerfile does: %v\n%s", err, out)
+		binaryPath, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", []string{"CGO_ENABLED=0"})
+		if err != nil {
+			binaryErr = fmt.Errorf("building cmd/shepherd as the Dockerfile does: %w", err)
 		}
 	})
 	if binaryErr != nil {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // runOnce runs the binary to completion and returns its exit status and
@@ -131,7 +133,7 @@ func TestUnknownDSNParameter(t *testing.T) {
 	if err := r.start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the error to be logged twice", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the error to be logged twice", func() (bool, string) {
 		n := 0
 		for _, l := range r.logLines() {
 			if strings.Contains(l, `unrecognized configuration parameter "statment_timeout"`) {

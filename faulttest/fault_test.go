@@ -161,7 +161,7 @@ func TestFaultSuite(t *testing.T) {
 		}
 	}
 	waitAllReady(t, replicas, 90*time.Second)
-	waitFor(t, 90*time.Second, "both processes to finish work", func() (bool, string) {
+	bmdbtest.WaitFor(t, 90*time.Second, "both processes to finish work", func() (bool, string) {
 		var as, rec int
 		err := raw.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE process = $1), count(*) FILTER (WHERE process = $2)
@@ -242,7 +242,7 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	}
 	// The sessions of the last killed runs expire; reaping them records
 	// their leases as Lost. Then nothing is left.
-	waitFor(t, 30*time.Second, "every session to be reaped and every lease released", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "every session to be reaped and every lease released", func() (bool, string) {
 		if _, _, err := db.Reap(ctx); err != nil {
 			return false, err.Error()
 		}
@@ -348,7 +348,7 @@ func withHost(t *testing.T, dsn, hostport string) string {
 // waitAllReady waits until every replica's /readyz answers 200.
 func waitAllReady(t *testing.T, replicas []*replica, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, "every replica to be ready", func() (bool, string) {
+	bmdbtest.WaitFor(t, timeout, "every replica to be ready", func() (bool, string) {
 		var notReady []string
 		for _, r := range replicas {
 			if ok, why := r.ready(); !ok {
@@ -418,7 +418,7 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 	t.Helper()
 	ctx := context.Background()
 	var held []uuid.UUID
-	waitFor(t, 30*time.Second, r.name+" to hold a session per loop", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, r.name+" to hold a session per loop", func() (bool, string) {
 		var err error
 		held, err = sessionsOf(ctx, db, r.pid())
 		if err != nil {
@@ -437,7 +437,7 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 			t.Logf("database activity while %s's sessions are not reaped:\n%s", r.name, activity(ctx, raw))
 		}
 	}()
-	waitFor(t, 60*time.Second, "the sessions of "+r.name+" to be reaped during the "+what, func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the sessions of "+r.name+" to be reaped during the "+what, func() (bool, string) {
 		all, err := db.Sessions(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -477,7 +477,7 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 		t.Fatal(err)
 	}
 	took := time.Since(began)
-	waitFor(t, 60*time.Second, r.name+" to be ready again after the "+what, func() (bool, string) { return r.ready() })
+	bmdbtest.WaitFor(t, 60*time.Second, r.name+" to be ready again after the "+what, func() (bool, string) { return r.ready() })
 	t.Logf("%s: sessions reaped after %s, fault ended after %s, ready again after %s",
 		what, reaped.Sub(began).Round(time.Millisecond), took.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	return fence{what: what, sessions: held, reapedAt: reapedAt, endedAt: endedAt}

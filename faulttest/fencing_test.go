@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // openShared opens a new migrated database of the shared cluster, with one
@@ -34,7 +35,7 @@ func openShared(t *testing.T) *bmdb.DB {
 func freeze(t *testing.T, s *bmdb.Session) {
 	t.Helper()
 	s.StopHeartbeat()
-	waitFor(t, 30*time.Second, "the local deadline", func() (bool, string) { return !s.Alive(), "alive" })
+	bmdbtest.WaitFor(t, 30*time.Second, "the local deadline", func() (bool, string) { return !s.Alive(), "alive" })
 }
 
 // A replica frozen in the middle of a transaction, and resumed after its
@@ -71,7 +72,7 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 	if !errors.Is(err, bmdb.ErrNotFound) {
 		t.Errorf("agent-started tag after the fenced Finish: %v, want none", err)
 	}
-	waitFor(t, 30*time.Second, "the reaper to release the lease", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the reaper to release the lease", func() (bool, string) {
 		if _, _, err := db.Reap(ctx); err != nil {
 			return false, err.Error()
 		}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -37,18 +36,14 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	shepherdBinary = filepath.Join(dir, "shepherd")
 	raceBuild = raceSupported()
-	args := []string{"build", "-o", shepherdBinary}
+	var flags []string
 	if raceBuild {
-		args = append(args, "-race")
+		flags = append(flags, "-race")
 	}
-	args = append(args, "github.com/shepherd-fleet/shepherd/cmd/shepherd")
 	start := time.Now()
-	build := exec.Command("go", args...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "faulttest: go %v: %v\n", args, err)
+	if shepherdBinary, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil, flags...); err != nil {
+		fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "faulttest: built the shepherd binary (race detector: %t) in %s\n", raceBuild, time.Since(start).Round(time.Millisecond))

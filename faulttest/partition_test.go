@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/tcpproxy"
 )
 
@@ -87,7 +88,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	}()
 
 	start := time.Now()
-	waitFor(t, 30*time.Second, "the partitioned session to be reaped and its lease released", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "the partitioned session to be reaped and its lease released", func() (bool, string) {
 		h, err := healthy.History(ctx, work.Machine)
 		if err != nil {
 			return false, err.Error()

@@ -295,23 +295,3 @@ func (r *replica) tail(n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// waitFor polls cond until it holds, failing the test after timeout with
-// cond's last explanation. Faults make timing vary; timeouts here only turn
-// a hang into a failure.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not done after %s: %s", what, timeout, why)
-		}
-		<-tick.C
-	}
-}

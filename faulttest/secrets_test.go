@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -67,7 +68,7 @@ func passwordCluster(t *testing.T, rightPassword string) *pgcluster.Cluster {
 		}
 	}
 	// The rule is in force once a wrong password is refused.
-	waitFor(t, 10*time.Second, "password authentication to be required", func() (bool, string) {
+	bmdbtest.WaitFor(t, 10*time.Second, "password authentication to be required", func() (bool, string) {
 		c, err := pgx.Connect(ctx, secretDSN(c, "wrong"))
 		if err == nil {
 			c.Close(ctx)
@@ -129,7 +130,7 @@ func TestDSNPasswordNeverShown(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Retried, not fatal: at least two attempts, each logged.
-			waitFor(t, 30*time.Second, "the BMDB to be retried", func() (bool, string) {
+			bmdbtest.WaitFor(t, 30*time.Second, "the BMDB to be retried", func() (bool, string) {
 				n := 0
 				for _, l := range r.logLines() {
 					if strings.Contains(l, tc.wantLog) {
@@ -192,8 +193,8 @@ func TestDSNFile(t *testing.T) {
 	if err := r.start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the daemon to be ready", r.ready)
-	waitFor(t, 30*time.Second, "work to be done", func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the daemon to be ready", r.ready)
+	bmdbtest.WaitFor(t, 30*time.Second, "work to be done", func() (bool, string) {
 		v, err := r.metric("shepherd_work_started_total")
 		return err == nil && v > 0, fmt.Sprintf("%g started (%v)", v, err)
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -33,7 +34,7 @@ func TestFrozenFirstHost(t *testing.T) {
 
 	dsn := dsnWithHosts(fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", frozen.Port, live.Port), "sslmode=disable&target_session_attrs=read-write")
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
-	readyIn := waitFor(t, 30*time.Second, "the replica to be ready past the frozen host", allReady(r))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past the frozen host", allReady(r))
 	t.Logf("frozen first host: ready after %s (default connect timeout %s)", readyIn.Round(time.Millisecond), bmdb.DefaultConnectTimeout)
 	if readyIn > bmdb.DefaultConnectTimeout+2*time.Second {
 		t.Errorf("ready after %s, want within the connect timeout %s plus 2 s", readyIn, bmdb.DefaultConnectTimeout)
@@ -47,12 +48,12 @@ func TestFrozenFirstHost(t *testing.T) {
 		t.Errorf("the log does not say %q", want)
 	}
 	// Let it work a little on the live host, then audit.
-	waitFor(t, 30*time.Second, "a lease to be taken", func() (bool, string) {
-		h := history(t, openDB(t, live.DSN("bmdb")))
+	bmdbtest.WaitFor(t, 30*time.Second, "a lease to be taken", func() (bool, string) {
+		h := bmdbtest.History(t, bmdbtest.Open(t, live.DSN("bmdb")))
 		return len(h) > 0, "no history yet"
 	})
 	r.stop(30 * time.Second)
-	checkAudit(t, history(t, openDB(t, live.DSN("bmdb"))))
+	checkAudit(t, bmdbtest.History(t, bmdbtest.Open(t, live.DSN("bmdb"))))
 }
 
 // TestTwoSilentHosts: the first two hosts of the DSN accept TCP connections
@@ -75,7 +76,7 @@ func TestTwoSilentHosts(t *testing.T) {
 	}
 	dsn := dsnWithHosts(fmt.Sprintf("%s,%s,127.0.0.1:%d", silent[0], silent[1], live.Port), "sslmode=disable")
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
-	readyIn := waitFor(t, 30*time.Second, "the replica to be ready past two silent hosts", allReady(r))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past two silent hosts", allReady(r))
 	t.Logf("two silent hosts first: ready after %s", readyIn.Round(time.Millisecond))
 	if want := 2*bmdb.DefaultConnectTimeout + 2*time.Second; readyIn > want {
 		t.Errorf("ready after %s, want within twice the connect timeout plus 2 s (%s)", readyIn, want)

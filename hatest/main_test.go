@@ -12,9 +12,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 )
 
 // shepherdBinary is the binary under test, built by TestMain.
@@ -31,12 +32,9 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	shepherdBinary = filepath.Join(dir, "shepherd")
 	start := time.Now()
-	build := exec.Command("go", "build", "-o", shepherdBinary, "github.com/shepherd-fleet/shepherd/cmd/shepherd")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "hatest: building shepherd: %v\n", err)
+	if shepherdBinary, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil); err != nil {
+		fmt.Fprintf(os.Stderr, "hatest: %v\n", err)
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "hatest: built the shepherd binary in %s\n", time.Since(start).Round(time.Millisecond))

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -49,7 +50,7 @@ func startEtcd(t *testing.T, dir string) string {
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 		"--initial-cluster=hatest="+peerURL)
 	startDaemon(t, cmd, filepath.Join(dir, "etcd.log"), false)
-	waitFor(t, 30*time.Second, "etcd to serve", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "etcd to serve", func() (bool, string) {
 		resp, err := http.Get(clientURL + "/health")
 		if err != nil {
 			return false, err.Error()
@@ -164,7 +165,7 @@ postgresql:
 		startDaemon(t, exec.Command(bin, confPath), filepath.Join(dir, m.name+".log"), true)
 		pc.members = append(pc.members, m)
 	}
-	waitFor(t, 120*time.Second, "a Patroni leader and a synchronous standby", func() (bool, string) {
+	bmdbtest.WaitFor(t, 120*time.Second, "a Patroni leader and a synchronous standby", func() (bool, string) {
 		roles, err := pc.roles()
 		if err != nil {
 			return false, err.Error()
@@ -261,7 +262,7 @@ func (pc *patroniCluster) writableAfter(t *testing.T, t0 time.Time, timeout time
 	t.Helper()
 	dsn := pc.dsn("bmdb") + "&connect_timeout=1"
 	var when time.Time
-	waitFor(t, timeout, "the cluster to take writes", func() (bool, string) {
+	bmdbtest.WaitFor(t, timeout, "the cluster to take writes", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, dsn)
@@ -304,7 +305,7 @@ func TestPatroniFailover(t *testing.T) {
 	// pgx stops at a host that lacks the database (3D000) instead of trying
 	// the next: wait until every standby has replayed CREATE DATABASE.
 	for _, m := range pc.members {
-		waitFor(t, 30*time.Second, "database bmdb on "+m.name, func() (bool, string) {
+		bmdbtest.WaitFor(t, 30*time.Second, "database bmdb on "+m.name, func() (bool, string) {
 			c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/bmdb?sslmode=disable&connect_timeout=2", m.pgPort))
 			if err != nil {
 				return false, err.Error()
@@ -326,7 +327,7 @@ func TestPatroniFailover(t *testing.T) {
 	args := append(churnFlags(100), "-bmdb_dsn="+pc.dsn("bmdb"), "-session_interval=10s")
 	a := startReplica(t, "a", logDir, args...)
 	b := startReplica(t, "b", logDir, args...)
-	waitFor(t, 30*time.Second, "both replicas ready", allReady(a, b))
+	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready", allReady(a, b))
 	time.Sleep(5 * time.Second) // churn before the first event
 
 	// Planned switchover to the synchronous standby.
@@ -335,11 +336,11 @@ func TestPatroniFailover(t *testing.T) {
 		t.Fatalf("switchover: %v", err)
 	}
 	writable := pc.writableAfter(t, switchAt, 60*time.Second)
-	db := openDB(t, pc.dsn("bmdb"))
+	db := bmdbtest.Open(t, pc.dsn("bmdb"))
 	var resumed time.Time
-	waitFor(t, 30*time.Second, "a new Started after the switchover", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "a new Started after the switchover", func() (bool, string) {
 		var ok bool
-		resumed, ok = startsAfter(history(t, db), writable)
+		resumed, ok = startsAfter(bmdbtest.History(t, db), writable)
 		return ok, "none yet"
 	})
 	t.Logf("switchover: cluster writable after %s, new work %s after that (%s after the switchover began)",
@@ -347,7 +348,7 @@ func TestPatroniFailover(t *testing.T) {
 	if d := resumed.Sub(writable); d > 5*time.Second {
 		t.Errorf("switchover: new work %s after the cluster took writes, want within 5 s", d)
 	}
-	waitFor(t, 30*time.Second, "a synchronous standby after the switchover", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "a synchronous standby after the switchover", func() (bool, string) {
 		r, err := pc.roles()
 		return err == nil && r["sync_standby"] != "" && r["running"] == "3", fmt.Sprint(r, err)
 	})
@@ -355,7 +356,7 @@ func TestPatroniFailover(t *testing.T) {
 	// it: checked before the next event, whose session expiries would
 	// release leases the switchover left behind.
 	time.Sleep(time.Until(switchAt.Add(66 * time.Second)))
-	checkHeld(t, "switchover", history(t, db), switchAt)
+	checkHeld(t, "switchover", bmdbtest.History(t, db), switchAt)
 
 	// SIGKILL of the primary's postmaster.
 	roles, _ = pc.roles()
@@ -369,9 +370,9 @@ func TestPatroniFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	writable = pc.writableAfter(t, killAt, 90*time.Second)
-	waitFor(t, 30*time.Second, "a new Started after the SIGKILL", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, "a new Started after the SIGKILL", func() (bool, string) {
 		var ok bool
-		resumed, ok = startsAfter(history(t, db), writable)
+		resumed, ok = startsAfter(bmdbtest.History(t, db), writable)
 		return ok, "none yet"
 	})
 	after, _ := pc.roles()
@@ -382,11 +383,11 @@ func TestPatroniFailover(t *testing.T) {
 	}
 
 	time.Sleep(time.Until(killAt.Add(66 * time.Second)))
-	checkHeld(t, "SIGKILL", history(t, db), killAt)
-	waitFor(t, 30*time.Second, "both replicas ready at the end", allReady(a, b))
+	checkHeld(t, "SIGKILL", bmdbtest.History(t, db), killAt)
+	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready at the end", allReady(a, b))
 	a.stop(30 * time.Second)
 	b.stop(30 * time.Second)
-	res := checkAudit(t, history(t, db))
+	res := checkAudit(t, bmdbtest.History(t, db))
 	t.Logf("Patroni run: %d leases, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
 	for _, r := range []*replica{a, b} {
 		t.Logf("%s: what it logged about the database:\n%s", r.name, strings.Join(linesAbout(r.logLines(), 30,

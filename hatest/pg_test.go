@@ -52,37 +52,6 @@ func startPostgres(t *testing.T, migrate bool) *pgcluster.Cluster {
 	return c
 }
 
-// openDB opens dsn with bmdb, closed when the test ends.
-func openDB(t *testing.T, dsn string) *bmdb.DB {
-	t.Helper()
-	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
-}
-
-// history reads the whole work history.
-func history(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
-	t.Helper()
-	var all []bmdb.HistoryEntry
-	var after int64
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		page, err := db.HistoryAfter(ctx, after, 5000)
-		cancel()
-		if err != nil {
-			t.Fatalf("reading work history: %v", err)
-		}
-		if len(page) == 0 {
-			return all
-		}
-		all = append(all, page...)
-		after = page[len(page)-1].ID
-	}
-}
-
 // asPostgres makes cmd run as the postgres system user when we are root:
 // PostgreSQL, PgBouncer and Patroni refuse to run as root.
 func asPostgres(t *testing.T, cmd *exec.Cmd) {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // startPgBouncer runs PgBouncer in transaction mode in front of the server
@@ -60,7 +62,7 @@ logfile = %s
 			<-done
 		}
 	})
-	waitFor(t, 10*time.Second, "pgbouncer to listen", func() (bool, string) {
+	bmdbtest.WaitFor(t, 10*time.Second, "pgbouncer to listen", func() (bool, string) {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.out"))
@@ -91,14 +93,14 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	pooled := dsnWithHosts(fmt.Sprintf("127.0.0.1:%d", bouncer), "sslmode=disable")
 	direct := pg.DSN("bmdb")
 
-	db := openDB(t, pooled)
+	db := bmdbtest.Open(t, pooled)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	isPooled, err := db.TransactionPooled(ctx)
 	if err != nil || !isPooled {
 		t.Errorf("DB.TransactionPooled through PgBouncer in transaction mode = %v, %v; want true", isPooled, err)
 	}
-	if directPooled, err := openDB(t, direct).TransactionPooled(ctx); err != nil || directPooled {
+	if directPooled, err := bmdbtest.Open(t, direct).TransactionPooled(ctx); err != nil || directPooled {
 		t.Errorf("DB.TransactionPooled directly = %v, %v; want false", directPooled, err)
 	}
 
@@ -117,7 +119,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	args := append(churnFlags(100), "-bmdb_dsn="+pooled)
 	a := startReplica(t, "a", logDir, args...)
 	b := startReplica(t, "b", logDir, args...)
-	readyIn := waitFor(t, 30*time.Second, "both replicas ready through PgBouncer", allReady(a, b))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready through PgBouncer", allReady(a, b))
 	t.Logf("both replicas ready through PgBouncer after %s", readyIn.Round(time.Millisecond))
 
 	// Churn, checking readiness all along.
@@ -132,7 +134,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	a.stop(30 * time.Second)
 	b.stop(30 * time.Second)
 
-	h := history(t, openDB(t, direct))
+	h := bmdbtest.History(t, bmdbtest.Open(t, direct))
 	res := checkAudit(t, h)
 	t.Logf("through PgBouncer (transaction mode): %d leases in 30 s by 2 replicas, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
 	for _, r := range []*replica{a, b} {

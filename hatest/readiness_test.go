@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // TestReadinessWhileWorkTableLocked: a lock on the work table makes every
@@ -19,7 +21,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	t.Parallel()
 	pg := startPostgres(t, true)
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+pg.DSN("bmdb"), "-session_interval=2s")...)
-	waitFor(t, 30*time.Second, "the replica to be ready", allReady(r))
+	bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready", allReady(r))
 
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pg.DSN("bmdb"))
@@ -36,7 +38,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	}
 	lockedAt := time.Now()
 	var why string
-	took := waitFor(t, 40*time.Second, "/readyz to report the stalled claims", func() (bool, string) {
+	took := bmdbtest.WaitFor(t, 40*time.Second, "/readyz to report the stalled claims", func() (bool, string) {
 		ok, w := r.ready()
 		why = w
 		return !ok && strings.Contains(w, "transactions failing"), w
@@ -48,10 +50,10 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	back := waitFor(t, 30*time.Second, "the replica to be ready again", allReady(r))
+	back := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready again", allReady(r))
 	t.Logf("ready again %s after the lock was released (held %s)", back.Round(100*time.Millisecond), time.Since(lockedAt).Round(100*time.Millisecond)-back)
 	r.stop(30 * time.Second)
-	checkAudit(t, history(t, openDB(t, pg.DSN("bmdb"))))
+	checkAudit(t, bmdbtest.History(t, bmdbtest.Open(t, pg.DSN("bmdb"))))
 }
 
 // metricOf sums the samples of name on the replica's /metrics whose label

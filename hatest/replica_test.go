@@ -168,25 +168,6 @@ func (r *replica) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// waitFor polls cond until it holds and returns how long that took, failing
-// the test after timeout with cond's last explanation.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("waiting for %s: not done after %s: %s", what, timeout, why)
-		}
-		<-tick.C
-	}
-}
-
 // allReady is a waitFor condition: every replica's /readyz answers 200.
 func allReady(rs ...*replica) func() (bool, string) {
 	return func() (bool, string) {

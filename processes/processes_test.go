@@ -177,17 +177,6 @@ func (e *env) agentState(machines []bmdb.Provided) (started, beating int) {
 	return started, beating
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // The shipped loops against the simulated fleet: AgentStart starts every
 // agent (retrying failures after a backoff); when heartbeats stop, Recovery
 // reboots the machines and deletes their tags, and AgentStart takes them
@@ -223,7 +212,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	e.run(recovery.New(fleet, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fast)
 
 	t0 := time.Now()
-	waitFor(t, 30*time.Second, "every agent started and heartbeating", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "every agent started and heartbeating", func() bool {
 		started, beating := e.agentState(machines)
 		return started == len(machines) && beating == len(machines)
 	})
@@ -237,7 +226,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	// Every agent stops heartbeating.
 	stopAgents()
 	t0 = time.Now()
-	waitFor(t, 30*time.Second, "Recovery to reboot every machine", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "Recovery to reboot every machine", func() bool {
 		return len(count(e.history(), recovery.Process, bmdb.EventFinished)) == len(machines)
 	})
 
@@ -246,7 +235,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	t.Logf("phase 2: %s", time.Since(t0))
 	t0 = time.Now()
 	e.goUntilCleanup(fleet.Run)
-	waitFor(t, 30*time.Second, "every agent restarted and heartbeating", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "every agent restarted and heartbeating", func() bool {
 		started, beating := e.agentState(machines)
 		return started == len(machines) && beating == len(machines)
 	})
@@ -332,7 +321,7 @@ func TestProviderCustomBackoff(t *testing.T) {
 	e.run(as, as.Info().DefaultBackoff)
 	e.run(rec, rec.Info().DefaultBackoff)
 
-	waitFor(t, 20*time.Second, "every machine to fail", func() bool {
+	bmdbtest.WaitUntil(t, 20*time.Second, "every machine to fail", func() bool {
 		h := e.history()
 		return len(count(h, agentstart.Process, bmdb.EventFailed)) == 4 && len(count(h, recovery.Process, bmdb.EventFailed)) == 2
 	})
@@ -398,12 +387,12 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 		t.Fatalf("%d machines after both replicas seeded, want %d", len(machines), cfg.Machines)
 	}
 
-	waitFor(t, 30*time.Second, "every agent started and heartbeating", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "every agent started and heartbeating", func() bool {
 		started, beating := e.agentState(machines)
 		return started == len(machines) && beating == len(machines)
 	})
 	// Each machine's agent runs in the replica that started it.
-	waitFor(t, 10*time.Second, "each replica to run only the agents it started", func() bool {
+	bmdbtest.WaitUntil(t, 10*time.Second, "each replica to run only the agents it started", func() bool {
 		return fleets[0].Running()+fleets[1].Running() == len(machines)
 	})
 	h := e.history()

@@ -43,6 +43,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"go.uber.org/goleak"
+
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
@@ -117,7 +119,29 @@ func run(m *testing.M) int {
 			code = 1
 		}
 	}
+	// Every goroutine a test started must be gone once the tests passed:
+	// a pool, a session heartbeat or a runner left running is a leak a
+	// daemon would have too.
+	if code == 0 {
+		if err := goleak.Find(goleakOptions...); err != nil {
+			fmt.Fprintf(os.Stderr, "bmdbtest: goroutines left running after the tests: %v\n", err)
+			code = 1
+		}
+	}
 	return code
+}
+
+// goleakOptions are the goroutines that may outlive a package's tests:
+// those of the standard library and libraries that are process-wide by
+// design, never ours.
+var goleakOptions = []goleak.Option{
+	// klog's flush daemon runs for the process's lifetime.
+	goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+	// golang-migrate reads a migration's file ahead into a pipe; when the
+	// migration fails (the tests of a half-applied migration do that on
+	// purpose), nothing drains the pipe and its reader is left blocked.
+	// golang-migrate's, bounded by one file per failed migration.
+	goleak.IgnoreAnyFunction("github.com/golang-migrate/migrate/v4.(*Migration).Buffer"),
 }
 
 // setup provides the server and the template. The returned teardown undoes

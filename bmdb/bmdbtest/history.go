@@ -26,3 +26,15 @@ func History(t testing.TB, db *bmdb.DB) []bmdb.HistoryEntry {
 		after = page[len(page)-1].ID
 	}
 }
+
+// Open opens the BMDB at dsn for a test's own checks, closed when the test
+// ends.
+func Open(t testing.TB, dsn string) *bmdb.DB {
+	t.Helper()
+	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}

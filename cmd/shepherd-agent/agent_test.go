@@ -24,6 +24,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
@@ -31,10 +32,9 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 // buildAgent builds the real agent binary.
 func buildAgent(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "shepherd-agent")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	bin, err := gobuild.Build(t.TempDir(), "github.com/shepherd-fleet/shepherd/cmd/shepherd-agent", nil)
 	if err != nil {
-		t.Fatalf("building the agent: %v\n%s", err, out)
+		t.Fatalf("building the agent: %v", err)
 	}
 	return bin
 }

@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 )
 
 // SSHD is where Debian's openssh-server installs the server.
@@ -383,16 +385,9 @@ func BuildAgent(t testing.TB) string {
 // into a directory of t's and returns the binary's path.
 func BuildCommand(t testing.TB, pkg string) string {
 	t.Helper()
-	// go test puts its own GOROOT/bin first on the PATH of test binaries.
-	goTool, err := exec.LookPath("go")
+	out, err := gobuild.Build(t.TempDir(), pkg, []string{"CGO_ENABLED=0"})
 	if err != nil {
-		t.Fatalf("sshdtest: building %s needs the go command on PATH: %v", pkg, err)
-	}
-	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	cmd := exec.Command(goTool, "build", "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("sshdtest: go build %s: %v\n%s", pkg, err, b)
+		t.Fatalf("sshdtest: %v", err)
 	}
 	return out
 }

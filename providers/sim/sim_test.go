@@ -248,17 +248,6 @@ func setAgent(t *testing.T, db *bmdb.DB, machine uuid.UUID, key []byte) {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // Agents heartbeat only while the BMDB records them as their machine's
 // agent: not before AgentStart records them, not after another agent
 // replaced them or Recovery deleted their tags.
@@ -295,7 +284,7 @@ func TestHeartbeatsFollowRecordedAgent(t *testing.T) {
 		}
 	}()
 
-	waitFor(t, 10*time.Second, "heartbeats of the recorded agents", func() bool {
+	bmdbtest.WaitUntil(t, 10*time.Second, "heartbeats of the recorded agents", func() bool {
 		return hasHeartbeat(t, db, recorded) && hasHeartbeat(t, db, replaced) && hasHeartbeat(t, db, recovered)
 	})
 	if hasHeartbeat(t, db, unrecorded) {
@@ -306,7 +295,7 @@ func TestHeartbeatsFollowRecordedAgent(t *testing.T) {
 	setAgent(t, db, replaced, []byte("another replica's agent"))
 	setAgent(t, db, recovered, nil)
 	// The unrecorded agent is kept (its AgentStart may still commit).
-	waitFor(t, 10*time.Second, "the replaced and recovered agents to stop", func() bool {
+	bmdbtest.WaitUntil(t, 10*time.Second, "the replaced and recovered agents to stop", func() bool {
 		return p.Running() == 2
 	})
 	time.Sleep(3 * cfg.HeartbeatInterval)

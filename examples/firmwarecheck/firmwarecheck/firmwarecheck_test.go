@@ -141,17 +141,6 @@ func (e *env) run(c firmwarecheck.Checker, cfg firmwarecheck.Config) *prometheus
 	return reg
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // FirmwareCheck sources the machines whose agent heartbeats (and only
 // those), records their firmware when the work finishes, and checks each
 // again once its period has passed, never before.
@@ -164,7 +153,7 @@ func TestChecksAndRechecksAfterThePeriod(t *testing.T) {
 	const period = 2 * time.Second
 	e.run(c, firmwarecheck.Config{Period: period, Want: "2.1.0"})
 
-	waitFor(t, 30*time.Second, "a second check of every heartbeating machine", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "a second check of every heartbeating machine", func() bool {
 		return c.count("alive-0") >= 2 && c.count("alive-1") >= 2
 	})
 	for i, m := range alive {
@@ -229,7 +218,7 @@ func TestFailedCheckBacksOff(t *testing.T) {
 		}
 		return b
 	}
-	waitFor(t, 30*time.Second, "both machines backing off", func() bool {
+	bmdbtest.WaitUntil(t, 30*time.Second, "both machines backing off", func() bool {
 		return backoff(plain) != nil && backoff(custom) != nil
 	})
 	if b := backoff(plain); b.LastInterval != time.Minute || b.Cause != "checking firmware of test/plain: BMC busy" {
