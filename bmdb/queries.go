@@ -123,7 +123,7 @@ FROM sessions ORDER BY session_created_at`
 WITH candidates AS (
     SELECT m.machine_id FROM machines m
     WHERE ` + eligibleFilter + `
-      -- A paused process leases nothing (ops.go): checked here, in the
+      -- A paused process leases nothing (pause.go): checked here, in the
       -- claim itself, so that every replica honours a pause at its next
       -- claim at no extra query.
       AND NOT EXISTS (

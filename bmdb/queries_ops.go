@@ -1,7 +1,8 @@
 package bmdb
 
-// The SQL of the operator surface (ops.go): what the CLI, the status page and
-// the safety limits read and write. Like queries.go, every value is a
+// The SQL of the operator surface (pause.go, limits.go, operator.go,
+// listing.go): what the CLI, the status page and the safety limits read
+// and write. Like queries.go, every value is a
 // parameter; the templates ending in Template splice a constant candidate
 // condition from candidates.go and nothing else.
 //

@@ -1,0 +1,121 @@
+package bmdb
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Limits caps the leases of one process across every replica sharing the
+// BMDB. The zero value is no limit. Claims of a process with a limit are
+// serialized by an advisory lock held for the claim's transaction, so that
+// replicas racing for the last free slot cannot both take it.
+type Limits struct {
+	// MaxInFlight bounds the leases the process holds at once; 0 = no
+	// bound.
+	MaxInFlight int
+	// MaxPerHour bounds the leases the process takes in any sliding hour
+	// (counted from Started events in history); 0 = no bound.
+	MaxPerHour int
+}
+
+// set reports whether any limit applies.
+func (l Limits) set() bool { return l.MaxInFlight > 0 || l.MaxPerHour > 0 }
+
+// budget returns how many machines a claim of process may lease now: limit,
+// lowered by the limits. With limits it takes the process's claim lock
+// first (qClaimLimitLock), and counts in a statement of its own, whose
+// snapshot is taken after the lock was granted and so sees every lease the
+// previous holder committed. The claim then gets the budget as a plain
+// LIMIT, which keeps its fast-start plan: a LIMIT computed inside the claim
+// would be unknown to the planner, which would then plan for a tenth of
+// the fleet. Without limits it runs nothing.
+func (l Limits) budget(ctx context.Context, tx *Tx, process string, limit int) (int, error) {
+	if !l.set() {
+		return limit, nil
+	}
+	if _, err := tx.tx.Exec(ctx, qClaimLimitLock, process); err != nil {
+		return 0, fmt.Errorf("taking the lease-limit lock of %s: %w", process, err)
+	}
+	var maxInFlight, maxPerHour *int
+	if l.MaxInFlight > 0 {
+		maxInFlight = &l.MaxInFlight
+	}
+	if l.MaxPerHour > 0 {
+		maxPerHour = &l.MaxPerHour
+	}
+	var inFlightLeft, hourLeft *int64
+	if err := tx.tx.QueryRow(ctx, qClaimBudget, process, maxInFlight, maxPerHour).Scan(&inFlightLeft, &hourLeft); err != nil {
+		return 0, fmt.Errorf("counting the lease budget of %s: %w", process, err)
+	}
+	n := int64(limit)
+	for _, left := range []*int64{inFlightLeft, hourLeft} {
+		if left != nil {
+			n = min(n, max(*left, 0))
+		}
+	}
+	return int(n), nil
+}
+
+// Breaker is a process's circuit breaker: when more than Threshold of the
+// last Window attempts (Finished or Failed, across all replicas, since the
+// last resume) failed, the process pauses itself. A Window of 0 disables it.
+type Breaker struct {
+	Window    int
+	Threshold float64
+}
+
+// BreakerVerdict is what a breaker check saw.
+type BreakerVerdict struct {
+	// Failed and Attempts count the judged window (Attempts <= Window).
+	Failed, Attempts int64
+	// Tripped is true when this check paused the process (false if it was
+	// paused already).
+	Tripped bool
+}
+
+// CheckBreaker judges process's recent attempts and pauses it (source
+// PauseByBreaker) when its breaker trips. Runners call it after each
+// failure they record; it reads at most 2 x Window index entries.
+func (db *DB) CheckBreaker(ctx context.Context, process string, b Breaker) (BreakerVerdict, error) {
+	var v BreakerVerdict
+	if b.Window <= 0 {
+		return v, nil
+	}
+	if err := checkProcessName(process); err != nil {
+		return v, err
+	}
+	err := db.pool.QueryRow(ctx, qBreakerTrip, process, b.Window, b.Threshold).Scan(&v.Failed, &v.Attempts, &v.Tripped)
+	if err != nil {
+		return BreakerVerdict{}, fmt.Errorf("checking the circuit breaker of %s: %w", process, err)
+	}
+	return v, nil
+}
+
+// LimitStatus is what a runner exports about a process's limits.
+type LimitStatus struct {
+	// PausedBy is the source of the active pause, or "" when running, and
+	// PauseReason its reason.
+	PausedBy, PauseReason string
+	// OldestLease is how long the process's oldest lease (of any replica)
+	// has been held; 0 without leases.
+	OldestLease time.Duration
+}
+
+// LimitStatus reads the pause and the oldest lease of process in one query,
+// for the runner's gauges.
+func (db *DB) LimitStatus(ctx context.Context, process string) (LimitStatus, error) {
+	var source, reason *string
+	var oldest *float64
+	if err := db.pool.QueryRow(ctx, qLimitGauges, process).Scan(&source, &reason, &oldest); err != nil {
+		return LimitStatus{}, fmt.Errorf("reading the limit status of %s: %w", process, err)
+	}
+	var st LimitStatus
+	if source != nil {
+		st.PausedBy, st.PauseReason = *source, *reason
+	}
+	if oldest != nil && *oldest > 0 {
+		st.OldestLease = time.Duration(*oldest * float64(time.Second))
+	}
+	return st, nil
+}

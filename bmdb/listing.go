@@ -1,0 +1,295 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Machine states of a process, as listed by Machines.
+const (
+	// StateEligible: a claim of the process could lease the machine now.
+	StateEligible = "eligible"
+	// StateLeased: the process holds a lease on the machine.
+	StateLeased = "leased"
+	// StateBackoff: the process is backing off from the machine.
+	StateBackoff = "backoff"
+)
+
+// States are the machine states, in the order listings show them.
+var States = []string{StateEligible, StateLeased, StateBackoff}
+
+// MachineState is one machine in one state of one process.
+type MachineState struct {
+	Machine uuid.UUID
+	Process string
+	// State is StateEligible, StateLeased or StateBackoff.
+	State string
+	// Session and Since describe a lease.
+	Session uuid.UUID
+	Since   time.Time
+	// Until, Cause and LastInterval describe a backoff.
+	Until        time.Time
+	Cause        string
+	LastInterval time.Duration
+}
+
+// MachineQuery selects the machines of one process in one state.
+type MachineQuery struct {
+	Process Process
+	// Candidates is the process's domain condition; required for
+	// StateEligible only.
+	Candidates *Candidates
+	// State is one of States.
+	State string
+	// Limit bounds the rows returned (default 1000).
+	Limit int
+	// After continues an eligible listing after this machine id (keyset
+	// pagination); leases and backoffs are ordered by time instead and
+	// ignore it.
+	After uuid.UUID
+}
+
+// Machines lists the machines of one process in one state: leased (oldest
+// lease first), backing off (soonest end first) or eligible (by machine id).
+// Each reads an index range, except eligible, which walks machines in id
+// order until Limit match, as a claim would.
+func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, error) {
+	if err := q.Process.Validate(); err != nil {
+		return nil, err
+	}
+	if q.Limit <= 0 {
+		q.Limit = 1000
+	}
+	name := q.Process.Name
+	var rows pgx.Rows
+	var err error
+	var scan func(row pgx.CollectableRow) (MachineState, error)
+	switch q.State {
+	case StateLeased:
+		rows, err = db.pool.Query(ctx, qLeasedOfProcess, name, q.Limit)
+		scan = func(row pgx.CollectableRow) (MachineState, error) {
+			ms := MachineState{Process: name, State: StateLeased}
+			return ms, row.Scan(&ms.Machine, &ms.Session, &ms.Since)
+		}
+	case StateBackoff:
+		rows, err = db.pool.Query(ctx, qBackingOffOfProcess, name, q.Limit)
+		scan = func(row pgx.CollectableRow) (MachineState, error) {
+			ms := MachineState{Process: name, State: StateBackoff}
+			var seconds int64
+			err := row.Scan(&ms.Machine, &ms.Until, &ms.Cause, &seconds)
+			ms.LastInterval = time.Duration(seconds) * time.Second
+			return ms, err
+		}
+	case StateEligible:
+		if q.Candidates == nil {
+			return nil, fmt.Errorf("listing eligible machines of %s: the process's candidate condition is unknown here", name)
+		}
+		query, args := q.Candidates.query(eligibleTemplate, pgx.NamedArgs{
+			"group":   q.Process.group(),
+			"process": name,
+			"after":   q.After,
+			"limit":   q.Limit,
+		})
+		rows, err = db.pool.Query(ctx, query, args)
+		scan = func(row pgx.CollectableRow) (MachineState, error) {
+			ms := MachineState{Process: name, State: StateEligible}
+			return ms, row.Scan(&ms.Machine)
+		}
+	default:
+		return nil, fmt.Errorf("unknown machine state %q: want one of %v", q.State, States)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing %s machines of %s: %w", q.State, name, err)
+	}
+	out, err := pgx.CollectRows(rows, scan)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s machines of %s: %w", q.State, name, err)
+	}
+	return out, nil
+}
+
+// KnownProcesses lists every process name found in leases, backoffs,
+// history or pauses, sorted: the processes an operator can ask about, even
+// those this binary does not run.
+func (db *DB) KnownProcesses(ctx context.Context) ([]string, error) {
+	rows, err := db.pool.Query(ctx, qKnownProcesses)
+	if err != nil {
+		return nil, fmt.Errorf("listing known processes: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing known processes: %w", err)
+	}
+	return names, nil
+}
+
+// ProcessCounts is a process's status at a glance.
+type ProcessCounts struct {
+	// Eligible machines could be leased now (if the process is paused:
+	// once it is resumed).
+	Eligible int64
+	// Leased machines are being acted on, by any replica.
+	Leased int64
+	// BackingOff machines have an active backoff.
+	BackingOff int64
+	// StartedLastHour, FinishedLastHour and FailedLastHour count history
+	// events of the last hour.
+	StartedLastHour, FinishedLastHour, FailedLastHour int64
+}
+
+// ProcessCounts reads the counts of process in one statement.
+func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Candidates) (ProcessCounts, error) {
+	if err := process.Validate(); err != nil {
+		return ProcessCounts{}, err
+	}
+	query, args := candidates.query(processCountsTemplate, pgx.NamedArgs{
+		"group":   process.group(),
+		"process": process.Name,
+	})
+	var c ProcessCounts
+	err := db.pool.QueryRow(ctx, query, args).Scan(&c.Eligible, &c.Leased, &c.BackingOff,
+		&c.StartedLastHour, &c.FinishedLastHour, &c.FailedLastHour)
+	if err != nil {
+		return ProcessCounts{}, fmt.Errorf("counting the machines of %s: %w", process.Name, err)
+	}
+	return c, nil
+}
+
+// RecentFailures returns the newest limit failures of process, newest
+// first.
+func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
+	rows, err := db.pool.Query(ctx, qRecentFailures, process, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading recent failures of %s: %w", process, err)
+	}
+	h, err := scanHistory(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading recent failures of %s: %w", process, err)
+	}
+	return h, nil
+}
+
+// Lease is a work row, as an operator sees it.
+type Lease struct {
+	Process        string
+	ExclusionGroup string
+	Session        uuid.UUID
+	Started        time.Time
+}
+
+// MachineDetail is everything the BMDB knows about one machine.
+type MachineDetail struct {
+	Machine uuid.UUID
+	// Exists is false for a deleted machine, of which only history remains.
+	Exists  bool
+	Created time.Time
+	// Tags; nil or zero when the machine does not have them.
+	Provided         *Provided
+	AgentStarted     time.Time
+	AgentPublicKey   []byte
+	LastHeartbeat    time.Time
+	SSHHostKey       string
+	SSHHostKeyPinned time.Time
+	// Leases and Backoffs (active or not) of any process, by process.
+	Leases   []Lease
+	Backoffs []BackoffState
+	// History holds the newest entries, in causal order (oldest first).
+	History []HistoryEntry
+	// HistoryTruncated is true when older entries were left out.
+	HistoryTruncated bool
+}
+
+// Machine reads machine's tags, leases, backoffs and up to historyLimit of
+// its newest history entries (0: 200). It returns an error wrapping
+// ErrNotFound when the BMDB has never heard of the machine; a deleted
+// machine is returned with Exists false and its history.
+func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) (MachineDetail, error) {
+	if historyLimit <= 0 {
+		historyLimit = 200
+	}
+	d := MachineDetail{Machine: machine}
+	fail := func(err error) (MachineDetail, error) {
+		return MachineDetail{}, fmt.Errorf("reading machine %s: %w", machine, err)
+	}
+	var (
+		provider, providerID, address, location, power *string
+		agentStarted, heartbeat, keyPinned             *time.Time
+		hostKey                                        *string
+	)
+	err := db.pool.QueryRow(ctx, qMachineTags, machine).Scan(&d.Created,
+		&provider, &providerID, &address, &location, &power,
+		&agentStarted, &d.AgentPublicKey, &heartbeat, &hostKey, &keyPinned)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		var exists, hasHistory bool
+		if err := db.pool.QueryRow(ctx, qMachineExists, machine).Scan(&exists, &hasHistory); err != nil {
+			return fail(err)
+		}
+		if !hasHistory {
+			return MachineDetail{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+		}
+	case err != nil:
+		return fail(err)
+	default:
+		d.Exists = true
+		if provider != nil {
+			d.Provided = &Provided{Machine: machine, Provider: *provider, ProviderID: *providerID, Address: *address, Location: *location, Power: *power}
+		}
+		if agentStarted != nil {
+			d.AgentStarted = *agentStarted
+		}
+		if heartbeat != nil {
+			d.LastHeartbeat = *heartbeat
+		}
+		if hostKey != nil {
+			d.SSHHostKey, d.SSHHostKeyPinned = *hostKey, *keyPinned
+		}
+	}
+
+	rows, err := db.pool.Query(ctx, qMachineLeases, machine)
+	if err != nil {
+		return fail(err)
+	}
+	d.Leases, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
+		var l Lease
+		return l, row.Scan(&l.Process, &l.ExclusionGroup, &l.Session, &l.Started)
+	})
+	if err != nil {
+		return fail(err)
+	}
+	rows, err = db.pool.Query(ctx, qMachineBackoffs, machine)
+	if err != nil {
+		return fail(err)
+	}
+	d.Backoffs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackoffState, error) {
+		var b BackoffState
+		var seconds int64
+		err := row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
+		b.LastInterval = time.Duration(seconds) * time.Second
+		return b, err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	// One more than asked tells whether older entries exist.
+	rows, err = db.pool.Query(ctx, qMachineRecentHistory, machine, historyLimit+1)
+	if err != nil {
+		return fail(err)
+	}
+	h, err := scanHistory(rows)
+	if err != nil {
+		return fail(err)
+	}
+	if len(h) > historyLimit {
+		h, d.HistoryTruncated = h[:historyLimit], true
+	}
+	slices.Reverse(h)
+	d.History = h
+	return d, nil
+}

@@ -1,0 +1,127 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator surface of the BMDB: what the CLI and the status page read
+// and the actions operators take, one file per concern: pause.go (pausing
+// and resuming a process), limits.go (lease limits and the circuit
+// breaker), operator.go (clearing a backoff, retrying a machine), listing.go
+// (machines by state, counts, a machine's detail). Their SQL is in
+// queries_ops.go.
+//
+// Operator actions on a machine are written to work_history like the work
+// they affect, with the operator's reason as the cause and no session, so
+// that a machine's timeline tells the whole story.
+
+// History events written by operators.
+const (
+	// EventBackoffCleared records that an operator deleted a backoff.
+	EventBackoffCleared = "BackoffCleared"
+	// EventRetried records that an operator made a machine eligible again
+	// for a process.
+	EventRetried = "Retried"
+)
+
+// ErrReasonRequired is returned by operator actions given no reason: the
+// audit history must say why an operator intervened.
+var ErrReasonRequired = errors.New("an operator action needs a reason")
+
+// ClearedBackoff is a backoff an operator deleted.
+type ClearedBackoff struct {
+	Process      string
+	Until        time.Time
+	Cause        string
+	LastInterval time.Duration
+	// WasActive is false for a row whose time had already passed (kept
+	// only to seed the next interval).
+	WasActive bool
+}
+
+// ClearBackoff deletes the backoffs of machine, of process or of every
+// process when process is "", and records each as BackoffCleared with the
+// operator's reason. The process may then act on the machine as soon as its
+// condition holds, and a new failure backs off Initial again. It returns an
+// error wrapping ErrNotFound when there was no backoff to clear.
+func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reason string) ([]ClearedBackoff, error) {
+	var processArg *string
+	if process != "" {
+		if err := checkProcessName(process); err != nil {
+			return nil, err
+		}
+		processArg = &process
+	}
+	if reason == "" {
+		return nil, ErrReasonRequired
+	}
+	var cleared []ClearedBackoff
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		rows, err := tx.tx.Query(ctx, qBackoffClear, machine, processArg, reason)
+		if err != nil {
+			return err
+		}
+		cleared, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClearedBackoff, error) {
+			var c ClearedBackoff
+			var seconds int64
+			err := row.Scan(&c.Process, &c.Until, &c.Cause, &seconds, &c.WasActive)
+			c.LastInterval = time.Duration(seconds) * time.Second
+			return c, err
+		})
+		return err
+	})
+	what := "backoffs of " + machine.String()
+	if process != "" {
+		what = fmt.Sprintf("backoff of %s on %s", process, machine)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("clearing %s: %w", what, err)
+	}
+	if len(cleared) == 0 {
+		return nil, fmt.Errorf("no %s: %w", what, ErrNotFound)
+	}
+	return cleared, nil
+}
+
+// RetryResult says what a retry changed.
+type RetryResult struct {
+	// BackoffEnded is true when an active backoff was ended.
+	BackoffEnded bool
+	// Leased is true when the process holds a lease on the machine now: the
+	// retry then matters only if that work fails.
+	Leased bool
+}
+
+// Retry makes machine eligible now for process, on an operator's word: it
+// ends the process's active backoff on the machine (keeping its interval,
+// so that a new failure backs off longer, as it would have), and records
+// Retried with the reason. The process acts on the machine at its next
+// claim if its condition holds. Unlike ClearBackoff it is recorded even
+// when there was no backoff: the operator's intent is part of the story.
+// It returns an error wrapping ErrNotFound when the machine does not exist.
+func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason string) (RetryResult, error) {
+	if err := checkProcessName(process); err != nil {
+		return RetryResult{}, err
+	}
+	if reason == "" {
+		return RetryResult{}, ErrReasonRequired
+	}
+	var res RetryResult
+	var exists bool
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason).Scan(&exists, &res.BackoffEnded, &res.Leased)
+	})
+	if err != nil {
+		return RetryResult{}, fmt.Errorf("retrying %s on %s: %w", process, machine, err)
+	}
+	if !exists {
+		return RetryResult{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+	}
+	return res, nil
+}
