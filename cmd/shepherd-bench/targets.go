@@ -174,8 +174,8 @@ func (b *bench) drawPlot() error {
 	sort.Float64s(xs)
 	c := benchplot.Chart{
 		Title:  "Shepherd: claim+finish cycles per second vs workers",
-		XLabel: "workers (one no-op process, query rate unlimited)",
-		YLabel: "cycles per second",
+		XLabel: "workers (one no-op process, query rate unlimited; log scale)",
+		YLabel: "cycles/s (claim + finish)",
 		XLog2:  true,
 		XTicks: xs,
 	}

@@ -1,8 +1,9 @@
 // Package benchplot draws the line charts of shepherd-bench as PNG images
-// with the standard library only: a benchmark's picture should not need a
-// plotting stack in go.mod. It knows exactly what the benchmark needs: lines
-// through points, horizontal reference lines, axes with ticks, a legend and
-// a title, in a built-in bitmap font.
+// with gonum.org/v1/plot, a maintained plotting library: lines through
+// points, horizontal reference lines (a ceiling or a target measured in the
+// same run), axes with ticks and units, and a legend beside the plot so
+// that it hides no data. The package only maps the benchmark's few chart
+// elements onto the library; drawing, text and fonts are the library's.
 package benchplot
 
 import (
@@ -15,7 +16,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Series is a line through points, drawn with a marker at each.
@@ -33,10 +41,12 @@ type HLine struct {
 	Dashed bool
 }
 
-// Chart is a line chart. Its x axis is logarithmic (base 2) when XLog2 is
-// set, which suits worker counts 1, 4, 16, 64. The y axis starts at zero.
+// Chart is a line chart. Its x axis is logarithmic when XLog2 is set, with
+// ticks at the x values (powers of two suit worker counts 1, 4, 16, 64).
+// The y axis starts at zero.
 type Chart struct {
-	Title  string
+	Title string
+	// XLabel and YLabel name the axes with their units.
 	XLabel string
 	YLabel string
 	XLog2  bool
@@ -59,30 +69,29 @@ var Palette = []color.RGBA{
 	{0x7f, 0x7f, 0x7f, 0xff}, // grey
 }
 
-var (
-	white = color.RGBA{0xff, 0xff, 0xff, 0xff}
-	black = color.RGBA{0x20, 0x20, 0x20, 0xff}
-	grid  = color.RGBA{0xe4, 0xe4, 0xe4, 0xff}
-)
-
-const textScale = 2 // bitmap font cells are drawn as 2x2 pixels
+// dpi is the resolution of the PNG: lengths and font sizes are in points,
+// the image in pixels.
+const dpi = 96
 
 // WriteFile renders the chart into a PNG file, creating its directory.
 func (c Chart) WriteFile(path string) error {
 	if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
+			return fmt.Errorf("benchplot: %w", err)
 		}
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return err
+		return fmt.Errorf("benchplot: %w", err)
 	}
 	if err := c.WritePNG(f); err != nil {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("benchplot: %w", err)
+	}
+	return nil
 }
 
 // WritePNG renders the chart as PNG to w.
@@ -91,22 +100,54 @@ func (c Chart) WritePNG(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return png.Encode(w, img)
+	if err := png.Encode(w, img); err != nil {
+		return fmt.Errorf("benchplot: encoding the PNG: %w", err)
+	}
+	return nil
 }
 
-// Render draws the chart.
-func (c Chart) Render() (*image.RGBA, error) {
+// Render draws the chart: the plot on the left, its legend on the right,
+// level with the top of the data area.
+func (c Chart) Render() (image.Image, error) {
 	if c.Width == 0 {
 		c.Width = 1280
 	}
 	if c.Height == 0 {
 		c.Height = 600
 	}
-	xs := c.XTicks
+	if c.Width <= 0 || c.Height <= 0 {
+		return nil, fmt.Errorf("benchplot: size %dx%d", c.Width, c.Height)
+	}
+	p, legend, err := c.plot()
+	if err != nil {
+		return nil, err
+	}
+	px := func(n int) vg.Length { return vg.Length(n) * vg.Inch / dpi }
+	canvas := vgimg.NewWith(vgimg.UseWH(px(c.Width), px(c.Height)), vgimg.UseDPI(dpi))
+	dc := draw.New(canvas)
+	margin := vg.Points(12)
+	dc = draw.Crop(dc, margin, -margin, margin, -margin)
+
+	legendW := vg.Length(0)
+	if len(c.Series)+len(c.HLines) > 0 {
+		legendW = legend.Rectangle(dc).Size().X + margin
+	}
+	p.Draw(draw.Crop(dc, 0, -legendW, 0, 0))
+	if legendW > 0 {
+		titleH := p.Title.TextStyle.Rectangle(p.Title.Text).Size().Y + p.Title.Padding
+		legend.Draw(draw.Crop(dc, dc.Size().X-legendW+margin, 0, 0, -titleH))
+	}
+	return canvas.Image(), nil
+}
+
+// plot builds the gonum plot of the chart and its legend, which is drawn
+// apart (a plot's own legend is drawn over its data).
+func (c Chart) plot() (*plot.Plot, *plot.Legend, error) {
+	xs := slices.Clone(c.XTicks)
 	ymax := 0.0
 	for _, s := range c.Series {
 		if len(s.X) != len(s.Y) {
-			return nil, fmt.Errorf("benchplot: series %q has %d x and %d y values", s.Name, len(s.X), len(s.Y))
+			return nil, nil, fmt.Errorf("benchplot: series %q has %d x and %d y values", s.Name, len(s.X), len(s.Y))
 		}
 		if c.XTicks == nil {
 			xs = append(xs, s.X...)
@@ -119,226 +160,118 @@ func (c Chart) Render() (*image.RGBA, error) {
 		ymax = math.Max(ymax, h.Y)
 	}
 	if len(xs) == 0 {
-		return nil, errors.New("benchplot: nothing to plot")
+		return nil, nil, errors.New("benchplot: nothing to plot")
 	}
-	xmin, xmax := xs[0], xs[0]
-	for _, x := range xs {
-		xmin, xmax = math.Min(xmin, x), math.Max(xmax, x)
+	slices.Sort(xs)
+	xs = slices.Compact(xs)
+	xmin, xmax := xs[0], xs[len(xs)-1]
+	if c.XLog2 && xmin <= 0 {
+		return nil, nil, errors.New("benchplot: log x axis needs positive x values")
 	}
-	tx := func(x float64) float64 { return x }
+
+	p := plot.New()
+	p.Title.Text = c.Title
+	p.Title.TextStyle.Font.Size = vg.Points(15)
+	p.Title.Padding = vg.Points(10)
+	p.X.Label.Text, p.Y.Label.Text = c.XLabel, c.YLabel
+	for _, a := range []*plot.Axis{&p.X, &p.Y} {
+		a.Label.TextStyle.Font.Size = vg.Points(12)
+		a.Tick.Label.Font.Size = vg.Points(11)
+	}
+	legend := plot.NewLegend()
+	legend.TextStyle.Font.Size = vg.Points(11)
+	legend.Top, legend.Left = true, true
+	legend.ThumbnailWidth = vg.Points(36)
+	legend.Padding = vg.Points(4)
+
+	// The x axis leaves a margin around the outer points so that markers
+	// sit inside the plot; reference lines run across all of it.
+	ticks := make([]plot.Tick, len(xs))
+	for i, x := range xs {
+		ticks[i] = plot.Tick{Value: x, Label: strconv.FormatFloat(x, 'g', -1, 64)}
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	if c.XLog2 {
-		if xmin <= 0 {
-			return nil, errors.New("benchplot: log x axis needs positive x values")
+		p.X.Scale = plot.LogScale{}
+		f := math.Pow(xmax/xmin, 0.05)
+		if f == 1 {
+			f = 2
 		}
-		tx = math.Log2
-	}
-	if xmax == xmin {
-		xmax = xmin + 1
-	}
-	step, top := niceScale(ymax)
-
-	img := image.NewRGBA(image.Rect(0, 0, c.Width, c.Height))
-	fill(img, img.Bounds(), white)
-
-	// Legend entries, drawn right of the plot so that they hide no data.
-	type entry struct {
-		name   string
-		col    color.RGBA
-		dashed bool
-		marker bool
-	}
-	var entries []entry
-	for _, s := range c.Series {
-		entries = append(entries, entry{s.Name, s.Color, false, true})
-	}
-	for _, h := range c.HLines {
-		entries = append(entries, entry{h.Name, h.Color, h.Dashed, false})
-	}
-	legendW := 0
-	for _, e := range entries {
-		legendW = max(legendW, textWidth(e.name)+80)
-	}
-
-	// Plot area.
-	left, right := 120, c.Width-40-legendW
-	topPx, bottom := 70, c.Height-80
-	px := func(x float64) int {
-		f := (tx(x) - tx(xmin)) / (tx(xmax) - tx(xmin))
-		margin := 0.05
-		return left + int(math.Round((margin+f*(1-2*margin))*float64(right-left)))
-	}
-	py := func(y float64) int {
-		return bottom - int(math.Round(y/top*float64(bottom-topPx)))
-	}
-
-	// Grid and y ticks.
-	for y := 0.0; y <= top+step/2; y += step {
-		yy := py(y)
-		line(img, left, yy, right, yy, grid, 1, false)
-		label := formatTick(y)
-		drawText(img, left-10-textWidth(label), yy-glyphH*textScale/2, label, black)
-	}
-	// x ticks.
-	seen := map[float64]bool{}
-	for _, x := range xs {
-		if seen[x] {
-			continue
+		p.X.Min, p.X.Max = xmin/f, xmax*f
+	} else {
+		d := (xmax - xmin) * 0.05
+		if d == 0 {
+			d = 1
 		}
-		seen[x] = true
-		xx := px(x)
-		line(img, xx, topPx, xx, bottom, grid, 1, false)
-		line(img, xx, bottom, xx, bottom+6, black, 1, false)
-		label := formatTick(x)
-		drawText(img, xx-textWidth(label)/2, bottom+12, label, black)
+		p.X.Min, p.X.Max = xmin-d, xmax+d
 	}
-	// Axes.
-	line(img, left, bottom, right, bottom, black, 2, false)
-	line(img, left, topPx, left, bottom, black, 2, false)
+	p.Y.Min = 0
+	p.Y.Max = ymax * 1.08
+	if p.Y.Max <= 0 {
+		p.Y.Max = 1
+	}
+	p.Y.Tick.Marker = yTicks{}
+	p.Add(plotter.NewGrid())
 
-	// Reference lines, then series on top.
+	// Reference lines are drawn first, under the series; the legend lists
+	// the series first.
+	var refs []*plotter.Line
 	for _, h := range c.HLines {
-		line(img, left, py(h.Y), right, py(h.Y), h.Color, 2, h.Dashed)
+		l, err := plotter.NewLine(plotter.XYs{{X: p.X.Min, Y: h.Y}, {X: p.X.Max, Y: h.Y}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("benchplot: line %q: %w", h.Name, err)
+		}
+		l.Color = h.Color
+		l.Width = vg.Points(1.5)
+		if h.Dashed {
+			l.Dashes = []vg.Length{vg.Points(8), vg.Points(5)}
+		}
+		p.Add(l)
+		refs = append(refs, l)
 	}
 	for _, s := range c.Series {
+		xys := make(plotter.XYs, len(s.X))
 		for i := range s.X {
-			x, y := px(s.X[i]), py(s.Y[i])
-			if i > 0 {
-				line(img, px(s.X[i-1]), py(s.Y[i-1]), x, y, s.Color, 3, false)
-			}
-			fill(img, image.Rect(x-5, y-5, x+6, y+6), s.Color)
+			xys[i] = plotter.XY{X: s.X[i], Y: s.Y[i]}
 		}
-	}
-
-	// Title, axis labels.
-	drawText(img, (left+right-textWidth(c.Title))/2, 20, c.Title, black)
-	drawText(img, (left+right-textWidth(c.XLabel))/2, bottom+45, c.XLabel, black)
-	drawTextUp(img, 20, (topPx+bottom+textWidth(c.YLabel))/2, c.YLabel, black)
-
-	// Legend, right of the plot, level with its top.
-	if len(entries) > 0 {
-		lineH := glyphH*textScale + 10
-		box := image.Rect(right+20, topPx, right+20+legendW, topPx+len(entries)*lineH+10)
-		rectangle(img, box, grid)
-		for i, e := range entries {
-			y := box.Min.Y + 10 + i*lineH + glyphH*textScale/2
-			line(img, box.Min.X+10, y, box.Min.X+50, y, e.col, 3, e.dashed)
-			if e.marker {
-				fill(img, image.Rect(box.Min.X+25, y-5, box.Min.X+36, y+6), e.col)
-			}
-			drawText(img, box.Min.X+60, y-glyphH*textScale/2, e.name, black)
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, nil, fmt.Errorf("benchplot: series %q: %w", s.Name, err)
 		}
+		l.Color, l.Width = s.Color, vg.Points(2.5)
+		pts.Color, pts.Shape, pts.Radius = s.Color, draw.CircleGlyph{}, vg.Points(4)
+		p.Add(l, pts)
+		legend.Add(s.Name, l, pts)
 	}
-	return img, nil
+	for i, h := range c.HLines {
+		legend.Add(h.Name, refs[i])
+	}
+	return p, &legend, nil
 }
 
-// niceScale picks a tick step of 1, 2 or 5 times a power of ten giving 4 to
-// 10 ticks, and the top of the axis (a multiple of the step above ymax).
-func niceScale(ymax float64) (step, top float64) {
-	if ymax <= 0 {
-		return 1, 1
+// yTicks labels the y axis every 1, 2 or 5 times a power of ten, at 5 to
+// 10 ticks, where the library's default puts about three, too few to read
+// a rate off the plot.
+type yTicks struct{}
+
+// Ticks returns the ticks between min and max.
+func (yTicks) Ticks(min, max float64) []plot.Tick {
+	if !(max > min) {
+		return plot.DefaultTicks{}.Ticks(min, max)
 	}
-	raw := ymax / 6
+	raw := (max - min) / 6
 	mag := math.Pow(10, math.Floor(math.Log10(raw)))
-	switch r := raw / mag; {
-	case r <= 1:
-		step = mag
-	case r <= 2:
-		step = 2 * mag
-	case r <= 5:
-		step = 5 * mag
-	default:
-		step = 10 * mag
-	}
-	top = math.Ceil(ymax*1.05/step) * step
-	return step, top
-}
-
-func formatTick(v float64) string {
-	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
-		return strconv.FormatInt(int64(v), 10)
-	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
-}
-
-func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	r = r.Intersect(img.Bounds())
-	for y := r.Min.Y; y < r.Max.Y; y++ {
-		for x := r.Min.X; x < r.Max.X; x++ {
-			img.SetRGBA(x, y, c)
+	step := 10 * mag
+	for _, m := range []float64{1, 2, 5} {
+		if raw <= m*mag {
+			step = m * mag
+			break
 		}
 	}
-}
-
-func rectangle(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	line(img, r.Min.X, r.Min.Y, r.Max.X, r.Min.Y, c, 1, false)
-	line(img, r.Min.X, r.Max.Y, r.Max.X, r.Max.Y, c, 1, false)
-	line(img, r.Min.X, r.Min.Y, r.Min.X, r.Max.Y, c, 1, false)
-	line(img, r.Max.X, r.Min.Y, r.Max.X, r.Max.Y, c, 1, false)
-}
-
-// line draws a line of the given thickness; dashed lines alternate 12
-// pixels on and 8 off along the line.
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, width int, dashed bool) {
-	dx, dy := x1-x0, y1-y0
-	n := max(abs(dx), abs(dy))
-	for i := 0; i <= n; i++ {
-		if dashed && i%20 >= 12 {
-			continue
-		}
-		x, y := x0, y0
-		if n > 0 {
-			x = x0 + int(math.Round(float64(dx*i)/float64(n)))
-			y = y0 + int(math.Round(float64(dy*i)/float64(n)))
-		}
-		off := (width - 1) / 2
-		fill(img, image.Rect(x-off, y-off, x-off+width, y-off+width), c)
+	var ticks []plot.Tick
+	for i := math.Ceil(min / step); i*step <= max; i++ {
+		v := i * step
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
 	}
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-// textWidth is the width in pixels of s in the bitmap font.
-func textWidth(s string) int {
-	n := len([]rune(s))
-	if n == 0 {
-		return 0
-	}
-	return (n*(glyphW+1) - 1) * textScale
-}
-
-// drawText draws s with its top-left corner at (x, y).
-func drawText(img *image.RGBA, x, y int, s string, c color.RGBA) {
-	for _, r := range s {
-		g := glyph(r)
-		for row := 0; row < glyphH; row++ {
-			for col := 0; col < glyphW; col++ {
-				if g[row][col] == '#' {
-					fill(img, image.Rect(x+col*textScale, y+row*textScale, x+(col+1)*textScale, y+(row+1)*textScale), c)
-				}
-			}
-		}
-		x += (glyphW + 1) * textScale
-	}
-}
-
-// drawTextUp draws s rotated a quarter turn anticlockwise, reading upwards,
-// starting at (x, y), its bottom-left corner.
-func drawTextUp(img *image.RGBA, x, y int, s string, c color.RGBA) {
-	for _, r := range s {
-		g := glyph(r)
-		for row := 0; row < glyphH; row++ {
-			for col := 0; col < glyphW; col++ {
-				if g[row][col] == '#' {
-					px, py := x+row*textScale, y-(col+1)*textScale
-					fill(img, image.Rect(px, py, px+textScale, py+textScale), c)
-				}
-			}
-		}
-		y -= (glyphW + 1) * textScale
-	}
+	return ticks
 }
