@@ -212,7 +212,7 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	return b.out.emit(res)
 }
 
-// seedHeartbeatAgents seeds n provided machines (set-based, bench.sql),
+// seedHeartbeatAgents seeds n provided machines (set-based, qSeedMachines),
 // gives each an agent key derived from its index (COPY), and a heartbeat
 // row without a signed timestamp, as in a running fleet. It returns the
 // identities in a shuffled order, the order their heartbeats are sent in.
@@ -223,7 +223,7 @@ func (b *bench) seedHeartbeatAgents(ctx context.Context, dsn string, n int) ([]h
 		return nil, 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, stmt("seed_machines"), n); err != nil {
+	if _, err := conn.Exec(ctx, qSeedMachines, n); err != nil {
 		return nil, 0, fmt.Errorf("seeding %d machines: %w", n, err)
 	}
 	rows, err := conn.Query(ctx, `SELECT machine_id FROM machines ORDER BY machine_id`)

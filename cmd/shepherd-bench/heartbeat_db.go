@@ -96,7 +96,7 @@ func (b *bench) heartbeatRun(ctx context.Context, db *bmdb.DB, conn *pgx.Conn, i
 	res := heartbeatDBResult{Scenario: "heartbeat_db", Machines: len(ids), Batch: size}
 	var upd0, hot0 int64
 	statsQ := `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'machine_agent_heartbeat'`
-	if _, err := conn.Exec(ctx, stmt("flush_stats")); err != nil {
+	if _, err := conn.Exec(ctx, qFlushStats); err != nil {
 		return res, err
 	}
 	if err := conn.QueryRow(ctx, statsQ).Scan(&upd0, &hot0); err != nil {

@@ -4,7 +4,7 @@
 // It starts a throwaway PostgreSQL cluster from the machine's server
 // binaries (with normal durability settings unless -fast), or uses the
 // server of -dsn, where it creates and drops databases of its own. Each
-// scenario seeds machines with set-based SQL (bench.sql), then runs the real
+// scenario seeds machines with set-based SQL (queries.go), then runs the real
 // controlloop.Runner and bmdb code with a process that does nothing:
 //
 //   - throughput: cycles (claim + finish) per second at 1, 4, 16, 64 workers,
@@ -377,7 +377,7 @@ func (b *bench) env(ctx context.Context, name string) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := conn.QueryRow(ctx, stmt("server_settings")).Scan(&l.ServerVersion, &l.Fsync, &l.SynchronousCommit, &l.FullPageWrites, &l.SharedBuffers); err != nil {
+	if err := conn.QueryRow(ctx, qServerSettings).Scan(&l.ServerVersion, &l.Fsync, &l.SynchronousCommit, &l.FullPageWrites, &l.SharedBuffers); err != nil {
 		return fmt.Errorf("reading server settings: %w", err)
 	}
 	return b.out.emit(l)

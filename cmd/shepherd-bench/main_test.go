@@ -199,15 +199,6 @@ func TestHeartbeatScenario(t *testing.T) {
 	}
 }
 
-func TestStatementsParsed(t *testing.T) {
-	for _, name := range []string{"seed_machines", "seed_agent_started", "vacuum_analyze", "flush_stats", "checkpoint", "sample_machines", "backoff_until", "xact_count", "server_settings"} {
-		s := stmt(name)
-		if s == "" || strings.Contains(s, "-- name:") {
-			t.Errorf("statement %s: %q", name, s)
-		}
-	}
-}
-
 func TestWithDatabase(t *testing.T) {
 	for _, tc := range []struct{ dsn, want string }{
 		{"postgres://u:p@h:5432/x?sslmode=disable", "postgres://u:p@h:5432/bench?sslmode=disable"},

@@ -300,7 +300,7 @@ func (b *bench) sourceOne(ctx context.Context, dsn string, proc bmdb.Process, n 
 		return res, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, stmt("seed_agent_started")); err != nil {
+	if _, err := conn.Exec(ctx, qSeedAgentStarted); err != nil {
 		return res, err
 	}
 	// The process changes condition: its due rows are rebuilt (every
@@ -573,7 +573,7 @@ func (b *bench) reaction(ctx context.Context) error {
 		return err
 	}
 
-	rows, err := conn.Query(ctx, stmt("sample_machines"), 2*b.o.reactionEvents)
+	rows, err := conn.Query(ctx, qSampleMachines, 2*b.o.reactionEvents)
 	if err != nil {
 		return err
 	}
@@ -601,7 +601,7 @@ func (b *bench) reaction(ctx context.Context) error {
 		{"backoff_expiry", func(m uuid.UUID) (time.Time, error) {
 			var until time.Time
 			after := 0.5 + rand.Float64()
-			err := conn.QueryRow(ctx, stmt("backoff_until"), m, spec.name, after).Scan(&until)
+			err := conn.QueryRow(ctx, qBackoffUntil, m, spec.name, after).Scan(&until)
 			return until, err
 		}},
 	}

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,51 +20,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
-
-//go:embed bench.sql
-var benchSQL string
-
-// stmts are the statements of bench.sql by name.
-var stmts = parseStatements(benchSQL)
-
-// parseStatements splits a file of statements, each introduced by a
-// "-- name: NAME" line.
-func parseStatements(src string) map[string]string {
-	out := map[string]string{}
-	var name string
-	var body strings.Builder
-	flush := func() {
-		if name != "" {
-			out[name] = strings.TrimSuffix(strings.TrimSpace(body.String()), ";")
-		}
-		body.Reset()
-	}
-	sc := bufio.NewScanner(strings.NewReader(src))
-	for sc.Scan() {
-		line := sc.Text()
-		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
-			flush()
-			name = strings.TrimSpace(n)
-			continue
-		}
-		if name == "" || strings.HasPrefix(strings.TrimSpace(line), "--") {
-			continue
-		}
-		body.WriteString(line)
-		body.WriteByte('\n')
-	}
-	flush()
-	return out
-}
-
-// stmt returns a statement of bench.sql; a missing name is a bug.
-func stmt(name string) string {
-	s, ok := stmts[name]
-	if !ok {
-		panic("bench.sql has no statement " + name)
-	}
-	return s
-}
 
 // server is the PostgreSQL server under test: a private cluster, or the one
 // of -dsn. Every scenario gets databases of its own on it, so that one
@@ -251,7 +204,7 @@ func (s *server) xacts(ctx context.Context, conn *pgx.Conn, db string) (int64, e
 
 // xactCounts is xacts, committed and rolled back apart.
 func (s *server) xactCounts(ctx context.Context, conn *pgx.Conn, db string) (commit, rollback int64, err error) {
-	if err := conn.QueryRow(ctx, stmt("xact_count"), db).Scan(&commit, &rollback); err != nil {
+	if err := conn.QueryRow(ctx, qXactCount, db).Scan(&commit, &rollback); err != nil {
 		return 0, 0, fmt.Errorf("reading pg_stat_database: %w", err)
 	}
 	return commit, rollback, nil
@@ -266,11 +219,11 @@ func seed(ctx context.Context, dsn string, n int, started bool) (time.Duration, 
 		return 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, stmt("seed_machines"), n); err != nil {
+	if _, err := conn.Exec(ctx, qSeedMachines, n); err != nil {
 		return 0, fmt.Errorf("seeding %d machines: %w", n, err)
 	}
 	if started {
-		if _, err := conn.Exec(ctx, stmt("seed_agent_started")); err != nil {
+		if _, err := conn.Exec(ctx, qSeedAgentStarted); err != nil {
 			return 0, fmt.Errorf("seeding agent tags: %w", err)
 		}
 	}
@@ -285,16 +238,16 @@ func seed(ctx context.Context, dsn string, n int, started bool) (time.Duration, 
 // checkpoint runs during the measurements that follow.
 func vacuum(ctx context.Context, conn *pgx.Conn) error {
 	// Best effort: servers before PostgreSQL 15 lack the function.
-	if _, err := conn.Exec(ctx, stmt("flush_stats")); err != nil {
+	if _, err := conn.Exec(ctx, qFlushStats); err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "42883" { // undefined_function
 			return fmt.Errorf("flushing statistics: %w", err)
 		}
 	}
-	if _, err := conn.Exec(ctx, stmt("vacuum_analyze")); err != nil {
+	if _, err := conn.Exec(ctx, qVacuumAnalyze); err != nil {
 		return fmt.Errorf("vacuuming: %w", err)
 	}
-	if _, err := conn.Exec(ctx, stmt("checkpoint")); err != nil {
+	if _, err := conn.Exec(ctx, qCheckpoint); err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
 			return fmt.Errorf("checkpoint: %w", err)
