@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/stmcginnis/gofish"
-	gfredfish "github.com/stmcginnis/gofish/redfish"
+	"github.com/stmcginnis/gofish/schemas"
 )
 
 // DefaultResetType is the reset a reboot asks for when the inventory names
@@ -204,7 +204,9 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		//lint:ignore ST1005 Redfish is a proper noun.
 		return fmt.Errorf("Redfish service at %s: %w", endpoint, err)
 	}
-	if err := system.Reset(gfredfish.ResetType(resetType)); err != nil {
+	// A BMC that answers 202 hands back a task monitor; the reset is
+	// then under way, which is all Reset promises.
+	if _, err := system.Reset(schemas.ResetType(resetType)); err != nil {
 		return fmt.Errorf("resetting system %s at %s (%s): %w", system.ID, endpoint, resetType, contextError(ctx, err))
 	}
 	return nil
@@ -212,7 +214,7 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 
 // pickSystem selects the system with id (its Id, @odata.id or the last
 // element of the latter), or the only one when id is empty.
-func pickSystem(systems []*gfredfish.ComputerSystem, id string) (*gfredfish.ComputerSystem, error) {
+func pickSystem(systems []*schemas.ComputerSystem, id string) (*schemas.ComputerSystem, error) {
 	var ids []string
 	for _, s := range systems {
 		if id != "" && (s.ID == id || s.ODataID == id || path.Base(strings.TrimSuffix(s.ODataID, "/")) == id) {
