@@ -28,7 +28,7 @@ var (
 	// BMDB (or its owner's local deadline) no longer considers alive. Work
 	// under it must stop: its leases are, or will soon be, someone else's.
 	ErrSessionExpired = errors.New("bmdb session expired")
-	// ErrNothingToDo is returned by Work when no machine is eligible.
+	// ErrNothingToDo is returned by Claim when no machine is eligible.
 	ErrNothingToDo = errors.New("no machine to work on")
 	// ErrLeaseLost is returned by Finish, Fail and Cancel when the lease is no
 	// longer held (reaped after its session expired). Nothing was committed.
@@ -98,7 +98,7 @@ type DB struct {
 	hosts  *hostLog
 	health health
 	// registered remembers the process conditions registered for
-	// due-time sourcing through this DB (due.go).
+	// due-time claiming through this DB (due.go).
 	registered registrations
 }
 
@@ -115,7 +115,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		cfg.MaxConns = opts.MaxConns
 	case !strings.Contains(dsn, "pool_max_conns"):
 		// pgxpool's default (the number of CPUs) starves a replica whose
-		// workers, sourcers and heartbeats share the pool.
+		// workers, claimers and heartbeats share the pool.
 		cfg.MaxConns = 24
 	}
 	if opts.IdleInTransactionTimeout == 0 {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Candidates is the domain half of sourcing: which machines a process wants to
+// Candidates is the domain half of claiming: which machines a process wants to
 // act on ("has no agent", "heartbeat stale"). The generic half (not leased in
 // the process's exclusion group, no active backoff, not being claimed by a
 // concurrent worker) is added by the BMDB when it claims, so a process author
@@ -143,7 +143,7 @@ func (c Candidates) query(template string, args pgx.NamedArgs) (string, pgx.Name
 
 // Condition is a process's domain condition, declared by its author: which
 // machines need the process ("has no agent", "heartbeat stale", "firmware
-// not checked"). It is the only part of sourcing a process writes.
+// not checked"). It is the only part of claiming a process writes.
 type Condition struct {
 	// Name names the condition in errors and query plans: lower case
 	// letters, digits and underscores, starting with a letter.
@@ -182,7 +182,7 @@ var (
 
 // NewCandidates turns a process's declared condition into its Candidates,
 // for a process defined outside this package. The BMDB always ANDs the
-// generic half of sourcing to it (no lease of the process's exclusion group
+// generic half of claiming to it (no lease of the process's exclusion group
 // on the machine, no active backoff, no "check again later" time in the
 // future, the process not paused, its limits), so a condition cannot lease
 // a machine another process of its group holds, whatever it says.

@@ -41,7 +41,7 @@ func TestNewCandidatesRefusesWhatCouldEscape(t *testing.T) {
 
 // A user's condition, even "every machine", cannot lease a machine that a
 // process of its exclusion group holds, nor one it backs off from: the
-// generic half of sourcing is always ANDed in.
+// generic half of claiming is always ANDed in.
 func TestUserConditionCannotBreakExclusion(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, bmdb.Options{})
@@ -58,11 +58,11 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 	}
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 	user := bmdb.Process{Name: "UserFirmwareCheck", ExclusionGroup: "Shepherd"}
-	held, err := s.Work(ctx, agentStart, bmdb.AgentStartCandidates())
+	held, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := s.Work(ctx, user, everything)
+	other, err := s.Claim(ctx, user, everything)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One machine held by the group, the other backing off: nothing left.
-	if _, err := s.Work(ctx, user, everything); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, user, everything); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim with a condition matching everything: %v, want ErrNothingToDo", err)
 	}
 	// Named arguments reach the condition.

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Due-time sourcing. Each registered process has a row in work_due for
+// Due-time claiming. Each registered process has a row in work_due for
 // every machine that may be its candidate, with the time from which it may
 // be: triggers on the tables its condition reads (shepherd_watch) make a
 // written machine due now, the end of a lease makes the machine due for its
@@ -243,7 +243,7 @@ func watchedTables(ctx context.Context, tx pgx.Tx) (map[string][]string, error) 
 
 // NothingDue is the ErrNothingToDo of a claim that found no due machine it
 // could lease: Next is when the process's next due row comes due (zero:
-// none), so a sourcer can sleep until then instead of polling.
+// none), so a claimer can sleep until then instead of polling.
 type NothingDue struct {
 	// Next is when the next due row comes due; zero when there is none,
 	// in the past when due rows exist that this claim could not take

@@ -82,7 +82,7 @@ func TestDueSelectsWhatConditionsSelect(t *testing.T) {
 			want := e.fleetEligible(pc.p, pc.cand)
 			got := claimEvery(t, s, pc.p, pc.cand)
 			slices.SortFunc(want, uuidCmp)
-			slices.SortFunc(got, func(a, b *bmdb.Work) int { return uuidCmp(a.Machine, b.Machine) })
+			slices.SortFunc(got, func(a, b *bmdb.Lease) int { return uuidCmp(a.Machine, b.Machine) })
 			gotIDs := make([]uuid.UUID, len(got))
 			for i, w := range got {
 				gotIDs[i] = w.Machine
@@ -173,7 +173,7 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 	if err := <-writeDone; err != nil {
 		t.Fatalf("the concurrent write: %v", err)
 	}
-	w, err := s.Work(ctx, agentStart, cand)
+	w, err := s.Claim(ctx, agentStart, cand)
 	if err != nil {
 		t.Fatalf("after the write, the machine was not leased: %v (negative control: a claim that trusts its first snapshot loses it)", err)
 	}
@@ -315,11 +315,11 @@ func (e *env) reconcile(p bmdb.Process, c bmdb.Candidates) int64 {
 }
 
 // claimEvery leases every machine the due rows lead to.
-func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates) []*bmdb.Work {
+func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates) []*bmdb.Lease {
 	t.Helper()
-	var all []*bmdb.Work
+	var all []*bmdb.Lease
 	for {
-		works, err := s.WorkBatch(t.Context(), p, c, 16)
+		works, err := s.ClaimBatch(t.Context(), p, c, 16)
 		var nd *bmdb.NothingDue
 		if errors.As(err, &nd) {
 			if nd.More {
@@ -335,7 +335,7 @@ func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates
 }
 
 // endRandomly ends a lease as a process might.
-func (e *env) endRandomly(rng *rand.Rand, w *bmdb.Work) {
+func (e *env) endRandomly(rng *rand.Rand, w *bmdb.Lease) {
 	e.t.Helper()
 	ctx := context.Background()
 	var err error
@@ -380,7 +380,7 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Fatalf("RegisterProcess with an unwatched table: %v; want ErrUnwatchedTable naming the fix", err)
 	}
 	s := e.session(bmdb.SessionConfig{})
-	if _, err := s.Work(ctx, p, cand); !errors.Is(err, bmdb.ErrUnwatchedTable) {
+	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrUnwatchedTable) {
 		t.Fatalf("a claim with an unwatched table: %v; want ErrUnwatchedTable", err)
 	}
 
@@ -393,11 +393,11 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Errorf("watches %v, want firmware_stale among them", reg.Watches)
 	}
 	m := e.addMachines(1)[0]
-	if _, err := s.Work(ctx, p, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("before the write: %v, want nothing to do", err)
 	}
 	e.exec(`INSERT INTO firmware_stale (machine_id) VALUES ($1)`, m)
-	w, err := s.Work(ctx, p, cand)
+	w, err := s.Claim(ctx, p, cand)
 	if err != nil || w.Machine != m {
 		t.Fatalf("after the write to the watched table: %v, %v; want the machine", w, err)
 	}

@@ -36,7 +36,7 @@ func endsPerTransaction(t *testing.T, reg *prometheus.Registry) (transactions ui
 // commit function blocks until release is closed, and returns once ends
 // (started by the caller with the other n works) queue behind it.
 type heldEnd struct {
-	works      []*bmdb.Work
+	works      []*bmdb.Lease
 	release    chan struct{}
 	releaseNow func()
 	done       chan error
@@ -45,9 +45,9 @@ type heldEnd struct {
 func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
 	t.Helper()
 	e.addMachines(n + 1)
-	works, err := s.WorkBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
+	works, err := s.ClaimBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
 	if err != nil || len(works) != n+1 {
-		t.Fatalf("WorkBatch: %d leases, %v", len(works), err)
+		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
 	h := &heldEnd{works: works, release: make(chan struct{}), done: make(chan error, 1)}
 	var releaseOnce sync.Once
@@ -141,7 +141,7 @@ func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	h := holdFirstEnd(t, e, s, 5)
 	failing, lost, fine, impatient, lostPlain := h.works[1], h.works[2], h.works[3], h.works[4], h.works[5]
-	for _, w := range []*bmdb.Work{lost, lostPlain} {
+	for _, w := range []*bmdb.Lease{lost, lostPlain} {
 		if _, err := e.raw.Exec(ctx, `DELETE FROM work WHERE machine_id = $1`, w.Machine); err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +207,7 @@ func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
 	if !e.agentStarted(fine.Machine) {
 		t.Errorf("the successful end's tag is missing")
 	}
-	for w, want := range map[*bmdb.Work][]string{
+	for w, want := range map[*bmdb.Lease][]string{
 		failing:   {bmdb.EventStarted},
 		lost:      {bmdb.EventStarted},
 		fine:      {bmdb.EventStarted, bmdb.EventFinished},

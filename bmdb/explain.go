@@ -12,7 +12,7 @@ import (
 // ExplainClaim runs the two statements of a claim (for process,
 // candidates and limit, under this session) with EXPLAIN (ANALYZE,
 // BUFFERS) and returns both plans as PostgreSQL prints them, so that
-// benchmarks and operators can check that sourcing uses indexes: the lock
+// benchmarks and operators can check that claiming uses indexes: the lock
 // of due rows, then the re-check and lease of the locked machines. ANALYZE
 // executes the statements: they run in a transaction that is always rolled
 // back, so no lease is taken and nothing is recorded.

@@ -52,9 +52,9 @@ func TestExplainClaim(t *testing.T) {
 		t.Errorf("history after ExplainClaim: %v (%v), want none", h, err)
 	}
 	// The machine is still free to claim.
-	w, err := s.Work(ctx, p, bmdb.ProvidedCandidates())
+	w, err := s.Claim(ctx, p, bmdb.ProvidedCandidates())
 	if err != nil || w.Machine != machine {
-		t.Fatalf("Work after ExplainClaim: %v, %v; want machine %s", w, err, machine)
+		t.Fatalf("Claim after ExplainClaim: %v, %v; want machine %s", w, err, machine)
 	}
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ func BuildQuery(template string, c Candidates, args pgx.NamedArgs) (string, pgx.
 	return c.query(template, args)
 }
 
-// DueQueries are due-time sourcing's two claim statements, for the test
+// DueQueries are due-time claiming's two claim statements, for the test
 // that interposes a concurrent write between them.
 var DueQueries = struct{ Lock, Claim string }{qDueLock, claimDueTemplate}
 

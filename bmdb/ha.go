@@ -258,7 +258,7 @@ func (db *DB) reapResult(err error) {
 
 // txResult records how a session's transaction (a claim, a lease's end,
 // a task's own writes) ended: kind is its shepherd_bmdb_transactions_total
-// result. Other transactions (reaps, sourcing, agent heartbeats) succeed
+// result. Other transactions (reaps, claiming, agent heartbeats) succeed
 // while claims fail on a locked work table, so they are not counted.
 func (db *DB) txResult(kind string) {
 	switch kind {

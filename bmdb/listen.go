@@ -14,12 +14,12 @@ import (
 // payload is the name of the process whose machines became due.
 const dueChannel = "shepherd_due"
 
-// DueListener wakes a process's sourcer when one of its machines becomes
+// DueListener wakes a process's claimer when one of its machines becomes
 // due (a watched write, the end of a lease in its exclusion group, a
-// backoff ended by an operator), so that an idle sourcer sleeps until then
+// backoff ended by an operator), so that an idle claimer sleeps until then
 // instead of polling. Through a transaction pooler, which cannot hold a
 // LISTEN, or while its connection is down, it reports that it is not
-// listening and the sourcer polls.
+// listening and the claimer polls.
 type DueListener struct {
 	wake      chan struct{}
 	listening chan bool
@@ -48,7 +48,7 @@ func (db *DB) listenDue(ctx context.Context, process string, l *DueListener) {
 	setListening := func(v bool) {
 		select {
 		case l.listening <- v:
-		default: // the sourcer reads the latest state on its next wait
+		default: // the claimer reads the latest state on its next wait
 			select {
 			case <-l.listening:
 			default:

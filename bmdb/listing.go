@@ -175,8 +175,8 @@ func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]
 	return h, nil
 }
 
-// Lease is a work row, as an operator sees it.
-type Lease struct {
+// LeaseInfo is a work row, as an operator sees it.
+type LeaseInfo struct {
 	Process        string
 	ExclusionGroup string
 	Session        uuid.UUID
@@ -197,7 +197,7 @@ type MachineDetail struct {
 	SSHHostKey       string
 	SSHHostKeyPinned time.Time
 	// Leases and Backoffs (active or not) of any process, by process.
-	Leases   []Lease
+	Leases   []LeaseInfo
 	Backoffs []BackoffState
 	// History holds the newest entries, in causal order (oldest first).
 	History []HistoryEntry
@@ -256,8 +256,8 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	if err != nil {
 		return fail(err)
 	}
-	d.Leases, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
-		var l Lease
+	d.Leases, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (LeaseInfo, error) {
+		var l LeaseInfo
 		return l, row.Scan(&l.Process, &l.ExclusionGroup, &l.Session, &l.Started)
 	})
 	if err != nil {

@@ -76,7 +76,7 @@ func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
 }
 
 // EligibleAmong returns which of machines a claim of process could lease
-// now, by candidates and the generic half of sourcing: the eligible state
+// now, by candidates and the generic half of claiming: the eligible state
 // of a page of a listing, without walking the fleet.
 func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Candidates, machines []uuid.UUID) (map[uuid.UUID]bool, error) {
 	if err := process.Validate(); err != nil {

@@ -150,34 +150,34 @@ func (e *env) agentStarted(machine uuid.UUID) bool {
 }
 
 // claim leases one machine for p, failing the test if there is none.
-func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Work {
+func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Lease {
 	t.Helper()
-	w, err := s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 	if err != nil {
-		t.Fatalf("Work(%s): %v", p.Name, err)
+		t.Fatalf("Claim(%s): %v", p.Name, err)
 	}
 	return w
 }
 
-// expectNothing checks that p cannot source any machine in s.
+// expectNothing checks that p cannot claim any machine in s.
 func expectNothing(t testing.TB, s *bmdb.Session, p bmdb.Process) {
 	t.Helper()
-	w, err := s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 	if err == nil {
-		t.Fatalf("Work(%s) leased %s, want ErrNothingToDo", p.Name, w.Machine)
+		t.Fatalf("Claim(%s) leased %s, want ErrNothingToDo", p.Name, w.Machine)
 	}
 	if !errors.Is(err, bmdb.ErrNothingToDo) {
-		t.Fatalf("Work(%s): %v, want ErrNothingToDo", p.Name, err)
+		t.Fatalf("Claim(%s): %v, want ErrNothingToDo", p.Name, err)
 	}
 }
 
-// waitWork polls Work until p sources a machine.
-func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Duration) *bmdb.Work {
+// waitWork polls Claim until p claims a machine.
+func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Duration) *bmdb.Lease {
 	t.Helper()
-	var w *bmdb.Work
-	bmdbtest.WaitForNoError(t, timeout, p.Name+" sourcing a machine", func() (bool, error) {
+	var w *bmdb.Lease
+	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
-		w, err = s.Work(context.Background(), p, bmdb.ProvidedCandidates())
+		w, err = s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
 		}

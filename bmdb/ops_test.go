@@ -484,16 +484,16 @@ func TestPauseStopsClaims(t *testing.T) {
 
 // claimAll keeps claiming for p under limits until a claim finds nothing,
 // and returns the leases.
-func claimAll(t *testing.T, s *bmdb.Session, p bmdb.Process, batch int, limits bmdb.Limits) []*bmdb.Work {
+func claimAll(t *testing.T, s *bmdb.Session, p bmdb.Process, batch int, limits bmdb.Limits) []*bmdb.Lease {
 	t.Helper()
-	var all []*bmdb.Work
+	var all []*bmdb.Lease
 	for {
-		ws, err := s.WorkBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), batch, limits)
+		ws, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), batch, limits)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return all
 		}
 		if err != nil {
-			t.Errorf("WorkBatchLimited: %v", err)
+			t.Errorf("ClaimBatchLimited: %v", err)
 			return all
 		}
 		all = append(all, ws...)
@@ -513,13 +513,13 @@ func TestMaxInFlightAcrossReplicas(t *testing.T) {
 	for range 3 {
 		sessions = append(sessions, openEnv(t, e.dsn, bmdb.Options{}).session(bmdb.SessionConfig{}))
 	}
-	results := make(chan []*bmdb.Work)
+	results := make(chan []*bmdb.Lease)
 	for _, s := range sessions {
 		for range 4 {
 			go func() { results <- claimAll(t, s, recovery, 3, limits) }()
 		}
 	}
-	var leased []*bmdb.Work
+	var leased []*bmdb.Lease
 	for range 12 {
 		leased = append(leased, <-results...)
 	}

@@ -78,7 +78,7 @@ SET last_interval_seconds = LEAST(GREATEST(work_backoff.last_interval_seconds * 
     cause = excluded.cause
 RETURNING process`
 
-	// qNotifyDue wakes the sourcers of processes $1: the lease-end trigger
+	// qNotifyDue wakes the claimers of processes $1: the lease-end trigger
 	// does not wake a lease's own process (its worker's return does), but
 	// a lease the reaper released had no worker left.
 	qNotifyDue = `SELECT count(pg_notify('shepherd_due', p)) FROM (SELECT DISTINCT unnest($1::text[]) AS p) ps`

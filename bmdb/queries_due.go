@@ -1,6 +1,6 @@
 package bmdb
 
-// The statements of due-time sourcing (migration 0011): a claim reads the
+// The statements of due-time claiming (migration 0011): a claim reads the
 // due rows of its process by work_due_process_due_idx, then re-checks the
 // process's condition on those machines only. Like claimTemplate, the
 // templates splice a constant condition (/*CONDITION*/) and due time

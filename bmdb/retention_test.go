@@ -172,21 +172,21 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	}{
 		{"finish a lease taken before the prune", func() error { return early.Finish(wctx, nil) }},
 		{"claim, then fail", func() error {
-			w, err := s.Work(wctx, agentStart, bmdb.ProvidedCandidates())
+			w, err := s.Claim(wctx, agentStart, bmdb.ProvidedCandidates())
 			if err != nil {
 				return err
 			}
 			return w.Fail(wctx, bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}, "test")
 		}},
 		{"claim, then cancel", func() error {
-			w, err := s.Work(wctx, agentStart, bmdb.ProvidedCandidates())
+			w, err := s.Claim(wctx, agentStart, bmdb.ProvidedCandidates())
 			if err != nil {
 				return err
 			}
 			return w.Cancel(wctx)
 		}},
 		{"claim a batch, then finish it", func() error {
-			ws, err := s.WorkBatch(wctx, recovery, bmdb.ProvidedCandidates(), 3)
+			ws, err := s.ClaimBatch(wctx, recovery, bmdb.ProvidedCandidates(), 3)
 			if err != nil {
 				return err
 			}
@@ -258,7 +258,7 @@ func TestPruneHistoryWhileClaiming(t *testing.T) {
 			err := func() error {
 				cctx, cancel := context.WithTimeout(ctx, time.Minute)
 				defer cancel()
-				w, err := s.Work(cctx, agentStart, bmdb.ProvidedCandidates())
+				w, err := s.Claim(cctx, agentStart, bmdb.ProvidedCandidates())
 				if err != nil {
 					return err
 				}

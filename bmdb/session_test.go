@@ -24,9 +24,9 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 	live := e.session(cfg)
 	dead := e.session(cfg)
 	ms := e.addMachines(2)
-	works, err := dead.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
+	works, err := dead.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
 	if err != nil || len(works) != 2 {
-		t.Fatalf("WorkBatch: %d leases, %v", len(works), err)
+		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
 	workCtx, cancel := dead.Bind(ctx)
 	defer cancel()
@@ -109,7 +109,7 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 	}
 
 	// The machines are free for the living.
-	got, err := live.WorkBatch(ctx, recovery, bmdb.ProvidedCandidates(), 2)
+	got, err := live.ClaimBatch(ctx, recovery, bmdb.ProvidedCandidates(), 2)
 	if err != nil || len(got) != 2 {
 		t.Fatalf("live session claiming the released machines: %d, %v", len(got), err)
 	}
@@ -165,8 +165,8 @@ func TestSessionFencing(t *testing.T) {
 	if err := s.Transact(ctx, func(context.Context, *bmdb.Tx) error { ran = true; return nil }); !errors.Is(err, bmdb.ErrSessionExpired) || ran {
 		t.Errorf("Transact on a lost session: %v (ran: %v), want ErrSessionExpired without running", err, ran)
 	}
-	if _, err := s.Work(ctx, recovery, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
-		t.Errorf("Work on a lost session: %v, want ErrSessionExpired", err)
+	if _, err := s.Claim(ctx, recovery, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+		t.Errorf("Claim on a lost session: %v, want ErrSessionExpired", err)
 	}
 	if err := w.Finish(ctx, nil); !errors.Is(err, bmdb.ErrSessionExpired) {
 		t.Errorf("Finish on a lost session: %v, want ErrSessionExpired", err)
@@ -244,8 +244,8 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		if e.agentStarted(m) {
 			t.Errorf("Finish from a reaped session recorded its tag")
 		}
-		if _, err := s.Work(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
-			t.Errorf("Work from a reaped session: %v, want ErrSessionExpired", err)
+		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("Claim from a reaped session: %v, want ErrSessionExpired", err)
 		}
 	})
 }
@@ -270,7 +270,7 @@ func TestClaimBySessionBeingReaped(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Work(ctx, agentStart, bmdb.ProvidedCandidates())
+		_, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 		done <- err
 	}()
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the session being deleted", func() (bool, error) {
@@ -302,7 +302,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(2)
-	if _, err := s.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2); err != nil {
+	if _, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(ctx); err != nil {
@@ -343,7 +343,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		dying := e.session(cfg)
-		if _, err := dying.Work(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
+		if _, err := dying.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
 			t.Fatalf("round %d: claiming: %v", round, err)
 		}
 		dying.StopHeartbeat()
@@ -360,7 +360,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 			t.Fatalf("round %d: backoff after the lost lease %+v, want %s", round, b, want)
 		}
 		live := e.session(cfg)
-		_, err := live.Work(ctx, agentStart, bmdb.ProvidedCandidates())
+		_, err := live.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 		switch {
 		case want == 0 && err != nil:
 			t.Fatalf("round %d: after a first loss the machine is not claimable: %v", round, err)

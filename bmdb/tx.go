@@ -17,7 +17,7 @@ import (
 // machines and tags, whose SQL stays in this package.
 //
 // Exec, Query and QueryRow are for a process's own tables (created by its
-// own migrations): inside Work.Finish (a process's
+// own migrations): inside Lease.Finish (a process's
 // Task.Commit) they commit if and only if the lease was still held, in the
 // same transaction that ends it. They must not write Shepherd's tables
 // (work, work_backoff, work_history, sessions, the machine_* tags): those

@@ -37,10 +37,10 @@ var EndEvents = []string{EventFinished, EventRescheduled, EventFailed, EventCanc
 // EndsLease reports whether a history event ends a lease.
 func EndsLease(event string) bool { return slices.Contains(EndEvents, event) }
 
-// Work is an exclusive lease of one machine for one process, held by a
+// Lease is an exclusive lease of one machine for one process, held by a
 // session. Exactly one of Finish, Fail or Cancel ends it; until then no other
 // process of the same exclusion group can lease the machine.
-type Work struct {
+type Lease struct {
 	// Machine is the leased machine.
 	Machine uuid.UUID
 	// Process is the process holding the lease.
@@ -56,25 +56,25 @@ type Work struct {
 	done bool
 }
 
-// Work leases one machine that satisfies candidates for process. It returns
+// Claim leases one machine that satisfies candidates for process. It returns
 // ErrNothingToDo when none is eligible. Losing a race against a concurrent
 // claimer is retried here, never returned.
-func (s *Session) Work(ctx context.Context, process Process, candidates Candidates) (*Work, error) {
-	works, err := s.WorkBatch(ctx, process, candidates, 1)
+func (s *Session) Claim(ctx context.Context, process Process, candidates Candidates) (*Lease, error) {
+	works, err := s.ClaimBatch(ctx, process, candidates, 1)
 	if err != nil {
 		return nil, err
 	}
 	return works[0], nil
 }
 
-// WorkBatch leases up to limit machines in one transaction, so that a
-// sourcer feeding many workers pays one round of queries per batch instead of
+// ClaimBatch leases up to limit machines in one transaction, so that a
+// claimer feeding many workers pays one round of queries per batch instead of
 // one per machine. It returns at least one lease, or ErrNothingToDo.
-func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Candidates, limit int) ([]*Work, error) {
-	return s.WorkBatchLimited(ctx, process, candidates, limit, Limits{})
+func (s *Session) ClaimBatch(ctx context.Context, process Process, candidates Candidates, limit int) ([]*Lease, error) {
+	return s.ClaimBatchLimited(ctx, process, candidates, limit, Limits{})
 }
 
-// WorkBatchLimited is WorkBatch under lease limits that hold across every
+// ClaimBatchLimited is ClaimBatch under lease limits that hold across every
 // replica (see Limits); it returns ErrNothingToDo while a limit is reached
 // or the process is paused. The error is then a *NothingDue that says when
 // the process's next machine comes due.
@@ -85,7 +85,7 @@ func (s *Session) WorkBatch(ctx context.Context, process Process, candidates Can
 // leases up to limit of the eligible ones and moves the others' rows to
 // when they may next be candidates. Its cost follows the due work, not the
 // fleet.
-func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits) ([]*Work, error) {
+func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits) ([]*Lease, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
@@ -166,9 +166,9 @@ func (s *Session) WorkBatchLimited(ctx context.Context, process Process, candida
 		}
 		if len(leased) > 0 {
 			now := time.Now()
-			works := make([]*Work, len(leased))
+			works := make([]*Lease, len(leased))
 			for i, id := range leased {
-				works[i] = &Work{Machine: id, Process: process, Started: now, ProviderID: providerIDs[i], s: s}
+				works[i] = &Lease{Machine: id, Process: process, Started: now, ProviderID: providerIDs[i], s: s}
 			}
 			return works, nil
 		}
@@ -213,13 +213,13 @@ func deref(s *string) string {
 }
 
 // Session is the session that holds the lease.
-func (w *Work) Session() *Session { return w.s }
+func (w *Lease) Session() *Session { return w.s }
 
 // end runs the transaction that ends the lease, at most once successfully
 // (commit: fn runs process code, see endRequest.isolate):
 // a failed attempt (database unreachable, commit function error) leaves the
 // work open, so that the caller can still Fail or Cancel it.
-func (w *Work) end(ctx context.Context, commit bool, fn func(ctx context.Context, tx *Tx) error) error {
+func (w *Lease) end(ctx context.Context, commit bool, fn func(ctx context.Context, tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.done {
@@ -237,7 +237,7 @@ func (w *Work) end(ctx context.Context, commit bool, fn func(ctx context.Context
 // session, deletes the lease and the process's backoff on the machine,
 // records Finished, and runs fn to record the outcome (tags). If the lease is
 // no longer held, or fn fails, nothing is committed.
-func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
 	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
 		var id int64
 		err := tx.tx.QueryRow(ctx, qWorkFinish, w.Machine, w.Process.Name, w.s.id).Scan(&id)
@@ -263,7 +263,7 @@ func (w *Work) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) 
 // second): a periodic check that is done for now. It records Rescheduled,
 // not Finished; it is no failure and sets no backoff (it deletes one, as
 // Finish does).
-func (w *Work) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
+func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
 	seconds := max(after.Seconds(), 1)
 	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
 		var id int64
@@ -290,7 +290,7 @@ func (w *Work) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *
 // and by the previous interval times backoff.Exponent (up to Maximum) while
 // the previous failure's backoff row still exists. If the lease is no longer
 // held, nothing is committed.
-func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
+func (w *Lease) Fail(ctx context.Context, backoff Backoff, cause string) error {
 	cause = cleanCause(cause)
 	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
 		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
@@ -314,7 +314,7 @@ func (w *Work) Fail(ctx context.Context, backoff Backoff, cause string) error {
 
 // Cancel ends the lease without an outcome: it records Canceled and keeps any
 // backoff, so the machine is eligible again as soon as its backoff allows.
-func (w *Work) Cancel(ctx context.Context) error {
+func (w *Lease) Cancel(ctx context.Context) error {
 	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
 		return endLease(ctx, tx, w, EventCanceled, "")
 	})
@@ -330,7 +330,7 @@ func (w *Work) Cancel(ctx context.Context) error {
 // is stored twice per failure and rendered on every status page.
 func cleanCause(cause string) string { return untrusted.Text(cause, 0) }
 
-func endLease(ctx context.Context, tx *Tx, w *Work, event, cause string) error {
+func endLease(ctx context.Context, tx *Tx, w *Lease, event, cause string) error {
 	cause = cleanCause(cause)
 	var causeArg *string
 	if cause != "" {
@@ -368,7 +368,7 @@ type ProcessStats struct {
 // Stats reads a process's queue in one query from its due rows, so that a
 // replica's gauges cost one transaction per process and refresh period, and
 // that transaction's cost follows the due work, not the fleet. The process
-// is registered for due-time sourcing first if it is not yet.
+// is registered for due-time claiming first if it is not yet.
 func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
 	if err := process.Validate(); err != nil {
 		return ProcessStats{}, err

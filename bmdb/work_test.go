@@ -15,8 +15,8 @@ import (
 )
 
 // The backoff sequence of DESIGN.md, end to end: every failure goes through
-// Work.Fail and the interval is read back from work_backoff. Each attempt
-// waits (by polling Work) for the previous backoff to end, about 18 s in all.
+// Lease.Fail and the interval is read back from work_backoff. Each attempt
+// waits (by polling Claim) for the previous backoff to end, about 18 s in all.
 func TestBackoffSequenceThroughFail(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, bmdb.Options{})
@@ -66,10 +66,10 @@ func TestBackoffSequenceThroughFail(t *testing.T) {
 	failAndCheck(2)
 }
 
-// A machine under backoff is not sourced by the failing process until its
+// A machine under backoff is not claimed by the failing process until its
 // backoff ends, then it is. Other processes are not held back by it, and
 // Cancel keeps the backoff.
-func TestBackoffBlocksSourcingUntilItEnds(t *testing.T) {
+func TestBackoffBlocksClaimsUntilItEnds(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
@@ -108,7 +108,7 @@ func TestBackoffBlocksSourcingUntilItEnds(t *testing.T) {
 		t.Fatalf("last event %+v, want AgentStart's Started", started)
 	}
 	if started.Timestamp.Before(b.Until) {
-		t.Errorf("sourced at %v, before the backoff ended at %v", started.Timestamp, b.Until)
+		t.Errorf("claimed at %v, before the backoff ended at %v", started.Timestamp, b.Until)
 	}
 
 	// Cancel gives no verdict: the (now expired) backoff row stays, so the
@@ -128,9 +128,9 @@ func TestBackoffJitter(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(20)
-	works, err := s.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), len(ms))
+	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), len(ms))
 	if err != nil || len(works) != len(ms) {
-		t.Fatalf("WorkBatch: %d leases, %v; want %d", len(works), err, len(ms))
+		t.Fatalf("ClaimBatch: %d leases, %v; want %d", len(works), err, len(ms))
 	}
 	spread := map[time.Duration]bool{}
 	for _, w := range works {
@@ -151,7 +151,7 @@ func TestBackoffJitter(t *testing.T) {
 }
 
 // While AgentStart holds a lease on a machine, neither AgentStart nor
-// Recovery (its exclusion group) can source it, from any session; a process
+// Recovery (its exclusion group) can claim it, from any session; a process
 // of another group can. After Finish both can again.
 func TestExclusionGroup(t *testing.T) {
 	t.Parallel()
@@ -188,7 +188,7 @@ func TestExclusionGroup(t *testing.T) {
 			t.Errorf("after Finish: EligibleCount(%s) = %d, %v; want 1", p.Name, n, err)
 		}
 	}
-	// Recovery can source it now, and then excludes AgentStart in turn.
+	// Recovery can claim it now, and then excludes AgentStart in turn.
 	rw := claim(t, s2, recovery)
 	expectNothing(t, s1, agentStart)
 	if err := rw.Finish(ctx, nil); err != nil {
@@ -201,7 +201,7 @@ func TestExclusionGroup(t *testing.T) {
 }
 
 // The domain condition decides what a process wants; the framework adds the
-// exclusion. AgentStartCandidates stops sourcing a machine once its commit
+// exclusion. AgentStartCandidates stops claiming a machine once its commit
 // function recorded the agent.
 func TestFinishCommitsTags(t *testing.T) {
 	t.Parallel()
@@ -210,9 +210,9 @@ func TestFinishCommitsTags(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	m := e.addMachines(1)[0]
 
-	w, err := s.Work(ctx, agentStart, bmdb.AgentStartCandidates())
+	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
-		t.Fatalf("Work: %v", err)
+		t.Fatalf("Claim: %v", err)
 	}
 	err = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.SetAgentStarted(ctx, m, []byte("key"))
@@ -223,8 +223,8 @@ func TestFinishCommitsTags(t *testing.T) {
 	if !e.agentStarted(m) {
 		t.Fatalf("agent-started tag not recorded by Finish")
 	}
-	if _, err := s.Work(ctx, agentStart, bmdb.AgentStartCandidates()); !errors.Is(err, bmdb.ErrNothingToDo) {
-		t.Fatalf("Work after the agent started: %v, want ErrNothingToDo", err)
+	if _, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates()); !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Fatalf("Claim after the agent started: %v, want ErrNothingToDo", err)
 	}
 }
 
@@ -238,20 +238,20 @@ func TestHistoryOfCycles(t *testing.T) {
 	s2 := e.session(bmdb.SessionConfig{})
 	m := e.addMachines(1)[0]
 
-	end := func(s *bmdb.Session, p bmdb.Process, end func(w *bmdb.Work) error) {
+	end := func(s *bmdb.Session, p bmdb.Process, end func(w *bmdb.Lease) error) {
 		t.Helper()
 		w := claim(t, s, p)
 		if err := end(w); err != nil {
 			t.Fatalf("ending work of %s: %v", p.Name, err)
 		}
 	}
-	end(s1, agentStart, func(w *bmdb.Work) error { return w.Finish(ctx, nil) })
-	end(s1, agentStart, func(w *bmdb.Work) error { return w.Cancel(ctx) })
-	end(s2, agentStart, func(w *bmdb.Work) error {
+	end(s1, agentStart, func(w *bmdb.Lease) error { return w.Finish(ctx, nil) })
+	end(s1, agentStart, func(w *bmdb.Lease) error { return w.Cancel(ctx) })
+	end(s2, agentStart, func(w *bmdb.Lease) error {
 		return w.Fail(ctx, bmdb.Backoff{Initial: time.Hour}, "disk on fire")
 	})
 	// AgentStart backs off; Recovery is not held back by that.
-	end(s2, recovery, func(w *bmdb.Work) error { return w.Finish(ctx, nil) })
+	end(s2, recovery, func(w *bmdb.Lease) error { return w.Finish(ctx, nil) })
 
 	type want struct {
 		event   string
@@ -371,9 +371,9 @@ func TestFinishOnLostLease(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(3)
-	works, err := s.WorkBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 3)
+	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 3)
 	if err != nil || len(works) != 3 {
-		t.Fatalf("WorkBatch: %d leases, %v", len(works), err)
+		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
 	if _, err := e.raw.Exec(ctx, `DELETE FROM work`); err != nil {
 		t.Fatal(err)
@@ -460,12 +460,12 @@ func TestClaimRacingUncommittedLease(t *testing.T) {
 			}
 
 			type result struct {
-				w   *bmdb.Work
+				w   *bmdb.Lease
 				err error
 			}
 			done := make(chan result, 1)
 			go func() {
-				w, err := s2.Work(ctx, agentStart, bmdb.ProvidedCandidates())
+				w, err := s2.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 				done <- result{w, err}
 			}()
 			bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the uncommitted lease", func() (bool, error) {
@@ -517,7 +517,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		var mu sync.Mutex
-		var won []*bmdb.Work
+		var won []*bmdb.Lease
 		var errs []error
 		for i, s := range sessions {
 			p := []bmdb.Process{agentStart, recovery}[i%2]
@@ -525,7 +525,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				ws, err := s.WorkBatch(ctx, p, bmdb.ProvidedCandidates(), 1)
+				ws, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 1)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {

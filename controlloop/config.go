@@ -13,7 +13,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
-// Rate is a token-bucket limit on the database queries a process's sourcing
+// Rate is a token-bucket limit on the database queries a process's claiming
 // makes: one query per Interval on average, with bursts of Burst. Its flag
 // form is "interval,burst", e.g. "250ms,8"; an interval of 0 means no limit.
 type Rate struct {
@@ -78,15 +78,15 @@ type Config struct {
 	// Parallelism is the number of workers, i.e. of machines acted on at
 	// once by this replica.
 	Parallelism int
-	// QueryRate limits sourcing queries.
+	// QueryRate limits claim queries.
 	QueryRate Rate
-	// IdlePoll is how long sourcing waits before asking again after it found
+	// IdlePoll is how long claiming waits before asking again after it found
 	// nothing while it cannot be woken: through a transaction pooler (no
 	// LISTEN), while its notification connection is down, or while the
 	// process is paused or at a lease limit. It then bounds the reaction
 	// latency and sets the idle load (one transaction per IdlePoll).
 	IdlePoll time.Duration
-	// SafetyPoll is how long an idle sourcer that is woken by notifications
+	// SafetyPoll is how long an idle claimer that is woken by notifications
 	// and by its next due time waits at most before asking anyway: the
 	// bound on a wake-up that was lost. Below IdlePoll, IdlePoll applies.
 	SafetyPoll time.Duration
@@ -198,7 +198,7 @@ func (f floatFlag) Set(s string) error {
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	p := prefix + "_"
 	fs.IntVar(&c.Parallelism, p+"loop_parallelism", c.Parallelism, "number of "+prefix+" workers in this replica")
-	fs.Var(rateValue{&c.QueryRate}, p+"db_query_rate", "limit on "+prefix+" sourcing queries, as interval,burst (e.g. 250ms,8; interval 0 = unlimited)")
+	fs.Var(rateValue{&c.QueryRate}, p+"db_query_rate", "limit on "+prefix+" claim queries, as interval,burst (e.g. 250ms,8; interval 0 = unlimited)")
 	fs.DurationVar(&c.IdlePoll, p+"idle_poll", c.IdlePoll, "how often "+prefix+" looks for work while it has none (bounds reaction latency and idle load)")
 	fs.DurationVar(&c.SafetyPoll, p+"safety_poll", c.SafetyPoll, "how often an idle "+prefix+" looks for work even though no notification woke it (bounds a lost wake-up)")
 	fs.DurationVar(&c.ReconcileInterval, p+"reconcile_interval", c.ReconcileInterval, "period of the pass that checks the fleet for "+prefix+" candidates without a due row (0 disables it)")

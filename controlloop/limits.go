@@ -160,7 +160,7 @@ func (m *limitMetrics) initProcess(label string, l Limits) {
 	m.breakerTrips.WithLabelValues(label)
 }
 
-// Candidates is the process's candidate condition, as the runner sources
+// Candidates is the process's candidate condition, as the runner claims
 // it (for the status page's eligible count).
 func (r *Runner) Candidates() bmdb.Candidates { return r.candidates }
 

@@ -235,9 +235,9 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	// Paused, the loop polls like an idle one: one claim per idle poll,
 	// plus its session's heartbeat, and nothing else.
 	const window = 2 * time.Second
-	tx0, src0 := e.transactions(), e.metric("shepherd_sourcing_queries_total", nil)
+	tx0, src0 := e.transactions(), e.metric("shepherd_claim_queries_total", nil)
 	time.Sleep(window)
-	tx, src := e.transactions()-tx0, e.metric("shepherd_sourcing_queries_total", nil)-src0
+	tx, src := e.transactions()-tx0, e.metric("shepherd_claim_queries_total", nil)-src0
 	heartbeats := window.Seconds()/(cfg.Session.Interval.Seconds()/2) + 1
 	if tx > src+heartbeats+1 {
 		t.Errorf("paused: %.0f transactions for %.0f claims in %s: a pause must cost nothing beyond the idle claim", tx, src, window)

@@ -23,24 +23,24 @@ var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultCa
 // daemon and labelled by process. Names follow controller-runtime's
 // conventions (counters _total, durations _seconds).
 type Metrics struct {
-	started        *prometheus.CounterVec
-	finished       *prometheus.CounterVec
-	duration       *prometheus.HistogramVec
-	eligible       *prometheus.GaugeVec
-	backoffs       *prometheus.GaugeVec
-	leases         *prometheus.GaugeVec
-	workersActive  *prometheus.GaugeVec
-	workersMax     *prometheus.GaugeVec
-	sessionHeld    *prometheus.GaugeVec
-	sourcing       *prometheus.CounterVec
-	sourcingErrors *prometheus.CounterVec
-	panics         *prometheus.CounterVec
-	endRetries     *prometheus.CounterVec
-	oldestDue      *prometheus.GaugeVec
-	listening      *prometheus.GaugeVec
-	wakeups        *prometheus.CounterVec
-	drift          *prometheus.CounterVec
-	limits         *limitMetrics
+	started       *prometheus.CounterVec
+	finished      *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	eligible      *prometheus.GaugeVec
+	backoffs      *prometheus.GaugeVec
+	leases        *prometheus.GaugeVec
+	workersActive *prometheus.GaugeVec
+	workersMax    *prometheus.GaugeVec
+	sessionHeld   *prometheus.GaugeVec
+	claims        *prometheus.CounterVec
+	claimErrors   *prometheus.CounterVec
+	panics        *prometheus.CounterVec
+	endRetries    *prometheus.CounterVec
+	oldestDue     *prometheus.GaugeVec
+	listening     *prometheus.GaugeVec
+	wakeups       *prometheus.CounterVec
+	drift         *prometheus.CounterVec
+	limits        *limitMetrics
 }
 
 // NewMetrics creates the runner metrics and registers them with reg.
@@ -83,13 +83,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "shepherd_loop_session_held",
 			Help: "1 while the process's loop in this replica holds a live BMDB session.",
 		}, []string{"process"}),
-		sourcing: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_sourcing_queries_total",
-			Help: "Sourcing (claim) queries, by outcome: leased (at least one machine), empty.",
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_claim_queries_total",
+			Help: "Claiming (claim) queries, by outcome: leased (at least one machine), empty.",
 		}, []string{"process", "outcome"}),
-		sourcingErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_sourcing_errors_total",
-			Help: "Sourcing failures (database unreachable, session lost, ...).",
+		claimErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shepherd_claim_errors_total",
+			Help: "Claiming failures (database unreachable, session lost, ...).",
 		}, []string{"process"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shepherd_work_panics_total",
@@ -105,19 +105,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "How long the longest-waiting machine the process could lease now has been due (0 when none), refreshed periodically: the backlog's age.",
 	}, []string{"process"})
 	m.listening = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "shepherd_sourcing_notifications_listening",
-		Help: "1 while the process's idle sourcer is woken by database notifications (LISTEN); 0 while it polls every idle_poll (through a transaction pooler, or notifications lost).",
+		Name: "shepherd_claim_notifications_listening",
+		Help: "1 while the process's idle claimer is woken by database notifications (LISTEN); 0 while it polls every idle_poll (through a transaction pooler, or notifications lost).",
 	}, []string{"process"})
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shepherd_sourcing_wakeups_total",
-		Help: "Wake-ups of the idle sourcer, by reason: notify (a machine became due), lease_ended (one of this replica's workers ended a lease, which makes its machine due again), timer (its next due time, the safety poll, or idle_poll while polling).",
+		Name: "shepherd_claim_wakeups_total",
+		Help: "Wake-ups of the idle claimer, by reason: notify (a machine became due), lease_ended (one of this replica's workers ended a lease, which makes its machine due again), timer (its next due time, the safety poll, or idle_poll while polling).",
 	}, []string{"process", "reason"})
 	m.drift = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shepherd_due_drift_total",
 		Help: "Machines the reconcile pass found a claim would lease but that had no due row (a write the due triggers did not see); each was made due.",
 	}, []string{"process"})
 	reg.MustRegister(m.started, m.finished, m.duration, m.eligible, m.backoffs, m.leases,
-		m.workersActive, m.workersMax, m.sessionHeld, m.sourcing, m.sourcingErrors, m.panics, m.endRetries,
+		m.workersActive, m.workersMax, m.sessionHeld, m.claims, m.claimErrors, m.panics, m.endRetries,
 		m.oldestDue, m.listening, m.wakeups, m.drift)
 	m.limits = newLimitMetrics(reg)
 	return m
@@ -142,9 +142,9 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.workersActive.WithLabelValues(label)
 	m.workersMax.WithLabelValues(label).Set(float64(parallelism))
 	m.sessionHeld.WithLabelValues(label)
-	m.sourcing.WithLabelValues(label, "leased")
-	m.sourcing.WithLabelValues(label, "empty")
-	m.sourcingErrors.WithLabelValues(label)
+	m.claims.WithLabelValues(label, "leased")
+	m.claims.WithLabelValues(label, "empty")
+	m.claimErrors.WithLabelValues(label)
 	m.panics.WithLabelValues(label)
 	m.endRetries.WithLabelValues(label, "retried")
 	m.endRetries.WithLabelValues(label, "abandoned")

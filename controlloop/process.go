@@ -1,5 +1,5 @@
 // Package controlloop runs database-coordinated control loops: for each
-// process it keeps one BMDB session per replica, sources eligible machines
+// process it keeps one BMDB session per replica, claims eligible machines
 // under exclusive leases, hands them to a bounded pool of workers, and
 // records every outcome (Finish, Fail with backoff, Cancel) in the BMDB.
 //
@@ -64,7 +64,7 @@ type Task struct {
 	// that it is committed if and only if the lease was still held.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 
-	work       *bmdb.Work
+	work       *bmdb.Lease
 	checkAgain time.Duration
 }
 

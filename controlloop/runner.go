@@ -17,11 +17,11 @@ import (
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
-// Runner runs one process: a sourcer that claims machines in batches for
+// Runner runs one process: a claimer that claims machines in batches for
 // the idle workers, and Parallelism workers that act on them. All workers
 // share one BMDB session (one heartbeat per process and replica); when it
-// is lost the workers' contexts are cancelled and the sourcer starts a new
-// one. Idle workers do not touch the database: only the sourcer polls, once
+// is lost the workers' contexts are cancelled and the claimer starts a new
+// one. Idle workers do not touch the database: only the claimer polls, once
 // per IdlePoll while there is nothing to do.
 type Runner struct {
 	db         *bmdb.DB
@@ -72,7 +72,7 @@ func (r *Runner) Ready() bool {
 	}
 }
 
-// Run runs the loop until ctx is done, then stops sourcing, gives in-flight
+// Run runs the loop until ctx is done, then stops claiming, gives in-flight
 // work ShutdownGrace to end, cancels what is left (recorded as Canceled) and
 // closes the session. It returns nil after a clean shutdown.
 func (r *Runner) Run(ctx context.Context) error {
@@ -103,7 +103,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				idle <- struct{}{}
 				// The lease's end made the machine due again for this
 				// process (no notification wakes the process that ended
-				// its own lease): wake an idle sourcer.
+				// its own lease): wake an idle claimer.
 				select {
 				case ended <- struct{}{}:
 				default:
@@ -127,7 +127,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	listener := bmdb.NewDueListener()
 	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
 
-	r.source(ctx, tasks, idle, ended, listener)
+	r.claimLoop(ctx, tasks, idle, ended, listener)
 	close(tasks)
 	workers.Wait()
 	stopGauges()
@@ -145,10 +145,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// source claims machines for idle workers until ctx is done. It holds one
+// claimLoop claims machines for idle workers until ctx is done. It holds one
 // idle token per worker it may feed; a task carries its token to the worker,
 // which returns it when done.
-func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
+func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
@@ -170,7 +170,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			if v {
 				mode = "notify"
 			}
-			klog.InfoS("sourcing wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
+			klog.InfoS("claim wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
 		}
 		r.metrics.listening.WithLabelValues(label).Set(boolGauge(v))
 	}
@@ -218,7 +218,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 		}
 	}
 	onError := func(format string, args ...any) bool {
-		r.metrics.sourcingErrors.WithLabelValues(label).Inc()
+		r.metrics.claimErrors.WithLabelValues(label).Inc()
 		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
 		wait := jitter.Half(errorPause)
 		klog.Warningf("%s: "+format+" (retrying in %s)", append([]any{label}, append(args, wait.Round(time.Millisecond))...)...)
@@ -264,12 +264,12 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 		// database mid-claim gives up at its local deadline instead of
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
-		works, err := sess.WorkBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
+		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
 		cancelClaim()
 		switch {
 		case err == nil:
 			errorPause = 0
-			r.metrics.sourcing.WithLabelValues(label, "leased").Inc()
+			r.metrics.claims.WithLabelValues(label, "leased").Inc()
 			giveBack(n - len(works))
 			for _, w := range works {
 				r.metrics.started.WithLabelValues(label).Inc()
@@ -277,7 +277,7 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			}
 		case errors.Is(err, bmdb.ErrNothingToDo):
 			errorPause = 0
-			r.metrics.sourcing.WithLabelValues(label, "empty").Inc()
+			r.metrics.claims.WithLabelValues(label, "empty").Inc()
 			giveBack(n)
 			var nd *bmdb.NothingDue
 			errors.As(err, &nd)
@@ -292,11 +292,11 @@ func (r *Runner) source(ctx context.Context, tasks chan<- *Task, idle chan struc
 			return
 		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 			giveBack(n)
-			r.metrics.sourcingErrors.WithLabelValues(label).Inc()
+			r.metrics.claimErrors.WithLabelValues(label).Inc()
 			klog.InfoS("session lost, starting a new one", "process", label)
 		default:
 			giveBack(n)
-			if !onError("sourcing: %v", err) {
+			if !onError("claiming: %v", err) {
 				return
 			}
 		}
@@ -430,7 +430,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 	}
 }
 
-// register records the process and its condition for due-time sourcing
+// register records the process and its condition for due-time claiming
 // (the first claim would otherwise), so that a rebuild of its due rows is
 // logged with its cost, and replicas that disagree on the condition are
 // reported.
@@ -444,15 +444,15 @@ func (r *Runner) register(ctx context.Context) error {
 		return fmt.Errorf("%s: %w", label, err)
 	case err != nil:
 		// The first claim registers again, and reports the error as a
-		// sourcing error if it persists.
-		klog.InfoS("registering for due-time sourcing failed; the first claim retries", "process", label, "err", err)
+		// claiming error if it persists.
+		klog.InfoS("registering for due-time claiming failed; the first claim retries", "process", label, "err", err)
 	case reg.Previous != "":
 		klog.InfoS("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
 			"process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	case reg.Rebuilt:
-		klog.InfoS("registered for due-time sourcing; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
+		klog.InfoS("registered for due-time claiming; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	default:
-		klog.V(1).InfoS("registered for due-time sourcing", "process", label, "watches", reg.Watches)
+		klog.V(1).InfoS("registered for due-time claiming", "process", label, "watches", reg.Watches)
 	}
 	return nil
 }

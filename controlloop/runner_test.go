@@ -429,7 +429,7 @@ func TestRunnerShutdownLetsWorkFinish(t *testing.T) {
 	r.Stop(t, 30*time.Second)
 
 	if got := e.count(bmdb.EventStarted); got != 2 {
-		t.Errorf("%d leases taken, want 2: sourcing must stop at shutdown", got)
+		t.Errorf("%d leases taken, want 2: claiming must stop at shutdown", got)
 	}
 	if got := e.count(bmdb.EventFinished); got != 2 {
 		t.Errorf("%d works finished, want the 2 in flight", got)
@@ -453,18 +453,18 @@ func TestRunnerIdleLoad(t *testing.T) {
 
 	const window = 3 * time.Second
 	tx0 := e.metric("shepherd_bmdb_transactions_total", nil)
-	src0 := e.metric("shepherd_sourcing_queries_total", nil)
+	src0 := e.metric("shepherd_claim_queries_total", nil)
 	time.Sleep(window)
 	tx := e.metric("shepherd_bmdb_transactions_total", nil) - tx0
-	src := e.metric("shepherd_sourcing_queries_total", nil) - src0
+	src := e.metric("shepherd_claim_queries_total", nil) - src0
 
 	perSecond := tx / window.Seconds()
-	t.Logf("idle with %d workers: %.0f transactions, %.0f sourcing queries in %s", cfg.Parallelism, tx, src, window)
+	t.Logf("idle with %d workers: %.0f transactions, %.0f claim queries in %s", cfg.Parallelism, tx, src, window)
 	if perSecond >= 3 {
 		t.Errorf("idle runner made %.1f transactions/s, want < 3", perSecond)
 	}
 	if maxSrc := window.Seconds()/cfg.IdlePoll.Seconds() + 2; src > maxSrc {
-		t.Errorf("idle runner made %.0f sourcing queries in %s, want at most %.0f (one per idle poll)", src, window, maxSrc)
+		t.Errorf("idle runner made %.0f claim queries in %s, want at most %.0f (one per idle poll)", src, window, maxSrc)
 	}
 }
 

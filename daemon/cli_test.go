@@ -51,7 +51,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.session.Close(context.Background()) })
-	w, err := f.session.Work(ctx, cliAgentStart, bmdb.AgentStartCandidates())
+	w, err := f.session.Claim(ctx, cliAgentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, "ssh: connection refused\tport 22"); err != nil {
 		t.Fatal(err)
 	}
-	w, err = f.session.Work(ctx, cliAgentStart, bmdb.AgentStartCandidates())
+	w, err = f.session.Claim(ctx, cliAgentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}

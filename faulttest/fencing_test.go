@@ -49,7 +49,7 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := s.Work(ctx, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
+	w, err := s.Claim(ctx, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}

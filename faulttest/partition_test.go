@@ -66,7 +66,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	work, err := partitioned.Work(ctx, process, bmdb.ProvidedCandidates())
+	work, err := partitioned.Claim(ctx, process, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}

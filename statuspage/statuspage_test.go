@@ -146,9 +146,9 @@ func newFleet(t *testing.T) *fleet {
 	return f
 }
 
-func (f *fleet) claim(t *testing.T) *bmdb.Work {
+func (f *fleet) claim(t *testing.T) *bmdb.Lease {
 	t.Helper()
-	w, err := f.session.Work(context.Background(), agentStart, bmdb.AgentStartCandidates())
+	w, err := f.session.Claim(context.Background(), agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatalf("claiming: %v", err)
 	}

@@ -116,7 +116,7 @@ type seedsResult struct {
 var seedPlaceholderRE = regexp.MustCompile(`(^|[^:]):n\b`)
 
 // seeds runs the seeds' algorithm (SERIALIZABLE, session check per
-// transaction, anti-join sourcing, LIMIT 1; one claim and one finish per
+// transaction, anti-join claims, LIMIT 1; one claim and one finish per
 // cycle) with pgbench, as ../shared/bench/run.sh does, on this server.
 func (b *bench) seeds(ctx context.Context) error {
 	res := seedsResult{Scenario: "seeds", Dir: b.o.seedsDir}

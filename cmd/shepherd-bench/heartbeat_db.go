@@ -16,7 +16,7 @@ import (
 // Tx.RecordHeartbeats) over a fleet whose every machine has an agent, as
 // the heartbeat endpoint writes them. Measured twice in the same run: with
 // migration 0011's due trigger on machine_agent_heartbeat, and with it
-// disabled (the schema before due-time sourcing).
+// disabled (the schema before due-time claiming).
 type heartbeatDBResult struct {
 	Scenario        string  `json:"scenario"`
 	DueTrigger      bool    `json:"due_trigger"`

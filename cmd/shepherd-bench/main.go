@@ -9,7 +9,7 @@
 //
 //   - throughput: cycles (claim + finish) per second at 1, 4, 16, 64 workers,
 //     for 10k and 100k machines, query rate unlimited;
-//   - sourcing: latency of single claims (WorkBatch of one, then Finish) at
+//   - claim: latency of single claims (ClaimBatch of one, then Finish) at
 //     10k, 100k and 1M machines, with the claim's EXPLAIN (ANALYZE, BUFFERS)
 //     saved under -out_dir, and the cost of an empty claim (idle poll);
 //   - idle: server-side transactions per second while nothing is eligible,
@@ -53,7 +53,7 @@ import (
 // childEnv marks a child process started for the memory scenario.
 const childEnv = "SHEPHERD_BENCH_CHILD"
 
-var allScenarios = []string{"pgbench", "seeds", "throughput", "sourcing", "idle", "reaction", "heartbeat_db", "heartbeat", "memory"}
+var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "memory"}
 
 type options struct {
 	dsn  string
@@ -65,15 +65,15 @@ type options struct {
 	seconds   float64
 	maxConns  int
 
-	workers          []int
-	machines         []int
-	sourcingMachines []int
-	claims           int
-	idleClaims       int
-	idleSeconds      float64
-	idleMachines     int
-	reactionEvents   int
-	memoryWorkers    int
+	workers        []int
+	machines       []int
+	claimMachines  []int
+	claims         int
+	idleClaims     int
+	idleSeconds    float64
+	idleMachines   int
+	reactionEvents int
+	memoryWorkers  int
 
 	heartbeatAgents  int
 	heartbeatSeconds float64
@@ -118,9 +118,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxConns, "max_conns", 0, "connection pool size of the BMDB (0: bmdb's default)")
 	workers := fs.String("workers", "1,4,16,64", "worker counts of the throughput scenario")
 	machines := fs.String("machines", "10000,100000", "machine counts of the throughput scenario")
-	sourcing := fs.String("sourcing_machines", "10000,100000,1000000", "machine counts of the sourcing scenario")
-	fs.IntVar(&o.claims, "claims", 2000, "claims timed per machine count in the sourcing scenario")
-	fs.IntVar(&o.idleClaims, "idle_claims", 20, "empty claims (nothing eligible) timed per machine count in the sourcing scenario; 0 skips them")
+	claimMachines := fs.String("claim_machines", "10000,100000,1000000", "machine counts of the claim scenario")
+	fs.IntVar(&o.claims, "claims", 2000, "claims timed per machine count in the claim scenario")
+	fs.IntVar(&o.idleClaims, "idle_claims", 20, "empty claims (nothing eligible) timed per machine count in the claim scenario; 0 skips them")
 	fs.Float64Var(&o.idleSeconds, "idle_seconds", 60, "measuring time of each idle run, in seconds")
 	fs.IntVar(&o.idleMachines, "idle_machines", 10000, "machines (none eligible) in the idle and reaction scenarios")
 	fs.IntVar(&o.reactionEvents, "reaction_events", 30, "events of each kind in the reaction scenario")
@@ -155,7 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.machines, err = intList("machines", *machines); err != nil {
 		return nil, err
 	}
-	if o.sourcingMachines, err = intList("sourcing_machines", *sourcing); err != nil {
+	if o.claimMachines, err = intList("claim_machines", *claimMachines); err != nil {
 		return nil, err
 	}
 	o.scenarios = map[string]bool{}
@@ -292,7 +292,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"pgbench", b.pgbench},
 		{"seeds", b.seeds},
 		{"throughput", b.throughput},
-		{"sourcing", b.sourcing},
+		{"claim", b.claim},
 		{"idle", b.idle},
 		{"reaction", b.reaction},
 		{"heartbeat_db", b.heartbeatDB},

@@ -40,7 +40,7 @@ func TestSmoke(t *testing.T) {
 	}
 	args := []string{
 		"-machines", "200", "-workers", "1,16", "-seconds", "1",
-		"-sourcing_machines", "200,400", "-claims", "10", "-idle_claims", "2",
+		"-claim_machines", "200,400", "-claims", "10", "-idle_claims", "2",
 		"-idle_seconds", "1", "-idle_machines", "200", "-reaction_events", "1",
 		"-memory_workers", "4", "-clients", "2",
 		"-heartbeat_agents", "200", "-heartbeat_seconds", "1", "-heartbeat_clients", "4", "-pgbench_scale", "1", "-seeds_machines", "200",
@@ -97,7 +97,7 @@ func TestSmoke(t *testing.T) {
 	want("pgbench", 1, "tps", "clients")
 	want("seeds", 1, "cycles_per_s", "retried_pct", "machines")
 	want("throughput", 2, "machines", "workers", "cycles_per_s", "server_xacts_per_s", "xacts_per_cycle")
-	for _, l := range want("sourcing", 2, "machines", "claim_p50_ms", "claim_p99_ms", "explain_file", "explain_indexes", "explain_execution_ms", "idle_claim_p50_ms") {
+	for _, l := range want("claim", 2, "machines", "claim_p50_ms", "claim_p99_ms", "explain_file", "explain_indexes", "explain_execution_ms", "idle_claim_p50_ms") {
 		plan, err := os.ReadFile(l["explain_file"].(string))
 		if err != nil {
 			t.Error(err)

@@ -18,7 +18,7 @@ import (
 var benchKey = []byte("shepherd-bench")
 
 // noopProcess is a process that does nothing to its machine: what is
-// measured is the framework around it (sourcing, leases, finishing).
+// measured is the framework around it (claiming, leases, finishing).
 type noopProcess struct {
 	info       controlloop.Info
 	candidates bmdb.Candidates

@@ -137,9 +137,9 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin *pgx.Conn, dbname
 	return res, nil
 }
 
-// ---- sourcing ----
+// ---- claim ----
 
-type sourcingResult struct {
+type claimResult struct {
 	Scenario    string  `json:"scenario"`
 	Machines    int     `json:"machines"`
 	SeedSeconds float64 `json:"seed_seconds"`
@@ -202,16 +202,16 @@ func planScans(plan string) (seq, idx []string) {
 	return uniq(seqScanRE), uniq(indexScanRE)
 }
 
-// sourcing times single claims (one Work call each, then Finish) by one
+// claim times single claims (one Claim call each, then Finish) by one
 // session, as a single worker would, at each fleet size.
-func (b *bench) sourcing(ctx context.Context) error {
+func (b *bench) claim(ctx context.Context) error {
 	b.claimP99 = map[int]time.Duration{}
 	b.emptyClaimP99 = map[int]time.Duration{}
 	if err := os.MkdirAll(b.o.outDir, 0o755); err != nil {
 		return err
 	}
-	proc := bmdb.Process{Name: "BenchSource"}
-	for _, n := range b.o.sourcingMachines {
+	proc := bmdb.Process{Name: "BenchClaim"}
+	for _, n := range b.o.claimMachines {
 		name, dsn, err := b.srv.newDatabase(ctx, "src"+strconv.Itoa(n), true)
 		if err != nil {
 			return err
@@ -221,7 +221,7 @@ func (b *bench) sourcing(ctx context.Context) error {
 			return err
 		}
 		b.logf("seeded %d machines in %s", n, seedTime.Round(time.Millisecond))
-		res, err := b.sourceOne(ctx, dsn, proc, n)
+		res, err := b.claimOne(ctx, dsn, proc, n)
 		if err != nil {
 			return err
 		}
@@ -235,8 +235,8 @@ func (b *bench) sourcing(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) sourceOne(ctx context.Context, dsn string, proc bmdb.Process, n int) (sourcingResult, error) {
-	res := sourcingResult{Scenario: "sourcing", Machines: n, Claims: b.o.claims}
+func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n int) (claimResult, error) {
+	res := claimResult{Scenario: "claim", Machines: n, Claims: b.o.claims}
 	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
 	if err != nil {
 		return res, err
@@ -250,7 +250,7 @@ func (b *bench) sourceOne(ctx context.Context, dsn string, proc bmdb.Process, n 
 	cand := bmdb.ProvidedCandidates()
 	claim := func() (time.Duration, time.Duration, error) {
 		t0 := time.Now()
-		w, err := s.Work(ctx, proc, cand)
+		w, err := s.Claim(ctx, proc, cand)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -316,7 +316,7 @@ func (b *bench) sourceOne(ctx context.Context, dsn string, proc bmdb.Process, n 
 	idleLat := make([]time.Duration, 0, b.o.idleClaims)
 	for i := range b.o.idleClaims + 5 {
 		t0 := time.Now()
-		_, err := s.Work(ctx, proc, idle)
+		_, err := s.Claim(ctx, proc, idle)
 		if !errors.Is(err, bmdb.ErrNothingToDo) {
 			return res, fmt.Errorf("idle claim: want nothing to do, got %v", err)
 		}

@@ -35,7 +35,7 @@ func TestHostileSSHDisconnectText(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
-	w, err := s.Work(ctx, bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}, bmdb.AgentStartCandidates())
+	w, err := s.Claim(ctx, bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func (e *env) run(c firmwarecheck.Checker, cfg firmwarecheck.Config) *prometheus
 	return reg
 }
 
-// FirmwareCheck sources the machines whose agent heartbeats (and only
+// FirmwareCheck claims the machines whose agent heartbeats (and only
 // those), records their firmware when the work finishes, and checks each
 // again once its period has passed, never before.
 func TestChecksAndRechecksAfterThePeriod(t *testing.T) {
