@@ -1,8 +1,8 @@
 // Package providers holds the Provider abstraction through which processes
 // act on the world, and one package per implementation: sim (a simulated
-// fleet), static (an inventory of real servers reached over SSH), redfish and
-// sshagent (the protocols static speaks). Processes themselves live in
-// processes/.
+// fleet), static (an inventory of real servers reached over SSH), redfish,
+// ipmi and sshagent (the protocols static speaks). Processes themselves live
+// in processes/.
 package providers
 
 import (
