@@ -98,17 +98,11 @@ LEFT JOIN machine_provided mp ON mp.machine_id = c.machine_id`
 	rebuildDueTemplate = `
 WITH cleared AS (
     DELETE FROM work_due WHERE process = @process
-)
-INSERT INTO work_due (process, machine_id, due_at)
-SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END
-FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
-      FROM machines m) f
-WHERE f.wanted OR f.due_at IS NOT NULL
-ORDER BY f.machine_id
-ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
+)` + refillDueTemplate
 
-	// refillDueTemplate is rebuildDueTemplate's second pass: the same rows
-	// with a later snapshot, without the delete, only moving rows earlier.
+	// refillDueTemplate is rebuildDueTemplate without the delete: its
+	// second pass, the same rows with a later snapshot, only moving rows
+	// earlier.
 	refillDueTemplate = `
 INSERT INTO work_due (process, machine_id, due_at)
 SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END

@@ -238,21 +238,7 @@ func (w *Lease) end(ctx context.Context, commit bool, fn func(ctx context.Contex
 // records Finished, and runs fn to record the outcome (tags). If the lease is
 // no longer held, or fn fails, nothing is committed.
 func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
-		var id int64
-		err := tx.tx.QueryRow(ctx, qWorkFinish, w.Machine, w.Process.Name, w.s.id).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrLeaseLost
-		}
-		if err != nil {
-			return err
-		}
-		if fn == nil {
-			return nil
-		}
-		return fn(ctx, tx)
-	})
-	if err != nil {
+	if err := w.endSucceeded(ctx, fn, qWorkFinish, w.Machine, w.Process.Name, w.s.id); err != nil {
 		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
@@ -265,9 +251,20 @@ func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 // Finish does).
 func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
 	seconds := max(after.Seconds(), 1)
-	err := w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
+	if err := w.endSucceeded(ctx, fn, qWorkReschedule, w.Machine, w.Process.Name, w.s.id, seconds); err != nil {
+		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+// endSucceeded ends the lease by query, Finish's or Reschedule's (it
+// deletes the lease and records the event, returning the event's id, or no
+// row when the lease is no longer held), then runs fn, the process's record
+// of the outcome, in the same transaction.
+func (w *Lease) endSucceeded(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, query string, args ...any) error {
+	return w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
 		var id int64
-		err := tx.tx.QueryRow(ctx, qWorkReschedule, w.Machine, w.Process.Name, w.s.id, seconds).Scan(&id)
+		err := tx.tx.QueryRow(ctx, query, args...).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrLeaseLost
 		}
@@ -279,10 +276,6 @@ func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx 
 		}
 		return fn(ctx, tx)
 	})
-	if err != nil {
-		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
-	}
-	return nil
 }
 
 // Fail ends the lease with a failure: it records Failed with cause and

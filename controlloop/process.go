@@ -130,3 +130,19 @@ func (t *Task) backoffFor(err error) bmdb.Backoff {
 func (t *Task) Transact(ctx context.Context, fn func(ctx context.Context, tx *bmdb.Tx) error) error {
 	return t.work.Session().Transact(ctx, fn)
 }
+
+// Provided reads the leased machine's provided tag (provider, provider id,
+// address, location), in a transaction of the task's session: what nearly
+// every process looks up first, to reach the machine through its provider.
+func (t *Task) Provided(ctx context.Context) (bmdb.Provided, error) {
+	var m bmdb.Provided
+	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		m, err = tx.Provided(ctx, t.Machine)
+		return err
+	})
+	if err != nil {
+		return bmdb.Provided{}, fmt.Errorf("looking up machine %s: %w", t.Machine, err)
+	}
+	return m, nil
+}

@@ -152,16 +152,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	label := r.info.Label
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
-	pause := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
+	pause := func(d time.Duration) bool { return sleepCtx(ctx, d) }
 	listening := false
 	noteListening := func(v bool) {
 		if v != listening {

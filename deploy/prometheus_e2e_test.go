@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,17 +17,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 )
 
 // freePort returns a loopback port nobody listens on now.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // logTail collects a process's output for the failure message.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 )
 
 // replica is one shepherd replica: a fixed command line and HTTP port, run
@@ -52,7 +53,7 @@ type run struct {
 // -listen: the replica keeps one port across its runs.
 func newReplica(t *testing.T, name, logDir string, args ...string) *replica {
 	t.Helper()
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,15 +69,6 @@ func newReplica(t *testing.T, name, logDir string, args ...string) *replica {
 		}
 	})
 	return r
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // start starts a new run of the replica. The previous one must have exited.

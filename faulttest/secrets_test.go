@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -96,7 +97,7 @@ func secretDSN(c *pgcluster.Cluster, password string) string {
 func TestDSNPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	c := passwordCluster(t, "the-right-one")
-	closedPort, err := freePort()
+	closedPort, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package hatest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -89,12 +89,11 @@ func serverDir(t *testing.T) string {
 // freePort returns a TCP port free on 127.0.0.1 a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // runShepherd runs the binary to completion within timeout and returns

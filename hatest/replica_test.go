@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -58,12 +57,7 @@ func churnFlags(machines int) []string {
 // startReplica starts the shepherd binary with args (never -listen).
 func startReplica(t *testing.T, name, logDir string, args ...string) *replica {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t)
 	r := &replica{t: t, name: name, port: port, done: make(chan struct{})}
 	r.logPath = filepath.Join(logDir, name+".log")
 	logFile, err := os.Create(r.logPath)

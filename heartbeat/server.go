@@ -274,25 +274,23 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
 	}
 
-	key, fetched, err := s.agentKey(r.Context(), hb.MachineID, false)
-	switch {
-	case errors.Is(err, bmdb.ErrNotFound):
-		return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
-	case err != nil:
+	keyLookupFailed := func(err error) (string, int, string) {
+		if errors.Is(err, bmdb.ErrNotFound) {
+			return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
+		}
 		s.logError(r, "Looking up an agent key failed", err)
 		return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
+	}
+	key, fetched, err := s.agentKey(r.Context(), hb.MachineID, false)
+	if err != nil {
+		return keyLookupFailed(err)
 	}
 	if err := hb.Verify(key); err != nil {
 		// The agent may have been restarted with a new key since the key
 		// was cached: read it again, but not on every forgery.
 		if !fetched && s.mayRefetch(hb.MachineID, now) {
-			key, _, err = s.agentKey(r.Context(), hb.MachineID, true)
-			switch {
-			case errors.Is(err, bmdb.ErrNotFound):
-				return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
-			case err != nil:
-				s.logError(r, "Looking up an agent key failed", err)
-				return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
+			if key, _, err = s.agentKey(r.Context(), hb.MachineID, true); err != nil {
+				return keyLookupFailed(err)
 			}
 			err = hb.Verify(key)
 		}

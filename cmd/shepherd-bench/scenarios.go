@@ -360,18 +360,25 @@ type idleResult struct {
 	Conditions       string  `json:"conditions"`
 }
 
-// idleDatabase creates the database of the idle and reaction scenarios:
-// every machine provided and with an agent, so that an AgentStart-like
-// process has nothing to do.
-func (b *bench) idleDatabase(ctx context.Context) (name, dsn string, err error) {
+// openIdle creates and opens the database of the idle and reaction
+// scenarios: every machine provided and with an agent, so that an
+// AgentStart-like process has nothing to do. close closes it and drops it.
+func (b *bench) openIdle(ctx context.Context) (db *bmdb.DB, name, dsn string, close func(), err error) {
 	name, dsn, err = b.srv.newDatabase(ctx, "idle", true)
 	if err != nil {
-		return "", "", err
+		return nil, "", "", nil, err
 	}
+	drop := func() { b.srv.dropDatabase(ctx, name) }
 	if _, err := seed(ctx, dsn, b.o.idleMachines, true); err != nil {
-		return "", "", err
+		drop()
+		return nil, "", "", nil, err
 	}
-	return name, dsn, nil
+	db, err = bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
+	if err != nil {
+		drop()
+		return nil, "", "", nil, err
+	}
+	return db, name, dsn, func() { db.Close(); drop() }, nil
 }
 
 // idleStatsDelay is the warm-up of an idle run: longer than PostgreSQL's
@@ -381,16 +388,11 @@ const idleStatsDelay = 11 * time.Second
 // idle counts the server's transactions in the benchmark database while
 // runners with the daemon's default configuration find nothing to do.
 func (b *bench) idle(ctx context.Context) error {
-	name, dsn, err := b.idleDatabase(ctx)
+	db, name, _, closeDB, err := b.openIdle(ctx)
 	if err != nil {
 		return err
 	}
-	defer b.srv.dropDatabase(ctx, name)
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
+	defer closeDB()
 	admin, err := connect(ctx, b.srv.adminDSN)
 	if err != nil {
 		return err
@@ -529,16 +531,11 @@ type reactionResult struct {
 // reaction makes one machine at a time eligible while the runner is idle,
 // and measures how long it takes until the process runs on it.
 func (b *bench) reaction(ctx context.Context) error {
-	name, dsn, err := b.idleDatabase(ctx)
+	db, _, dsn, closeDB, err := b.openIdle(ctx)
 	if err != nil {
 		return err
 	}
-	defer b.srv.dropDatabase(ctx, name)
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
+	defer closeDB()
 	conn, err := connect(ctx, dsn)
 	if err != nil {
 		return err

@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 )
 
 // ErrBinariesNotFound is returned by Start (wrapped) when neither PATH nor
@@ -174,7 +176,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	port := opts.Port
 	for attempt := 0; ; attempt++ {
 		if opts.Port == 0 {
-			if port, err = freePort(); err != nil {
+			if port, err = freeport.Pick(); err != nil {
 				return nil, fmt.Errorf("pgcluster: picking a free port: %w", err)
 			}
 		}
@@ -583,16 +585,6 @@ func (c *Cluster) logTail(offset int64) []byte {
 		return []byte(fmt.Sprintf("(cannot read server log: %v)", err))
 	}
 	return b
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // shellQuote quotes s for /bin/sh.

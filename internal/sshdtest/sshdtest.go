@@ -33,6 +33,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 )
 
@@ -102,7 +103,7 @@ func Start(t testing.TB) *Server {
 
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
+		port, err := freeport.Pick()
 		if err != nil {
 			t.Fatalf("sshdtest: finding a free port: %v", err)
 		}
@@ -299,15 +300,6 @@ func banner(addr string) error {
 		return fmt.Errorf("unexpected banner %q", line)
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLines(s string, n int) string {

@@ -53,14 +53,9 @@ func (*AgentStart) Candidates() bmdb.Candidates { return bmdb.AgentStartCandidat
 // finishes, so that the tag exists if and only if the lease was still held.
 // A provider error carrying a controlloop.BackoffError sets the task's backoff.
 func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
-	var m bmdb.Provided
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		m, err = tx.Provided(ctx, t.Machine)
-		return err
-	})
+	m, err := t.Provided(ctx)
 	if err != nil {
-		return fmt.Errorf("looking up machine: %w", err)
+		return err
 	}
 	key, err := a.provider.StartAgent(ctx, m)
 	if err != nil {

@@ -104,14 +104,9 @@ func (r *Recovery) Candidates() bmdb.Candidates {
 // it an AgentStart candidate again. A provider error carrying a
 // controlloop.BackoffError sets the task's backoff.
 func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
-	var m bmdb.Provided
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		m, err = tx.Provided(ctx, t.Machine)
-		return err
-	})
+	m, err := t.Provided(ctx)
 	if err != nil {
-		return fmt.Errorf("looking up machine: %w", err)
+		return err
 	}
 	if err := r.provider.Reboot(ctx, m); err != nil {
 		return fmt.Errorf("rebooting %s/%s: %w", m.Provider, m.ProviderID, err)

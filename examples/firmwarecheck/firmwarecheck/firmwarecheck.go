@@ -115,14 +115,9 @@ SET version = excluded.version, current = excluded.current, checked_at = exclude
 // backs off (with a controlloop.BackoffError's backoff, if the provider
 // wrapped one).
 func (f *FirmwareCheck) Run(ctx context.Context, t *controlloop.Task) error {
-	var m bmdb.Provided
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		m, err = tx.Provided(ctx, t.Machine)
-		return err
-	})
+	m, err := t.Provided(ctx)
 	if err != nil {
-		return fmt.Errorf("looking up machine: %w", err)
+		return err
 	}
 	version, err := f.checker.CheckFirmware(ctx, m)
 	if err != nil {
