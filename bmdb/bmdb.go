@@ -146,6 +146,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	cc.DialFunc = dialer().DialContext
+	cfg.ShouldPing = shouldPing
 	hosts := &hostLog{quiet: opts.QuietConnections}
 	cfg.BeforeConnect = hosts.beforeConnect
 	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
@@ -342,4 +343,44 @@ func failureKind(err error) string {
 	default:
 		return "failed"
 	}
+}
+
+// pingAfter is how long a pooled connection may sit idle before it is
+// pinged before use: long enough that a connection used every few seconds
+// (a session's heartbeat, a claimer's safety poll) is not.
+const pingAfter = time.Minute
+
+// shouldPing decides whether the pool pings a connection before handing it
+// out. pgxpool pings every connection idle for more than a second, which
+// costs a round trip and, on the server, a transaction: half of an idle
+// replica's transactions. A connection the server closed (a failover, a
+// restart, a terminated backend) has its FATAL message or end of file
+// waiting in the socket already, which a read with a 1 ms deadline finds
+// without a round trip or a transaction; that connection is pinged (the
+// ping fails, and the pool drops it for another). A connection idle for
+// over pingAfter is pinged anyway, for breaks that send nothing; a query on
+// one of those before then is bounded by the statement timeout and the
+// socket's user timeout (dial_linux.go).
+func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
+	switch {
+	case p.IdleDuration <= time.Second:
+		return false
+	case p.IdleDuration > pingAfter:
+		return true
+	}
+	return closedByServer(p.Conn.PgConn())
+}
+
+// closedByServer reports whether the server has closed c, by a read that
+// waits 1 ms for a message: the FATAL of a shutting-down server, or the end
+// of the stream, are errors; nothing to read is not (and a stray
+// asynchronous message, such as a parameter status, is consumed).
+func closedByServer(c *pgconn.PgConn) bool {
+	if c.IsClosed() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	_, err := c.ReceiveMessage(ctx)
+	return err != nil && !pgconn.Timeout(err)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Limits caps the leases of one process across every replica sharing the
@@ -105,10 +107,19 @@ type LimitStatus struct {
 // LimitStatus reads the pause and the oldest lease of process in one query,
 // for the runner's gauges.
 func (db *DB) LimitStatus(ctx context.Context, process string) (LimitStatus, error) {
+	st, err := scanLimitStatus(db.pool.QueryRow(ctx, qLimitGauges, process))
+	if err != nil {
+		return LimitStatus{}, fmt.Errorf("reading the limit status of %s: %w", process, err)
+	}
+	return st, nil
+}
+
+// scanLimitStatus reads qLimitGauges' row.
+func scanLimitStatus(row pgx.Row) (LimitStatus, error) {
 	var source, reason *string
 	var oldest *float64
-	if err := db.pool.QueryRow(ctx, qLimitGauges, process).Scan(&source, &reason, &oldest); err != nil {
-		return LimitStatus{}, fmt.Errorf("reading the limit status of %s: %w", process, err)
+	if err := row.Scan(&source, &reason, &oldest); err != nil {
+		return LimitStatus{}, err
 	}
 	var st LimitStatus
 	if source != nil {

@@ -29,8 +29,12 @@ type SessionConfig struct {
 	// session: the local deadline is the send time of the last successful
 	// heartbeat + Interval - Margin. Default Interval/5.
 	Margin time.Duration
-	// ReapInterval is how often this session reaps expired sessions (of any
-	// replica). Default Interval.
+	// ReapInterval, when set, makes this session also reap expired sessions
+	// (of any replica) on a timer of its own, every ReapInterval. By default
+	// (0) it reaps only when one of its heartbeats, every Interval/2, finds
+	// an expired session: an idle replica then spends no transaction on
+	// reaping, and a dead session's leases wait at most Interval/2 after
+	// its expiry for a reaper.
 	ReapInterval time.Duration
 }
 
@@ -48,9 +52,6 @@ func (c SessionConfig) withDefaults() SessionConfig {
 	c.Interval = time.Duration(ceilSeconds(c.Interval)) * time.Second
 	if c.Margin <= 0 || c.Margin >= c.Interval/2 {
 		c.Margin = c.Interval / 5
-	}
-	if c.ReapInterval <= 0 {
-		c.ReapInterval = c.Interval
 	}
 	return c
 }
@@ -210,8 +211,8 @@ func (s *Session) halt() {
 }
 
 // heartbeat pokes the session every Interval/2 and reaps expired sessions
-// every ReapInterval, until silenced, and loses the session at its local
-// deadline, until halted or lost.
+// when a poke finds one (or every ReapInterval, if set), until silenced, and
+// loses the session at its local deadline, until halted or lost.
 func (s *Session) heartbeat(localDeadline time.Time) {
 	defer close(s.stopped)
 	// ctx bounds the heartbeat's queries: they stop with the pokes.
@@ -231,7 +232,8 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 	// (until the server ends it, see Options.IdleInTransactionTimeout), and
 	// pokes stuck behind it would cost this healthy replica its own session,
 	// and the next reaper its own, one replica after another.
-	go s.reapEvery(ctx, reapDone)
+	reapNow := make(chan struct{}, 1)
+	go s.reapWhenDue(ctx, reapNow, reapDone)
 
 	deadline := time.NewTimer(time.Until(localDeadline))
 	defer deadline.Stop()
@@ -256,7 +258,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			return
 		case <-poke.C:
 			sent := time.Now()
-			alive, err := s.poke(ctx, localDeadline)
+			alive, othersExpired, err := s.poke(ctx, localDeadline)
 			switch {
 			case ctx.Err() != nil:
 				// Silenced, halted or lost meanwhile: the next round sees which.
@@ -272,47 +274,63 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 				s.localDeadline.Store(&next)
 				deadline.Reset(time.Until(localDeadline))
 				poke.Reset(s.cfg.Interval / 2)
+				if othersExpired {
+					select {
+					case reapNow <- struct{}{}:
+					default: // a reap is already asked for
+					}
+				}
 			}
 		}
 	}
 }
 
-// reapEvery reaps expired sessions every ReapInterval until ctx is done,
-// then closes done.
-func (s *Session) reapEvery(ctx context.Context, done chan<- struct{}) {
+// reapWhenDue reaps expired sessions whenever reapNow says a heartbeat
+// found one (and every ReapInterval, if set) until ctx is done, then closes
+// done.
+func (s *Session) reapWhenDue(ctx context.Context, reapNow <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	reap := time.NewTicker(s.cfg.ReapInterval)
-	defer reap.Stop()
+	var tick <-chan time.Time
+	if s.cfg.ReapInterval > 0 {
+		t := time.NewTicker(s.cfg.ReapInterval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-reap.C:
-			_, _, err := s.db.Reap(ctx)
-			if ctx.Err() == nil {
-				s.db.reapResult(err)
-			}
-			if err != nil && ctx.Err() == nil {
-				klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)
-			}
+		case <-reapNow:
+		case <-tick:
+		}
+		_, _, err := s.db.Reap(ctx)
+		if ctx.Err() == nil {
+			s.db.reapResult(err)
+		}
+		if err != nil && ctx.Err() == nil {
+			klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)
 		}
 	}
 }
 
 // poke extends the session's deadline; it reports false when the session
-// was already expired in the database.
-func (s *Session) poke(ctx context.Context, localDeadline time.Time) (bool, error) {
+// was already expired in the database, and whether any other session is.
+func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, othersExpired bool, err error) {
 	ctx, cancel := context.WithDeadline(ctx, localDeadline)
 	defer cancel()
-	tag, err := s.db.pool.Exec(ctx, qSessionPoke, s.id)
+	err = s.db.pool.QueryRow(ctx, qSessionPoke, s.id).Scan(&othersExpired)
+	alive = err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
 	s.db.metrics.transaction(map[bool]string{true: "committed", false: "failed"}[err == nil])
 	if !errors.Is(err, context.Canceled) {
 		s.db.pokeResult(s.cfg.Component, err)
 	}
 	if err != nil {
-		return false, fmt.Errorf("poking session: %w", err)
+		return false, false, fmt.Errorf("poking session: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return alive, othersExpired, nil
 }
 
 // Close ends the session: it stops the heartbeat, releases the leases still

@@ -13,14 +13,31 @@ import (
 )
 
 // A session whose heartbeat stops loses its leases to the reaper that
-// another live session runs, within its interval plus a reap period. Its own
-// work was cancelled before that, the release is in history as Lost, and a
-// late Finish or Fail from the dead session fails and changes nothing.
+// another live session runs, within its interval plus a reap period: by
+// default the live session's heartbeat period (Interval/2), whose poke finds
+// the expired session, or a ReapInterval of its own. Its own work was
+// cancelled before that, the release is in history as Lost, and a late
+// Finish or Fail from the dead session fails and changes nothing.
 func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		cfg        bmdb.SessionConfig
+		reapPeriod time.Duration
+	}{
+		{"reap found by a heartbeat", bmdb.SessionConfig{Interval: time.Second}, 500 * time.Millisecond},
+		{"reap on a timer", bmdb.SessionConfig{Interval: time.Second, ReapInterval: 300 * time.Millisecond}, 300 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testReaperReleasesLeasesOfDeadSession(t, c.cfg, c.reapPeriod)
+		})
+	}
+}
+
+func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig, reapPeriod time.Duration) {
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
-	cfg := bmdb.SessionConfig{Interval: time.Second, ReapInterval: 500 * time.Millisecond}
 	live := e.session(cfg)
 	dead := e.session(cfg)
 	ms := e.addMachines(2)
@@ -45,7 +62,7 @@ func TestReaperReleasesLeasesOfDeadSession(t *testing.T) {
 		return n == 0, err
 	})
 	took := time.Since(stopped)
-	bound := cfg.Interval + cfg.ReapInterval
+	bound := cfg.Interval + reapPeriod
 	t.Logf("leases released %v after the heartbeat stopped (interval + reap period: %v)", took, bound)
 	// The slack absorbs scheduling and query latency on a loaded machine.
 	if took > bound+2*time.Second {

@@ -363,11 +363,23 @@ type ProcessStats struct {
 // that transaction's cost follows the due work, not the fleet. The process
 // is registered for due-time claiming first if it is not yet.
 func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
+	st, _, err := db.stats(ctx, process, candidates, false)
+	return st, err
+}
+
+// StatsAndLimits is Stats and LimitStatus read in one batch, which the
+// server runs as one transaction: a runner's gauge refresh, the one
+// database cost of an idle runner besides its session and its safety poll.
+func (db *DB) StatsAndLimits(ctx context.Context, process Process, candidates Candidates) (ProcessStats, LimitStatus, error) {
+	return db.stats(ctx, process, candidates, true)
+}
+
+func (db *DB) stats(ctx context.Context, process Process, candidates Candidates, withLimits bool) (ProcessStats, LimitStatus, error) {
 	if err := process.Validate(); err != nil {
-		return ProcessStats{}, err
+		return ProcessStats{}, LimitStatus{}, err
 	}
 	if err := db.ensureRegistered(ctx, process, candidates, "stats"); err != nil {
-		return ProcessStats{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+		return ProcessStats{}, LimitStatus{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
 	}
 	query, args := candidates.query(dueStatsTemplate, pgx.NamedArgs{
 		"group":   process.group(),
@@ -375,11 +387,29 @@ func (db *DB) Stats(ctx context.Context, process Process, candidates Candidates)
 	})
 	var st ProcessStats
 	var oldest float64
-	if err := db.pool.QueryRow(ctx, query, args).Scan(&st.Eligible, &oldest, &st.Backoffs, &st.Leases); err != nil {
-		return ProcessStats{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+	var limits LimitStatus
+	batch := &pgx.Batch{}
+	batch.Queue(query, args).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&st.Eligible, &oldest, &st.Backoffs, &st.Leases); err != nil {
+			return fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
+		}
+		return nil
+	})
+	if withLimits {
+		batch.Queue(qLimitGauges, process.Name).QueryRow(func(row pgx.Row) error {
+			var err error
+			limits, err = scanLimitStatus(row)
+			if err != nil {
+				return fmt.Errorf("reading the limit status of %s: %w", process.Name, err)
+			}
+			return nil
+		})
+	}
+	if err := db.pool.SendBatch(ctx, batch).Close(); err != nil {
+		return ProcessStats{}, LimitStatus{}, err
 	}
 	st.OldestDue = time.Duration(oldest * float64(time.Second))
-	return st, nil
+	return st, limits, nil
 }
 
 // fleetStats is Stats computed over the whole fleet (statsTemplate).

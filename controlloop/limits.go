@@ -192,17 +192,10 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 		label, v.Failed, v.Attempts, l.BreakerThreshold, r.info.Process.Name, label)
 }
 
-// refreshLimitGauges updates the pause and oldest-lease gauges, in one
-// query, and logs when this replica sees the process paused or resumed.
-func (r *Runner) refreshLimitGauges(ctx context.Context) {
+// showLimitStatus updates the pause and oldest-lease gauges and logs when
+// this replica sees the process paused or resumed.
+func (r *Runner) showLimitStatus(st bmdb.LimitStatus) {
 	label := r.info.Label
-	st, err := r.db.LimitStatus(ctx, r.info.Process.Name)
-	if err != nil {
-		if ctx.Err() == nil {
-			klog.V(1).Infof("%s: refreshing limit gauges: %v", label, err)
-		}
-		return
-	}
 	for _, reason := range pauseReasons {
 		v := 0.0
 		if st.PausedBy == reason {

@@ -522,22 +522,23 @@ func boolGauge(v bool) float64 {
 	return 0
 }
 
-// refreshGauges updates the queue gauges with one query per period.
+// refreshGauges updates the queue and limit gauges with one transaction
+// per period.
 func (r *Runner) refreshGauges(ctx context.Context) {
 	label := r.info.Label
 	tick := time.NewTicker(r.cfg.MetricsRefresh)
 	defer tick.Stop()
 	for {
-		st, err := r.db.Stats(ctx, r.info.Process, r.candidates)
+		st, limits, err := r.db.StatsAndLimits(ctx, r.info.Process, r.candidates)
 		if err == nil {
 			r.metrics.eligible.WithLabelValues(label).Set(float64(st.Eligible))
 			r.metrics.oldestDue.WithLabelValues(label).Set(st.OldestDue.Seconds())
 			r.metrics.backoffs.WithLabelValues(label).Set(float64(st.Backoffs))
 			r.metrics.leases.WithLabelValues(label).Set(float64(st.Leases))
+			r.showLimitStatus(limits)
 		} else if ctx.Err() == nil {
-			klog.V(1).Infof("%s: refreshing gauges: %v", label, err)
+			klog.V(1).InfoS("refreshing gauges failed", "process", label, "err", err)
 		}
-		r.refreshLimitGauges(ctx)
 		select {
 		case <-ctx.Done():
 			return
