@@ -88,7 +88,10 @@ type Config struct {
 	IdlePoll time.Duration
 	// SafetyPoll is how long an idle claimer that is woken by notifications
 	// and by its next due time waits at most before asking anyway: the
-	// bound on a wake-up that was lost. Below IdlePoll, IdlePoll applies.
+	// bound on a wake-up that was lost. Every write the triggers see
+	// notifies, and a lost LISTEN connection switches the claimer to
+	// IdlePoll, so this is belt and braces: at 10 s it is a third of an idle
+	// process's transactions. Below IdlePoll, IdlePoll applies.
 	SafetyPoll time.Duration
 	// ReconcileInterval is the period of the pass that checks the whole
 	// fleet, in small chunks, for machines a claim would lease that have no
@@ -135,7 +138,7 @@ func DefaultConfig(info Info) Config {
 		Parallelism: 4,
 		QueryRate:   Rate{Interval: 250 * time.Millisecond, Burst: 8},
 		IdlePoll:    700 * time.Millisecond,
-		SafetyPoll:  5 * time.Second,
+		SafetyPoll:  10 * time.Second,
 
 		ReconcileInterval: 10 * time.Minute,
 		Backoff:           info.DefaultBackoff,

@@ -106,6 +106,14 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	want("idle", 4, "processes", "workers_per_process", "server_xacts_per_s", "server_xacts_per_s_per_process")
+	for _, l := range want("reconcile", 2, "condition", "chunks", "seconds", "xacts_per_s_averaged", "server_cpu_percent_averaged", "drift") {
+		if chunks, _ := l["chunks"].(float64); chunks < 1 {
+			t.Errorf("reconcile: %v chunks, want at least 1", l["chunks"])
+		}
+		if drift, _ := l["drift"].(float64); drift != 0 {
+			t.Errorf("reconcile found drift %v on a fleet the triggers kept, want 0", l["drift"])
+		}
+	}
 	want("reaction", 2, "kind", "p50_ms", "p99_ms", "timeouts")
 	for _, l := range want("memory", 1, "peak_rss_mib", "workers_per_process") {
 		if v, _ := l["peak_rss_mib"].(float64); v <= 0 {
