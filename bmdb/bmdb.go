@@ -212,7 +212,7 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 			// which keeps an outage visible.
 			db.metrics.transaction("retried")
 			if reconnects == 0 {
-				klog.Warningf("BMDB: ending a lease: %v; trying again on a new connection for up to %s", err, reconnectWindow)
+				klog.ErrorS(err, "BMDB: ending a lease failed; trying again on a new connection", "for_up_to", reconnectWindow)
 			}
 			pause := min(100*time.Millisecond<<min(reconnects, 4), time.Second)
 			reconnects++

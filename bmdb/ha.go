@@ -118,13 +118,13 @@ func (h *hostLog) connected(conn *pgx.Conn) {
 	h.mu.Unlock()
 	switch {
 	case h.quiet:
-		klog.V(2).Infof("BMDB: connected to %s", addr)
+		klog.V(2).InfoS("BMDB: connected", "addr", addr)
 	case prev == "":
-		klog.Infof("BMDB: connected to %s", addr)
+		klog.InfoS("BMDB: connected", "addr", addr)
 	case prev != addr:
-		klog.Warningf("BMDB: connected to %s (previous connection was to %s: failover or host change)", addr, prev)
+		klog.InfoS("BMDB: connected to another host than before: failover or host change", "addr", addr, "previous", prev)
 	default:
-		klog.V(2).Infof("BMDB: new connection to %s", addr)
+		klog.V(2).InfoS("BMDB: new connection", "addr", addr)
 	}
 }
 

@@ -87,9 +87,9 @@ func (db *DB) RunRetention(ctx context.Context, every, olderThan time.Duration) 
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			klog.Warningf("History retention: %v (retrying in %s)", err, every)
+			klog.ErrorS(err, "History retention failed", "retry_in", every)
 		case n > 0:
-			klog.Infof("History retention: deleted %d work_history events older than %s", n, olderThan)
+			klog.InfoS("History retention: deleted old work_history events", "events", n, "older_than", olderThan)
 		}
 		// Up to a tenth of jitter, so that replicas started together do not
 		// all wake at once only to find the lock taken.

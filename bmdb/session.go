@@ -172,7 +172,7 @@ func (s *Session) Alive() bool { return !s.expired() }
 
 func (s *Session) markExpired() {
 	s.lostOnce.Do(func() {
-		klog.Warningf("BMDB session %s (%s) lost: cancelling all work under it", s.id, s.cfg.Component)
+		klog.ErrorS(ErrSessionExpired, "BMDB session lost: cancelling all work under it", "session", s.id, "component", s.cfg.Component)
 		s.db.metrics.sessionExpired(s.cfg.Component)
 		close(s.lost)
 	})
@@ -253,7 +253,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			<-reapDone // ctx is cancelled on silence
 			close(s.silenced)
 		case <-deadline.C:
-			klog.Warningf("BMDB session %s: no successful heartbeat before the local deadline", s.id)
+			klog.ErrorS(ErrSessionExpired, "BMDB session lost: no successful heartbeat before the local deadline", "session", s.id, "component", s.cfg.Component)
 			s.markExpired()
 			return
 		case <-poke.C:
@@ -263,7 +263,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			case ctx.Err() != nil:
 				// Silenced, halted or lost meanwhile: the next round sees which.
 			case err != nil:
-				klog.Warningf("BMDB session %s: heartbeat failed, retrying: %v", s.id, err)
+				klog.ErrorS(err, "BMDB session heartbeat failed, retrying", "session", s.id, "component", s.cfg.Component)
 				poke.Reset(min(time.Second, s.cfg.Interval/10))
 			case !alive:
 				s.markExpired()
@@ -308,7 +308,7 @@ func (s *Session) reapWhenDue(ctx context.Context, reapNow <-chan struct{}, done
 			s.db.reapResult(err)
 		}
 		if err != nil && ctx.Err() == nil {
-			klog.Warningf("BMDB session %s: reaping expired sessions: %v", s.id, err)
+			klog.ErrorS(err, "BMDB: reaping expired sessions failed", "session", s.id)
 		}
 	}
 }
@@ -413,7 +413,7 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 		return 0, 0, fmt.Errorf("reaping expired BMDB sessions: %w", err)
 	}
 	if sessions > 0 {
-		klog.Infof("Reaped %d expired BMDB sessions, released %d leases", sessions, leases)
+		klog.InfoS("Reaped expired BMDB sessions", "sessions", sessions, "leases_released", leases)
 	}
 	db.metrics.reaped(sessions, leases)
 	return sessions, leases, nil

@@ -179,7 +179,7 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	label := r.info.Label
 	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, bmdb.Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold})
 	if err != nil {
-		klog.Warningf("%s: %v", label, err)
+		klog.ErrorS(err, "Checking the circuit breaker failed", "process", label)
 		return
 	}
 	if !v.Tripped {
@@ -188,8 +188,8 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	r.metrics.limits.breakerTrips.WithLabelValues(label).Inc()
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByBreaker).Set(1)
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByOperator).Set(0)
-	klog.Errorf("%s: circuit breaker tripped: %d of the last %d attempts failed, above the threshold of %g; %s is paused on every replica until an operator runs 'shepherd resume %s'",
-		label, v.Failed, v.Attempts, l.BreakerThreshold, r.info.Process.Name, label)
+	klog.ErrorS(nil, "Circuit breaker tripped: the process is paused on every replica until an operator resumes it",
+		"process", label, "failed", v.Failed, "attempts", v.Attempts, "threshold", l.BreakerThreshold, "resume_with", "shepherd resume "+label)
 }
 
 // showLimitStatus updates the pause and oldest-lease gauges and logs when
@@ -207,9 +207,9 @@ func (r *Runner) showLimitStatus(st bmdb.LimitStatus) {
 	if seen := &r.limitState; !seen.refreshed || seen.pausedBy != st.PausedBy {
 		switch {
 		case st.PausedBy != "":
-			klog.Warningf("%s: paused (by %s): %s; no replica leases machines for it until 'shepherd resume %s'", label, st.PausedBy, st.PauseReason, label)
+			klog.InfoS("Paused: no replica leases machines for the process until it is resumed", "process", label, "paused_by", st.PausedBy, "reason", st.PauseReason, "resume_with", "shepherd resume "+label)
 		case seen.refreshed:
-			klog.Infof("%s: resumed", label)
+			klog.InfoS("Resumed", "process", label)
 		}
 		seen.refreshed, seen.pausedBy = true, st.PausedBy
 	}

@@ -137,7 +137,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := s.Close(closeCtx); err != nil {
-			klog.Warningf("%s: %v", label, err)
+			klog.ErrorS(err, "Closing the BMDB session failed", "process", label)
 		}
 	}
 	r.metrics.sessionHeld.WithLabelValues(label).Set(0)
@@ -208,11 +208,11 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			}
 		}
 	}
-	onError := func(format string, args ...any) bool {
+	onError := func(msg string, err error) bool {
 		r.metrics.claimErrors.WithLabelValues(label).Inc()
 		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
 		wait := jitter.Half(errorPause)
-		klog.Warningf("%s: "+format+" (retrying in %s)", append([]any{label}, append(args, wait.Round(time.Millisecond))...)...)
+		klog.ErrorS(err, msg, "process", label, "retry_in", wait.Round(time.Millisecond))
 		return pause(wait)
 	}
 
@@ -242,7 +242,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		sess, err := r.currentSession(ctx)
 		if err != nil {
 			giveBack(n)
-			if ctx.Err() != nil || !onError("cannot start a BMDB session: %v", err) {
+			if ctx.Err() != nil || !onError("Cannot start a BMDB session", err) {
 				return
 			}
 			continue
@@ -287,7 +287,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			klog.InfoS("session lost, starting a new one", "process", label)
 		default:
 			giveBack(n)
-			if !onError("claiming: %v", err) {
+			if !onError("Claiming failed", err) {
 				return
 			}
 		}
@@ -311,7 +311,7 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	// Tools compare the replicas' conditions through these rows; a
 	// failure costs only that comparison, so work goes on.
 	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates); err != nil {
-		klog.Warningf("%s: %v", r.info.Label, err)
+		klog.ErrorS(err, "Recording the process's candidate parameters failed", "process", r.info.Label)
 	}
 	return s, nil
 }

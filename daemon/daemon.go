@@ -75,7 +75,7 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "shepherd: %v\n", err)
 		return exitFailure
 	}
-	klog.Info("Shepherd stopped")
+	klog.InfoS("Shepherd stopped")
 	return exitOK
 }
 
@@ -90,14 +90,14 @@ func shutdownOnSignal(grace time.Duration) (context.Context, func()) {
 	go func() {
 		select {
 		case s := <-ch:
-			klog.Infof("Received %s: stopping; in-flight work has %s to end (send the signal again to exit at once)", s, grace)
+			klog.InfoS("Received a signal: stopping; in-flight work has the grace to end (send the signal again to exit at once)", "signal", s, "grace", grace)
 			cancel()
 		case <-done:
 			return
 		}
 		select {
 		case s := <-ch:
-			klog.Errorf("Received %s during shutdown: exiting at once", s)
+			klog.ErrorS(nil, "Received a signal during shutdown: exiting at once", "signal", s)
 			klog.Flush()
 			os.Exit(exitFailure)
 		case <-done:
@@ -191,7 +191,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 		return err
 	}
 	defer readDB.Close()
-	klog.Infof("Using the BMDB at %s", target)
+	klog.InfoS("Using the BMDB", "target", target)
 
 	var checks []func() string
 	if agents != nil {
@@ -295,7 +295,7 @@ func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <
 	stopFleet()
 	<-reloadDone
 	if fleetErr := <-fleetDone; fleetErr != nil {
-		klog.Warningf("Fleet: %v", fleetErr)
+		klog.ErrorS(fleetErr, "The fleet stopped with an error")
 	}
 	return err
 }
@@ -321,7 +321,7 @@ func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn fu
 		// Jittered: replicas that lost the database together must not all
 		// come back at the same moment.
 		wait := jitter.Half(pause)
-		klog.Warningf("%s: %v (retrying in %s)", what, err, wait.Round(time.Millisecond))
+		klog.ErrorS(err, "Retrying", "what", what, "retry_in", wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return nil
@@ -345,27 +345,25 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 	last := "unchecked"
 	for {
 		r, err := db.Replication(ctx)
-		var state string
+		var msg string
+		var kv []any
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			state = fmt.Sprintf("cannot check the BMDB's replication: %v", err)
+			msg, kv = "Cannot check the BMDB's replication", []any{"err", err}
 		case r.InRecovery:
-			state = "the BMDB DSN reaches a standby (read-only): add target_session_attrs=read-write"
+			msg = "The BMDB DSN reaches a standby (read-only): add target_session_attrs=read-write"
 		case r.Synchronous():
-			state = ""
+			msg, kv = "BMDB primary has synchronous standbys", []any{"host", db.Host(), "standbys", r.SyncStandbys}
 		case r.SyncStandbys < 0 && r.StandbyNames != "":
-			state = fmt.Sprintf("BMDB synchronous_standby_names is %q, but this role cannot see whether a standby is in sync (grant it pg_monitor)", r.StandbyNames)
+			msg, kv = "BMDB synchronous_standby_names is set, but this role cannot see whether a standby is in sync (grant it pg_monitor)", []any{"synchronous_standby_names", r.StandbyNames}
 		default:
-			state = fmt.Sprintf("the BMDB primary has no synchronous standby (synchronous_standby_names %q, synchronous_commit %s): a failover can lose committed leases and let two replicas act on one machine; see docs/high-availability.md", r.StandbyNames, r.SynchronousCommit)
+			msg, kv = "The BMDB primary has no synchronous standby: a failover can lose committed leases and let two replicas act on one machine; see docs/high-availability.md",
+				[]any{"synchronous_standby_names", r.StandbyNames, "synchronous_commit", r.SynchronousCommit}
 		}
-		if state != last {
-			if state == "" {
-				klog.Infof("BMDB primary at %s has %d synchronous standby(s)", db.Host(), r.SyncStandbys)
-			} else {
-				klog.Warning(state)
-			}
+		if state := fmt.Sprint(msg, kv); state != last {
+			klog.InfoS(msg, kv...)
 			last = state
 		}
 		select {

@@ -86,14 +86,16 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 	if err != nil {
 		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
 	}
-	klog.Infof("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $%s), so shepherd runs a private PostgreSQL in %s and a simulated fleet (-provider sim)", envDSN, abs)
-	klog.Infof("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $%s)", envDSN)
+	klog.InfoS("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $"+envDSN+"), so shepherd runs a private PostgreSQL and a simulated fleet (-provider sim)", "dir", abs)
+	klog.InfoS("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $" + envDSN + ")")
 
 	if len(changedDefaults) > 0 {
-		klog.Infof("DEMO MODE: flag defaults changed so that the loops show work within a minute or two (give a flag to override): %s", strings.Join(changedDefaults, " "))
+		klog.InfoS("DEMO MODE: flag defaults changed so that the loops show work within a minute or two (give a flag to override)", "flags", strings.Join(changedDefaults, " "))
 	}
 
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Logf: klog.Infof})
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Logf: func(format string, args ...any) {
+		klog.InfoS("DEMO MODE: PostgreSQL", "msg", fmt.Sprintf(format, args...))
+	}})
 	if err != nil {
 		return nil, "", fmt.Errorf("demo mode: starting PostgreSQL: %w", err)
 	}
@@ -112,7 +114,7 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 	if err := bmdb.MigrateUp(ctx, dsn, exts...); err != nil {
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
-	klog.Infof("DEMO MODE: BMDB ready at 127.0.0.1:%d/%s; its data stays in %s between runs (delete the directory to start afresh)", c.Port, demoDatabase, abs)
+	klog.InfoS("DEMO MODE: BMDB ready; its data stays in dir between runs (delete the directory to start afresh)", "addr", fmt.Sprintf("127.0.0.1:%d/%s", c.Port, demoDatabase), "dir", abs)
 	if err := writeDemoDSN(abs, dsn); err != nil {
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
@@ -120,7 +122,7 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, defaultStateDir) != abs {
 		cliHint += " -state_dir " + abs
 	}
-	klog.Infof("DEMO MODE: status page at %s; operator commands find this demo by themselves, e.g.: %s", statusURL, cliHint)
+	klog.InfoS("DEMO MODE: status page at url; operator commands find this demo by themselves, e.g. try", "url", statusURL, "try", cliHint)
 	return c, dsn, nil
 }
 
@@ -166,13 +168,13 @@ func runningDemoDSN(stateDir string) (dsn, abs string, err error) {
 // operator commands.
 func stopDemo(c *pgcluster.Cluster) {
 	if err := os.Remove(filepath.Join(c.Dir, demoDSNFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		klog.Warningf("DEMO MODE: %v", err)
+		klog.ErrorS(err, "DEMO MODE: withdrawing the demo's DSN failed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := c.Stop(ctx); err != nil {
-		klog.Errorf("DEMO MODE: stopping PostgreSQL: %v", err)
+		klog.ErrorS(err, "DEMO MODE: stopping PostgreSQL failed")
 		return
 	}
-	klog.Infof("DEMO MODE: PostgreSQL in %s stopped", c.DataDir)
+	klog.InfoS("DEMO MODE: PostgreSQL stopped", "dir", c.DataDir)
 }

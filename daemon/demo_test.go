@@ -85,7 +85,7 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 		code, body, err := d.get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
-	for _, want := range []string{"operator commands find this demo by themselves, e.g.: shepherd machines -state_dir " + stateDir, "status page at http://127.0.0.1:"} {
+	for _, want := range []string{"operator commands find this demo by themselves", `try="shepherd machines -state_dir ` + stateDir + `"`, `url="http://127.0.0.1:`} {
 		if !strings.Contains(d.log(), want) {
 			t.Errorf("the demo's log lacks %q", want)
 		}

@@ -227,7 +227,7 @@ func TestShutdown(t *testing.T) {
 		waitBusy(t, d)
 		d.signal(syscall.SIGTERM)
 		bmdbtest.WaitFor(t, 5*time.Second, "the first signal to be logged", func() (bool, string) {
-			return d.logCount("Received terminated") == 1, "not logged yet"
+			return d.logCount(`signal="terminated"`) == 1, "not logged yet"
 		})
 		sent := d.signal(syscall.SIGINT)
 		code, at := d.wait(5 * time.Second)

@@ -44,7 +44,7 @@ type shepherdProcess struct {
 }
 
 // serveRE matches the log line that names the HTTP address.
-var serveRE = regexp.MustCompile(`Serving /metrics, /healthz and /readyz on http://(\S+)`)
+var serveRE = regexp.MustCompile(`"Serving /metrics, /healthz and /readyz" url="http://([^"]+)"`)
 
 // childEnv is the environment of the binary: ours without a DSN, so that
 // only what a test passes decides between a database and demo mode.

@@ -154,12 +154,12 @@ func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
 		MaxHeaderBytes:    maxHeaderBytes,
 	}
 	l = netutil.LimitListener(l, maxHTTPConnections)
-	klog.Infof("Serving /metrics, /healthz and /readyz on http://%s", l.Addr())
+	klog.InfoS("Serving /metrics, /healthz and /readyz", "url", "http://"+l.Addr().String())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.Errorf("HTTP server: %v", err)
+			klog.ErrorS(err, "HTTP server stopped")
 		}
 	}()
 	return func() {
@@ -194,7 +194,7 @@ func listenAgents(addr, certFile, keyFile string) (*agentEndpoint, error) {
 	if certFile != "" {
 		scheme = "https"
 	}
-	klog.Infof("Serving agent heartbeats on %s://%s%s", scheme, ln.Addr(), heartbeat.Path)
+	klog.InfoS("Serving agent heartbeats", "url", scheme+"://"+ln.Addr().String()+heartbeat.Path)
 	return &agentEndpoint{ln: ln, certFile: certFile, keyFile: keyFile, done: make(chan struct{})}, nil
 }
 
@@ -218,7 +218,7 @@ func (e *agentEndpoint) serve(db *bmdb.DB, opts heartbeat.Options) {
 		if err != nil {
 			msg := err.Error()
 			e.failure.Store(&msg)
-			klog.Errorf("Agent heartbeats are no longer served: %v", err)
+			klog.ErrorS(err, "Agent heartbeats are no longer served")
 		}
 	}()
 }

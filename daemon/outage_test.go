@@ -63,7 +63,7 @@ func TestDatabaseOutage(t *testing.T) {
 	bmdbtest.WaitFor(t, 45*time.Second, "ready again once the database is back", readyz(true, "ok"))
 	// A worker ending its lease retries that itself (bmdb logs it), and
 	// may keep the loop from claiming during a short outage.
-	if n := d.logCount("agentstart: claiming: ") + d.logCount("agentstart: cannot start a BMDB session") + d.logCount("BMDB: ending a lease: "); n == 0 {
+	if n := d.logCount(`"Claiming failed"`) + d.logCount(`"Cannot start a BMDB session"`) + d.logCount("BMDB: ending a lease failed"); n == 0 {
 		t.Errorf("the AgentStart loop logged no retry during the outage")
 	}
 	d.stop(15 * time.Second)

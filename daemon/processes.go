@@ -255,10 +255,10 @@ func newFleet(cfg *daemonConfig, db *bmdb.DB, reg prometheus.Registerer) (fleet,
 		if err != nil {
 			return nil, fmt.Errorf("-provider static: %w", err)
 		}
-		klog.Infof("Static provider: inventory %s lists %d machines; agents will send heartbeats to %s",
-			cfg.static.InventoryFile, len(p.Inventory().Machines), cfg.static.SSH.HeartbeatURL)
-		klog.Infof("Static provider: logging in with -ssh_key_file %s, whose public key the machines' login users must authorize: %s",
-			cfg.static.SSH.KeyFile, p.SSHPublicKey())
+		klog.InfoS("Static provider: inventory loaded; agents will send heartbeats to heartbeat_url",
+			"file", cfg.static.InventoryFile, "machines", len(p.Inventory().Machines), "heartbeat_url", cfg.static.SSH.HeartbeatURL)
+		klog.InfoS("Static provider: logging in with -ssh_key_file, whose public key the machines' login users must authorize",
+			"ssh_key_file", cfg.static.SSH.KeyFile, "public_key", p.SSHPublicKey())
 		return staticFleet{p}, nil
 	}
 	for _, def := range cfg.userProviders {
@@ -283,7 +283,7 @@ func (f simFleet) run(ctx context.Context) error     { return f.Run(ctx) }
 func (f simFleet) provider() providers.Provider      { return f.Provider }
 
 func (simFleet) reload(context.Context) {
-	klog.Info("Received SIGHUP: nothing to reload with -provider sim")
+	klog.InfoS("Received SIGHUP: nothing to reload with -provider sim")
 }
 
 // staticFleet is the inventory's fleet: real machines, whose agents
@@ -306,9 +306,9 @@ func (staticFleet) run(ctx context.Context) error {
 // inventory stays in force.
 func (f staticFleet) reload(ctx context.Context) {
 	inv := f.Inventory()
-	klog.Infof("Received SIGHUP: reloading the inventory %s", inv.File)
+	klog.InfoS("Received SIGHUP: reloading the inventory", "file", inv.File)
 	if err := f.Reload(ctx); err != nil {
-		klog.Errorf("Inventory not reloaded, the last good one (%d machines) stays in force: %v", len(inv.Machines), err)
+		klog.ErrorS(err, "Inventory not reloaded, the last good one stays in force", "file", inv.File, "machines", len(inv.Machines))
 	}
 }
 
@@ -337,11 +337,11 @@ func (f userFleet) run(ctx context.Context) error {
 func (f userFleet) reload(ctx context.Context) {
 	p, ok := f.Provider.(ProviderReloader)
 	if !ok {
-		klog.Infof("Received SIGHUP: nothing to reload with -provider %s", f.Name())
+		klog.InfoS("Received SIGHUP: nothing to reload with this provider", "provider", f.Name())
 		return
 	}
-	klog.Infof("Received SIGHUP: reloading the provider %s", f.Name())
+	klog.InfoS("Received SIGHUP: reloading the provider", "provider", f.Name())
 	if err := p.Reload(ctx); err != nil {
-		klog.Errorf("Provider %s not reloaded, its last good configuration stays in force: %v", f.Name(), err)
+		klog.ErrorS(err, "Provider not reloaded, its last good configuration stays in force", "provider", f.Name())
 	}
 }

@@ -48,14 +48,14 @@ func (r *retentionFlags) check() error {
 // when retention is off.
 func (r *retentionFlags) start(ctx context.Context, db *bmdb.DB) (wait func()) {
 	if r.retention == 0 {
-		klog.Info("History retention is off (-history_retention 0): work_history grows without bound")
+		klog.InfoS("History retention is off (-history_retention 0): work_history grows without bound")
 		return func() {}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := db.RunRetention(ctx, r.every, r.retention); err != nil {
-			klog.Errorf("History retention: %v", err)
+			klog.ErrorS(err, "History retention stopped")
 		}
 	}()
 	return func() { <-done }

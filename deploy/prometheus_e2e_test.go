@@ -260,7 +260,7 @@ scrape_configs:
 		return false, err
 	})
 	t.Logf("ShepherdCircuitBreakerOpen firing after %s", time.Since(start).Round(time.Millisecond))
-	if !daemonLog.contains(regexp.MustCompile(`circuit breaker tripped: \d+ of the last 30 attempts failed`)) {
+	if !daemonLog.contains(regexp.MustCompile(`"Circuit breaker tripped[^"]*" process="agentstart" failed=\d+ attempts=30 `)) {
 		t.Errorf("the daemon's log does not say why AgentStart paused")
 	}
 	// Every shipped rule was loaded and evaluates without error.

@@ -39,7 +39,7 @@ func TestFrozenFirstHost(t *testing.T) {
 	if readyIn > bmdb.DefaultConnectTimeout+2*time.Second {
 		t.Errorf("ready after %s, want within the connect timeout %s plus 2 s", readyIn, bmdb.DefaultConnectTimeout)
 	}
-	want := fmt.Sprintf("BMDB: connected to 127.0.0.1:%d", live.Port)
+	want := fmt.Sprintf(`"BMDB: connected" addr="127.0.0.1:%d"`, live.Port)
 	connected := false
 	for _, l := range r.logLines() {
 		connected = connected || strings.Contains(l, want)

@@ -242,7 +242,7 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		ov.RefreshSeconds = max(1, int(h.opts.Refresh.Seconds()))
 	}
 	fail := func(err error) {
-		klog.Warningf("status page: %v", err)
+		klog.ErrorS(err, "Status page: reading the overview failed")
 		ov.Errors = append(ov.Errors, err.Error())
 	}
 	pauses, err := h.db.Pauses(ctx)
@@ -335,7 +335,7 @@ func (h *handler) serveLookup(w http.ResponseWriter, r *http.Request) {
 	found, err := h.db.MachinesByProviderID(ctx, raw)
 	switch {
 	case err != nil:
-		klog.Warningf("status page: %v", err)
+		klog.ErrorS(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
 		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
 	case len(found) == 0:
 		h.render(w, http.StatusNotFound, "error.html", errorPage{
@@ -386,7 +386,7 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	case err != nil:
-		klog.Warningf("status page: %v", err)
+		klog.ErrorS(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
 		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
 		return
 	}
@@ -416,7 +416,7 @@ func (h *handler) processTags(ctx context.Context, machine uuid.UUID) []Tag {
 			return err
 		})
 		if err != nil {
-			klog.Warningf("status page: tags of %s on %s: %v", p.Info.Label, machine, err)
+			klog.ErrorS(err, "Status page: reading a process's tags failed", "process", p.Info.Label, "machine", machine)
 			tags = []Tag{{Name: p.Info.Label, Value: "cannot read its tags: " + err.Error()}}
 		}
 		for _, t := range tags {
@@ -438,7 +438,7 @@ type errorPage struct {
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var b strings.Builder
 	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
-		klog.Errorf("status page: rendering %s: %v", name, err)
+		klog.ErrorS(err, "Status page: rendering failed", "template", name)
 		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
 		return
 	}

@@ -56,7 +56,7 @@ type fleetd struct {
 	done chan struct{}
 }
 
-var serveRE = regexp.MustCompile(`Serving /metrics, /healthz and /readyz on http://(\S+)`)
+var serveRE = regexp.MustCompile(`"Serving /metrics, /healthz and /readyz" url="http://([^"]+)"`)
 
 // start starts fleetd with args and waits for its HTTP address. It is
 // stopped when the test ends.

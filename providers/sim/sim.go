@@ -146,7 +146,7 @@ func (p *Provider) Seed(ctx context.Context) error {
 		created, err := p.seedOnce(ctx)
 		if err == nil {
 			if created > 0 {
-				klog.Infof("sim: created %d machines (fleet of %d)", created, p.cfg.Machines)
+				klog.InfoS("sim: created machines", "created", created, "fleet", p.cfg.Machines)
 			}
 			return nil
 		}
@@ -301,7 +301,7 @@ func (p *Provider) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		if err := p.heartbeat(ctx); err != nil && ctx.Err() == nil {
-			klog.Warningf("sim: heartbeat round: %v", err)
+			klog.ErrorS(err, "sim: heartbeat round failed")
 		}
 	}
 }
@@ -326,7 +326,7 @@ func (p *Provider) heartbeat(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	if died > 0 {
-		klog.V(1).Infof("sim: %d agents died", died)
+		klog.V(1).InfoS("sim: agents died", "agents", died)
 	}
 	if len(beating) == 0 {
 		return nil

@@ -25,7 +25,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -202,7 +201,7 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 		if err == nil || attempt == 3 || ctx.Err() != nil {
 			break
 		}
-		klog.Warningf("inventory %s: sync attempt %d failed, retrying: %v", inv.File, attempt, err)
+		klog.ErrorS(err, "Inventory sync failed, retrying", "file", inv.File, "attempt", attempt)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
@@ -220,16 +219,16 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	p.metrics.reloaded(true)
 	p.metrics.machines.Set(float64(len(inv.Machines)))
 	p.metrics.removed.Set(float64(len(res.Removed)))
-	klog.Infof("inventory %s: %d machines (%d added, %d updated)", inv.File, len(inv.Machines), len(res.Added), len(res.Updated))
+	klog.InfoS("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated))
 	if len(res.Added) > 0 {
-		klog.V(1).Infof("inventory %s: added %s", inv.File, strings.Join(res.Added, ", "))
+		klog.V(1).InfoS("Inventory: machines added", "file", inv.File, "machines", res.Added)
 	}
 	if len(res.Updated) > 0 {
-		klog.Infof("inventory %s: address or location changed for %s", inv.File, strings.Join(res.Updated, ", "))
+		klog.InfoS("Inventory: address or location changed", "file", inv.File, "machines", res.Updated)
 	}
 	if len(res.Removed) > 0 {
-		klog.Warningf("inventory %s: %d machines in the BMDB are no longer listed and are kept (Shepherd never deletes machines; their actions fail until they are listed again): %s",
-			inv.File, len(res.Removed), strings.Join(clipList(res.Removed, 50), ", "))
+		klog.InfoS("Inventory: machines in the BMDB are no longer listed and are kept (Shepherd never deletes machines; their actions fail until they are listed again)",
+			"file", inv.File, "count", len(res.Removed), "machines", clipList(res.Removed, 50))
 	}
 	return nil
 }
