@@ -558,7 +558,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 		}
 		return m != nil, "not logged"
 	})
-	want := "agents will send heartbeats to http://127.0.0.1:" + port + "/agent/v1/heartbeat"
+	want := `heartbeat_url="http://127.0.0.1:` + port + `/agent/v1/heartbeat"`
 	bmdbtest.WaitFor(t, 20*time.Second, "the derived URL in the log", func() (bool, string) {
 		return d.logCount(want) > 0, "no line with " + want
 	})

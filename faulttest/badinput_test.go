@@ -136,7 +136,8 @@ func TestUnknownDSNParameter(t *testing.T) {
 	bmdbtest.WaitFor(t, 30*time.Second, "the error to be logged twice", func() (bool, string) {
 		n := 0
 		for _, l := range r.logLines() {
-			if strings.Contains(l, `unrecognized configuration parameter "statment_timeout"`) {
+			// klog quotes the error, escaping its quotes.
+			if strings.Contains(l, `unrecognized configuration parameter \"statment_timeout\"`) {
 				n++
 			}
 		}
