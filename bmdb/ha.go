@@ -256,6 +256,11 @@ func (db *DB) reapResult(err error) {
 	db.metrics.progress("reap")
 }
 
+// nothingToReap records that a heartbeat found no expired session: the
+// reaper's duty is done, whoever did it, so an earlier failure of this
+// replica's reap no longer counts as a stalled reaper.
+func (db *DB) nothingToReap() { db.health.reapFailing.Store(0) }
+
 // txResult records how a session's transaction (a claim, a lease's end,
 // a task's own writes) ended: kind is its shepherd_bmdb_transactions_total
 // result. Other transactions (reaps, claiming, agent heartbeats) succeed

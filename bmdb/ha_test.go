@@ -173,9 +173,15 @@ func TestStalledWhileSessionsTableLocked(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The first session is lost (its heartbeats failed past its deadline);
-	// a new one heartbeats and reaps again.
-	s2, err := e.db.StartSession(ctx, bmdb.SessionConfig{Component: "test", Interval: 2 * time.Second, ReapInterval: 300 * time.Millisecond})
+	// The first session is lost (its heartbeats failed past its deadline)
+	// and another replica reaps it; a new session of this one, reaping only
+	// when its heartbeat finds an expired session (the default), finds
+	// none: the reaper's earlier failures no longer count.
+	bmdbtest.WaitForNoError(t, 10*time.Second, "another replica to reap the lost session", func() (bool, error) {
+		n, _, err := e.db.Reap(ctx)
+		return n > 0, err
+	})
+	s2, err := e.db.StartSession(ctx, bmdb.SessionConfig{Component: "test", Interval: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -279,6 +279,11 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 					case reapNow <- struct{}{}:
 					default: // a reap is already asked for
 					}
+				} else {
+					// Nothing left to reap (another replica may have
+					// reaped it): an earlier failed reap no longer
+					// holds readiness down.
+					s.db.nothingToReap()
 				}
 			}
 		}
