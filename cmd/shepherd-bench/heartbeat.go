@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -393,6 +394,7 @@ func (b *bench) ingest(ctx context.Context, dsn string, bodies [][]byte, res *he
 	}
 	cmd := exec.CommandContext(ctx, exe, "-heartbeat_sender", addr, "-heartbeat_bodies", file,
 		"-heartbeat_clients", strconv.Itoa(b.o.heartbeatClients),
+		"-heartbeat_agents", strconv.Itoa(b.o.heartbeatAgents),
 		"-heartbeat_seconds", strconv.FormatFloat(b.o.heartbeatSeconds, 'f', -1, 64))
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	var stdout bytes.Buffer
@@ -476,11 +478,11 @@ func heartbeatSender(ctx context.Context, o *options, out emitter) error {
 		bodies = append(bodies, data[2:2+n:2+n])
 		data = data[2+n:]
 	}
-	var next atomic.Int64
 	type clientResult struct {
-		lat     []time.Duration
-		refused map[string]int64
-		err     error
+		lat       []time.Duration
+		refused   map[string]int64
+		exhausted bool
+		err       error
 	}
 	results := make([]clientResult, o.heartbeatClients)
 	var wg sync.WaitGroup
@@ -493,14 +495,15 @@ func heartbeatSender(ctx context.Context, o *options, out emitter) error {
 			defer wg.Done()
 			r := &results[c]
 			r.refused = map[string]int64{}
-			r.err = sendHeartbeats(ctx, o.heartbeatSender, bodies, &next, deadline, r.refused, &r.lat)
+			r.exhausted, r.err = sendHeartbeats(ctx, o.heartbeatSender, bodies, clientOrder(c, o.heartbeatClients, o.heartbeatAgents), deadline, r.refused, &r.lat)
 		}()
 	}
 	wg.Wait()
 	sr := senderResult{Seconds: seconds(time.Since(t0)), CPUSeconds: selfCPUSeconds() - cpu0, Refused: map[string]int64{}}
-	sr.Exhausted = next.Load() >= int64(len(bodies))
+	sr.Exhausted = true
 	var lat []time.Duration
 	for _, r := range results {
+		sr.Exhausted = sr.Exhausted && r.exhausted
 		if r.err != nil {
 			return r.err
 		}
@@ -515,12 +518,29 @@ func heartbeatSender(ctx context.Context, o *options, out emitter) error {
 	return out.emit(sr)
 }
 
+// clientOrder returns the index of the k-th body client c of clients sends:
+// the heartbeats of the identities id with id % clients == c, round after
+// round (body i is identity i % agents' in round i / agents). One identity's
+// heartbeats thus leave one connection in timestamp order: spread over
+// clients, a stalled client would deliver one after its successor, which
+// the endpoint refuses as a replay.
+func clientOrder(c, clients, agents int) func(k int) int {
+	per := (agents - c + clients - 1) / clients
+	return func(k int) int {
+		if per <= 0 {
+			return math.MaxInt
+		}
+		return (k/per)*agents + c + (k%per)*clients
+	}
+}
+
 // sendHeartbeats is one simulated sender: one keep-alive HTTP/1.1
-// connection, one request at a time, the next body from next. It writes
-// the request in one piece and parses only what it needs of the response
-// (status, Content-Length, Connection), so that the load generator takes
-// little of the CPU it shares with the server.
-func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, next *atomic.Int64, deadline time.Time, refused map[string]int64, lat *[]time.Duration) error {
+// connection, one request at a time, the bodies in order's order. It
+// writes the request in one piece and parses only what it needs of the
+// response (status, Content-Length, Connection), so that the load
+// generator takes little of the CPU it shares with the server. It reports
+// whether it ran out of bodies.
+func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, order func(k int) int, deadline time.Time, refused map[string]int64, lat *[]time.Duration) (bool, error) {
 	var conn net.Conn
 	var br *bufio.Reader
 	defer func() {
@@ -530,15 +550,15 @@ func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, next *ato
 	}()
 	prefix := []byte("POST " + heartbeat.Path + " HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/json\r\nContent-Length: ")
 	buf := make([]byte, 0, 1024)
-	for ctx.Err() == nil && time.Now().Before(deadline) {
-		i := next.Add(1) - 1
-		if i >= int64(len(bodies)) {
-			return nil
+	for k := 0; ctx.Err() == nil && time.Now().Before(deadline); k++ {
+		i := order(k)
+		if i >= len(bodies) {
+			return true, nil
 		}
 		if conn == nil {
 			var err error
 			if conn, err = net.Dial("tcp", addr); err != nil {
-				return err
+				return false, err
 			}
 			br = bufio.NewReaderSize(conn, 4096)
 		}
@@ -549,11 +569,11 @@ func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, next *ato
 		buf = append(buf, body...)
 		start := time.Now()
 		if _, err := conn.Write(buf); err != nil {
-			return fmt.Errorf("sending a heartbeat: %w", err)
+			return false, fmt.Errorf("sending a heartbeat: %w", err)
 		}
 		status, keep, err := readResponse(br)
 		if err != nil {
-			return fmt.Errorf("reading a heartbeat response: %w", err)
+			return false, fmt.Errorf("reading a heartbeat response: %w", err)
 		}
 		*lat = append(*lat, time.Since(start))
 		if status != 204 {
@@ -564,7 +584,7 @@ func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, next *ato
 			conn = nil
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // readResponse reads one HTTP/1.1 response and returns its status and
