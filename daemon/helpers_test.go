@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -315,4 +316,43 @@ func viaProxy(t *testing.T, dsn string) (string, *tcpproxy.Proxy) {
 	}
 	// key=value: later keys override earlier ones.
 	return dsn + " host=" + host + " port=" + port, proxy
+}
+
+// logClaimStateOnFailure logs, if t fails, what decides claims in the BMDB
+// at dsn (due rows, leases, backoffs, history, agents, registrations): a
+// test that waited in vain for a claim says why.
+func logClaimStateOnFailure(t *testing.T, dsn string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Logf("claim state: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, q := range []string{
+			`SELECT 'due', process, machine_id::text, due_at::text FROM work_due ORDER BY due_at`,
+			`SELECT 'lease', process, machine_id::text, session_id::text FROM work`,
+			`SELECT 'backoff', process, machine_id::text, until::text FROM work_backoff`,
+			`SELECT 'history', process, machine_id::text, event || ' ' || coalesce(failed_cause, '') FROM work_history ORDER BY id`,
+			`SELECT 'agent', '', machine_id::text, agent_started_at::text FROM machine_agent_started`,
+			`SELECT 'registry', process, array_to_string(watches, ','), fingerprint FROM process_registry`,
+		} {
+			rows, err := conn.Query(ctx, q)
+			if err != nil {
+				t.Logf("claim state: %s: %v", q, err)
+				continue
+			}
+			for rows.Next() {
+				var kind, process, machine, detail string
+				if err := rows.Scan(&kind, &process, &machine, &detail); err == nil {
+					t.Logf("claim state: %s %s %s %s", kind, process, machine, detail)
+				}
+			}
+			rows.Close()
+		}
+	})
 }

@@ -54,6 +54,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		"-agentstart_backoff_initial=1m",
 		"-recovery_backoff_initial=1m", "-recovery_backoff_maximum=1h",
 	)
+	logClaimStateOnFailure(t, dsn)
 	// The dying BMC hangs, then is killed while Recovery waits for it.
 	dying.Freeze(t)
 	recordSilentAgents(t, db, machines)
