@@ -23,6 +23,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -48,6 +49,10 @@ type heartbeatResult struct {
 	Sent     int64            `json:"sent"`
 	Accepted int64            `json:"accepted"`
 	Refused  map[string]int64 `json:"refused,omitempty"`
+	// RefusedByResult is the endpoint's own count of what it refused, by
+	// shepherd_heartbeats_total's result (stale, replay, bad_signature,
+	// ...): why, where Refused says only the status.
+	RefusedByResult map[string]int64 `json:"refused_by_result,omitempty"`
 	// Exhausted: the pre-signed heartbeats ran out before the time was up.
 	Exhausted    bool    `json:"exhausted,omitempty"`
 	AcceptedPerS float64 `json:"accepted_per_s"`
@@ -306,8 +311,11 @@ func verifyCeiling(ctx context.Context, ids []hbIdentity, d time.Duration) (floa
 }
 
 // signHeartbeats returns total heartbeat bodies: identity i%len(ids) in
-// round i/len(ids), timestamps increasing in sending order from base (so
-// every identity's are increasing), signed on all cores.
+// round i/len(ids), timestamps increasing in sending order from base, a
+// microsecond apart (so every identity's are increasing at the BMDB's
+// microsecond precision: the endpoint compares a heartbeat with the last
+// one recorded, and refuses one not newer as a replay), signed on all
+// cores.
 func signHeartbeats(ids []hbIdentity, total int, base time.Time) [][]byte {
 	bodies := make([][]byte, total)
 	baseNs := base.UnixNano()
@@ -315,7 +323,7 @@ func signHeartbeats(ids []hbIdentity, total int, base time.Time) [][]byte {
 		var arena []byte
 		for i := lo; i < hi; i++ {
 			id := ids[i%len(ids)]
-			hb := agentproto.Heartbeat{MachineID: id.machine, Timestamp: time.Unix(0, baseNs+int64(i)).UTC()}
+			hb := agentproto.Heartbeat{MachineID: id.machine, Timestamp: time.Unix(0, baseNs+int64(i)*int64(time.Microsecond)).UTC()}
 			binary.BigEndian.PutUint64(hb.Nonce[:], uint64(i))
 			if err := hb.Sign(id.key); err != nil {
 				panic(err) // keys and timestamps are valid by construction
@@ -349,7 +357,9 @@ func (b *bench) ingest(ctx context.Context, dsn string, bodies [][]byte, res *he
 			db.Close()
 		}
 	}()
-	srv := heartbeat.New(db, heartbeat.Options{})
+	reg := prometheus.NewRegistry()
+	srv := heartbeat.New(db, heartbeat.Options{Metrics: heartbeat.NewMetrics(reg)})
+	defer func() { res.RefusedByResult = refusedByResult(reg) }()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -683,4 +693,29 @@ func countTimestamped(ctx context.Context, dsn string) (int64, error) {
 	var n int64
 	err = conn.QueryRow(ctx, `SELECT count(*) FROM machine_agent_heartbeat WHERE agent_timestamp IS NOT NULL`).Scan(&n)
 	return n, err
+}
+
+// refusedByResult reads the endpoint's shepherd_heartbeats_total from reg:
+// every result but accepted, with a count.
+func refusedByResult(reg *prometheus.Registry) map[string]int64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return map[string]int64{"gather_error": 1}
+	}
+	out := map[string]int64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "shepherd_heartbeats_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() != heartbeat.ResultAccepted {
+					if v := int64(m.GetCounter().GetValue()); v > 0 {
+						out[l.GetValue()] = v
+					}
+				}
+			}
+		}
+	}
+	return out
 }

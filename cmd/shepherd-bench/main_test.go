@@ -191,7 +191,7 @@ func TestHeartbeatScenario(t *testing.T) {
 	}
 	sent, accepted := num("sent"), num("accepted")
 	if accepted <= 0 || accepted != sent {
-		t.Errorf("%g of %g heartbeats accepted (refused: %v)", accepted, sent, hb["refused"])
+		t.Errorf("%g of %g heartbeats accepted (refused: %v; by the endpoint's result: %v)", accepted, sent, hb["refused"], hb["refused_by_result"])
 	}
 	if rows := num("db_rows_timestamped"); rows != min(accepted, 300) {
 		t.Errorf("%g heartbeat rows with a signed timestamp, want %g", rows, min(accepted, 300))
