@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -49,6 +50,9 @@ type heartbeatResult struct {
 	Sent     int64            `json:"sent"`
 	Accepted int64            `json:"accepted"`
 	Refused  map[string]int64 `json:"refused,omitempty"`
+	// AgentsHeartbeated counts the agents with at least one accepted
+	// heartbeat (as the sender saw it).
+	AgentsHeartbeated int64 `json:"agents_heartbeated"`
 	// RefusedByResult is the endpoint's own count of what it refused, by
 	// shepherd_heartbeats_total's result (stale, replay, bad_signature,
 	// ...): why, where Refused says only the status.
@@ -423,7 +427,7 @@ func (b *bench) ingest(ctx context.Context, dsn string, bodies [][]byte, res *he
 	db.Close()
 	dbClosed = true
 
-	res.Sent, res.Refused, res.Exhausted = sr.Sent, sr.Refused, sr.Exhausted
+	res.Sent, res.Refused, res.Exhausted, res.AgentsHeartbeated = sr.Sent, sr.Refused, sr.Exhausted, sr.AgentsHeartbeated
 	var refused int64
 	for _, v := range sr.Refused {
 		refused += v
@@ -436,13 +440,16 @@ func (b *bench) ingest(ctx context.Context, dsn string, bodies [][]byte, res *he
 
 // senderResult is what the sender process reports.
 type senderResult struct {
-	Seconds    float64          `json:"seconds"`
-	Sent       int64            `json:"sent"`
-	Refused    map[string]int64 `json:"refused"`
-	Exhausted  bool             `json:"exhausted"`
-	P50Ms      float64          `json:"p50_ms"`
-	P99Ms      float64          `json:"p99_ms"`
-	CPUSeconds float64          `json:"cpu_seconds"` // while sending
+	Seconds   float64          `json:"seconds"`
+	Sent      int64            `json:"sent"`
+	Refused   map[string]int64 `json:"refused"`
+	Exhausted bool             `json:"exhausted"`
+	// AgentsHeartbeated counts the identities with at least one accepted
+	// heartbeat: the machines whose heartbeat row must carry one.
+	AgentsHeartbeated int64   `json:"agents_heartbeated"`
+	P50Ms             float64 `json:"p50_ms"`
+	P99Ms             float64 `json:"p99_ms"`
+	CPUSeconds        float64 `json:"cpu_seconds"` // while sending
 }
 
 // writeBodies writes bodies to a temporary file, each after its length
@@ -495,6 +502,7 @@ func heartbeatSender(ctx context.Context, o *options, out emitter) error {
 		err       error
 	}
 	results := make([]clientResult, o.heartbeatClients)
+	heartbeated := make([]atomic.Uint64, (o.heartbeatAgents+63)/64)
 	var wg sync.WaitGroup
 	cpu0 := selfCPUSeconds()
 	t0 := time.Now()
@@ -505,12 +513,16 @@ func heartbeatSender(ctx context.Context, o *options, out emitter) error {
 			defer wg.Done()
 			r := &results[c]
 			r.refused = map[string]int64{}
-			r.exhausted, r.err = sendHeartbeats(ctx, o.heartbeatSender, bodies, clientOrder(c, o.heartbeatClients, o.heartbeatAgents), deadline, r.refused, &r.lat)
+			r.exhausted, r.err = sendHeartbeats(ctx, o.heartbeatSender, bodies, clientOrder(c, o.heartbeatClients, o.heartbeatAgents), deadline, r.refused, &r.lat,
+				func(i int) { id := i % o.heartbeatAgents; heartbeated[id/64].Or(1 << (id % 64)) })
 		}()
 	}
 	wg.Wait()
 	sr := senderResult{Seconds: seconds(time.Since(t0)), CPUSeconds: selfCPUSeconds() - cpu0, Refused: map[string]int64{}}
 	sr.Exhausted = true
+	for i := range heartbeated {
+		sr.AgentsHeartbeated += int64(bits.OnesCount64(heartbeated[i].Load()))
+	}
 	var lat []time.Duration
 	for _, r := range results {
 		sr.Exhausted = sr.Exhausted && r.exhausted
@@ -550,7 +562,7 @@ func clientOrder(c, clients, agents int) func(k int) int {
 // response (status, Content-Length, Connection), so that the load
 // generator takes little of the CPU it shares with the server. It reports
 // whether it ran out of bodies.
-func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, order func(k int) int, deadline time.Time, refused map[string]int64, lat *[]time.Duration) (bool, error) {
+func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, order func(k int) int, deadline time.Time, refused map[string]int64, lat *[]time.Duration, accepted func(i int)) (bool, error) {
 	var conn net.Conn
 	var br *bufio.Reader
 	defer func() {
@@ -588,6 +600,8 @@ func sendHeartbeats(ctx context.Context, addr string, bodies [][]byte, order fun
 		*lat = append(*lat, time.Since(start))
 		if status != 204 {
 			refused[strconv.Itoa(status)]++
+		} else {
+			accepted(i)
 		}
 		if !keep {
 			conn.Close()
