@@ -500,5 +500,5 @@ func (l *rateLimitedLog) log(msg string, err error) {
 	suppressed := l.suppressed
 	l.last, l.suppressed = now, 0
 	l.mu.Unlock()
-	klog.ErrorS(err, msg, "suppressedSinceLast", suppressed)
+	klog.ErrorS(err, msg, "suppressed_since_last", suppressed)
 }
