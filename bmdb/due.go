@@ -299,3 +299,22 @@ func (db *DB) ReconcileDue(ctx context.Context, process Process, candidates Cand
 	}
 	return *lastID, drift, nil
 }
+
+// ReconcilePass runs ReconcileDue over the whole fleet, chunk machines at a
+// time, calling between after each statement but the last (a pause that
+// spreads the pass; false stops it). It returns the statements run and the
+// drift found; on an error, what was done before it.
+func (db *DB) ReconcilePass(ctx context.Context, process Process, candidates Candidates, chunk int, between func() bool) (chunks int, drift int64, err error) {
+	for after := uuid.Nil; ; {
+		last, n, err := db.ReconcileDue(ctx, process, candidates, after, chunk)
+		if err != nil {
+			return chunks, drift, err
+		}
+		chunks++
+		drift += n
+		if last == uuid.Nil || !between() {
+			return chunks, drift, nil
+		}
+		after = last
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
@@ -468,28 +467,14 @@ func (r *Runner) reconcile(ctx context.Context) {
 	lastChunks := max(int(r.cfg.ReconcileInterval/2/(100*time.Millisecond)), 1)
 	for {
 		start := time.Now()
-		after := uuid.Nil
-		var drift int64
-		chunks := 0
 		// Spread the pass: the pause between chunks keeps its load flat.
 		pause := max(r.cfg.ReconcileInterval/2/time.Duration(lastChunks), 10*time.Millisecond)
-		for {
-			last, n, err := r.db.ReconcileDue(ctx, r.info.Process, r.candidates, after, ReconcileChunk)
-			if err != nil {
-				if ctx.Err() == nil {
-					klog.V(1).InfoS("reconciling due rows", "process", label, "err", err)
-				}
-				break
-			}
-			drift += n
-			chunks++
-			if last == uuid.Nil {
-				break
-			}
-			after = last
-			if !sleepCtx(ctx, pause) {
-				return
-			}
+		chunks, drift, err := r.db.ReconcilePass(ctx, r.info.Process, r.candidates, ReconcileChunk, func() bool { return sleepCtx(ctx, pause) })
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			klog.V(1).InfoS("reconciling due rows", "process", label, "err", err)
 		}
 		lastChunks = max(chunks, 1)
 		if drift > 0 {

@@ -534,20 +534,17 @@ func (b *bench) reconcilePass(ctx context.Context, db *bmdb.DB) error {
 			return err
 		}
 		t0 := time.Now()
-		for after := uuid.Nil; ; {
-			c0 := time.Now()
-			last, drift, err := db.ReconcileDue(ctx, proc, cand, after, controlloop.ReconcileChunk)
-			if err != nil {
-				return fmt.Errorf("reconcile pass of %s: %w", proc.Name, err)
-			}
+		c0 := t0
+		chunks, drift, err := db.ReconcilePass(ctx, proc, cand, controlloop.ReconcileChunk, func() bool {
 			res.MaxChunkMs = max(res.MaxChunkMs, millis(time.Since(c0)))
-			res.Chunks++
-			res.Drift += drift
-			if last == uuid.Nil {
-				break
-			}
-			after = last
+			c0 = time.Now()
+			return true
+		})
+		if err != nil {
+			return fmt.Errorf("reconcile pass of %s: %w", proc.Name, err)
 		}
+		res.MaxChunkMs = max(res.MaxChunkMs, millis(time.Since(c0)))
+		res.Chunks, res.Drift = chunks, drift
 		elapsed := time.Since(t0)
 		cpu1, err := b.srv.cpuSeconds()
 		if err != nil {
