@@ -94,9 +94,12 @@ type DB struct {
 	metrics    *Metrics
 	maxRetries int
 	// begin starts every transaction and sets its timeouts (beginQuery).
-	begin  pgx.TxOptions
-	hosts  *hostLog
-	health health
+	begin pgx.TxOptions
+	// probeBegin starts the transactions of claims and of batched lease
+	// ends: begin, and probePlanning.
+	probeBegin pgx.TxOptions
+	hosts      *hostLog
+	health     health
 	// registered remembers the process conditions registered for
 	// due-time claiming through this DB (due.go).
 	registered registrations
@@ -153,10 +156,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		hosts.connected(conn)
 		return nil
 	}
+	begin := beginQuery(cc.RuntimeParams, opts)
 	db := &DB{
-		metrics: opts.Metrics,
-		begin:   pgx.TxOptions{BeginQuery: beginQuery(cc.RuntimeParams, opts)},
-		hosts:   hosts,
+		metrics:    opts.Metrics,
+		begin:      pgx.TxOptions{BeginQuery: begin},
+		probeBegin: pgx.TxOptions{BeginQuery: begin + probePlanning},
+		hosts:      hosts,
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -191,15 +196,16 @@ func (db *DB) Ping(ctx context.Context) error {
 // must not have effects outside the transaction. Writes on behalf of a lease
 // use Session.Transact instead, which also checks the session.
 func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	return db.transact(ctx, nil, fn)
+	return db.transact(ctx, nil, db.begin, fn)
 }
 
-// transact is Transact with an optional session check as its first statement.
-func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+// transact is Transact with an optional session check as its first
+// statement, begun by begin (db.begin, or db.probeBegin for claims).
+func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn func(ctx context.Context, tx *Tx) error) error {
 	start := time.Now()
 	reconnects := 0
 	for attempt := 0; ; attempt++ {
-		err := db.transactOnce(ctx, s, fn)
+		err := db.transactOnce(ctx, s, begin, fn)
 		var ns *notStartedError
 		switch {
 		case ctx.Value(retryUnstartedKey{}) != nil && errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
@@ -247,11 +253,11 @@ func (db *DB) transact(ctx context.Context, s *Session, fn func(ctx context.Cont
 	}
 }
 
-func (db *DB) transactOnce(ctx context.Context, s *Session, fn func(ctx context.Context, tx *Tx) error) error {
+func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions, fn func(ctx context.Context, tx *Tx) error) error {
 	if s != nil && s.expired() {
 		return ErrSessionExpired
 	}
-	tx, err := db.pool.BeginTx(ctx, db.begin)
+	tx, err := db.pool.BeginTx(ctx, begin)
 	if err != nil {
 		return &notStartedError{fmt.Errorf("beginning BMDB transaction: %w", err)}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"k8s.io/klog/v2"
 )
 
 // Due-time claiming. Each registered process has a row in work_due for
@@ -166,6 +167,15 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 			if err != nil {
 				return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
 			}
+		}
+		// The rebuild may have replaced most of the table: statistics
+		// from before it (an empty table, at a first start) make the
+		// planner hash every due row of the process into each claim
+		// instead of probing the few it locked, until autovacuum's next
+		// analyze. A role that does not own the table gets a warning
+		// from the server, not an error.
+		if _, err := db.pool.Exec(ctx, qAnalyzeDue); err != nil {
+			klog.ErrorS(err, "BMDB: analyzing work_due after rebuilding a process's due rows; claims may be slow until autovacuum analyzes it", "process", process.Name)
 		}
 	}
 	db.registered.set(process.Name, fp)

@@ -157,8 +157,8 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 	rows := must(claim.Query(ctx, query, args))
 	var leased []uuid.UUID
 	var id uuid.UUID
-	var ok bool
-	if _, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+	var providerID *string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &providerID}, func() error {
 		leased = append(leased, id)
 		return nil
 	}); err != nil {

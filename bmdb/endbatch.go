@@ -22,11 +22,13 @@ import (
 // transaction carries all of them. An end that finds nothing in flight
 // starts at once, so a quiet process pays no delay.
 //
-// Each end in a shared transaction runs under a savepoint and keeps its own
-// fence: the statement that deletes its lease names its session, and a lease
-// that is gone makes that end, and only it, fail with ErrLeaseLost. An end
-// whose function fails is rolled back to its savepoint and reports its own
-// error; the others commit. An end that meets a serialization failure or a
+// The framework's part of the ends (Finish, Reschedule, Cancel) is one
+// statement for the whole batch, and each end keeps its own fence: the
+// statement deletes a lease only where it is held by the session, and a
+// lease that is gone makes that end, and only it, fail with ErrLeaseLost.
+// A process's commit function runs under a savepoint, after its lease was
+// locked: one whose function fails is rolled back to its savepoint and
+// reports its own error, and its lease is not ended; the others commit. An end that meets a serialization failure or a
 // deadlock, or a transaction that cannot start (a connection lost to a
 // failover), is run again on its own through the ordinary path with its
 // retries, so that batching changes no failure's handling.
@@ -34,21 +36,41 @@ import (
 // errRunAlone tells a batched end to run in a transaction of its own.
 var errRunAlone = errors.New("bmdb: run this lease end in its own transaction")
 
+// leaseEnd is the framework's part of a lease's end as data (Finish,
+// Reschedule, Cancel): the ends of a batch are recorded by one statement,
+// qEndLeases, whatever their number.
+type leaseEnd struct {
+	machine uuid.UUID
+	process string
+	event   string
+	// later is a Rescheduled end's seconds before the process may lease
+	// the machine again.
+	later float64
+}
+
 // endRequest is one lease end waiting for, or carried by, a shared
 // transaction.
 type endRequest struct {
 	machine uuid.UUID
 	ctx     context.Context
-	fn      func(ctx context.Context, tx *Tx) error
-	// isolate runs fn under a savepoint: it holds process code (a commit
-	// function), whose failure must not abort the others' ends. The
-	// framework's own statements fail only with the transaction (or find
-	// the lease gone, which aborts nothing), so they run without one.
-	isolate bool
+	// rec is the end as data, or nil when fn is the whole end (Fail).
+	rec *leaseEnd
+	// fn is the process's commit function (rec set; nil for none), or
+	// the whole end (rec nil). A commit function runs under a savepoint:
+	// it is process code, whose failure must not abort the others' ends.
+	// The framework's own statements fail only with the transaction (or
+	// find the lease gone, which aborts nothing), so they run without one.
+	fn func(ctx context.Context, tx *Tx) error
 	// result receives the end's outcome, or lead: the request's caller
 	// must carry the pending ends (its own among them) in the next
 	// transaction.
 	result chan endOutcome
+}
+
+// leaseKey names a lease of a session: a machine and a process.
+type leaseKey struct {
+	machine uuid.UUID
+	process string
 }
 
 type endOutcome struct {
@@ -65,11 +87,12 @@ type endBatcher struct {
 	running bool
 }
 
-// end runs fn, the body of the end of a lease on machine, in a transaction of the session,
-// shared with the session's concurrent ends when there are any.
-func (s *Session) end(ctx context.Context, machine uuid.UUID, isolate bool, fn func(ctx context.Context, tx *Tx) error) error {
+// end ends a lease on machine (rec and fn: see endRequest) in a transaction
+// of the session, shared with the session's concurrent ends when there are
+// any.
+func (s *Session) end(ctx context.Context, machine uuid.UUID, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error) error {
 	b := &s.ends
-	req := &endRequest{machine: machine, ctx: ctx, fn: fn, isolate: isolate, result: make(chan endOutcome, 1)}
+	req := &endRequest{machine: machine, ctx: ctx, rec: rec, fn: fn, result: make(chan endOutcome, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, req)
 	lead := !b.running
@@ -99,7 +122,7 @@ func (s *Session) end(ctx context.Context, machine uuid.UUID, isolate bool, fn f
 		case out.lead:
 			lead = true
 		case errors.Is(out.err, errRunAlone):
-			return s.Transact(ctx, fn)
+			return s.Transact(ctx, s.endAlone(req))
 		default:
 			return out.err
 		}
@@ -153,7 +176,7 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	s.db.metrics.endsCommitted(len(batch))
 	if len(batch) == 1 {
 		req := batch[0]
-		req.result <- endOutcome{err: s.Transact(req.ctx, req.fn)}
+		req.result <- endOutcome{err: s.Transact(req.ctx, s.endAlone(req))}
 		return
 	}
 	// Ends in machine order: two transactions that lock rows of the same
@@ -171,11 +194,63 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	}
 }
 
-// transactEnds runs the ends of batch in one transaction of s, each under a
-// savepoint. It returns each end's own outcome, or an error that is every
-// end's: errRunAlone when nothing was committed and each may run again
-// alone, ErrSessionExpired, or a failed commit (outcome unknown, as for a
-// single transaction's commit).
+// endAlone is the body of req's end in a transaction of its own: the lease
+// ends first (a lost lease runs no commit function), then the commit
+// function runs; its failure rolls the whole transaction back.
+func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) error {
+	if req.rec == nil {
+		return req.fn
+	}
+	return func(ctx context.Context, tx *Tx) error {
+		ended, err := recordEnds(ctx, tx.tx, s.id, []*leaseEnd{req.rec})
+		if err != nil {
+			return err
+		}
+		if !ended[leaseKey{req.rec.machine, req.rec.process}] {
+			return ErrLeaseLost
+		}
+		if req.fn == nil {
+			return nil
+		}
+		return req.fn(ctx, tx)
+	}
+}
+
+// recordEnds runs qEndLeases for ends, returning the leases it ended.
+func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
+	machines := make([]uuid.UUID, len(ends))
+	processes := make([]string, len(ends))
+	events := make([]string, len(ends))
+	later := make([]float64, len(ends))
+	for i, e := range ends {
+		machines[i], processes[i], events[i], later[i] = e.machine, e.process, e.event, e.later
+	}
+	rows, err := tx.Query(ctx, qEndLeases, session, machines, processes, events, later)
+	if err != nil {
+		return nil, err
+	}
+	return heldLeases(rows)
+}
+
+// heldLeases collects the (machine, process) rows of qEndLeases or
+// qLockLeases.
+func heldLeases(rows pgx.Rows) (map[leaseKey]bool, error) {
+	held := map[leaseKey]bool{}
+	var k leaseKey
+	_, err := pgx.ForEachRow(rows, []any{&k.machine, &k.process}, func() error {
+		held[k] = true
+		return nil
+	})
+	return held, err
+}
+
+// transactEnds runs the ends of batch in one transaction of s: the leases
+// of ends with a commit function are locked, each commit function runs
+// under a savepoint, and one statement records every end whose function
+// succeeded (a Fail runs its own statements). It returns each end's own
+// outcome, or an error that is every end's: errRunAlone when nothing was
+// committed and each may run again alone, ErrSessionExpired, or a failed
+// commit (outcome unknown, as for a single transaction's commit).
 func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	if s.expired() {
 		return nil, ErrSessionExpired
@@ -186,7 +261,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	// bounded as a commit is.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), commitTimeout)
 	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, db.begin)
+	tx, err := db.pool.BeginTx(ctx, db.probeBegin)
 	if err != nil {
 		return nil, errRunAlone
 	}
@@ -202,13 +277,48 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		return nil, errRunAlone
 	}
 	errs := make([]error, len(batch))
-	committing := 0
 	for i, req := range batch {
 		if err := req.ctx.Err(); err != nil {
 			errs[i] = fmt.Errorf("waiting to end the lease: %w", err)
+		}
+	}
+	// The leases of ends with a commit function are locked before the
+	// functions run: a lease the reaper took meanwhile would otherwise be
+	// found gone only by the statement that records the ends, after its
+	// function's writes were released into the transaction.
+	var lock []*leaseEnd
+	for i, req := range batch {
+		if errs[i] == nil && req.rec != nil && req.fn != nil {
+			lock = append(lock, req.rec)
+		}
+	}
+	var locked map[leaseKey]bool
+	if len(lock) > 0 {
+		machines := make([]uuid.UUID, len(lock))
+		processes := make([]string, len(lock))
+		for i, e := range lock {
+			machines[i], processes[i] = e.machine, e.process
+		}
+		rows, err := tx.Query(ctx, qLockLeases, s.id, machines, processes)
+		if err == nil {
+			locked, err = heldLeases(rows)
+		}
+		if err != nil {
+			return nil, errRunAlone
+		}
+	}
+	committing := 0
+	var record []*leaseEnd
+	var recorded []int
+	for i, req := range batch {
+		if errs[i] != nil {
 			continue
 		}
-		if !req.isolate {
+		if req.rec != nil && req.fn == nil {
+			record, recorded = append(record, req.rec), append(recorded, i)
+			continue
+		}
+		if req.rec == nil {
 			ferr := runEnd(ctx, req, tx)
 			switch {
 			case ferr == nil:
@@ -225,6 +335,10 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 			}
 			continue
 		}
+		if !locked[leaseKey{req.rec.machine, req.rec.process}] {
+			errs[i] = ErrLeaseLost
+			continue
+		}
 		if _, err := tx.Exec(ctx, qEndSavepoint); err != nil {
 			return nil, errRunAlone
 		}
@@ -235,7 +349,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 			}
 		}
 		if ferr == nil {
-			committing++
+			record, recorded = append(record, req.rec), append(recorded, i)
 			continue
 		}
 		if isForeignKeyOn(ferr, "work_session_id_fkey") {
@@ -251,6 +365,21 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 			ferr = errRunAlone
 		}
 		errs[i] = ferr
+	}
+	if len(record) > 0 {
+		ended, err := recordEnds(ctx, tx, s.id, record)
+		if err != nil {
+			// The transaction is aborted: nothing is committed, every
+			// end may run again on its own.
+			return nil, errRunAlone
+		}
+		for j, i := range recorded {
+			if ended[leaseKey{record[j].machine, record[j].process}] {
+				committing++
+			} else {
+				errs[i] = ErrLeaseLost
+			}
+		}
 	}
 	if committing == 0 {
 		return errs, nil

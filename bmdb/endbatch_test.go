@@ -69,15 +69,22 @@ func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
 
 // The ends of one session's concurrent workers share a transaction: while
 // one end's transaction is open, the ends that arrive wait and then commit
-// together, each recorded as its own Finished or Failed.
+// together, each recorded as its own Finished (with or without a commit
+// function), Failed, Rescheduled or Canceled.
 func TestConcurrentEndsShareATransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	reg := prometheus.NewRegistry()
 	e := newEnv(t, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 	s := e.session(bmdb.SessionConfig{})
-	const n = 6
+	const n = 10
 	h := holdFirstEnd(t, e, s, n)
+	// A backoff from an earlier failure, which a successful end deletes
+	// and a Cancel keeps.
+	for _, w := range h.works[1:] {
+		e.exec(`INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+		        VALUES ($1, $2, now() - interval '1 minute', 'earlier', 60)`, w.Machine, agentStart.Name)
+	}
 
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -85,12 +92,19 @@ func TestConcurrentEndsShareATransaction(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if i%2 == 0 {
+			switch i % 5 {
+			case 0:
 				errs[i] = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 					return tx.SetAgentStarted(ctx, w.Machine, []byte("key"))
 				})
-			} else {
+			case 1:
 				errs[i] = w.Fail(ctx, bmdb.Backoff{Initial: time.Minute}, "batched failure")
+			case 2:
+				errs[i] = w.Finish(ctx, nil)
+			case 3:
+				errs[i] = w.Reschedule(ctx, nil, time.Hour)
+			case 4:
+				errs[i] = w.Cancel(ctx)
 			}
 		}()
 	}
@@ -111,17 +125,37 @@ func TestConcurrentEndsShareATransaction(t *testing.T) {
 		t.Errorf("lease ends per transaction: %d transactions carried %v ends, want 2 carrying %d (1, then %d together)", txs, ends, n+1, n)
 	}
 	for i, w := range h.works[1:] {
-		want := []string{bmdb.EventStarted, bmdb.EventFinished}
-		if i%2 == 1 {
-			want = []string{bmdb.EventStarted, bmdb.EventFailed}
-			if b := e.backoffOf(w.Machine, agentStart); b == nil {
-				t.Errorf("machine %s: no backoff after a batched Fail", w.Machine)
-			}
-		} else if !e.agentStarted(w.Machine) {
-			t.Errorf("machine %s: the batched Finish's tag is missing", w.Machine)
-		}
+		event := []string{bmdb.EventFinished, bmdb.EventFailed, bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventCanceled}[i%5]
+		want := []string{bmdb.EventStarted, event}
 		if got := events(e.history(w.Machine)); !slices.Equal(got, want) {
 			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
+		}
+		b := e.backoffOf(w.Machine, agentStart)
+		switch event {
+		case bmdb.EventFailed:
+			if b == nil || b.Cause != "batched failure" {
+				t.Errorf("machine %s: backoff after a batched Fail: %+v", w.Machine, b)
+			}
+		case bmdb.EventCanceled:
+			if b == nil || b.Cause != "earlier" {
+				t.Errorf("machine %s: a batched Cancel did not keep the backoff: %+v", w.Machine, b)
+			}
+		default:
+			if b != nil {
+				t.Errorf("machine %s: a batched %s kept the backoff: %+v", w.Machine, event, b)
+			}
+		}
+		var deferred bool
+		if err := e.raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM work_not_before
+		        WHERE machine_id = $1 AND process = $2 AND until > now() + interval '59 minutes')`,
+			w.Machine, agentStart.Name).Scan(&deferred); err != nil {
+			t.Fatal(err)
+		}
+		if deferred != (event == bmdb.EventRescheduled) {
+			t.Errorf("machine %s: after a batched %s, deferred by an hour: %v", w.Machine, event, deferred)
+		}
+		if i%5 == 0 && !e.agentStarted(w.Machine) {
+			t.Errorf("machine %s: the batched Finish's tag is missing", w.Machine)
 		}
 	}
 	if n := e.leaseCount(agentStart); n != 0 {

@@ -145,42 +145,65 @@ WITH candidates AS (
 )
 SELECT c.machine_id, l.machine_id IS NOT NULL FROM candidates c LEFT JOIN leased l USING (machine_id)`
 
-	// qWorkFinish ends a lease successfully: the lease and any backoff go,
-	// Finished is recorded. No row returned means the lease was not held.
-	qWorkFinish = `
-WITH lease AS (
-    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
-    RETURNING machine_id
+	// qEndLeases records the ends of leases of session $1, one row per
+	// lease: machines $2, processes $3, events $4 (Finished, Rescheduled or
+	// Canceled) and, for Rescheduled, the seconds $5 before the process may
+	// lease the machine again. Each lease that is still held goes and its
+	// event is recorded; Finished and Rescheduled, successes, delete the
+	// process's backoff on the machine; Finished deletes its "check again
+	// later", Rescheduled sets it; Canceled keeps both. It returns the
+	// leases (machine, process) that were held: a lease of a lost session (the reaper
+	// records it as Lost) returns nothing. One statement records the ends
+	// of a whole batch (endbatch.go).
+	//
+	// The session is compared with IS NOT DISTINCT FROM, which no index
+	// serves, so that the leases are found by (machine_id, process): the
+	// session's index holds an entry for every lease a busy session took
+	// since the last vacuum, and a plan that reads the session's leases
+	// by it reads them all, dead ones included.
+	qEndLeases = `
+WITH ends AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[]) AS e(machine_id, process, event, later)
+), lease AS (
+    DELETE FROM work w USING ends e
+    WHERE w.machine_id = e.machine_id AND w.process = e.process AND w.session_id IS NOT DISTINCT FROM $1
+    RETURNING e.machine_id, e.process, e.event, e.later
 ), cleared AS (
-    DELETE FROM work_backoff b USING lease WHERE b.machine_id = lease.machine_id AND b.process = $2
+    DELETE FROM work_backoff b USING lease l
+    WHERE b.machine_id = l.machine_id AND b.process = l.process AND l.event <> 'Canceled'
 ), not_before_cleared AS (
-    DELETE FROM work_not_before nb USING lease WHERE nb.machine_id = lease.machine_id AND nb.process = $2
-)
-INSERT INTO work_history (machine_id, process, event, session_id)
-SELECT machine_id, $2, 'Finished', $3 FROM lease
-RETURNING id`
-
-	// qWorkReschedule ends a lease successfully, as qWorkFinish does, and
-	// keeps the machine from the process's claims for $4 seconds ("check
-	// again later"): recorded as Rescheduled, with the time in the cause.
-	qWorkReschedule = `
-WITH lease AS (
-    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
-    RETURNING machine_id
-), cleared AS (
-    DELETE FROM work_backoff b USING lease WHERE b.machine_id = lease.machine_id AND b.process = $2
+    DELETE FROM work_not_before nb USING lease l
+    WHERE nb.machine_id = l.machine_id AND nb.process = l.process AND l.event = 'Finished'
 ), deferred AS (
     INSERT INTO work_not_before (machine_id, process, until)
-    SELECT machine_id, $2, now() + make_interval(secs => $4) FROM lease
+    SELECT machine_id, process, now() + make_interval(secs => later) FROM lease
+    WHERE event = 'Rescheduled'
+    ORDER BY machine_id
     ON CONFLICT (machine_id, process) DO UPDATE SET until = excluded.until
+), recorded AS (
+    INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+    SELECT machine_id, process, event, $1,
+           CASE WHEN event = 'Rescheduled' THEN
+               'check again after ' || to_char((now() + make_interval(secs => later)) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+           END
+    FROM lease ORDER BY machine_id
 )
-INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
-SELECT machine_id, $2, 'Rescheduled', $3,
-       'check again after ' || to_char((now() + make_interval(secs => $4)) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-FROM lease
-RETURNING id`
+SELECT machine_id, process FROM lease`
 
-	// qWorkEnd ends a lease with Failed or Canceled ($4) and a cause ($5).
+	// qLockLeases locks the leases of session $1 on machines $2 for
+	// processes $3, returning those still held (machine, process): a batch of ends locks them
+	// before it runs the processes' commit functions, so that each end it
+	// then records finds its lease (the reaper waits for the lock). The
+	// session is compared as in qEndLeases.
+	qLockLeases = `
+SELECT w.machine_id, w.process FROM work w
+JOIN unnest($2::uuid[], $3::text[]) AS e(machine_id, process)
+  ON w.machine_id = e.machine_id AND w.process = e.process
+WHERE w.session_id IS NOT DISTINCT FROM $1
+ORDER BY w.machine_id
+FOR UPDATE OF w`
+
+	// qWorkEnd ends a lease with Failed ($4) and a cause ($5).
 	qWorkEnd = `
 WITH lease AS (
     DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3

@@ -47,7 +47,8 @@ due AS (
 )`
 
 	// claimDueTemplate leases up to @limit of the locked due machines that
-	// are eligible, records Started, and settles every other locked row:
+	// are eligible, records Started, returns the leased machines with their
+	// provider ids, and settles every other locked row:
 	// a machine that another process of the group holds, or that the
 	// condition does not want and time will not make wanted, leaves the
 	// table (the lease's end or a watched write brings it back); one held
@@ -70,24 +71,30 @@ WITH ` + dueFacts + `, chosen AS (
     INSERT INTO work_history (machine_id, process, event, session_id)
     SELECT machine_id, @process, 'Started', @session FROM leased
 ), settled AS (
-    DELETE FROM work_due wd USING due
-    WHERE wd.process = @process AND wd.machine_id = due.machine_id
-      AND (due.machine_id IN (SELECT machine_id FROM chosen)
-           OR due.leased
-           OR (NOT due.wanted AND due.due_at IS NULL))
+    DELETE FROM work_due wd
+    WHERE wd.process = @process
+      AND wd.machine_id = ANY (ARRAY(
+          SELECT machine_id FROM due
+          WHERE machine_id IN (SELECT machine_id FROM chosen)
+             OR leased
+             OR (NOT wanted AND due_at IS NULL)))
+), moved AS (
+    SELECT machine_id,
+           CASE WHEN wanted THEN held_until
+                WHEN due_at > now() THEN due_at
+                ELSE now() + interval '1 second' END AS due_at
+    FROM due
+    WHERE NOT leased
+      AND ((wanted AND held_until IS NOT NULL) OR (NOT wanted AND due_at IS NOT NULL))
 ), rescheduled AS (
     UPDATE work_due wd
-    SET due_at = CASE WHEN due.wanted THEN due.held_until
-                      WHEN due.due_at > now() THEN due.due_at
-                      ELSE now() + interval '1 second' END
-    FROM due
-    WHERE wd.process = @process AND wd.machine_id = due.machine_id
-      AND NOT due.leased
-      AND ((due.wanted AND due.held_until IS NOT NULL) OR (NOT due.wanted AND due.due_at IS NOT NULL))
+    SET due_at = moved.due_at
+    FROM moved
+    WHERE wd.process = @process AND wd.machine_id = moved.machine_id
+      AND wd.machine_id = ANY (ARRAY(SELECT machine_id FROM moved))
 )
-SELECT c.machine_id, l.machine_id IS NOT NULL, mp.provider_id
-FROM chosen c LEFT JOIN leased l USING (machine_id)
-LEFT JOIN machine_provided mp ON mp.machine_id = c.machine_id`
+SELECT l.machine_id, mp.provider_id
+FROM leased l LEFT JOIN machine_provided mp ON mp.machine_id = l.machine_id`
 
 	// rebuildDueTemplate recomputes a process's due rows from its
 	// condition over the whole fleet: when a process is first registered,
@@ -145,6 +152,20 @@ SELECT
    WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
+
+	// probePlanning ends the BEGIN of the transactions of claims and of
+	// batched lease ends. A claim re-checks the condition on the few due
+	// rows it locked, and a batch of ends deletes a few leases, so probing
+	// tables by index is their right plan at any fleet size; with the
+	// default random_page_cost (4, the cost of a page read from a spinning
+	// disk) the planner instead hashes a whole table of up to a few
+	// hundred thousand rows into every claim. The BMDB's hot pages are in
+	// memory, so for these statements a random page costs what a
+	// sequential one does.
+	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true)`
+
+	// qAnalyzeDue refreshes work_due's statistics after a rebuild.
+	qAnalyzeDue = `ANALYZE work_due`
 
 	// qRegistryLock serializes the registrations of one process: replicas
 	// that start at once would otherwise all find no row (FOR UPDATE

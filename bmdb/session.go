@@ -147,7 +147,7 @@ func (s *Session) Bind(parent context.Context) (context.Context, context.CancelF
 // session is alive; see DB.Transact for retries. It returns
 // ErrSessionExpired, without running fn, once the session is gone.
 func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	return s.db.transact(ctx, s, fn)
+	return s.db.transact(ctx, s, s.db.begin, fn)
 }
 
 // expired reports whether the session is lost, marking it lost when its

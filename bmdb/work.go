@@ -116,7 +116,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		var blocked bool
 		var next *time.Time
 		registered := true
-		err := s.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		err := s.db.transact(ctx, s, s.db.probeBegin, func(ctx context.Context, tx *Tx) error {
 			leased, providerIDs, locked, blocked, next, registered = leased[:0], providerIDs[:0], 0, false, nil, true
 			n, err := limits.budget(ctx, tx, process.Name, limit)
 			if err != nil {
@@ -144,13 +144,10 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				return err
 			}
 			var id uuid.UUID
-			var ok bool
 			var providerID *string
-			_, err = pgx.ForEachRow(rows, []any{&id, &ok, &providerID}, func() error {
-				if ok {
-					leased = append(leased, id)
-					providerIDs = append(providerIDs, untrusted.Line(deref(providerID), 0))
-				}
+			_, err = pgx.ForEachRow(rows, []any{&id, &providerID}, func() error {
+				leased = append(leased, id)
+				providerIDs = append(providerIDs, untrusted.Line(deref(providerID), 0))
 				return nil
 			})
 			return err
@@ -215,17 +212,19 @@ func deref(s *string) string {
 // Session is the session that holds the lease.
 func (w *Lease) Session() *Session { return w.s }
 
-// end runs the transaction that ends the lease, at most once successfully
-// (commit: fn runs process code, see endRequest.isolate):
+// end runs the transaction that ends the lease, at most once successfully:
 // a failed attempt (database unreachable, commit function error) leaves the
-// work open, so that the caller can still Fail or Cancel it.
-func (w *Lease) end(ctx context.Context, commit bool, fn func(ctx context.Context, tx *Tx) error) error {
+// work open, so that the caller can still Fail or Cancel it. rec is the end
+// as data (Finish, Reschedule, Cancel), recorded with the session's
+// concurrent ends in one statement, and fn the process's commit function;
+// or rec is nil and fn the whole end (Fail).
+func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.done {
 		return ErrWorkDone
 	}
-	err := w.s.end(retryUnstarted(ctx), w.Machine, commit, fn)
+	err := w.s.end(retryUnstarted(ctx), w.Machine, rec, fn)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
 		// Ended, by us or by the lease's loss: nothing more can be done.
 		w.done = true
@@ -234,11 +233,11 @@ func (w *Lease) end(ctx context.Context, commit bool, fn func(ctx context.Contex
 }
 
 // Finish ends the lease successfully. In one transaction it checks the
-// session, deletes the lease and the process's backoff on the machine,
-// records Finished, and runs fn to record the outcome (tags). If the lease is
+// session, runs fn to record the outcome (tags), deletes the lease and the
+// process's backoff on the machine, and records Finished. If the lease is
 // no longer held, or fn fails, nothing is committed.
 func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	if err := w.endSucceeded(ctx, fn, qWorkFinish, w.Machine, w.Process.Name, w.s.id); err != nil {
+	if err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished}, fn); err != nil {
 		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
@@ -250,32 +249,11 @@ func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 // not Finished; it is no failure and sets no backoff (it deletes one, as
 // Finish does).
 func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
-	seconds := max(after.Seconds(), 1)
-	if err := w.endSucceeded(ctx, fn, qWorkReschedule, w.Machine, w.Process.Name, w.s.id, seconds); err != nil {
+	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1)}
+	if err := w.end(ctx, rec, fn); err != nil {
 		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
-}
-
-// endSucceeded ends the lease by query, Finish's or Reschedule's (it
-// deletes the lease and records the event, returning the event's id, or no
-// row when the lease is no longer held), then runs fn, the process's record
-// of the outcome, in the same transaction.
-func (w *Lease) endSucceeded(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, query string, args ...any) error {
-	return w.end(ctx, fn != nil, func(ctx context.Context, tx *Tx) error {
-		var id int64
-		err := tx.tx.QueryRow(ctx, query, args...).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrLeaseLost
-		}
-		if err != nil {
-			return err
-		}
-		if fn == nil {
-			return nil
-		}
-		return fn(ctx, tx)
-	})
 }
 
 // Fail ends the lease with a failure: it records Failed with cause and
@@ -285,8 +263,8 @@ func (w *Lease) endSucceeded(ctx context.Context, fn func(ctx context.Context, t
 // held, nothing is committed.
 func (w *Lease) Fail(ctx context.Context, backoff Backoff, cause string) error {
 	cause = cleanCause(cause)
-	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
-		if err := endLease(ctx, tx, w, EventFailed, cause); err != nil {
+	err := w.end(ctx, nil, func(ctx context.Context, tx *Tx) error {
+		if err := failLease(ctx, tx, w, cause); err != nil {
 			return err
 		}
 		var previous int64
@@ -308,9 +286,7 @@ func (w *Lease) Fail(ctx context.Context, backoff Backoff, cause string) error {
 // Cancel ends the lease without an outcome: it records Canceled and keeps any
 // backoff, so the machine is eligible again as soon as its backoff allows.
 func (w *Lease) Cancel(ctx context.Context) error {
-	err := w.end(ctx, false, func(ctx context.Context, tx *Tx) error {
-		return endLease(ctx, tx, w, EventCanceled, "")
-	})
+	err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventCanceled}, nil)
 	if err != nil {
 		return fmt.Errorf("cancelling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
@@ -323,14 +299,14 @@ func (w *Lease) Cancel(ctx context.Context) error {
 // is stored twice per failure and rendered on every status page.
 func cleanCause(cause string) string { return untrusted.Text(cause, 0) }
 
-func endLease(ctx context.Context, tx *Tx, w *Lease, event, cause string) error {
-	cause = cleanCause(cause)
+// failLease deletes the lease and records Failed with cause.
+func failLease(ctx context.Context, tx *Tx, w *Lease, cause string) error {
 	var causeArg *string
 	if cause != "" {
 		causeArg = &cause
 	}
 	var id int64
-	err := tx.tx.QueryRow(ctx, qWorkEnd, w.Machine, w.Process.Name, w.s.id, event, causeArg).Scan(&id)
+	err := tx.tx.QueryRow(ctx, qWorkEnd, w.Machine, w.Process.Name, w.s.id, EventFailed, causeArg).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
