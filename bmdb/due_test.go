@@ -402,3 +402,86 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Fatalf("after the write to the watched table: %v, %v; want the machine", w, err)
 	}
 }
+
+// A lease's end makes its machine due for every process of the lease's
+// exclusion group, and notifies only the group's other processes (the
+// ending process has a worker back, which claims at once). One statement
+// that ends several leases (a batch of ends, a reaper's release) marks
+// them all and notifies each process once.
+func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	cand := bmdb.ProvidedCandidates()
+	for _, p := range []bmdb.Process{agentStart, recovery} {
+		if _, err := e.db.RegisterProcess(ctx, p, cand, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	machines := e.addMachines(3)
+	s := e.session(bmdb.SessionConfig{})
+	works, err := s.ClaimBatch(ctx, agentStart, cand, 3)
+	if err != nil || len(works) != 3 {
+		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+	}
+	listener, err := e.raw.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, `LISTEN shepherd_due`); err != nil {
+		t.Fatal(err)
+	}
+	// notified collects the notifications up to a sentinel sent after the
+	// writes committed: notifications arrive in commit order.
+	notified := func() []string {
+		t.Helper()
+		e.exec(`SELECT pg_notify('shepherd_due', 'sentinel')`)
+		var got []string
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			n, err := listener.Conn().WaitForNotification(waitCtx)
+			cancel()
+			if err != nil {
+				t.Fatalf("waiting for notifications: %v", err)
+			}
+			if n.Payload == "sentinel" {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+	due := func(p bmdb.Process) []uuid.UUID {
+		t.Helper()
+		rows := must(e.raw.Query(ctx, `SELECT machine_id FROM work_due WHERE process = $1 AND due_at <= now() ORDER BY machine_id`, p.Name))
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	e.exec(`DELETE FROM work_due`)
+	e.exec(`DELETE FROM work WHERE process = $1`, agentStart.Name)
+	if got := notified(); !slices.Equal(got, []string{recovery.Name}) {
+		t.Errorf("notifications after one statement ended AgentStart's 3 leases: %v, want [%s]", got, recovery.Name)
+	}
+	slices.SortFunc(machines, uuidCmp)
+	for _, p := range []bmdb.Process{agentStart, recovery} {
+		if got := due(p); !slices.Equal(got, machines) {
+			t.Errorf("due rows of %s after the leases ended: %v, want %v", p.Name, got, machines)
+		}
+	}
+
+	w, err := s.Claim(ctx, recovery, cand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A row that is due already is not moved, so notifies nobody.
+	e.exec(`DELETE FROM work_due`)
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := notified(); !slices.Equal(got, []string{agentStart.Name}) {
+		t.Errorf("notifications after Recovery's Finish: %v, want [%s]", got, agentStart.Name)
+	}
+}
