@@ -125,7 +125,7 @@ func TestSmoke(t *testing.T) {
 		targets[l["target"].(string)] = true
 	}
 	want("heartbeat", 1, "accepted_per_s", "p99_ms", "db_xacts_per_100_heartbeats", "verify_ceiling_per_s", "accepted_vs_verify_ceiling")
-	for _, name := range []string{"heartbeat_vs_verify_ceiling", "heartbeat_db_xacts_per_100", "claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"} {
+	for _, name := range []string{"throughput_16_vs_pgbench_tps_n200", "heartbeat_vs_verify_ceiling", "heartbeat_db_xacts_per_100", "claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"} {
 		if !targets[name] {
 			t.Errorf("no target line %s", name)
 		}

@@ -32,10 +32,16 @@ func (b *bench) targets() error {
 		ts = append(ts, targetResult{"target", name, round(v, 2), round(limit, 2), v <= limit, detail})
 	}
 	for _, r := range b.tp {
+		n := strconv.Itoa(r.Machines)
+		// The scale issue's targets: cycles/s against the same run's
+		// pgbench -N TPS itself, 1.0 x with 64 workers, 0.8 x with 16.
+		if want, ok := map[int]float64{64: 1.0, 16: 0.8}[r.Workers]; ok && b.pgbenchTPS > 0 {
+			atLeast(fmt.Sprintf("throughput_%d_vs_pgbench_tps_n%s", r.Workers, n), r.CyclesPerS/b.pgbenchTPS, want,
+				fmt.Sprintf("cycles/s with %d workers (%.0f) / pgbench -N TPS (%.0f) >= %.1f", r.Workers, r.CyclesPerS, b.pgbenchTPS, want))
+		}
 		if r.Workers != 16 {
 			continue
 		}
-		n := strconv.Itoa(r.Machines)
 		if b.pgbenchTPS > 0 {
 			atLeast("throughput_16_vs_pgbench_n"+n, r.CyclesPerS, 0.8*b.pgbenchTPS/2,
 				fmt.Sprintf("cycles/s with 16 workers >= 0.8 x pgbench -N TPS (%.0f) / 2", b.pgbenchTPS))
