@@ -26,7 +26,8 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 	fail := func(err error) (string, error) {
 		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
 	}
-	tx, err := s.db.pool.Begin(ctx)
+	// Begun as a claim's transaction is, so that the plans are a claim's.
+	tx, err := s.db.pool.BeginTx(ctx, s.db.probeBegin)
 	if err != nil {
 		return fail(err)
 	}
