@@ -3,7 +3,6 @@ package bmdb_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -82,26 +81,7 @@ func startSession(t testing.TB, db *bmdb.DB, cfg bmdb.SessionConfig) *bmdb.Sessi
 // addMachines creates n provided machines.
 func (e *env) addMachines(n int) []uuid.UUID {
 	e.t.Helper()
-	ids := make([]uuid.UUID, 0, n)
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		ids = ids[:0]
-		for i := range n {
-			id, err := tx.AddMachine(ctx, bmdb.Provided{
-				Provider:   "test",
-				ProviderID: fmt.Sprintf("%s-%d", uuid.NewString(), i),
-				Address:    fmt.Sprintf("192.0.2.%d", i%250),
-			})
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return nil
-	})
-	if err != nil {
-		e.t.Fatalf("adding machines: %v", err)
-	}
-	return ids
+	return bmdbtest.AddMachines(e.t, e.db, n)
 }
 
 func (e *env) history(machine uuid.UUID) []bmdb.HistoryEntry {

@@ -75,24 +75,10 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, dsn: dsn, db: db, reg: reg}
 }
 
+// addMachines creates n provided machines (bmdbtest.AddMachines).
 func (e *env) addMachines(n int) []uuid.UUID {
 	e.t.Helper()
-	var ids []uuid.UUID
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		ids = ids[:0]
-		for i := range n {
-			id, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: fmt.Sprintf("%s-%d", uuid.NewString(), i)})
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return nil
-	})
-	if err != nil {
-		e.t.Fatalf("adding machines: %v", err)
-	}
-	return ids
+	return bmdbtest.AddMachines(e.t, e.db, n)
 }
 
 // fastConfig is a runner configuration for tests: no query rate limit and
