@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // runOnce runs the binary to completion and returns its exit status and
@@ -22,7 +23,7 @@ import (
 func runOnce(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(shepherdBinary, args...)
-	cmd.Env = childEnv()
+	cmd.Env = replicatest.ChildEnv()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	done := make(chan error, 1)
@@ -129,13 +130,13 @@ func TestSchemaOlderRefused(t *testing.T) {
 func TestUnknownDSNParameter(t *testing.T) {
 	t.Parallel()
 	dsn := sharedCluster(t).DSN(newDatabase(t)) + "&statment_timeout=5s"
-	r := newReplica(t, "shepherd", t.TempDir(), "-bmdb_dsn="+dsn, "-sim_machines=5")
-	if err := r.start(); err != nil {
+	r := replicatest.New(t, shepherdBinary, "shepherd", t.TempDir(), "-bmdb_dsn="+dsn, "-sim_machines=5")
+	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
 	bmdbtest.WaitFor(t, 30*time.Second, "the error to be logged twice", func() (bool, string) {
 		n := 0
-		for _, l := range r.logLines() {
+		for _, l := range r.LogLines() {
 			// klog quotes the error, escaping its quotes.
 			if strings.Contains(l, `unrecognized configuration parameter \"statment_timeout\"`) {
 				n++
@@ -143,10 +144,10 @@ func TestUnknownDSNParameter(t *testing.T) {
 		}
 		return n >= 2, fmt.Sprintf("%d lines", n)
 	})
-	if ok, why := r.ready(); ok || !strings.Contains(why, "503") {
+	if ok, why := r.Ready(); ok || !strings.Contains(why, "503") {
 		t.Errorf("/readyz: %s, want 503", why)
 	}
-	if code, _ := r.stop(30 * time.Second); code != 0 {
+	if code, _ := r.Stop(30 * time.Second); code != 0 {
 		t.Errorf("exit status %d after SIGTERM, want 0", code)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/internal/tcpproxy"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -139,14 +140,14 @@ func TestFaultSuite(t *testing.T) {
 	if err := os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r0 := newReplica(t, "r0", logDir, append(replicaFlags(), "-bmdb_dsn="+dsn)...)
-	r1 := newReplica(t, "r1", logDir, append(replicaFlags(), "-bmdb_dsn_file="+dsnFile)...)
-	r2 := newReplica(t, "r2", logDir, append(replicaFlags(), "-bmdb_dsn="+proxied)...)
-	replicas := []*replica{r0, r1, r2}
+	r0 := replicatest.New(t, shepherdBinary, "r0", logDir, append(replicaFlags(), "-bmdb_dsn="+dsn)...)
+	r1 := replicatest.New(t, shepherdBinary, "r1", logDir, append(replicaFlags(), "-bmdb_dsn_file="+dsnFile)...)
+	r2 := replicatest.New(t, shepherdBinary, "r2", logDir, append(replicaFlags(), "-bmdb_dsn="+proxied)...)
+	replicas := []*replicatest.Replica{r0, r1, r2}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, r := range replicas {
-				t.Logf("%s: last log lines of run %d:\n%s", r.name, r.current().n, r.tail(60))
+				t.Logf("%s: last log lines of run %d:\n%s", r.Name, r.Current().N, r.Tail(60))
 			}
 			t.Logf("replica logs are in %s (set SHEPHERD_FAULT_LOGS to keep them)", logDir)
 		}
@@ -156,7 +157,7 @@ func TestFaultSuite(t *testing.T) {
 
 	// Warm-up: every replica ready, both processes finishing work.
 	for _, r := range replicas {
-		if err := r.start(); err != nil {
+		if err := r.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,15 +190,15 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	// Phase 2: only r0 is killed; r1 is frozen, r2 partitioned, cut and
 	// put through a second crash, and both must come back by themselves.
 	chaos.setTargets(r0)
-	waitAllReady(t, []*replica{r1, r2}, 60*time.Second)
-	r1Run, r2Run := r1.current().n, r2.current().n
+	waitAllReady(t, []*replicatest.Replica{r1, r2}, 60*time.Second)
+	r1Run, r2Run := r1.Current().N, r2.Current().N
 	var fences []fence
 
 	// Freeze r1 (SIGSTOP) until the other replicas have reaped its
 	// sessions, so longer than its deadline; then resume it.
 	fences = append(fences, fault(t, db, raw, r1, "SIGSTOP of r1",
-		func() { r1.signal(syscall.SIGSTOP) },
-		func() { r1.signal(syscall.SIGCONT) }))
+		func() { r1.Signal(syscall.SIGSTOP) },
+		func() { r1.Signal(syscall.SIGCONT) }))
 	// Partition r2 from the database (no byte moves, connections stay
 	// open) until its sessions are reaped; then heal.
 	fences = append(fences, fault(t, db, raw, r2, "partition of r2 (stalled connections)",
@@ -217,13 +218,13 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	// Every replica is ready again; r1 and r2 without a restart since
 	// their faults.
 	waitAllReady(t, replicas, 60*time.Second)
-	if r1.current().n != r1Run || r2.current().n != r2Run {
-		t.Errorf("r1 or r2 was restarted after its fault (runs %d→%d, %d→%d)", r1Run, r1.current().n, r2Run, r2.current().n)
+	if r1.Current().N != r1Run || r2.Current().N != r2Run {
+		t.Errorf("r1 or r2 was restarted after its fault (runs %d→%d, %d→%d)", r1Run, r1.Current().N, r2Run, r2.Current().N)
 	}
-	for _, r := range []*replica{r1, r2} {
-		expired, err := r.metric("shepherd_bmdb_sessions_expired_total")
+	for _, r := range []*replicatest.Replica{r1, r2} {
+		expired, err := r.Metric("shepherd_bmdb_sessions_expired_total")
 		if err != nil || expired < 1 {
-			t.Errorf("%s: shepherd_bmdb_sessions_expired_total = %g (%v): it did not notice losing its sessions", r.name, expired, err)
+			t.Errorf("%s: shepherd_bmdb_sessions_expired_total = %g (%v): it did not notice losing its sessions", r.Name, expired, err)
 		}
 	}
 	sampler.stop()
@@ -234,11 +235,11 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	// Shutdown: SIGTERM, exit 0 within the grace period (plus the time to
 	// close sessions).
 	for _, r := range replicas {
-		code, took := r.stop(shutdownGrace + 20*time.Second)
+		code, took := r.Stop(shutdownGrace + 20*time.Second)
 		if code != 0 {
-			t.Errorf("%s exited with status %d after SIGTERM, want 0", r.name, code)
+			t.Errorf("%s exited with status %d after SIGTERM, want 0", r.Name, code)
 		}
-		t.Logf("%s stopped in %s", r.name, took.Round(time.Millisecond))
+		t.Logf("%s stopped in %s", r.Name, took.Round(time.Millisecond))
 	}
 	// The sessions of the last killed runs expire; reaping them records
 	// their leases as Lost. Then nothing is left.
@@ -285,7 +286,7 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	// The logs: no panic, no data race, no password.
 	logLines := 0
 	for _, r := range replicas {
-		for _, l := range r.logLines() {
+		for _, l := range r.LogLines() {
 			logLines++
 			lower := strings.ToLower(l)
 			switch {
@@ -299,7 +300,7 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 
 	runs := 0
 	for _, r := range replicas {
-		runs += len(r.runs)
+		runs += len(r.Runs())
 	}
 	summary := fmt.Sprintf("FAULT-SUITE SUMMARY runs=%d kills=%d restarts=%d pg_restarts=%d freezes=1 partitions=2 "+
 		"leases_checked=%d overlaps=%d orphans=%d fencing_violations=%d takeovers=%d finished=%d failed=%d canceled=%d lost=%d "+
@@ -346,13 +347,13 @@ func withHost(t *testing.T, dsn, hostport string) string {
 }
 
 // waitAllReady waits until every replica's /readyz answers 200.
-func waitAllReady(t *testing.T, replicas []*replica, timeout time.Duration) {
+func waitAllReady(t *testing.T, replicas []*replicatest.Replica, timeout time.Duration) {
 	t.Helper()
 	bmdbtest.WaitFor(t, timeout, "every replica to be ready", func() (bool, string) {
 		var notReady []string
 		for _, r := range replicas {
-			if ok, why := r.ready(); !ok {
-				notReady = append(notReady, r.name+": "+why)
+			if ok, why := r.Ready(); !ok {
+				notReady = append(notReady, r.Name+": "+why)
 			}
 		}
 		return len(notReady) == 0, strings.Join(notReady, "; ")
@@ -362,7 +363,7 @@ func waitAllReady(t *testing.T, replicas []*replica, timeout time.Duration) {
 // soak lets the fleet run under chaos for d, failing at once if a replica
 // exits by itself (a crash) or the chaos goroutine failed. The waiting is
 // the point: faults need time to land on work in progress.
-func soak(t *testing.T, replicas []*replica, d time.Duration, c *chaos) {
+func soak(t *testing.T, replicas []*replicatest.Replica, d time.Duration, c *chaos) {
 	t.Helper()
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {
@@ -370,8 +371,8 @@ func soak(t *testing.T, replicas []*replica, d time.Duration, c *chaos) {
 			t.Fatal(err)
 		}
 		for _, r := range replicas {
-			if ru := r.current(); ru.exited() && !c.killed(ru) {
-				t.Fatalf("%s run %d exited by itself with status %d:\n%s", r.name, ru.n, ru.exitCode, r.tail(40))
+			if ru := r.Current(); ru.Exited() && !c.killed(ru) {
+				t.Fatalf("%s run %d exited by itself with status %d:\n%s", r.Name, ru.N, ru.ExitCode(), r.Tail(40))
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -414,13 +415,13 @@ func sessionsOf(ctx context.Context, db *bmdb.DB, pid int) ([]uuid.UUID, error) 
 // replica can take over a machine r was working on; then it ends the fault
 // and waits for r to be ready again, by itself. It returns the fence to
 // check in history.
-func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string, begin, end func()) fence {
+func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replicatest.Replica, what string, begin, end func()) fence {
 	t.Helper()
 	ctx := context.Background()
 	var held []uuid.UUID
-	bmdbtest.WaitFor(t, 30*time.Second, r.name+" to hold a session per loop", func() (bool, string) {
+	bmdbtest.WaitFor(t, 30*time.Second, r.Name+" to hold a session per loop", func() (bool, string) {
 		var err error
-		held, err = sessionsOf(ctx, db, r.pid())
+		held, err = sessionsOf(ctx, db, r.PID())
 		if err != nil {
 			return false, err.Error()
 		}
@@ -434,10 +435,10 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 	var reapedAt int64
 	defer func() {
 		if t.Failed() && reapedAt == 0 {
-			t.Logf("database activity while %s's sessions are not reaped:\n%s", r.name, activity(ctx, raw))
+			t.Logf("database activity while %s's sessions are not reaped:\n%s", r.Name, activity(ctx, raw))
 		}
 	}()
-	bmdbtest.WaitFor(t, 60*time.Second, "the sessions of "+r.name+" to be reaped during the "+what, func() (bool, string) {
+	bmdbtest.WaitFor(t, 60*time.Second, "the sessions of "+r.Name+" to be reaped during the "+what, func() (bool, string) {
 		all, err := db.Sessions(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -459,7 +460,7 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 	})
 	reaped := time.Now()
 	if reaped.Before(lastDeadline) {
-		t.Errorf("%s: sessions of %s reaped at %s, before their deadline %s", what, r.name,
+		t.Errorf("%s: sessions of %s reaped at %s, before their deadline %s", what, r.Name,
 			reaped.Format(time.StampMilli), lastDeadline.Format(time.StampMilli))
 	}
 	// Hold the fault a little longer, until another replica takes over a
@@ -477,7 +478,7 @@ func fault(t *testing.T, db *bmdb.DB, raw *pgxpool.Pool, r *replica, what string
 		t.Fatal(err)
 	}
 	took := time.Since(began)
-	bmdbtest.WaitFor(t, 60*time.Second, r.name+" to be ready again after the "+what, func() (bool, string) { return r.ready() })
+	bmdbtest.WaitFor(t, 60*time.Second, r.Name+" to be ready again after the "+what, func() (bool, string) { return r.Ready() })
 	t.Logf("%s: sessions reaped after %s, fault ended after %s, ready again after %s",
 		what, reaped.Sub(began).Round(time.Millisecond), took.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	return fence{what: what, sessions: held, reapedAt: reapedAt, endedAt: endedAt}
@@ -517,9 +518,9 @@ func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
 // chaos kills one of its targets every period, in turn, and restarts it.
 type chaos struct {
 	mu      sync.Mutex // held during a kill and restart
-	targets []*replica
+	targets []*replicatest.Replica
 	next    int
-	killedR map[*run]bool
+	killedR map[*replicatest.Run]bool
 	err     error
 
 	quit chan struct{}
@@ -527,8 +528,8 @@ type chaos struct {
 	once sync.Once
 }
 
-func startChaos(every time.Duration, targets ...*replica) *chaos {
-	c := &chaos{targets: targets, killedR: map[*run]bool{}, quit: make(chan struct{}), done: make(chan struct{})}
+func startChaos(every time.Duration, targets ...*replicatest.Replica) *chaos {
+	c := &chaos{targets: targets, killedR: map[*replicatest.Run]bool{}, quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		tick := time.NewTicker(every)
@@ -543,9 +544,9 @@ func startChaos(every time.Duration, targets ...*replica) *chaos {
 			if c.err == nil && len(c.targets) > 0 {
 				r := c.targets[c.next%len(c.targets)]
 				c.next++
-				c.killedR[r.current()] = true
-				r.kill()
-				c.err = r.start()
+				c.killedR[r.Current()] = true
+				r.Kill()
+				c.err = r.Start()
 			}
 			c.mu.Unlock()
 		}
@@ -554,7 +555,7 @@ func startChaos(every time.Duration, targets ...*replica) *chaos {
 }
 
 // setTargets changes who gets killed; it returns once no kill is under way.
-func (c *chaos) setTargets(targets ...*replica) {
+func (c *chaos) setTargets(targets ...*replicatest.Replica) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.targets, c.next = targets, 0
@@ -571,7 +572,7 @@ func (c *chaos) error() error {
 	return c.err
 }
 
-func (c *chaos) killed(ru *run) bool {
+func (c *chaos) killed(ru *replicatest.Run) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.killedR[ru]

@@ -17,6 +17,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // secretPassword is distinctive, so that finding it anywhere is proof of a
@@ -125,15 +126,15 @@ func TestDSNPasswordNeverShown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := newReplica(t, "shepherd", t.TempDir(), append([]string{"-v=4", "-sim_machines=5"}, tc.args...)...)
-			r.env = tc.env
-			if err := r.start(); err != nil {
+			r := replicatest.New(t, shepherdBinary, "shepherd", t.TempDir(), append([]string{"-v=4", "-sim_machines=5"}, tc.args...)...)
+			r.Env = tc.env
+			if err := r.Start(); err != nil {
 				t.Fatal(err)
 			}
 			// Retried, not fatal: at least two attempts, each logged.
 			bmdbtest.WaitFor(t, 30*time.Second, "the BMDB to be retried", func() (bool, string) {
 				n := 0
-				for _, l := range r.logLines() {
+				for _, l := range r.LogLines() {
 					if strings.Contains(l, tc.wantLog) {
 						n++
 					}
@@ -142,7 +143,7 @@ func TestDSNPasswordNeverShown(t *testing.T) {
 			})
 			var seen []string
 			for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
-				code, body, err := r.get(path)
+				code, body, err := r.Get(path)
 				if err != nil {
 					t.Fatalf("GET %s: %v", path, err)
 				}
@@ -151,11 +152,11 @@ func TestDSNPasswordNeverShown(t *testing.T) {
 				}
 				seen = append(seen, path+":\n"+body)
 			}
-			code, _ := r.stop(30 * time.Second)
+			code, _ := r.Stop(30 * time.Second)
 			if code != 0 {
 				t.Errorf("exit status %d after SIGTERM, want 0", code)
 			}
-			seen = append(seen, r.logLines()...)
+			seen = append(seen, r.LogLines()...)
 			for _, s := range seen {
 				if strings.Contains(s, secretPassword) {
 					t.Errorf("the DSN password is shown: %s", s)
@@ -167,7 +168,7 @@ func TestDSNPasswordNeverShown(t *testing.T) {
 	// migrate reports its failure on stderr and exits 1, without the password.
 	for name, dsn := range map[string]string{"unreachable": unreachable, "wrong password": wrongPassword, "key=value": keyValue} {
 		cmd := exec.Command(shepherdBinary, "migrate", "version", "-bmdb_dsn="+dsn)
-		cmd.Env = childEnv()
+		cmd.Env = replicatest.ChildEnv()
 		out, err := cmd.CombinedOutput()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
@@ -190,20 +191,20 @@ func TestDSNFile(t *testing.T) {
 	if err := os.WriteFile(dsnFile, []byte("  "+secretDSN(c, secretPassword)+"\n\n"), 0o400); err != nil {
 		t.Fatal(err)
 	}
-	r := newReplica(t, "shepherd", t.TempDir(), "-bmdb_dsn_file="+dsnFile, "-sim_machines=5", "-session_interval=2s", "-v=4")
-	if err := r.start(); err != nil {
+	r := replicatest.New(t, shepherdBinary, "shepherd", t.TempDir(), "-bmdb_dsn_file="+dsnFile, "-sim_machines=5", "-session_interval=2s", "-v=4")
+	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
-	bmdbtest.WaitFor(t, 60*time.Second, "the daemon to be ready", r.ready)
+	bmdbtest.WaitFor(t, 60*time.Second, "the daemon to be ready", r.Ready)
 	bmdbtest.WaitFor(t, 30*time.Second, "work to be done", func() (bool, string) {
-		v, err := r.metric("shepherd_work_started_total")
+		v, err := r.Metric("shepherd_work_started_total")
 		return err == nil && v > 0, fmt.Sprintf("%g started (%v)", v, err)
 	})
-	_, metrics, _ := r.get("/metrics")
-	if code, _ := r.stop(30 * time.Second); code != 0 {
+	_, metrics, _ := r.Get("/metrics")
+	if code, _ := r.Stop(30 * time.Second); code != 0 {
 		t.Errorf("exit status %d after SIGTERM, want 0", code)
 	}
-	for _, s := range append(r.logLines(), metrics) {
+	for _, s := range append(r.LogLines(), metrics) {
 		if strings.Contains(s, secretPassword) {
 			t.Errorf("the DSN password is shown: %s", s)
 		}

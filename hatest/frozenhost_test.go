@@ -11,6 +11,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // TestFrozenFirstHost starts a replica whose multi-host DSN, written as the
@@ -34,14 +35,14 @@ func TestFrozenFirstHost(t *testing.T) {
 
 	dsn := dsnWithHosts(fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", frozen.Port, live.Port), "sslmode=disable&target_session_attrs=read-write")
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
-	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past the frozen host", allReady(r))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past the frozen host", replicatest.AllReady(r))
 	t.Logf("frozen first host: ready after %s (default connect timeout %s)", readyIn.Round(time.Millisecond), bmdb.DefaultConnectTimeout)
 	if readyIn > bmdb.DefaultConnectTimeout+2*time.Second {
 		t.Errorf("ready after %s, want within the connect timeout %s plus 2 s", readyIn, bmdb.DefaultConnectTimeout)
 	}
 	want := fmt.Sprintf(`"BMDB: connected" addr="127.0.0.1:%d"`, live.Port)
 	connected := false
-	for _, l := range r.logLines() {
+	for _, l := range r.Current().Lines() {
 		connected = connected || strings.Contains(l, want)
 	}
 	if !connected {
@@ -52,7 +53,7 @@ func TestFrozenFirstHost(t *testing.T) {
 		h := bmdbtest.History(t, bmdbtest.Open(t, live.DSN("bmdb")))
 		return len(h) > 0, "no history yet"
 	})
-	r.stop(30 * time.Second)
+	stopCleanly(t, r, 30*time.Second)
 	checkAudit(t, bmdbtest.History(t, bmdbtest.Open(t, live.DSN("bmdb"))))
 }
 
@@ -76,10 +77,10 @@ func TestTwoSilentHosts(t *testing.T) {
 	}
 	dsn := dsnWithHosts(fmt.Sprintf("%s,%s,127.0.0.1:%d", silent[0], silent[1], live.Port), "sslmode=disable")
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+dsn)...)
-	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past two silent hosts", allReady(r))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready past two silent hosts", replicatest.AllReady(r))
 	t.Logf("two silent hosts first: ready after %s", readyIn.Round(time.Millisecond))
 	if want := 2*bmdb.DefaultConnectTimeout + 2*time.Second; readyIn > want {
 		t.Errorf("ready after %s, want within twice the connect timeout plus 2 s (%s)", readyIn, want)
 	}
-	r.stop(30 * time.Second)
+	stopCleanly(t, r, 30*time.Second)
 }

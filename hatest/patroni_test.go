@@ -22,6 +22,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // member is one PostgreSQL server of the Patroni cluster.
@@ -327,7 +328,7 @@ func TestPatroniFailover(t *testing.T) {
 	args := append(churnFlags(100), "-bmdb_dsn="+pc.dsn("bmdb"), "-session_interval=10s")
 	a := startReplica(t, "a", logDir, args...)
 	b := startReplica(t, "b", logDir, args...)
-	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready", allReady(a, b))
+	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready", replicatest.AllReady(a, b))
 	time.Sleep(5 * time.Second) // churn before the first event
 
 	// Planned switchover to the synchronous standby.
@@ -384,13 +385,13 @@ func TestPatroniFailover(t *testing.T) {
 
 	time.Sleep(time.Until(killAt.Add(66 * time.Second)))
 	checkHeld(t, "SIGKILL", bmdbtest.History(t, db), killAt)
-	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready at the end", allReady(a, b))
-	a.stop(30 * time.Second)
-	b.stop(30 * time.Second)
+	bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready at the end", replicatest.AllReady(a, b))
+	stopCleanly(t, a, 30*time.Second)
+	stopCleanly(t, b, 30*time.Second)
 	res := checkAudit(t, bmdbtest.History(t, db))
 	t.Logf("Patroni run: %d leases, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
-	for _, r := range []*replica{a, b} {
-		t.Logf("%s: what it logged about the database:\n%s", r.name, strings.Join(linesAbout(r.logLines(), 30,
+	for _, r := range []*replicatest.Replica{a, b} {
+		t.Logf("%s: what it logged about the database:\n%s", r.Name, strings.Join(linesAbout(r.Current().Lines(), 30,
 			"BMDB: connected", "synchronous standby", "ending work", "ending a lease", "session expires"), "\n"))
 	}
 }

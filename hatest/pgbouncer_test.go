@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // startPgBouncer runs PgBouncer in transaction mode in front of the server
@@ -119,30 +120,30 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	args := append(churnFlags(100), "-bmdb_dsn="+pooled)
 	a := startReplica(t, "a", logDir, args...)
 	b := startReplica(t, "b", logDir, args...)
-	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready through PgBouncer", allReady(a, b))
+	readyIn := bmdbtest.WaitFor(t, 30*time.Second, "both replicas ready through PgBouncer", replicatest.AllReady(a, b))
 	t.Logf("both replicas ready through PgBouncer after %s", readyIn.Round(time.Millisecond))
 
 	// Churn, checking readiness all along.
 	end := time.Now().Add(30 * time.Second)
 	for time.Now().Before(end) {
-		if ok, why := allReady(a, b)(); !ok {
+		if ok, why := replicatest.AllReady(a, b)(); !ok {
 			t.Errorf("a replica became unready while churning through PgBouncer: %s", why)
 			break
 		}
 		time.Sleep(time.Second)
 	}
-	a.stop(30 * time.Second)
-	b.stop(30 * time.Second)
+	stopCleanly(t, a, 30*time.Second)
+	stopCleanly(t, b, 30*time.Second)
 
 	h := bmdbtest.History(t, bmdbtest.Open(t, direct))
 	res := checkAudit(t, h)
 	t.Logf("through PgBouncer (transaction mode): %d leases in 30 s by 2 replicas, %d overlaps, %d never ended", res.Leases, len(res.Overlaps), len(res.Open))
-	for _, r := range []*replica{a, b} {
-		for msg, n := range repeatedErrors(r.logLines()) {
+	for _, r := range []*replicatest.Replica{a, b} {
+		for msg, n := range repeatedErrors(r.Current().Lines()) {
 			if n < 3 {
 				continue
 			}
-			t.Errorf("%s: BMDB error logged %d times: %s", r.name, n, msg)
+			t.Errorf("%s: BMDB error logged %d times: %s", r.Name, n, msg)
 		}
 	}
 }

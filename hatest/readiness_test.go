@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // TestReadinessWhileWorkTableLocked: a lock on the work table makes every
@@ -21,7 +22,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	t.Parallel()
 	pg := startPostgres(t, true)
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+pg.DSN("bmdb"), "-session_interval=2s")...)
-	bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready", allReady(r))
+	bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready", replicatest.AllReady(r))
 
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pg.DSN("bmdb"))
@@ -39,7 +40,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	lockedAt := time.Now()
 	var why string
 	took := bmdbtest.WaitFor(t, 40*time.Second, "/readyz to report the stalled claims", func() (bool, string) {
-		ok, w := r.ready()
+		ok, w := r.Ready()
 		why = w
 		return !ok && strings.Contains(w, "transactions failing"), w
 	})
@@ -50,17 +51,17 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	back := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready again", allReady(r))
+	back := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready again", replicatest.AllReady(r))
 	t.Logf("ready again %s after the lock was released (held %s)", back.Round(100*time.Millisecond), time.Since(lockedAt).Round(100*time.Millisecond)-back)
-	r.stop(30 * time.Second)
+	stopCleanly(t, r, 30*time.Second)
 	checkAudit(t, bmdbtest.History(t, bmdbtest.Open(t, pg.DSN("bmdb"))))
 }
 
 // metricOf sums the samples of name on the replica's /metrics whose label
 // text contains label.
-func metricOf(t *testing.T, r *replica, name, label string) float64 {
+func metricOf(t *testing.T, r *replicatest.Replica, name, label string) float64 {
 	t.Helper()
-	_, body, err := r.get("/metrics")
+	_, body, err := r.Get("/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
