@@ -55,30 +55,14 @@ const testPassword = "fault-suite-Pa55word-7c1e"
 // (backoffs), agents die often (Recovery), timeouts and backoffs are
 // seconds, sessions expire within two seconds.
 func replicaFlags() []string {
-	return []string{
-		"-provider=sim",
-		fmt.Sprintf("-sim_machines=%d", machines),
-		"-sim_agent_start_failure_rate=0.2",
-		"-sim_heartbeat_loss_rate=0.5",
-		"-sim_heartbeat_interval=500ms",
-		"-sim_action_time=100ms",
-		"-recovery_start_timeout=4s",
-		"-recovery_heartbeat_timeout=3s",
-		"-agentstart_backoff_initial=1s",
-		"-agentstart_backoff_maximum=4s",
+	return append(replicatest.ChurnFlags(machines),
 		"-agentstart_backoff_exponent=1.5",
-		"-recovery_backoff_initial=1s",
-		"-recovery_backoff_maximum=4s",
 		"-recovery_backoff_exponent=1.5",
-		"-agentstart_loop_parallelism=4",
-		"-recovery_loop_parallelism=4",
-		"-agentstart_idle_poll=200ms",
-		"-recovery_idle_poll=200ms",
 		"-agentstart_db_query_rate=50ms,4",
 		"-recovery_db_query_rate=50ms,4",
 		fmt.Sprintf("-session_interval=%s", sessionInterval),
 		fmt.Sprintf("-shutdown_grace=%s", shutdownGrace),
-	}
+	)
 }
 
 // TestFaultSuite runs three replicas over one simulated fleet for about two

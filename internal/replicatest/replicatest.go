@@ -26,6 +26,30 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 )
 
+// ChurnFlags make a simulated fleet of n machines busy: agent starts fail
+// often (backoffs), agents die often (Recovery), timeouts and backoffs are
+// seconds. Suites add their session interval and shutdown grace.
+func ChurnFlags(n int) []string {
+	return []string{
+		"-provider=sim",
+		fmt.Sprintf("-sim_machines=%d", n),
+		"-sim_agent_start_failure_rate=0.2",
+		"-sim_heartbeat_loss_rate=0.5",
+		"-sim_heartbeat_interval=500ms",
+		"-sim_action_time=100ms",
+		"-recovery_start_timeout=4s",
+		"-recovery_heartbeat_timeout=3s",
+		"-agentstart_backoff_initial=1s",
+		"-agentstart_backoff_maximum=4s",
+		"-recovery_backoff_initial=1s",
+		"-recovery_backoff_maximum=4s",
+		"-agentstart_loop_parallelism=4",
+		"-recovery_loop_parallelism=4",
+		"-agentstart_idle_poll=200ms",
+		"-recovery_idle_poll=200ms",
+	}
+}
+
 // Replica is one shepherd replica. Its methods are safe for concurrent use.
 type Replica struct {
 	// Name names the replica in logs and log files.
