@@ -577,19 +577,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 // staticMachines returns the machines of the static provider by provider id.
 func staticMachines(t *testing.T, db *bmdb.DB) map[string]bmdb.Provided {
 	t.Helper()
-	got := map[string]bmdb.Provided{}
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		clear(got)
-		ps, err := tx.ProvidedBy(ctx, static.Name)
-		for _, p := range ps {
-			got[p.ProviderID] = p
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
+	return bmdbtest.ProvidedBy(t, db, static.Name)
 }
 
 func writeFile(t *testing.T, path, content string) {

@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -87,19 +86,7 @@ func (e *env) addMachine(withAgent bool) agent {
 // lastHeartbeat returns the machine's heartbeat time, zero if none.
 func (e *env) lastHeartbeat(machine uuid.UUID) time.Time {
 	e.t.Helper()
-	var at time.Time
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		at, err = tx.LastHeartbeat(ctx, machine)
-		if errors.Is(err, bmdb.ErrNotFound) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return at
+	return bmdbtest.LastHeartbeat(e.t, e.db, machine)
 }
 
 func (a agent) heartbeat(t testing.TB, ts time.Time) []byte {

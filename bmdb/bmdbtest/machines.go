@@ -2,8 +2,10 @@ package bmdbtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -36,4 +38,41 @@ func AddMachines(t testing.TB, db *bmdb.DB, n int) []uuid.UUID {
 		t.Fatalf("adding %d machines: %v", n, err)
 	}
 	return ids
+}
+
+// LastHeartbeat is the machine's last recorded agent heartbeat, zero if it
+// has none.
+func LastHeartbeat(t testing.TB, db *bmdb.DB, machine uuid.UUID) time.Time {
+	t.Helper()
+	var at time.Time
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		at, err = tx.LastHeartbeat(ctx, machine)
+		if errors.Is(err, bmdb.ErrNotFound) {
+			at, err = time.Time{}, nil
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("reading the last heartbeat of %s: %v", machine, err)
+	}
+	return at
+}
+
+// ProvidedBy returns the machines that provider lists, by provider id.
+func ProvidedBy(t testing.TB, db *bmdb.DB, provider string) map[string]bmdb.Provided {
+	t.Helper()
+	got := map[string]bmdb.Provided{}
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		clear(got)
+		ps, err := tx.ProvidedBy(ctx, provider)
+		for _, p := range ps {
+			got[p.ProviderID] = p
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("reading the machines of provider %s: %v", provider, err)
+	}
+	return got
 }

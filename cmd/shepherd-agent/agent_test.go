@@ -96,19 +96,7 @@ func (f *fleet) recordAgent(answerLine []byte) agentproto.Answer {
 
 func (f *fleet) lastHeartbeat() time.Time {
 	f.t.Helper()
-	var at time.Time
-	err := f.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		at, err = tx.LastHeartbeat(ctx, f.machine)
-		if errors.Is(err, bmdb.ErrNotFound) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return at
+	return bmdbtest.LastHeartbeat(f.t, f.db, f.machine)
 }
 
 // waitHeartbeats waits until the machine has a heartbeat newer than after,

@@ -60,20 +60,10 @@ func openDB(t *testing.T) *bmdb.DB {
 	return db
 }
 
+// provided returns the static provider's machines by provider id.
 func provided(t *testing.T, db *bmdb.DB) map[string]bmdb.Provided {
 	t.Helper()
-	got := map[string]bmdb.Provided{}
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		ps, err := tx.ProvidedBy(ctx, Name)
-		for _, p := range ps {
-			got[p.ProviderID] = p
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
+	return bmdbtest.ProvidedBy(t, db, Name)
 }
 
 func TestSyncAddsUpdatesAndReportsRemoved(t *testing.T) {
