@@ -30,7 +30,6 @@ var OpsQueries = map[string]string{
 var OpsTemplates = map[string]string{
 	"eligible":      eligibleTemplate,
 	"processCounts": processCountsTemplate,
-	"claim":         claimTemplate,
 	"eligibleAmong": eligibleAmongTemplate,
 }
 

@@ -205,21 +205,6 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		})
 		cases = append(cases, tc{"eligibleAmong/" + c.name, q, []any{args}, []string{"process_pause"}, "machines_pkey"})
 	}
-	// The claim's pause check is a one-time filter on the tiny pause table;
-	// the claim keeps its plan (the benchmark's ExplainClaim watches it).
-	for _, c := range []struct {
-		name       string
-		process    string
-		candidates bmdb.Candidates
-	}{
-		{"agentstart", "ShepherdAgentStart", bmdb.AgentStartCandidates()},
-		{"recovery", "ShepherdRecovery", bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
-	} {
-		q, args := bmdb.BuildQuery(bmdb.OpsTemplates["claim"], c.candidates, pgx.NamedArgs{
-			"group": "Shepherd", "process": c.process, "session": session, "limit": 8,
-		})
-		cases = append(cases, tc{"claim/" + c.name, q, []any{args}, []string{"process_pause"}, ""})
-	}
 	// The lease limits' budget: index ranges as small as the limits. Here
 	// every seeded lease is Recovery's and the planner rightly reads the
 	// small work table whole; the history must come from the index.

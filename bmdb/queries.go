@@ -113,38 +113,6 @@ FROM sessions ORDER BY session_created_at`
         SELECT 1 FROM work_not_before nb
         WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())`
 
-	// claimTemplate leases up to @limit machines that satisfy the process's
-	// candidate condition (spliced in for /*CONDITION*/), that no lease of the
-	// process's exclusion group covers, and that have no active backoff for
-	// the process. FOR NO KEY UPDATE SKIP LOCKED makes concurrent claimers
-	// pass over each other's candidates instead of queueing on them, without
-	// conflicting with the key-share locks that foreign keys take. Under READ
-	// COMMITTED the anti-join may read a snapshot older than a lease committed
-	// a moment ago: the primary key of work is the last word, ON CONFLICT DO
-	// NOTHING turns the lost race into a candidate that is not leased, and the
-	// caller retries.
-	claimTemplate = `
-WITH candidates AS (
-    SELECT m.machine_id FROM machines m
-    WHERE ` + eligibleFilter + `
-      -- A paused process leases nothing (pause.go): checked here, in the
-      -- claim itself, so that every replica honours a pause at its next
-      -- claim at no extra query.
-      AND NOT EXISTS (
-        SELECT 1 FROM process_pause pp WHERE pp.process = @process AND pp.resumed_at IS NULL)
-    LIMIT @limit
-    FOR NO KEY UPDATE OF m SKIP LOCKED
-), leased AS (
-    INSERT INTO work (machine_id, exclusion_group, process, session_id)
-    SELECT machine_id, @group, @process, @session FROM candidates
-    ON CONFLICT DO NOTHING
-    RETURNING machine_id
-), started AS (
-    INSERT INTO work_history (machine_id, process, event, session_id)
-    SELECT machine_id, @process, 'Started', @session FROM leased
-)
-SELECT c.machine_id, l.machine_id IS NOT NULL FROM candidates c LEFT JOIN leased l USING (machine_id)`
-
 	// qEndLeases records the ends of leases of session $1, one row per
 	// lease: machines $2, processes $3, events $4 (Finished, Rescheduled or
 	// Canceled) and, for Rescheduled, the seconds $5 before the process may

@@ -2,9 +2,9 @@ package bmdb
 
 // The statements of due-time claiming (migration 0011): a claim reads the
 // due rows of its process by work_due_process_due_idx, then re-checks the
-// process's condition on those machines only. Like claimTemplate, the
-// templates splice a constant condition (/*CONDITION*/) and due time
-// (/*DUE*/) from candidates.go or a process's Condition.
+// process's condition on those machines only. The templates splice a
+// constant condition (/*CONDITION*/) and due time (/*DUE*/) from
+// candidates.go or a process's Condition, as eligibleFilter's users do.
 
 const (
 	// qDueLock locks up to @scan due rows of the process, oldest first,
