@@ -37,14 +37,11 @@ const heartbeatDBBatch = 1000
 // from one connection for -seconds, each as its own transaction.
 func (b *bench) heartbeatDB(ctx context.Context) error {
 	n := b.o.idleMachines
-	name, dsn, err := b.srv.newDatabase(ctx, "hb", true)
+	name, dsn, _, err := b.seededDatabase(ctx, "hb", n, true)
 	if err != nil {
 		return err
 	}
 	defer b.srv.dropDatabase(ctx, name)
-	if _, err := seed(ctx, dsn, n, true); err != nil {
-		return err
-	}
 	conn, err := connect(ctx, dsn)
 	if err != nil {
 		return err

@@ -56,11 +56,7 @@ type throughputResult struct {
 // fleet size, its query rate unlimited, and counts finished cycles.
 func (b *bench) throughput(ctx context.Context) error {
 	for _, n := range b.o.machines {
-		name, dsn, err := b.srv.newDatabase(ctx, "tp"+strconv.Itoa(n), true)
-		if err != nil {
-			return err
-		}
-		seedTime, err := seed(ctx, dsn, n, false)
+		name, dsn, seedTime, err := b.seededDatabase(ctx, "tp"+strconv.Itoa(n), n, false)
 		if err != nil {
 			return err
 		}
@@ -212,11 +208,7 @@ func (b *bench) claim(ctx context.Context) error {
 	}
 	proc := bmdb.Process{Name: "BenchClaim"}
 	for _, n := range b.o.claimMachines {
-		name, dsn, err := b.srv.newDatabase(ctx, "src"+strconv.Itoa(n), true)
-		if err != nil {
-			return err
-		}
-		seedTime, err := seed(ctx, dsn, n, false)
+		name, dsn, seedTime, err := b.seededDatabase(ctx, "src"+strconv.Itoa(n), n, false)
 		if err != nil {
 			return err
 		}
@@ -364,15 +356,11 @@ type idleResult struct {
 // scenarios: every machine provided and with an agent, so that an
 // AgentStart-like process has nothing to do. close closes it and drops it.
 func (b *bench) openIdle(ctx context.Context) (db *bmdb.DB, name, dsn string, close func(), err error) {
-	name, dsn, err = b.srv.newDatabase(ctx, "idle", true)
+	name, dsn, _, err = b.seededDatabase(ctx, "idle", b.o.idleMachines, true)
 	if err != nil {
 		return nil, "", "", nil, err
 	}
 	drop := func() { b.srv.dropDatabase(ctx, name) }
-	if _, err := seed(ctx, dsn, b.o.idleMachines, true); err != nil {
-		drop()
-		return nil, "", "", nil, err
-	}
 	db, err = bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
 	if err != nil {
 		drop()
@@ -735,14 +723,11 @@ const memoryMachines = 10000
 // memory runs two processes of -memory_workers workers each, under load,
 // in a child process of their own, and reports its peak RSS.
 func (b *bench) memory(ctx context.Context) error {
-	name, dsn, err := b.srv.newDatabase(ctx, "mem", true)
+	name, dsn, _, err := b.seededDatabase(ctx, "mem", memoryMachines, false)
 	if err != nil {
 		return err
 	}
 	defer b.srv.dropDatabase(ctx, name)
-	if _, err := seed(ctx, dsn, memoryMachines, false); err != nil {
-		return err
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err

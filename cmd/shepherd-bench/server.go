@@ -117,6 +117,21 @@ func (s *server) newDatabase(ctx context.Context, purpose string, migrate bool) 
 	return name, dsn, nil
 }
 
+// seededDatabase creates a BMDB database for purpose and seeds n machines
+// into it (started: each with an agent), returning its name, its DSN and
+// how long seeding took. A database whose seeding failed is dropped.
+func (b *bench) seededDatabase(ctx context.Context, purpose string, n int, started bool) (name, dsn string, seedTime time.Duration, err error) {
+	name, dsn, err = b.srv.newDatabase(ctx, purpose, true)
+	if err != nil {
+		return "", "", 0, err
+	}
+	if seedTime, err = seed(ctx, dsn, n, started); err != nil {
+		b.srv.dropDatabase(ctx, name)
+		return "", "", 0, err
+	}
+	return name, dsn, seedTime, nil
+}
+
 // createDatabase creates database name, a copy of template unless that is
 // empty.
 func (s *server) createDatabase(ctx context.Context, name, template string) error {
