@@ -218,18 +218,28 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 
 // recordEnds runs qEndLeases for ends, returning the leases it ended.
 func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
-	machines := make([]uuid.UUID, len(ends))
-	processes := make([]string, len(ends))
+	machines, processes := leaseColumns(ends)
 	events := make([]string, len(ends))
 	later := make([]float64, len(ends))
 	for i, e := range ends {
-		machines[i], processes[i], events[i], later[i] = e.machine, e.process, e.event, e.later
+		events[i], later[i] = e.event, e.later
 	}
 	rows, err := tx.Query(ctx, qEndLeases, session, machines, processes, events, later)
 	if err != nil {
 		return nil, err
 	}
 	return heldLeases(rows)
+}
+
+// leaseColumns are the machines and processes of ends, as the array
+// parameters of qEndLeases and qLockLeases.
+func leaseColumns(ends []*leaseEnd) ([]uuid.UUID, []string) {
+	machines := make([]uuid.UUID, len(ends))
+	processes := make([]string, len(ends))
+	for i, e := range ends {
+		machines[i], processes[i] = e.machine, e.process
+	}
+	return machines, processes
 }
 
 // heldLeases collects the (machine, process) rows of qEndLeases or
@@ -294,11 +304,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	}
 	var locked map[leaseKey]bool
 	if len(lock) > 0 {
-		machines := make([]uuid.UUID, len(lock))
-		processes := make([]string, len(lock))
-		for i, e := range lock {
-			machines[i], processes[i] = e.machine, e.process
-		}
+		machines, processes := leaseColumns(lock)
 		rows, err := tx.Query(ctx, qLockLeases, s.id, machines, processes)
 		if err == nil {
 			locked, err = heldLeases(rows)

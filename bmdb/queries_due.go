@@ -56,7 +56,11 @@ due AS (
 	// the condition does not want yet comes due at its due time. Eligible
 	// machines beyond @limit stay due. A lease taken a moment ago by a
 	// concurrent claimer of the group makes ON CONFLICT skip the machine,
-	// whose row then leaves the table as a leased one's does.
+	// whose row then leaves the table as a leased one's does. The settle
+	// steps name their rows as "machine_id = ANY (ARRAY(...))", so that
+	// work_due is probed by key for the few locked rows whatever the
+	// planner's estimate of the CTE: a join on due let it hash every due
+	// row of the process into each claim.
 	claimDueTemplate = `
 WITH ` + dueFacts + `, chosen AS (
     SELECT machine_id FROM due

@@ -351,7 +351,7 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			msg, kv = "Cannot check the BMDB's replication", []any{"err", err}
+			msg = "Cannot check the BMDB's replication"
 		case r.InRecovery:
 			msg = "The BMDB DSN reaches a standby (read-only): add target_session_attrs=read-write"
 		case r.Synchronous():
@@ -362,8 +362,12 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 			msg, kv = "The BMDB primary has no synchronous standby: a failover can lose committed leases and let two replicas act on one machine; see docs/high-availability.md",
 				[]any{"synchronous_standby_names", r.StandbyNames, "synchronous_commit", r.SynchronousCommit}
 		}
-		if state := fmt.Sprint(msg, kv); state != last {
-			klog.InfoS(msg, kv...)
+		if state := fmt.Sprint(msg, kv, err); state != last {
+			if err != nil {
+				klog.ErrorS(err, msg)
+			} else {
+				klog.InfoS(msg, kv...)
+			}
 			last = state
 		}
 		select {

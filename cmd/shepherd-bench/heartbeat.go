@@ -712,23 +712,14 @@ func countTimestamped(ctx context.Context, dsn string) (int64, error) {
 // refusedByResult reads the endpoint's shepherd_heartbeats_total from reg:
 // every result but accepted, with a count.
 func refusedByResult(reg *prometheus.Registry) map[string]int64 {
-	mfs, err := reg.Gather()
+	byResult, err := counterBy(reg, "shepherd_heartbeats_total", "result")
 	if err != nil {
 		return map[string]int64{"gather_error": 1}
 	}
 	out := map[string]int64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "shepherd_heartbeats_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() != heartbeat.ResultAccepted {
-					if v := int64(m.GetCounter().GetValue()); v > 0 {
-						out[l.GetValue()] = v
-					}
-				}
-			}
+	for result, v := range byResult {
+		if result != heartbeat.ResultAccepted && v > 0 {
+			out[result] = int64(v)
 		}
 	}
 	return out

@@ -119,24 +119,33 @@ func (rs *runners) stop() error {
 // finished counts the work the runners finished successfully: completed
 // claim + finish cycles.
 func (rs *runners) finished() int64 {
-	mfs, err := rs.reg.Gather()
+	byResult, err := counterBy(rs.reg, "shepherd_work_finished_total", "result")
 	if err != nil {
 		return 0
 	}
-	var n float64
+	return int64(byResult[controlloop.ResultFinished])
+}
+
+// counterBy sums the counter family name of reg by the value of its label.
+func counterBy(reg *prometheus.Registry, name, label string) (map[string]float64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "shepherd_work_finished_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == controlloop.ResultFinished {
-					n += m.GetCounter().GetValue()
+				if l.GetName() == label {
+					out[l.GetValue()] += m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	return int64(n)
+	return out, nil
 }
 
 // waitFinished waits until the runners finished at least n cycles, or d
