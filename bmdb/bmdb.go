@@ -103,6 +103,9 @@ type DB struct {
 	// registered remembers the process conditions registered for
 	// due-time claiming through this DB (due.go).
 	registered registrations
+	// statements chooses between prepared and unnamed statements
+	// (statements.go).
+	statements statementModes
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call
@@ -139,29 +142,35 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		// then the next one is tried.
 		cc.ConnectTimeout = opts.ConnectTimeout
 	}
-	if !strings.Contains(dsn, "default_query_exec_mode") {
-		// Server-side prepared statements do not survive a
-		// transaction-mode pooler (SQLSTATE 42P05, 26000); the simple
-		// protocol and exec mode cannot encode []uuid.UUID. Describing
-		// each statement once per connection and sending it unnamed works
-		// through any pooler, and every type encodes as with prepared
-		// statements.
-		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
-	}
+	// Server-side prepared statements do not survive a transaction-mode
+	// pooler (SQLSTATE 42P05, 26000); the simple protocol and exec mode
+	// cannot encode []uuid.UUID. Until the first session has probed for a
+	// pooler (statements.go), each statement is described once per
+	// connection and sent unnamed, which works through any pooler and
+	// encodes every type as prepared statements do.
+	fixedMode := strings.Contains(dsn, "default_query_exec_mode")
 	cc.DialFunc = dialer().DialContext
 	cfg.ShouldPing = shouldPing
 	hosts := &hostLog{quiet: opts.QuietConnections}
-	cfg.BeforeConnect = hosts.beforeConnect
+	var db *DB
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		db.statements.beforeConnect(cc)
+		return hosts.beforeConnect(ctx, cc)
+	}
 	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
 		hosts.connected(conn)
 		return nil
 	}
 	begin := beginQuery(cc.RuntimeParams, opts)
-	db := &DB{
+	db = &DB{
 		metrics:    opts.Metrics,
 		begin:      pgx.TxOptions{BeginQuery: begin},
 		probeBegin: pgx.TxOptions{BeginQuery: begin + probePlanning},
 		hosts:      hosts,
+	}
+	db.statements.fixed = fixedMode
+	if cc.Tracer == nil && !fixedMode {
+		cc.Tracer = traceStatements{db}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -327,7 +336,7 @@ func (e *notStartedError) Unwrap() error { return e.err }
 func isRetryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code == "40001" || pgErr.Code == "40P01"
+		return pgErr.Code == "40001" || pgErr.Code == "40P01" || lostPreparedStatement(err)
 	}
 	return false
 }

@@ -311,21 +311,13 @@ func (db *DB) Stalled(window time.Duration) string {
 // both are open. Repeated, so that a pooler that happened to pick another
 // idle server connection is still caught.
 func (db *DB) TransactionPooled(ctx context.Context) (bool, error) {
-	a, err := db.pool.Acquire(ctx)
-	if err != nil {
-		return false, fmt.Errorf("probing for a transaction pooler: %w", err)
-	}
-	defer a.Release()
-	b, err := db.pool.Acquire(ctx)
-	if err != nil {
-		return false, fmt.Errorf("probing for a transaction pooler: %w", err)
-	}
-	defer b.Release()
-	return probePooled(ctx, a.Conn(), b.Conn())
+	// Connections of its own, not the pool's: a pool of one connection
+	// (pool_max_conns=1) cannot lend two.
+	return probePooledConfig(ctx, db.pool.Config().ConnConfig)
 }
 
-// TransactionPooled is DB.TransactionPooled for a DSN, with connections of
-// its own (for migrate, which has no DB).
+// TransactionPooled is DB.TransactionPooled for a DSN (for migrate, which
+// has no DB).
 func TransactionPooled(ctx context.Context, dsn string) (bool, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -335,6 +327,11 @@ func TransactionPooled(ctx context.Context, dsn string) (bool, error) {
 		cfg.ConnectTimeout = DefaultConnectTimeout
 	}
 	cfg.DialFunc = dialer().DialContext
+	return probePooledConfig(ctx, cfg)
+}
+
+// probePooledConfig runs probePooled on two connections made from cfg.
+func probePooledConfig(ctx context.Context, cfg *pgx.ConnConfig) (bool, error) {
 	var conns [2]*pgx.Conn
 	for i := range conns {
 		c, err := pgx.ConnectConfig(ctx, cfg)

@@ -13,6 +13,7 @@ type Metrics struct {
 	leasesReaped    prometheus.Counter
 	historyPruned   prometheus.Counter
 	endsPerCommit   prometheus.Histogram
+	prepared        prometheus.Gauge
 	ha              *haMetrics
 }
 
@@ -52,11 +53,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Lease ends (finish, reschedule, fail, cancel) carried by one transaction: a session's concurrent ends share a commit.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
+		prepared: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shepherd_bmdb_statements_prepared",
+			Help: "1 when the BMDB's connections prepare their statements (no transaction-mode pooler found); 0 when statements are sent unnamed, parsed and planned at every execution (a pooler, no probe yet, or the DSN's default_query_exec_mode).",
+		}),
 	}
 	for _, r := range TransactionResults {
 		m.transactions.WithLabelValues(r)
 	}
-	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned, m.endsPerCommit)
+	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned, m.endsPerCommit, m.prepared)
 	m.ha = newHAMetrics(reg)
 	return m
 }
@@ -104,5 +109,16 @@ func (m *Metrics) reaped(sessions, leases int) {
 func (m *Metrics) pruned(n int64) {
 	if m != nil {
 		m.historyPruned.Add(float64(n))
+	}
+}
+
+func (m *Metrics) statementsPrepared(v bool) {
+	if m == nil {
+		return
+	}
+	if v {
+		m.prepared.Set(1)
+	} else {
+		m.prepared.Set(0)
 	}
 }

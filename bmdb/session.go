@@ -91,6 +91,7 @@ type Session struct {
 // the creation; the heartbeat runs until Close or until the session is lost.
 func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
 	cfg = cfg.withDefaults()
+	db.chooseStatements(ctx)
 	s := &Session{
 		db:       db,
 		id:       uuid.New(),

@@ -132,6 +132,13 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
+	// Prepared statements do not survive the pooler: the replicas found
+	// it and send theirs unnamed.
+	for _, r := range []*replicatest.Replica{a, b} {
+		if v, err := r.Metric("shepherd_bmdb_statements_prepared"); err != nil || v != 0 {
+			t.Errorf("%s: shepherd_bmdb_statements_prepared through PgBouncer in transaction mode = %v, %v; want 0", r.Name, v, err)
+		}
+	}
 	stopCleanly(t, a, 30*time.Second)
 	stopCleanly(t, b, 30*time.Second)
 

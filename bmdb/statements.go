@@ -1,0 +1,121 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/klog/v2"
+)
+
+// Prepared statements where the server keeps them.
+//
+// A statement sent unnamed (pgx's describe-cached mode) is parsed and
+// planned by the server at every execution: for a claim and a batch of
+// lease ends that is as much server time as running them, and the claimer
+// waits for it (BENCHMARKS.md, "Prepared statements"). A named prepared
+// statement is parsed once per connection and its plan cached, but does
+// not survive a transaction-mode pooler, which hands each transaction any
+// server connection. So the pool starts describe-cached, and the first
+// session probes for such a pooler (TransactionPooled): on a direct
+// connection, or a session-mode pool, the connections made from then on
+// prepare their statements and the older ones are replaced. A pooler the
+// probe missed shows as a prepared statement that is missing or already
+// exists on the server connection; the first such error turns preparing
+// off for the life of the DB, and the transaction that met it runs again.
+
+// Statement modes of a DB (statementModes.state).
+const (
+	statementsUnprobed int32 = iota
+	statementsPrepared
+	statementsUnnamed
+)
+
+// statementModes chooses how the pool's connections send statements.
+type statementModes struct {
+	// fixed is set when the DSN names default_query_exec_mode: the
+	// operator chose, and nothing is probed.
+	fixed bool
+	state atomic.Int32
+	// probing serializes probes: sessions start concurrently.
+	probing sync.Mutex
+}
+
+// beforeConnect sets the exec mode of a new connection.
+func (m *statementModes) beforeConnect(cfg *pgx.ConnConfig) {
+	if m.fixed {
+		return
+	}
+	if m.state.Load() == statementsPrepared {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	} else {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+}
+
+// chooseStatements probes, once per DB, whether its connections may keep
+// prepared statements, and switches the pool to them if so. A failed probe
+// (the database unreachable) leaves statements unnamed and is tried again
+// by the next session.
+func (db *DB) chooseStatements(ctx context.Context) {
+	m := &db.statements
+	if m.fixed || m.state.Load() != statementsUnprobed {
+		return
+	}
+	m.probing.Lock()
+	defer m.probing.Unlock()
+	if m.state.Load() != statementsUnprobed {
+		return
+	}
+	pooled, err := db.TransactionPooled(ctx)
+	switch {
+	case err != nil:
+		klog.V(1).InfoS("BMDB: probing for a transaction pooler failed; statements stay unnamed until a later session probes again", "err", err)
+		return
+	case pooled:
+		m.state.Store(statementsUnnamed)
+		klog.InfoS("BMDB: a transaction-mode pooler; statements are sent unnamed, parsed and planned at every execution")
+	default:
+		m.state.Store(statementsPrepared)
+		db.metrics.statementsPrepared(true)
+		// The connections made before the probe send statements
+		// unnamed: replace them.
+		db.pool.Reset()
+		klog.V(1).InfoS("BMDB: no transaction pooler; connections prepare their statements")
+	}
+}
+
+// traceStatements watches statement errors for a pooler the probe missed.
+// It is the pool's pgx.QueryTracer.
+type traceStatements struct{ db *DB }
+
+func (t traceStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (t traceStatements) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if data.Err == nil || !lostPreparedStatement(data.Err) {
+		return
+	}
+	m := &t.db.statements
+	if !m.state.CompareAndSwap(statementsPrepared, statementsUnnamed) {
+		return
+	}
+	t.db.metrics.statementsPrepared(false)
+	klog.ErrorS(data.Err, "BMDB: a prepared statement was missing or already existed on the server connection (a transaction-mode pooler the probe did not detect); statements are sent unnamed from now on")
+	// The connection that met the error is acquired: the pool closes it
+	// when it is released, so the transaction's retry (isRetryable) gets
+	// a new one.
+	t.db.pool.Reset()
+}
+
+// lostPreparedStatement reports the errors of a prepared statement that its
+// server connection does not know (26000) or already has under that name
+// (42P05): the signs of server connections shared per transaction.
+func lostPreparedStatement(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05")
+}

@@ -1,0 +1,126 @@
+package bmdb_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// claimFragment is a piece of the claim's lock statement (qDueLock).
+const claimFragment = "FOR UPDATE OF d SKIP LOCKED"
+
+// preparedClaims counts the claim statements prepared on the pool's one
+// server connection.
+func preparedClaims(t *testing.T, db *bmdb.DB) int {
+	t.Helper()
+	var n int
+	err := db.Transact(t.Context(), func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		n, err = tx.PreparedLike(ctx, claimFragment)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Connected directly, the first session finds no transaction pooler and
+// the pool's connections prepare their statements: the claim's statements
+// are then parsed and planned once per connection, not at every claim.
+func TestStatementsPreparedWithoutPooler(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, bmdb.Options{MaxConns: 1, Metrics: bmdb.NewMetrics(reg)})
+	if bmdb.StatementsPrepared(e.db) {
+		t.Fatal("statements prepared before any session probed for a pooler")
+	}
+	e.addMachines(2)
+	s := e.session(bmdb.SessionConfig{})
+	if !bmdb.StatementsPrepared(e.db) {
+		t.Fatal("statements not prepared after a session started on a direct connection")
+	}
+	if got := metricValue(t, reg, "shepherd_bmdb_statements_prepared"); got != 1 {
+		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 1", got)
+	}
+	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := preparedClaims(t, e.db); n != 1 {
+		t.Errorf("claim lock statements prepared on the connection = %d, want 1", n)
+	}
+}
+
+// A DSN that names default_query_exec_mode is the operator's choice:
+// nothing is probed, and statements are sent as the DSN says.
+func TestStatementModeOfTheDSNIsKept(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t) + "&default_query_exec_mode=cache_describe"
+	e := openEnv(t, dsn, bmdb.Options{MaxConns: 1})
+	e.addMachines(1)
+	s := e.session(bmdb.SessionConfig{})
+	if bmdb.StatementsPrepared(e.db) {
+		t.Error("statements prepared although the DSN names default_query_exec_mode=cache_describe")
+	}
+	if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
+		t.Fatal(err)
+	}
+	if n := preparedClaims(t, e.db); n != 0 {
+		t.Errorf("claim lock statements prepared on the connection = %d, want 0", n)
+	}
+}
+
+// A pooler the probe did not detect shows as a prepared statement missing
+// on the server connection (the pooler moved the client to another one):
+// the first such error turns preparing off and replaces the pool's
+// connections, and the claim that met it runs again with unnamed
+// statements.
+func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, bmdb.Options{MaxConns: 1, Metrics: bmdb.NewMetrics(reg)})
+	e.addMachines(3)
+	s := e.session(bmdb.SessionConfig{})
+	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bmdb.StatementsPrepared(e.db) {
+		t.Fatal("statements not prepared on a direct connection")
+	}
+	if err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error { return tx.DeallocateAll(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	// The claim meets the missing statements; its transaction runs again
+	// on a new connection.
+	w, err = s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatalf("claim after the prepared statements vanished: %v", err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if bmdb.StatementsPrepared(e.db) {
+		t.Error("statements still prepared after a prepared statement went missing")
+	}
+	if got := metricValue(t, reg, "shepherd_bmdb_statements_prepared"); got != 0 {
+		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 0", got)
+	}
+	if n := preparedClaims(t, e.db); n != 0 {
+		t.Errorf("claim lock statements prepared on the replaced connection = %d, want 0", n)
+	}
+}
