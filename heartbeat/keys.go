@@ -20,8 +20,10 @@ import (
 // At most slots reads run at once, so that lookups (mostly forgeries, from
 // many sources, when the cache is warm) cannot take the database's
 // connections from everything else. Like the recorder, it has no
-// goroutine of its own: a request that finds a slot free reads, and a
-// finishing reader hands its slot to the oldest waiting request.
+// goroutine of its own: a request that finds a slot free reads (at once
+// when no read is in flight; after the batch delay, gathering the lookups
+// that arrive meanwhile, when one is), and a finishing reader hands its
+// slot to the oldest waiting request.
 type keyLoader struct {
 	db       *bmdb.DB
 	maxBatch int
@@ -56,6 +58,9 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 	req := &keyRequest{machine: machine, done: make(chan keyResult, 1)}
 	l.mu.Lock()
 	lead := l.running < l.slots
+	// A read in flight means lookups are arriving: a second one lingers
+	// for more, as a handed slot does, instead of reading one key.
+	concurrent := lead && l.running > 0
 	if lead {
 		l.running++
 	} else {
@@ -65,6 +70,9 @@ func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error)
 		}
 	}
 	l.mu.Unlock()
+	if concurrent {
+		l.linger.wait(l.full)
+	}
 	if !lead {
 		var res keyResult
 		select {
