@@ -16,12 +16,9 @@ import (
 func TestExplainClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, err := bmdb.Open(ctx, bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	var machine uuid.UUID
+	var err error
 	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		machine, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "explain"})
 		return err

@@ -28,7 +28,7 @@ func TestDemoMode(t *testing.T) {
 	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
 	bmdbtest.WaitFor(t, 30*time.Second-time.Since(started), "AgentStart work finished in demo mode", func() (bool, string) {
 		m, _ := d.metrics()
-		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
+		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf(`shepherd_work_finished_total{process="agentstart",result="finished"} is %g`, v)
 	})
 	t.Logf("demo mode showed finished work %s after start", time.Since(started).Round(time.Millisecond))

@@ -68,7 +68,7 @@ func TestFleet(t *testing.T) {
 			{"shepherd_work_finished_total", []string{"process", "agentstart", "result", "failed"}},
 			{"shepherd_work_finished_total", []string{"process", "recovery", "result", "finished"}},
 		} {
-			if v := m.value(c.name, c.labels...); v <= 0 {
+			if v := m.Value(c.name, c.labels...); v <= 0 {
 				return false, fmt.Sprintf("%s%v is %g", c.name, c.labels, v)
 			}
 		}
@@ -118,7 +118,7 @@ func TestFleet(t *testing.T) {
 		{"go_goroutines", nil, 1},
 		{"process_resident_memory_bytes", nil, 1},
 	} {
-		if v := m.value(c.name, c.labels...); v < c.want {
+		if v := m.Value(c.name, c.labels...); v < c.want {
 			t.Errorf("%s%v = %g, want at least %g", c.name, c.labels, v, c.want)
 		}
 	}
@@ -156,7 +156,7 @@ func TestTwoDaemons(t *testing.T) {
 		for _, d := range []*shepherdProcess{a, b} {
 			m, _ := d.metrics()
 			for _, p := range []string{"agentstart", "recovery"} {
-				if v := m.value("shepherd_work_finished_total", "process", p, "result", "finished"); v < 3 {
+				if v := m.Value("shepherd_work_finished_total", "process", p, "result", "finished"); v < 3 {
 					return false, fmt.Sprintf("%s finished %g %s works", d.name, v, p)
 				}
 			}
@@ -196,7 +196,7 @@ func TestShutdown(t *testing.T) {
 	waitBusy := func(t *testing.T, d *shepherdProcess) {
 		bmdbtest.WaitFor(t, 30*time.Second, "4 busy agentstart workers", func() (bool, string) {
 			m, _ := d.metrics()
-			v := m.value("shepherd_workers_active", "process", "agentstart")
+			v := m.Value("shepherd_workers_active", "process", "agentstart")
 			return v == 4, fmt.Sprintf("%g workers active", v)
 		})
 	}

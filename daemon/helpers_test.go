@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,12 +17,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/scrape"
 	"github.com/shepherd-fleet/shepherd/internal/tcpproxy"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -204,65 +201,17 @@ func (p *shepherdProcess) stop(timeout time.Duration) time.Duration {
 
 // get fetches path from the process's HTTP server.
 func (p *shepherdProcess) get(path string) (int, string, error) {
-	client := http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get("http://" + p.httpAddr() + path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
+	return scrape.Get("http://"+p.httpAddr()+path, 5*time.Second)
 }
 
 // metrics scrapes /metrics.
-func (p *shepherdProcess) metrics() (metrics, string) {
+func (p *shepherdProcess) metrics() (scrape.Families, string) {
 	p.t.Helper()
-	code, body, err := p.get("/metrics")
-	if err != nil || code != http.StatusOK {
-		p.t.Fatalf("%s: GET /metrics: status %d, %v", p.name, code, err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	fams, body, err := scrape.Metrics("http://"+p.httpAddr()+"/metrics", 5*time.Second)
 	if err != nil {
-		p.t.Fatalf("%s: parsing /metrics: %v", p.name, err)
+		p.t.Fatalf("%s: %v", p.name, err)
 	}
 	return fams, body
-}
-
-type metrics map[string]*dto.MetricFamily
-
-// value returns the value of the series of name whose labels include
-// labels (name=value pairs), or -1 when there is none.
-func (m metrics) value(name string, labels ...string) float64 {
-	fam := m[name]
-	if fam == nil {
-		return -1
-	}
-series:
-	for _, s := range fam.GetMetric() {
-		for i := 0; i+1 < len(labels); i += 2 {
-			found := false
-			for _, lp := range s.GetLabel() {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					found = true
-				}
-			}
-			if !found {
-				continue series
-			}
-		}
-		switch {
-		case s.Counter != nil:
-			return s.Counter.GetValue()
-		case s.Gauge != nil:
-			return s.Gauge.GetValue()
-		case s.Histogram != nil:
-			return float64(s.Histogram.GetSampleCount())
-		case s.Untyped != nil:
-			return s.Untyped.GetValue()
-		}
-	}
-	return -1
 }
 
 // fullHistory reads the whole work history in causal order.

@@ -117,10 +117,10 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		}
 	}
 	m, _ := d.metrics()
-	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "success"); v < 1 {
+	if v := m.Value("shepherd_provider_resets_total", "method", "ipmi", "result", "success"); v < 1 {
 		t.Errorf("ipmi resets succeeded: %g, want at least 1", v)
 	}
-	if v := m.value("shepherd_provider_resets_total", "method", "ipmi", "result", "failure"); v < 3 {
+	if v := m.Value("shepherd_provider_resets_total", "method", "ipmi", "result", "failure"); v < 3 {
 		t.Errorf("ipmi resets failed: %g, want at least 3", v)
 	}
 }

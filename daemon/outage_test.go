@@ -38,7 +38,7 @@ func TestDatabaseOutage(t *testing.T) {
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
 	bmdbtest.WaitFor(t, 5*time.Second, "/readyz to say it waits for the BMDB", readyz(false, "waiting for the BMDB"))
-	if m, _ := d.metrics(); m.value("shepherd_work_started_total", "process", "recovery") != 0 {
+	if m, _ := d.metrics(); m.Value("shepherd_work_started_total", "process", "recovery") != 0 {
 		t.Errorf("shepherd_work_started_total{process=\"recovery\"} does not exist at zero while the database is away")
 	}
 	if code, _, err := d.get("/healthz"); err != nil || code != http.StatusOK {
@@ -49,7 +49,7 @@ func TestDatabaseOutage(t *testing.T) {
 	bmdbtest.WaitFor(t, 30*time.Second, "ready once the database is reachable", readyz(true, "ok"))
 	bmdbtest.WaitFor(t, 15*time.Second, "AgentStart to finish work", func() (bool, string) {
 		m, _ := d.metrics()
-		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
+		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("%g finished", v)
 	})
 

@@ -2,9 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -20,7 +17,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -238,8 +234,8 @@ func TestRealFleetRecovery(t *testing.T) {
 		s := f.agentState(machine)
 		return s.heartbeatAt.After(prev), fmt.Sprintf("last heartbeat still %s", s.heartbeatAt)
 	})
-	if m, _ := d.metrics(); m.value("shepherd_heartbeats_total", "result", "accepted") < 2 {
-		t.Errorf("shepherd_heartbeats_total{result=\"accepted\"} is %g, want at least 2", m.value("shepherd_heartbeats_total", "result", "accepted"))
+	if m, _ := d.metrics(); m.Value("shepherd_heartbeats_total", "result", "accepted") < 2 {
+		t.Errorf("shepherd_heartbeats_total{result=\"accepted\"} is %g, want at least 2", m.Value("shepherd_heartbeats_total", "result", "accepted"))
 	}
 	if code, body, err := d.get("/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("/readyz: %d %q %v, want 200", code, body, err)
@@ -427,13 +423,13 @@ func TestStaticReload(t *testing.T) {
 		return d.logCount(wantErr) > 0 && d.logCount(`"Inventory not reloaded, the last good one stays in force"`) > 0, "not logged yet"
 	})
 	m, _ := d.metrics()
-	if v := m.value("shepherd_inventory_last_reload_successful"); v != 0 {
+	if v := m.Value("shepherd_inventory_last_reload_successful"); v != 0 {
 		t.Errorf("shepherd_inventory_last_reload_successful %g after a rejected reload, want 0", v)
 	}
-	if v := m.value("shepherd_inventory_reloads_total", "result", "error"); v != 1 {
+	if v := m.Value("shepherd_inventory_reloads_total", "result", "error"); v != 1 {
 		t.Errorf("shepherd_inventory_reloads_total{result=\"error\"} %g, want 1", v)
 	}
-	if v := m.value("shepherd_inventory_machines"); v != 2 {
+	if v := m.Value("shepherd_inventory_machines"); v != 2 {
 		t.Errorf("shepherd_inventory_machines %g, want the last good inventory's 2", v)
 	}
 	if d.exited() {
@@ -451,13 +447,13 @@ func TestStaticReload(t *testing.T) {
 	d.signal(syscall.SIGHUP)
 	bmdbtest.WaitFor(t, 20*time.Second, "node1 reported as removed", func() (bool, string) {
 		m, _ := d.metrics()
-		v := m.value("shepherd_inventory_removed_machines")
+		v := m.Value("shepherd_inventory_removed_machines")
 		return v == 1 && d.logCount("no longer listed and are kept") > 0, fmt.Sprintf("shepherd_inventory_removed_machines %g", v)
 	})
 	if got := staticMachines(t, db); len(got) != 2 {
 		t.Errorf("machine_provided after node1 was removed from the file: %v, want both kept", got)
 	}
-	if m, _ := d.metrics(); m.value("shepherd_inventory_last_reload_successful") != 1 {
+	if m, _ := d.metrics(); m.Value("shepherd_inventory_last_reload_successful") != 1 {
 		t.Errorf("shepherd_inventory_last_reload_successful is not 1 after a good reload")
 	}
 	d.stop(20 * time.Second)
@@ -601,16 +597,8 @@ func replaceFile(t *testing.T, path, content string) {
 // writeSSHKey writes a fresh unencrypted ed25519 private key into dir.
 func writeSSHKey(t *testing.T, dir string) string {
 	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := filepath.Join(dir, "id_ed25519")
-	writeFile(t, p, string(pem.EncodeToMemory(block)))
+	sshdtest.WriteNewKey(t, p)
 	return p
 }
 

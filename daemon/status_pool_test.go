@@ -24,7 +24,7 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=20", "-session_interval=2s")
 	bmdbtest.WaitFor(t, 60*time.Second, "work to be done", func() (bool, string) {
 		m, _ := d.metrics()
-		v := m.value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
+		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("finished: %g", v)
 	})
 	ctx := context.Background()
@@ -67,13 +67,13 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 	}
 	wg.Wait()
 	m, _ := d.metrics()
-	if lost := m.value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-agentstart") + m.value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-recovery"); lost != 0 {
+	if lost := m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-agentstart") + m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-recovery"); lost != 0 {
 		t.Errorf("%g sessions lost while status requests waited on the lock", lost)
 	}
-	before := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
+	before := m.Value("shepherd_work_started_total", "process", "agentstart") + m.Value("shepherd_work_started_total", "process", "recovery")
 	bmdbtest.WaitFor(t, 60*time.Second, "the loops to work again", func() (bool, string) {
 		m, _ := d.metrics()
-		now := m.value("shepherd_work_started_total", "process", "agentstart") + m.value("shepherd_work_started_total", "process", "recovery")
+		now := m.Value("shepherd_work_started_total", "process", "agentstart") + m.Value("shepherd_work_started_total", "process", "recovery")
 		return now > before, fmt.Sprintf("started %g, before %g", now, before)
 	})
 }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -39,11 +38,7 @@ func TestStatusPageLateBinding(t *testing.T) {
 		t.Errorf("before the loops: %d %q, want 503", code, body)
 	}
 
-	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	p := agentstart.New(nil)
 	r, err := controlloop.New(db, p, controlloop.DefaultConfig(p.Info()), controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {

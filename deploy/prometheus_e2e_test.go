@@ -21,16 +21,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 )
 
-// freePort returns a loopback port nobody listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	port, err := freeport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
-}
-
 // logTail collects a process's output for the failure message.
 type logTail struct {
 	name  string
@@ -174,7 +164,7 @@ func TestPrometheusScrapesTheDaemon(t *testing.T) {
 	// The daemon in demo mode (a private PostgreSQL, a simulated fleet)
 	// whose agent starts fail 80% of the time, with AgentStart's breaker
 	// judging 30 attempts: it trips after a few seconds of rising work.
-	daemonPort := freePort(t)
+	daemonPort := freeport.For(t)
 	daemonLog := startProcess(t, binary, "run",
 		fmt.Sprintf("-listen=127.0.0.1:%d", daemonPort),
 		"-state_dir="+filepath.Join(dir, "state"),
@@ -187,7 +177,7 @@ func TestPrometheusScrapesTheDaemon(t *testing.T) {
 		"-shutdown_grace=1s",
 	)
 
-	promPort := freePort(t)
+	promPort := freeport.For(t)
 	config := fmt.Sprintf(`global:
   scrape_interval: 1s
   evaluation_interval: 1s

@@ -98,10 +98,7 @@ func secretDSN(c *pgcluster.Cluster, password string) string {
 func TestDSNPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	c := passwordCluster(t, "the-right-one")
-	closedPort, err := freeport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
+	closedPort := freeport.For(t)
 	unreachable := fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/shepherd?sslmode=disable&connect_timeout=2", secretRole, secretPassword, closedPort)
 	wrongPassword := secretDSN(c, secretPassword)
 	keyValue := fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=shepherd sslmode=disable", c.Port, secretRole, secretPassword)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
@@ -42,7 +43,7 @@ type patroniCluster struct {
 func startEtcd(t *testing.T, dir string) string {
 	t.Helper()
 	bin := need(t, "etcd", "etcd-server")
-	client, peer := freePort(t), freePort(t)
+	client, peer := freeport.For(t), freeport.For(t)
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", client)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
 	cmd := exec.Command(bin,
@@ -62,8 +63,10 @@ func startEtcd(t *testing.T, dir string) string {
 	return fmt.Sprintf("127.0.0.1:%d", client)
 }
 
-// startDaemon starts cmd with its output in logPath, killed at the end.
-func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, postgres bool) {
+// startDaemon starts cmd with its output in logPath, stopped (SIGTERM,
+// then SIGKILL after 20 s) when the test ends. The channel is closed when
+// the process has exited.
+func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, postgres bool) <-chan struct{} {
 	t.Helper()
 	cmd.Env = os.Environ()
 	if postgres {
@@ -99,6 +102,7 @@ func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, postgres bool) {
 			t.Logf("%s: end of %s:\n%s", filepath.Base(cmd.Path), logPath, b)
 		}
 	})
+	return done
 }
 
 // startPatroni starts three members under Patroni in synchronous mode.
@@ -110,7 +114,7 @@ func startPatroni(t *testing.T) *patroniCluster {
 	etcd := startEtcd(t, dir)
 	pc := &patroniCluster{t: t}
 	for i := 1; i <= 3; i++ {
-		m := &member{name: fmt.Sprintf("pg%d", i), pgPort: freePort(t), apiPort: freePort(t)}
+		m := &member{name: fmt.Sprintf("pg%d", i), pgPort: freeport.For(t), apiPort: freeport.For(t)}
 		m.dataDir = filepath.Join(dir, m.name)
 		// ttl, loop_wait, retry_timeout: the smallest Patroni accepts
 		// (loop_wait + 2 * retry_timeout <= ttl), for fast failovers.

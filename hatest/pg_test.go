@@ -14,7 +14,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
-	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -84,16 +83,6 @@ func serverDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// freePort returns a TCP port free on 127.0.0.1 a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	port, err := freeport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
 }
 
 // runShepherd runs the binary to completion within timeout and returns

@@ -8,11 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
@@ -22,7 +22,7 @@ func startPgBouncer(t *testing.T, pgPort int) int {
 	t.Helper()
 	bin := need(t, "pgbouncer", "pgbouncer")
 	dir := serverDir(t)
-	port := freePort(t)
+	port := freeport.For(t)
 	ini := fmt.Sprintf(`[databases]
 * = host=127.0.0.1 port=%d
 [pgbouncer]
@@ -41,28 +41,7 @@ logfile = %s
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	asPostgres(t, cmd)
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	out, err := os.Create(filepath.Join(dir, "pgbouncer.out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting pgbouncer: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); out.Close(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	done := startDaemon(t, exec.Command(bin, filepath.Join(dir, "pgbouncer.ini")), filepath.Join(dir, "pgbouncer.out"), true)
 	bmdbtest.WaitFor(t, 10*time.Second, "pgbouncer to listen", func() (bool, string) {
 		select {
 		case <-done:

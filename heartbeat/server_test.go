@@ -42,12 +42,7 @@ type env struct {
 
 func newEnv(t *testing.T, opts Options) *env {
 	t.Helper()
-	ctx := context.Background()
-	db, err := bmdb.Open(ctx, bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	reg := prometheus.NewRegistry()
 	opts.Metrics = NewMetrics(reg)
 	srv := New(db, opts)

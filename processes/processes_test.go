@@ -85,11 +85,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.NewDB(t, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 	return &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
 }
 

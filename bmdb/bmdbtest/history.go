@@ -31,10 +31,23 @@ func History(t testing.TB, db *bmdb.DB) []bmdb.HistoryEntry {
 // ends.
 func Open(t testing.TB, dsn string) *bmdb.DB {
 	t.Helper()
-	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
+	return OpenWith(t, dsn, bmdb.Options{})
+}
+
+// OpenWith is Open with options (metrics, pool size).
+func OpenWith(t testing.TB, dsn string, opts bmdb.Options) *bmdb.DB {
+	t.Helper()
+	db, err := bmdb.Open(context.Background(), dsn, opts)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("opening the BMDB: %v", err)
 	}
 	t.Cleanup(db.Close)
 	return db
+}
+
+// NewDB opens a new migrated database of its own (NewDatabase) with opts,
+// closed when the test ends: the BMDB of a test that needs nothing else.
+func NewDB(t testing.TB, opts bmdb.Options) *bmdb.DB {
+	t.Helper()
+	return OpenWith(t, NewDatabase(t), opts)
 }

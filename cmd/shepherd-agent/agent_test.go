@@ -51,12 +51,9 @@ type fleet struct {
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
 	ctx := context.Background()
-	db, err := bmdb.Open(ctx, bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	var machine uuid.UUID
+	var err error
 	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		machine, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "m1", Address: "127.0.0.1:22"})
 		return err

@@ -6,6 +6,7 @@ package freeport
 import (
 	"fmt"
 	"net"
+	"testing"
 )
 
 // Pick returns a TCP port on 127.0.0.1 that was free a moment ago. Another
@@ -18,4 +19,14 @@ func Pick() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// For is Pick for a test, which fails when no port can be had.
+func For(t testing.TB) int {
+	t.Helper()
+	port, err := Pick()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }

@@ -19,11 +19,8 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
+	"github.com/shepherd-fleet/shepherd/internal/scrape"
 )
 
 // ChurnFlags make a simulated fleet of n machines busy: agent starts fail
@@ -90,11 +87,7 @@ type Run struct {
 // the latest run are logged.
 func New(t *testing.T, binary, name, logDir string, args ...string) *Replica {
 	t.Helper()
-	port, err := freeport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &Replica{Name: name, Port: port, t: t, binary: binary, args: args, logDir: logDir}
+	r := &Replica{Name: name, Port: freeport.For(t), t: t, binary: binary, args: args, logDir: logDir}
 	t.Cleanup(func() {
 		cur := r.Current()
 		if cur == nil {
@@ -253,14 +246,11 @@ func (r *Replica) Stop(timeout time.Duration) (int, time.Duration) {
 
 // Get fetches path from the replica's HTTP server.
 func (r *Replica) Get(path string) (int, string, error) {
-	client := http.Client{Timeout: 3 * time.Second}
-	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", r.Port, path))
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
+	return scrape.Get(r.url(path), 3*time.Second)
+}
+
+func (r *Replica) url(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", r.Port, path)
 }
 
 // Ready reports whether /readyz answers 200, and what it says otherwise.
@@ -289,50 +279,11 @@ func AllReady(rs ...*Replica) func() (bool, string) {
 // Metric sums the samples of a counter or gauge family on /metrics whose
 // labels include want (name, value pairs).
 func (r *Replica) Metric(name string, want ...string) (float64, error) {
-	code, body, err := r.Get("/metrics")
+	fams, _, err := scrape.Metrics(r.url("/metrics"), 3*time.Second)
 	if err != nil {
 		return 0, err
 	}
-	if code != http.StatusOK {
-		return 0, fmt.Errorf("GET /metrics: status %d", code)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	f := families[name]
-	if f == nil {
-		return 0, fmt.Errorf("no metric %s", name)
-	}
-	sum := 0.0
-	for _, m := range f.GetMetric() {
-		if !hasLabels(m, want) {
-			continue
-		}
-		switch {
-		case m.GetCounter() != nil:
-			sum += m.GetCounter().GetValue()
-		case m.GetGauge() != nil:
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum, nil
-}
-
-func hasLabels(m *dto.Metric, want []string) bool {
-	for i := 0; i+1 < len(want); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return fams.Sum(name, want...)
 }
 
 // LogLines returns every line of every run, each prefixed with the

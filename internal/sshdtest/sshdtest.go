@@ -202,6 +202,18 @@ func (s *Server) newHostKey(t testing.TB) {
 	s.mu.Unlock()
 }
 
+// WriteNewKey writes a fresh ed25519 private key, unencrypted and in
+// OpenSSH format, to path (mode 0600): a key file for a configuration
+// under test, or a client key that the server does not accept.
+func WriteNewKey(t testing.TB, path string) {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePrivateKey(t, path, priv)
+}
+
 func writePrivateKey(t testing.TB, path string, key ed25519.PrivateKey) {
 	t.Helper()
 	block, err := ssh.MarshalPrivateKey(key, "sshdtest")

@@ -84,11 +84,7 @@ func TestConfigCheck(t *testing.T) {
 
 func openDB(t *testing.T) *bmdb.DB {
 	t.Helper()
-	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	return db
 }
 

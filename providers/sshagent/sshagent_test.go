@@ -60,11 +60,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{sshd: sshdtest.Start(t), sink: startHeartbeatSink(t)}
 	var err error
-	f.db, err = bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.db.Close)
+	f.db = bmdbtest.NewDB(t, bmdb.Options{})
 	f.remote = filepath.Join(t.TempDir(), "remote")
 	t.Cleanup(func() { sshdtest.KillProcessesUnder(f.remote) })
 	f.cfg = DefaultConfig()
@@ -348,19 +344,9 @@ func TestTimeoutsAndCancellation(t *testing.T) {
 func TestLoginRefused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	_, other, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(other, "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	f.cfg.KeyFile = filepath.Join(t.TempDir(), "other_key")
-	if err := os.WriteFile(f.cfg.KeyFile, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	err = f.client(t).Reboot(withTimeout(t, time.Minute), f.target)
+	sshdtest.WriteNewKey(t, f.cfg.KeyFile)
+	err := f.client(t).Reboot(withTimeout(t, time.Minute), f.target)
 	var be *controlloop.BackoffError
 	if err == nil || !strings.Contains(err.Error(), "unable to authenticate") || errors.As(err, &be) {
 		t.Fatalf("Reboot with an unauthorized key: %v, want an authentication failure with the default backoff", err)

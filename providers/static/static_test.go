@@ -2,9 +2,6 @@ package static
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
 	"errors"
 	"os"
 	"path/filepath"
@@ -15,12 +12,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
+	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
 
 // testConfig returns a provider configuration for inventoryFile with a
@@ -28,17 +25,10 @@ import (
 func testConfig(t *testing.T, inventoryFile string) Config {
 	t.Helper()
 	dir := t.TempDir()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	keyFile := filepath.Join(dir, "id_ed25519")
+	sshdtest.WriteNewKey(t, keyFile)
 	agent := filepath.Join(dir, "shepherd-agent")
-	writeFiles(t, dir, map[string]string{"id_ed25519": string(pem.EncodeToMemory(block)), "shepherd-agent": "#!/bin/sh\n"})
+	writeFiles(t, dir, map[string]string{"shepherd-agent": "#!/bin/sh\n"})
 	cfg := DefaultConfig()
 	cfg.InventoryFile = inventoryFile
 	cfg.SSH.KeyFile = keyFile
@@ -52,11 +42,7 @@ func testConfig(t *testing.T, inventoryFile string) Config {
 
 func openDB(t *testing.T) *bmdb.DB {
 	t.Helper()
-	db, err := bmdb.Open(context.Background(), bmdbtest.NewDatabase(t), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.NewDB(t, bmdb.Options{})
 	return db
 }
 
