@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Group commit of lease ends.
@@ -233,11 +234,11 @@ func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*lease
 
 // leaseColumns are the machines and processes of ends, as the array
 // parameters of qEndLeases and qLockLeases.
-func leaseColumns(ends []*leaseEnd) ([]uuid.UUID, []string) {
-	machines := make([]uuid.UUID, len(ends))
+func leaseColumns(ends []*leaseEnd) ([]pgtype.UUID, []string) {
+	machines := make([]pgtype.UUID, len(ends))
 	processes := make([]string, len(ends))
 	for i, e := range ends {
-		machines[i], processes[i] = e.machine, e.process
+		machines[i], processes[i] = pgtype.UUID{Bytes: e.machine, Valid: true}, e.process
 	}
 	return machines, processes
 }

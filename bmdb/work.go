@@ -138,7 +138,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			if locked == 0 {
 				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
 			}
-			args["ids"], args["limit"] = ids, n
+			args["ids"], args["limit"] = uuidArray(ids), n
 			rows, err = tx.tx.Query(ctx, query, args)
 			if err != nil {
 				return err
