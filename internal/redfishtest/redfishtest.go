@@ -163,11 +163,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 
 	// The service root is readable without credentials, as on real BMCs.
 	if r.URL.Path == "/redfish/v1/" || r.URL.Path == "/redfish/v1" {
-		if r.Method != http.MethodGet {
-			httpError(w, http.StatusMethodNotAllowed)
-			return
-		}
-		writeJSON(w, map[string]any{
+		serveGet(w, r, map[string]any{
 			"@odata.id":      "/redfish/v1/",
 			"@odata.type":    "#ServiceRoot.v1_5_0.ServiceRoot",
 			"Id":             "RootService",
@@ -184,11 +180,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/redfish/v1/Systems", "/redfish/v1/Systems/":
-		if r.Method != http.MethodGet {
-			httpError(w, http.StatusMethodNotAllowed)
-			return
-		}
-		writeJSON(w, map[string]any{
+		serveGet(w, r, map[string]any{
 			"@odata.id":           "/redfish/v1/Systems",
 			"@odata.type":         "#ComputerSystemCollection.ComputerSystemCollection",
 			"Name":                "Computer System Collection",
@@ -196,11 +188,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"Members@odata.count": 1,
 		})
 	case s.systemPath():
-		if r.Method != http.MethodGet {
-			httpError(w, http.StatusMethodNotAllowed)
-			return
-		}
-		writeJSON(w, map[string]any{
+		serveGet(w, r, map[string]any{
 			"@odata.id":   s.systemPath(),
 			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
 			"Id":          s.opts.SystemID,
@@ -245,6 +233,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		httpError(w, http.StatusNotFound)
 	}
+}
+
+// serveGet answers a GET with v as JSON, and any other method with 405.
+func serveGet(w http.ResponseWriter, r *http.Request, v any) {
+	if r.Method != http.MethodGet {
+		httpError(w, http.StatusMethodNotAllowed)
+		return
+	}
+	writeJSON(w, v)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
