@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,13 +68,18 @@ type Registration struct {
 	// machine due for the process.
 	Watches []string
 	// Rebuilt is set when the process's due rows were recomputed over the
-	// whole fleet: its first registration, or a changed condition or
-	// parameters.
+	// whole fleet: its first registration, a changed condition or
+	// parameters, or a build that had not finished.
 	Rebuilt bool
 	// Previous names who registered the process before, with another
 	// condition or parameters (empty when unchanged or new): two replicas
 	// that disagree rebuild each other's rows at every start.
 	Previous string
+	// Building is set when another replica was building the due rows of
+	// this same condition: nothing was recorded, and the process claims
+	// from the rows there are until a later registration finds them
+	// built.
+	Building bool
 	// Took is how long the registration (with a rebuild) took.
 	Took time.Duration
 }
@@ -97,10 +103,12 @@ func (c Candidates) fingerprint(p Process) string {
 
 // RegisterProcess records process and its condition in the BMDB, checks
 // that every table the condition reads is watched, and (re)builds the
-// process's due rows when the condition or its parameters are new. A
-// runner calls it when it starts; a claim calls it on first use, so a
-// process that claims is always registered. by names the registrant (a
-// replica) for operators.
+// process's due rows when the condition or its parameters are new, or a
+// build of them never finished. A runner calls it when it starts; a claim
+// calls it on first use, so a process that claims is always registered. by
+// names the registrant (a replica) for operators. While another replica
+// builds the due rows of the same condition, it returns at once with
+// Building set, and the next claim registers again.
 func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates Candidates, by string) (Registration, error) {
 	start := time.Now()
 	if err := process.Validate(); err != nil {
@@ -110,7 +118,9 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 	var reg Registration
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		reg = Registration{}
-		if _, err := tx.tx.Exec(ctx, qRegistryLock, process.Name); err != nil {
+		busy, err := lockRegistry(ctx, tx.tx, process.Name, fp)
+		if err != nil || busy {
+			reg.Building = busy
 			return err
 		}
 		watches, err := conditionTables(ctx, tx.tx, candidates)
@@ -133,41 +143,38 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 		}
 		reg.Watches = watches
 		var oldFP, oldBy string
-		err = tx.tx.QueryRow(ctx, qRegistryGet, process.Name).Scan(&oldFP, &oldBy)
+		oldBuilt := false
+		err = tx.tx.QueryRow(ctx, qRegistryGet, process.Name).Scan(&oldFP, &oldBy, &oldBuilt)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
 		if oldFP != "" && oldFP != fp {
 			reg.Previous = oldBy
 		}
+		reg.Rebuilt = oldFP != fp || !oldBuilt
 		if _, err := tx.tx.Exec(ctx, qRegistryUpsert, process.Name, process.group(), watches,
-			candidates.name, candidates.condition, candidates.due, candidates.argsJSON(), fp, by); err != nil {
+			candidates.name, candidates.condition, candidates.due, candidates.argsJSON(), fp, by, !reg.Rebuilt); err != nil {
 			return err
 		}
-		reg.Rebuilt = oldFP != fp
 		return nil
 	})
 	if err != nil {
 		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
 	}
 	if reg.Rebuilt {
-		// The registration is committed first, so that from here on every
-		// watched write marks the process's machines. Then the rows are
-		// rebuilt from the condition, and computed once more with a later
-		// snapshot (only moving rows earlier): a write whose trigger ran
-		// before the registration was visible, and that committed after
-		// the rebuild's snapshot, is in neither the trigger's rows nor the
-		// rebuild's, but is in the second pass's.
-		for _, template := range []string{rebuildDueTemplate, refillDueTemplate} {
-			query, args := candidates.query(template, pgx.NamedArgs{"process": process.Name})
-			err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-				_, err := tx.tx.Exec(ctx, query, args)
-				return err
-			})
-			if err != nil {
-				return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
-			}
+		built, err := db.buildDueRows(ctx, process, candidates, fp)
+		if err != nil {
+			return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
 		}
+		if !built {
+			reg.Rebuilt, reg.Building = false, true
+		}
+	}
+	reg.Took = time.Since(start)
+	if reg.Building {
+		return reg, nil
+	}
+	if reg.Rebuilt {
 		// The rebuild may have replaced most of the table: statistics
 		// from before it (an empty table, at a first start) make the
 		// planner hash every due row of the process into each claim
@@ -179,8 +186,90 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 		}
 	}
 	db.registered.set(process.Name, fp)
-	reg.Took = time.Since(start)
 	return reg, nil
+}
+
+// lockRegistry takes the registration lock of process for a registration
+// of the condition with fingerprint fp. It reports busy, without waiting,
+// when another replica holds the lock to build the due rows of that same
+// condition: a build takes minutes at ten million machines. For anything
+// else (another registration, a build of another condition) it waits, as
+// registrations of one process must follow each other.
+func lockRegistry(ctx context.Context, tx pgx.Tx, process, fp string) (busy bool, err error) {
+	var got bool
+	if err := tx.QueryRow(ctx, qRegistryTryLock, process).Scan(&got); err != nil {
+		return false, err
+	}
+	if got {
+		return false, nil
+	}
+	var cur string
+	var built bool
+	err = tx.QueryRow(ctx, qRegistryPeek, process).Scan(&cur, &built)
+	switch {
+	case err == nil && cur == fp && !built:
+		return true, nil
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return false, err
+	}
+	_, err = tx.Exec(ctx, qRegistryLock, process)
+	return false, err
+}
+
+// buildTimeout bounds the statements and lock waits of a due-row build,
+// instead of the framework's statement timeout: a build reads the whole
+// fleet, 91 s at ten million machines (BENCHMARKS.md).
+const buildTimeout = 30 * time.Minute
+
+// buildDueRows builds the due rows of process from the registration with
+// fingerprint fp, in one transaction under the registration lock, and
+// marks them built. The rows are computed once, then once more with the
+// later snapshot of a second statement (only moving rows earlier): a write
+// whose trigger ran before the registration was visible, and that
+// committed after the first statement's snapshot, is in neither the
+// trigger's rows nor the first statement's, but is in the second's. It
+// reports false when another replica holds the lock (it builds them) or
+// registered another condition meanwhile.
+func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string) (bool, error) {
+	built := false
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		built = false
+		if _, err := tx.tx.Exec(ctx, qBuildTimeouts, strconv.FormatInt(buildTimeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		var got bool
+		if err := tx.tx.QueryRow(ctx, qRegistryTryLock, process.Name).Scan(&got); err != nil {
+			return err
+		}
+		if !got {
+			return nil
+		}
+		var cur string
+		var done bool
+		err := tx.tx.QueryRow(ctx, qRegistryPeek, process.Name).Scan(&cur, &done)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur != fp || done {
+			built = cur == fp
+			return nil
+		}
+		for _, template := range []string{rebuildDueTemplate, refillDueTemplate} {
+			query, args := candidates.query(template, pgx.NamedArgs{"process": process.Name})
+			if _, err := tx.tx.Exec(ctx, query, args); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.tx.Exec(ctx, qRegistryBuilt, process.Name, fp); err != nil {
+			return err
+		}
+		built = true
+		return nil
+	})
+	return built, err
 }
 
 // ensureRegistered registers the process on its first claim through this DB.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // Virtual timeouts of the randomized test: time advances in steps of 10 s,
@@ -483,5 +484,71 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 	if got := notified(); !slices.Equal(got, []string{agentStart.Name}) {
 		t.Errorf("notifications after Recovery's Finish: %v, want [%s]", got, agentStart.Name)
+	}
+}
+
+// dueRows counts process's due rows.
+func (e *env) dueRows(process string) int {
+	e.t.Helper()
+	var n int
+	if err := e.raw.QueryRow(context.Background(), `SELECT count(*) FROM work_due WHERE process = $1`, process).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// A build of due rows that did not finish (its replica stopped, or its
+// statement failed) leaves the registration marked unbuilt, and the next
+// registration of the same condition builds them; while another replica
+// holds the registration lock to build them, a registration returns at
+// once with Building set, recording nothing.
+func TestUnfinishedDueBuildIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	e.addMachines(5)
+	cand := bmdb.ProvidedCandidates()
+	reg, err := e.db.RegisterProcess(ctx, agentStart, cand, "a")
+	if err != nil || !reg.Rebuilt {
+		t.Fatalf("first registration: %+v, %v; want Rebuilt", reg, err)
+	}
+	if n := e.dueRows(agentStart.Name); n != 5 {
+		t.Fatalf("due rows after the first registration = %d, want 5", n)
+	}
+	// What a build that never finished leaves: the registration
+	// committed, its rows not built.
+	e.exec(`UPDATE process_registry SET due_built = false WHERE process = $1`, agentStart.Name)
+	e.exec(`DELETE FROM work_due WHERE process = $1`, agentStart.Name)
+
+	other := bmdbtest.OpenWith(t, e.dsn, bmdb.Options{})
+	builder, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer builder.Rollback(context.WithoutCancel(ctx))
+	if _, err := builder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('shepherd.process_registry'), hashtext($1))`, agentStart.Name); err != nil {
+		t.Fatal(err)
+	}
+	reg, err = other.RegisterProcess(ctx, agentStart, cand, "b")
+	if err != nil || !reg.Building || reg.Rebuilt {
+		t.Fatalf("registration while another replica builds: %+v, %v; want Building, not Rebuilt", reg, err)
+	}
+	if err := builder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg, err = other.RegisterProcess(ctx, agentStart, cand, "b")
+	if err != nil || !reg.Rebuilt || reg.Building || reg.Previous != "" {
+		t.Fatalf("registration after the build stopped: %+v, %v; want Rebuilt, no Previous", reg, err)
+	}
+	if n := e.dueRows(agentStart.Name); n != 5 {
+		t.Errorf("due rows after the retried build = %d, want 5", n)
+	}
+	var built bool
+	if err := e.raw.QueryRow(ctx, `SELECT due_built FROM process_registry WHERE process = $1`, agentStart.Name).Scan(&built); err != nil || !built {
+		t.Errorf("due_built after the retried build = %v, %v; want true", built, err)
+	}
+	reg, err = other.RegisterProcess(ctx, agentStart, cand, "b")
+	if err != nil || reg.Rebuilt || reg.Building {
+		t.Errorf("registration of the built condition: %+v, %v; want neither Rebuilt nor Building", reg, err)
 	}
 }

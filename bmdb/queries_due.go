@@ -121,7 +121,8 @@ FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)
       FROM machines m) f
 WHERE f.wanted OR f.due_at IS NOT NULL
 ORDER BY f.machine_id
-ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
+ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at
+WHERE work_due.due_at > excluded.due_at`
 
 	// reconcileDueTemplate checks one chunk of the fleet (@chunk machines
 	// after @after, by primary key): a machine that a claim would lease now
@@ -178,20 +179,38 @@ SELECT
 	// pooler too.
 	qRegistryLock = `SELECT pg_advisory_xact_lock(hashtext('shepherd.process_registry'), hashtext($1))`
 
+	// qRegistryTryLock is qRegistryLock without the wait: false while
+	// another replica registers the process or builds its due rows.
+	qRegistryTryLock = `SELECT pg_try_advisory_xact_lock(hashtext('shepherd.process_registry'), hashtext($1))`
+
 	// qRegistryGet reads a process's registration, locking it so that
 	// replicas registering at once rebuild one after the other.
-	qRegistryGet = `SELECT fingerprint, registered_by FROM process_registry WHERE process = $1 FOR UPDATE`
+	qRegistryGet = `SELECT fingerprint, registered_by, due_built FROM process_registry WHERE process = $1 FOR UPDATE`
 
+	// qRegistryPeek reads a process's registration without a lock, for a
+	// replica that found another one building its due rows.
+	qRegistryPeek = `SELECT fingerprint, due_built FROM process_registry WHERE process = $1`
+
+	// qRegistryUpsert records a registration; $10 is false when the due
+	// rows are still to be built from it.
 	qRegistryUpsert = `
 INSERT INTO process_registry (process, exclusion_group, watches, condition_name, condition_sql, due_sql,
-                              condition_args, fingerprint, registered_by, registered_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now())
+                              condition_args, fingerprint, registered_by, registered_at, due_built)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), $10)
 ON CONFLICT (process) DO UPDATE
 SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
     condition_name = excluded.condition_name, condition_sql = excluded.condition_sql,
     due_sql = excluded.due_sql, condition_args = excluded.condition_args,
     fingerprint = excluded.fingerprint, registered_by = excluded.registered_by,
-    registered_at = excluded.registered_at`
+    registered_at = excluded.registered_at, due_built = excluded.due_built`
+
+	// qBuildTimeouts lifts a due-row build's statement and lock timeouts
+	// to $1 milliseconds (buildTimeout): the build is O(fleet) by design.
+	qBuildTimeouts = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)`
+
+	// qRegistryBuilt marks the due rows of a process built from the
+	// registration with fingerprint $2.
+	qRegistryBuilt = `UPDATE process_registry SET due_built = true WHERE process = $1 AND fingerprint = $2`
 
 	// qRegistryCondition reads the condition a process was last
 	// registered with, for the CLI and the status page.

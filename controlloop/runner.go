@@ -436,6 +436,8 @@ func (r *Runner) register(ctx context.Context) error {
 		// The first claim registers again, and reports the error as a
 		// claiming error if it persists.
 		klog.InfoS("registering for due-time claiming failed; the first claim retries", "process", label, "err", err)
+	case reg.Building:
+		klog.InfoS("another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
 	case reg.Previous != "":
 		klog.InfoS("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
 			"process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))

@@ -144,7 +144,12 @@ type claimResult struct {
 	P99Ms       float64 `json:"claim_p99_ms"`
 	MaxMs       float64 `json:"claim_max_ms"`
 	FinishP50Ms float64 `json:"finish_p50_ms"`
-	ExplainFile string  `json:"explain_file"`
+	// BuildSeconds is the process's first registration, which builds a
+	// due row for every machine; IdleBuildSeconds its second, with the
+	// condition changed, which rebuilds them.
+	BuildSeconds     float64 `json:"build_seconds"`
+	IdleBuildSeconds float64 `json:"idle_build_seconds,omitempty"`
+	ExplainFile      string  `json:"explain_file"`
 	// ExplainMs is the server's execution time of the claim, as EXPLAIN
 	// ANALYZE measured it: the part of the latency that depends on the
 	// fleet's size, without round trips and commit.
@@ -252,6 +257,12 @@ func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n i
 		}
 		return t1.Sub(t0), time.Since(t1), nil
 	}
+	// The process's registration builds a due row for every machine.
+	reg, err := db.RegisterProcess(ctx, proc, cand, "shepherd-bench")
+	if err != nil {
+		return res, err
+	}
+	res.BuildSeconds = seconds(reg.Took)
 	// Warm-up: connections, prepared statements, plan cache.
 	for range 10 {
 		if _, _, err := claim(); err != nil {
@@ -299,9 +310,11 @@ func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n i
 	// machine's row goes), before the VACUUM, so that the idle claims
 	// measure a settled table, not one full of the rebuild's dead rows.
 	idle := bmdb.AgentStartCandidates()
-	if _, err := db.RegisterProcess(ctx, proc, idle, "shepherd-bench"); err != nil {
+	reg, err = db.RegisterProcess(ctx, proc, idle, "shepherd-bench")
+	if err != nil {
 		return res, err
 	}
+	res.IdleBuildSeconds = seconds(reg.Took)
 	if err := vacuum(ctx, conn); err != nil {
 		return res, err
 	}
