@@ -312,8 +312,14 @@ func (db *DB) Stalled(window time.Duration) string {
 // idle server connection is still caught.
 func (db *DB) TransactionPooled(ctx context.Context) (bool, error) {
 	// Connections of its own, not the pool's: a pool of one connection
-	// (pool_max_conns=1) cannot lend two.
-	return probePooledConfig(ctx, db.pool.Config().ConnConfig)
+	// (pool_max_conns=1) cannot lend two. They go to the host the pool
+	// last connected to first, as the pool's do: a frozen first host of a
+	// multi-host DSN would otherwise cost each of them a connect timeout.
+	cfg := db.pool.Config().ConnConfig
+	if err := db.hosts.beforeConnect(ctx, cfg); err != nil {
+		return false, err
+	}
+	return probePooledConfig(ctx, cfg)
 }
 
 // TransactionPooled is DB.TransactionPooled for a DSN (for migrate, which

@@ -91,7 +91,6 @@ type Session struct {
 // the creation; the heartbeat runs until Close or until the session is lost.
 func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
 	cfg = cfg.withDefaults()
-	db.chooseStatements(ctx)
 	s := &Session{
 		db:       db,
 		id:       uuid.New(),
@@ -115,6 +114,10 @@ func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, er
 	deadline := sent.Add(cfg.Interval - cfg.Margin)
 	s.localDeadline.Store(&deadline)
 	go s.heartbeat(deadline)
+	// After the session's first transaction, so that the probe's
+	// connections go to the host that answered it, and while the session
+	// heartbeats.
+	db.chooseStatements(ctx)
 	return s, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -70,6 +71,9 @@ func (db *DB) chooseStatements(ctx context.Context) {
 	if m.state.Load() != statementsUnprobed {
 		return
 	}
+	// Bounded: the session that probes waits for it.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	pooled, err := db.TransactionPooled(ctx)
 	switch {
 	case err != nil:
