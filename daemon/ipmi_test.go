@@ -93,22 +93,12 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 		"silent":   "127.0.0.1:" + strconv.Itoa(silentPort),
 		"dying":    "127.0.0.1:" + strconv.Itoa(dying.Port),
 	} {
-		h := historyOf(t, db, machines[name])
-		var started time.Time
-		for _, e := range h {
-			if e.Process != "ShepherdRecovery" {
-				continue
+		for _, f := range failures(historyOf(t, db, machines[name]), "ShepherdRecovery") {
+			if f.took > 3*time.Second {
+				t.Errorf("%s: the lease took %s to fail with a 2 s IPMI timeout", name, f.took)
 			}
-			switch e.Event {
-			case bmdb.EventStarted:
-				started = e.Timestamp
-			case bmdb.EventFailed:
-				if took := e.Timestamp.Sub(started); took > 3*time.Second {
-					t.Errorf("%s: the lease took %s to fail with a 2 s IPMI timeout", name, took)
-				}
-				if !strings.Contains(e.Cause, "ipmi") || !strings.Contains(e.Cause, wantInCause) || !utf8.ValidString(e.Cause) || len(e.Cause) > 4200 {
-					t.Errorf("%s: cause %q does not name the method and the BMC %s", name, e.Cause, wantInCause)
-				}
+			if !strings.Contains(f.cause, "ipmi") || !strings.Contains(f.cause, wantInCause) || !utf8.ValidString(f.cause) || len(f.cause) > 4200 {
+				t.Errorf("%s: cause %q does not name the method and the BMC %s", name, f.cause, wantInCause)
 			}
 		}
 		b, err := db.BackoffOf(ctx, machines[name], bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"})
