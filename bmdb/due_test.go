@@ -520,6 +520,9 @@ func TestUnfinishedDueBuildIsRetried(t *testing.T) {
 	e.exec(`UPDATE process_registry SET due_built = false WHERE process = $1`, agentStart.Name)
 	e.exec(`DELETE FROM work_due WHERE process = $1`, agentStart.Name)
 
+	if rc, err := e.db.RegisteredCondition(ctx, agentStart); err != nil || rc.DueBuilt {
+		t.Errorf("RegisteredCondition of an unbuilt registration: DueBuilt %v, %v; want false", rc.DueBuilt, err)
+	}
 	other := bmdbtest.OpenWith(t, e.dsn, bmdb.Options{})
 	builder, err := e.raw.Begin(ctx)
 	if err != nil {

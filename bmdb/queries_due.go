@@ -215,7 +215,7 @@ SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
 	// qRegistryCondition reads the condition a process was last
 	// registered with, for the CLI and the status page.
 	qRegistryCondition = `
-SELECT condition_name, condition_sql, due_sql, condition_args, fingerprint, registered_by, registered_at
+SELECT condition_name, condition_sql, due_sql, condition_args, fingerprint, registered_by, registered_at, due_built
 FROM process_registry WHERE process = $1`
 
 	// qRegistrantUpsert records a live session's view of its process's

@@ -116,6 +116,11 @@ type RegisteredCondition struct {
 	At time.Time
 	// Fingerprint identifies the condition with its parameters.
 	Fingerprint string
+	// DueBuilt is false while the process's due rows are being built from
+	// this condition, or when a build did not finish (the next
+	// registration builds them): until then claims see only the machines
+	// that writes made due since.
+	DueBuilt bool
 	// Registrants are the live sessions running the process, each with
 	// its own parameters; Disagree is set when they are not all the
 	// recorded condition.
@@ -156,7 +161,7 @@ func (db *DB) RegisteredCondition(ctx context.Context, process Process) (Registe
 	)
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		registrants = registrants[:0]
-		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&name, &cond, &due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At)
+		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&name, &cond, &due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At, &rc.DueBuilt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotRegistered
 		}

@@ -46,6 +46,9 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 	if rc.Disagree || len(rc.Registrants) != 1 {
 		t.Errorf("one registrant: disagree %v, %d registrants", rc.Disagree, len(rc.Registrants))
 	}
+	if !rc.DueBuilt {
+		t.Error("DueBuilt false after a registration that built the due rows")
+	}
 	got, err := e.db.EligibleCount(ctx, recovery, rc.Candidates)
 	if err != nil {
 		t.Fatal(err)

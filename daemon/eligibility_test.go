@@ -156,6 +156,26 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		t.Errorf("machines with the default timeouts given as flags: %d rows (%v), want 5", len(rows), err)
 	}
 
+	// A registration whose due rows were not built (a build running, or
+	// one that did not finish) is said, with what it means for claims.
+	setDueBuilt := func(built bool) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if _, err := conn.Exec(ctx, `UPDATE process_registry SET due_built = $2 WHERE process = $1`, recovery.Process.Name, built); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setDueBuilt(false)
+	code, _, errOut = runShepherd(t, childEnv(), "machines", "-process", "recovery", "-state", "eligible", "-bmdb_dsn", dsn)
+	if code != exitOK || !strings.Contains(errOut, "its due rows are not built from this condition") {
+		t.Errorf("machines while the due rows are not built: exit %d, stderr:\n%s", code, errOut)
+	}
+	setDueBuilt(true)
+
 	bmdbtest.WaitFor(t, 30*time.Second, "the status page to count Recovery's eligible machines", func() (bool, string) {
 		code, body, err := d.get("/status")
 		if err != nil || code != 200 {
