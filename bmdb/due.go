@@ -162,12 +162,15 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
 	}
 	if reg.Rebuilt {
-		built, err := db.buildDueRows(ctx, process, candidates, fp)
+		outcome, err := db.buildDueRows(ctx, process, candidates, fp)
 		if err != nil {
 			return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
 		}
-		if !built {
+		switch outcome {
+		case buildElsewhere:
 			reg.Rebuilt, reg.Building = false, true
+		case builtElsewhere:
+			reg.Rebuilt = false
 		}
 	}
 	reg.Took = time.Since(start)
@@ -221,19 +224,31 @@ func lockRegistry(ctx context.Context, tx pgx.Tx, process, fp string) (busy bool
 // fleet, 91 s at ten million machines (BENCHMARKS.md).
 const buildTimeout = 30 * time.Minute
 
+// The outcomes of buildDueRows.
+type buildOutcome int
+
+const (
+	// builtHere: this call built the due rows.
+	builtHere buildOutcome = iota
+	// builtElsewhere: another replica had built them from the same
+	// condition.
+	builtElsewhere
+	// buildElsewhere: another replica holds the lock to build them, or
+	// registered another condition meanwhile.
+	buildElsewhere
+)
+
 // buildDueRows builds the due rows of process from the registration with
 // fingerprint fp, in one transaction under the registration lock, and
 // marks them built. The rows are computed once, then once more with the
 // later snapshot of a second statement (only moving rows earlier): a write
 // whose trigger ran before the registration was visible, and that
 // committed after the first statement's snapshot, is in neither the
-// trigger's rows nor the first statement's, but is in the second's. It
-// reports false when another replica holds the lock (it builds them) or
-// registered another condition meanwhile.
-func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string) (bool, error) {
-	built := false
+// trigger's rows nor the first statement's, but is in the second's.
+func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string) (buildOutcome, error) {
+	outcome := buildElsewhere
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		built = false
+		outcome = buildElsewhere
 		if _, err := tx.tx.Exec(ctx, qBuildTimeouts, strconv.FormatInt(buildTimeout.Milliseconds(), 10)); err != nil {
 			return err
 		}
@@ -253,8 +268,11 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 		if err != nil {
 			return err
 		}
-		if cur != fp || done {
-			built = cur == fp
+		switch {
+		case cur != fp:
+			return nil
+		case done:
+			outcome = builtElsewhere
 			return nil
 		}
 		for _, template := range []string{rebuildDueTemplate, refillDueTemplate} {
@@ -266,10 +284,10 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 		if _, err := tx.tx.Exec(ctx, qRegistryBuilt, process.Name, fp); err != nil {
 			return err
 		}
-		built = true
+		outcome = builtHere
 		return nil
 	})
-	return built, err
+	return outcome, err
 }
 
 // ensureRegistered registers the process on its first claim through this DB.
