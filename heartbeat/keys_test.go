@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // Concurrent cache misses are read in batches, each request gets its own
@@ -83,5 +85,41 @@ func TestKeyLoaderAbandon(t *testing.T) {
 	}
 	if key, err := l.load(context.Background(), a.machine); err != nil || len(key) != ed25519.PublicKeySize {
 		t.Errorf("later lookup: %x, %v", key, err)
+	}
+}
+
+// A lookup that finds a slot free while another read is in flight waits
+// the batch delay for more lookups and reads them with its own, instead of
+// reading its one key at once and leaving the rest to a read after it.
+func TestKeyLoaderLingersBesideARead(t *testing.T) {
+	e := newEnv(t, Options{})
+	agents := make([]agent, 10)
+	for i := range agents {
+		agents[i] = e.addMachine(true)
+	}
+	l := &keyLoader{db: e.db, maxBatch: 500, slots: 2, timeout: 5 * time.Second, linger: newLinger(300 * time.Millisecond)}
+	l.running = 1 // a read in flight, which never ends
+	var wg sync.WaitGroup
+	load := func(a agent) {
+		defer wg.Done()
+		key, err := l.load(context.Background(), a.machine)
+		if err != nil || !bytes.Equal(key, a.key.Public().(ed25519.PublicKey)) {
+			t.Errorf("key of %s: %x, %v", a.machine, key, err)
+		}
+	}
+	wg.Add(1)
+	go load(agents[0])
+	bmdbtest.WaitFor(t, 5*time.Second, "the first lookup to take the free slot", func() (bool, string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.running == 2, fmt.Sprintf("%d reads running", l.running)
+	})
+	for _, a := range agents[1:] {
+		wg.Add(1)
+		go load(a)
+	}
+	wg.Wait()
+	if reads := l.reads.Load(); reads != 1 {
+		t.Errorf("%d lookups took %d reads, want 1: the lookup beside a read in flight did not wait for the others", len(agents), reads)
 	}
 }
