@@ -106,6 +106,9 @@ type DB struct {
 	// statements chooses between prepared and unnamed statements
 	// (statements.go).
 	statements statementModes
+	// pooler is whether a transaction pooler stands between the DB and
+	// PostgreSQL, once probed (TransactionPooled).
+	pooler poolerProbe
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call

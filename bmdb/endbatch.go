@@ -29,10 +29,11 @@ import (
 // lease that is gone makes that end, and only it, fail with ErrLeaseLost.
 // A process's commit function runs under a savepoint, after its lease was
 // locked: one whose function fails is rolled back to its savepoint and
-// reports its own error, and its lease is not ended; the others commit. An end that meets a serialization failure or a
-// deadlock, or a transaction that cannot start (a connection lost to a
-// failover), is run again on its own through the ordinary path with its
-// retries, so that batching changes no failure's handling.
+// reports its own error, and its lease is not ended; the others commit.
+// An end that meets a serialization failure or a deadlock, or a
+// transaction that cannot start (a connection lost to a failover), is run
+// again on its own through the ordinary path with its retries, so that
+// batching changes no failure's handling.
 
 // errRunAlone tells a batched end to run in a transaction of its own.
 var errRunAlone = errors.New("bmdb: run this lease end in its own transaction")

@@ -310,7 +310,17 @@ func (db *DB) Stalled(window time.Duration) string {
 // pooler, the two client connections never share a server connection while
 // both are open. Repeated, so that a pooler that happened to pick another
 // idle server connection is still caught.
+//
+// The answer is kept for the DB's life once a probe succeeded: every
+// process's listener and the choice of prepared statements ask it, and the
+// DSN does not change.
 func (db *DB) TransactionPooled(ctx context.Context) (bool, error) {
+	p := &db.pooler
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known {
+		return p.pooled, nil
+	}
 	// Connections of its own, not the pool's: a pool of one connection
 	// (pool_max_conns=1) cannot lend two. They go to the host the pool
 	// last connected to first, as the pool's do: a frozen first host of a
@@ -319,7 +329,18 @@ func (db *DB) TransactionPooled(ctx context.Context) (bool, error) {
 	if err := db.hosts.beforeConnect(ctx, cfg); err != nil {
 		return false, err
 	}
-	return probePooledConfig(ctx, cfg)
+	pooled, err := probePooledConfig(ctx, cfg)
+	if err == nil {
+		p.known, p.pooled = true, pooled
+	}
+	return pooled, err
+}
+
+// poolerProbe is the answer of DB.TransactionPooled, once known.
+type poolerProbe struct {
+	mu     sync.Mutex
+	known  bool
+	pooled bool
 }
 
 // TransactionPooled is DB.TransactionPooled for a DSN (for migrate, which

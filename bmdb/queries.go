@@ -171,14 +171,15 @@ WHERE w.session_id IS NOT DISTINCT FROM $1
 ORDER BY w.machine_id
 FOR UPDATE OF w`
 
-	// qWorkEnd ends a lease with Failed ($4) and a cause ($5).
-	qWorkEnd = `
+	// qWorkFail ends a lease with Failed and a cause ($4). The other ends
+	// are qEndLeases'.
+	qWorkFail = `
 WITH lease AS (
     DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
     RETURNING machine_id
 )
 INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
-SELECT machine_id, $2, $4, $3, $5 FROM lease
+SELECT machine_id, $2, 'Failed', $3, $4 FROM lease
 RETURNING id`
 
 	qBackoffLastInterval = `

@@ -29,12 +29,23 @@ func preparedClaims(t *testing.T, db *bmdb.DB) int {
 	return n
 }
 
+// claimAndFinish claims one machine for AgentStart and finishes it.
+func claimAndFinish(t *testing.T, s *bmdb.Session) {
+	t.Helper()
+	w, err := s.Claim(t.Context(), agentStart, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := w.Finish(t.Context(), nil); err != nil {
+		t.Fatalf("finish: %v", err)
+	}
+}
+
 // Connected directly, the first session finds no transaction pooler and
 // the pool's connections prepare their statements: the claim's statements
 // are then parsed and planned once per connection, not at every claim.
 func TestStatementsPreparedWithoutPooler(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	reg := prometheus.NewRegistry()
 	e := newEnv(t, bmdb.Options{MaxConns: 1, Metrics: bmdb.NewMetrics(reg)})
 	if bmdb.StatementsPrepared(e.db) {
@@ -48,13 +59,7 @@ func TestStatementsPreparedWithoutPooler(t *testing.T) {
 	if got := metricValue(t, reg, "shepherd_bmdb_statements_prepared"); got != 1 {
 		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 1", got)
 	}
-	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Finish(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	claimAndFinish(t, s)
 	if n := preparedClaims(t, e.db); n != 1 {
 		t.Errorf("claim lock statements prepared on the connection = %d, want 1", n)
 	}
@@ -92,13 +97,7 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 	e := newEnv(t, bmdb.Options{MaxConns: 1, Metrics: bmdb.NewMetrics(reg)})
 	e.addMachines(3)
 	s := e.session(bmdb.SessionConfig{})
-	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Finish(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	claimAndFinish(t, s)
 	if !bmdb.StatementsPrepared(e.db) {
 		t.Fatal("statements not prepared on a direct connection")
 	}
@@ -107,13 +106,7 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 	}
 	// The claim meets the missing statements; its transaction runs again
 	// on a new connection.
-	w, err = s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
-	if err != nil {
-		t.Fatalf("claim after the prepared statements vanished: %v", err)
-	}
-	if err := w.Finish(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	claimAndFinish(t, s)
 	if bmdb.StatementsPrepared(e.db) {
 		t.Error("statements still prepared after a prepared statement went missing")
 	}

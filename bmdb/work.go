@@ -233,9 +233,9 @@ func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Cont
 }
 
 // Finish ends the lease successfully. In one transaction it checks the
-// session, runs fn to record the outcome (tags), deletes the lease and the
-// process's backoff on the machine, and records Finished. If the lease is
-// no longer held, or fn fails, nothing is committed.
+// session, deletes the lease and the process's backoff on the machine,
+// records Finished, and runs fn to record the outcome (tags). If the lease
+// is no longer held, or fn fails, nothing is committed.
 func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
 	if err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished}, fn); err != nil {
 		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
@@ -306,7 +306,7 @@ func failLease(ctx context.Context, tx *Tx, w *Lease, cause string) error {
 		causeArg = &cause
 	}
 	var id int64
-	err := tx.tx.QueryRow(ctx, qWorkEnd, w.Machine, w.Process.Name, w.s.id, EventFailed, causeArg).Scan(&id)
+	err := tx.tx.QueryRow(ctx, qWorkFail, w.Machine, w.Process.Name, w.s.id, causeArg).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
