@@ -162,7 +162,7 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
 	}
 	if reg.Rebuilt {
-		outcome, err := db.buildDueRows(ctx, process, candidates, fp)
+		outcome, err := db.buildDueRows(ctx, process, candidates, fp, reg.Watches)
 		if err != nil {
 			return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
 		}
@@ -240,12 +240,14 @@ const (
 
 // buildDueRows builds the due rows of process from the registration with
 // fingerprint fp, in one transaction under the registration lock, and
-// marks them built. The rows are computed once, then once more with the
-// later snapshot of a second statement (only moving rows earlier): a write
-// whose trigger ran before the registration was visible, and that
-// committed after the first statement's snapshot, is in neither the
-// trigger's rows nor the first statement's, but is in the second's.
-func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string) (buildOutcome, error) {
+// marks them built. The rows are computed once, then once more (only
+// moving rows earlier or adding them) after every transaction that was
+// writing a table the condition reads (watches) has ended: such a write
+// whose trigger ran before the registration was visible made no due row
+// for the process, and the first statement's snapshot may predate its
+// commit; the second statement's cannot. Lease and hold ends need no wait:
+// the build makes a wanted machine due whether it is leased or held.
+func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string, watches []string) (buildOutcome, error) {
 	outcome := buildElsewhere
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		outcome = buildElsewhere
@@ -275,7 +277,12 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 			outcome = builtElsewhere
 			return nil
 		}
-		for _, template := range []string{rebuildDueTemplate, refillDueTemplate} {
+		for i, template := range []string{rebuildDueTemplate, refillDueTemplate} {
+			if i == 1 {
+				if err := waitForWriters(ctx, tx.tx, process, watches); err != nil {
+					return err
+				}
+			}
 			query, args := candidates.query(template, pgx.NamedArgs{"process": process.Name})
 			if _, err := tx.tx.Exec(ctx, query, args); err != nil {
 				return err
@@ -288,6 +295,48 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 		return nil
 	})
 	return outcome, err
+}
+
+// writerWait bounds how long a build waits for the transactions writing
+// the tables its condition reads. Shepherd's own writes take milliseconds;
+// a transaction left open longer (an operator's psql session) is logged,
+// and its writes wait for the reconcile pass instead of the build.
+const writerWait = time.Minute
+
+// waitForWriters waits until every transaction that holds a write lock on
+// one of tables, as this call starts, has ended (or writerWait passed).
+// pg_locks is polled: SQL has no statement that waits for another
+// transaction without blocking the table's next writers too.
+func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []string) error {
+	rows, err := tx.Query(ctx, qWritersOf, tables)
+	if err != nil {
+		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
+	}
+	writers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
+	}
+	deadline := time.Now().Add(writerWait)
+	for pause := time.Millisecond; len(writers) > 0; pause = min(2*pause, 100*time.Millisecond) {
+		var running int
+		if err := tx.QueryRow(ctx, qStillRunning, writers).Scan(&running); err != nil {
+			return fmt.Errorf("waiting for the transactions writing %s: %w", strings.Join(tables, ", "), err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			klog.InfoS("BMDB: building due rows without waiting longer for transactions that write the tables the condition reads; their writes wait for the reconcile pass",
+				"process", process.Name, "transactions", running, "waited", writerWait, "tables", tables)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+	return nil
 }
 
 // ensureRegistered registers the process on its first claim through this DB.

@@ -555,3 +555,60 @@ func TestUnfinishedDueBuildIsRetried(t *testing.T) {
 		t.Errorf("registration of the built condition: %+v, %v; want neither Rebuilt nor Building", reg, err)
 	}
 }
+
+// A write to a watched table whose trigger ran before a registration
+// committed made no due row for the registered process; if it commits after
+// the build's snapshots, it would wait for the reconcile pass (ten minutes).
+// The build waits for such a writer to end and sees its write: here an
+// agent started an hour ago, recorded while Recovery registers.
+func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	m := e.addMachines(1)[0]
+	cand := bmdb.RecoveryCandidates(time.Minute, time.Minute)
+
+	writer, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(context.WithoutCancel(ctx))
+	if _, err := writer.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+		VALUES ($1, now() - interval '1 hour', '\x00')`, m); err != nil {
+		t.Fatal(err)
+	}
+
+	registered := make(chan error, 1)
+	go func() {
+		_, err := e.db.RegisterProcess(ctx, recovery, cand, "test")
+		registered <- err
+	}()
+	// The registration has committed and its build polls for the writer.
+	bmdbtest.WaitFor(t, 30*time.Second, "the build to wait for the open writer", func() (bool, string) {
+		select {
+		case err := <-registered:
+			t.Fatalf("the registration returned (%v) while a writer of a watched table was still open; due rows: %d", err, e.dueRows(recovery.Name))
+		default:
+		}
+		var waiting int
+		if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%virtualxid%' AND query NOT LIKE '%pg_stat_activity%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting > 0, "no backend polls pg_locks"
+	})
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-registered; err != nil {
+		t.Fatal(err)
+	}
+	var due int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work_due WHERE process = $1 AND machine_id = $2 AND due_at <= now()`,
+		recovery.Name, m).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	if due != 1 {
+		t.Fatalf("no due row for the machine whose agent went silent, written while Recovery registered")
+	}
+}

@@ -208,6 +208,24 @@ SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
 	// to $1 milliseconds (buildTimeout): the build is O(fleet) by design.
 	qBuildTimeouts = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)`
 
+	// qWritersOf lists the transactions (by virtual transaction id) that
+	// hold a write lock on any of the tables $1, other than this one's.
+	// A write whose trigger ran before a registration committed did not
+	// make its machine due for the registered process; its transaction
+	// holds this lock until it ends.
+	qWritersOf = `
+SELECT DISTINCT l.virtualtransaction FROM pg_locks l
+WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation = ANY ($1::text[]::regclass[])
+  AND l.pid <> pg_backend_pid()`
+
+	// qStillRunning counts the transactions of $1 (virtual transaction
+	// ids from qWritersOf) that have not ended.
+	qStillRunning = `
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'virtualxid' AND virtualxid = ANY ($1::text[])`
+
 	// qRegistryBuilt marks the due rows of a process built from the
 	// registration with fingerprint $2.
 	qRegistryBuilt = `UPDATE process_registry SET due_built = true WHERE process = $1 AND fingerprint = $2`
