@@ -389,3 +389,54 @@ func TestDecodeHeartbeatStrict(t *testing.T) {
 		})
 	}
 }
+
+// A batch says of each heartbeat what Verify says, whatever else is in the
+// batch: forgeries, a key or signature of the wrong size, another agent's
+// signature, at every batch size the endpoint uses.
+func TestBatchVerifierAgreesWithVerify(t *testing.T) {
+	const agents = 8
+	pubs := make([]ed25519.PublicKey, agents)
+	keys := make([]ed25519.PrivateKey, agents)
+	for i := range agents {
+		pubs[i], keys[i], _ = ed25519.GenerateKey(rand.Reader)
+	}
+	now := time.Now()
+	b := NewBatchVerifier()
+	for _, size := range []int{1, 2, 7, 16, 64} {
+		for _, forged := range []bool{false, true} {
+			hbs := make([]Heartbeat, size)
+			hbKeys := make([]ed25519.PublicKey, size)
+			for i := range size {
+				h, err := NewHeartbeat(uuid.New(), now, keys[i%agents])
+				if err != nil {
+					t.Fatal(err)
+				}
+				hbs[i], hbKeys[i] = h, pubs[i%agents]
+				if !forged || i%3 != 0 {
+					continue
+				}
+				switch i % 4 {
+				case 0:
+					hbs[i].Signature[5] ^= 0x40
+				case 1:
+					hbKeys[i] = pubs[(i+1)%agents]
+				case 2:
+					hbKeys[i] = hbKeys[i][:31]
+				case 3:
+					hbs[i].Signature = hbs[i].Signature[:63]
+				}
+			}
+			valid := make([]bool, size)
+			b.Verify(hbs, hbKeys, valid)
+			for i := range size {
+				want := hbs[i].Verify(hbKeys[i]) == nil
+				if valid[i] != want {
+					t.Errorf("batch of %d (forgeries: %v), heartbeat %d: batch says %v, Verify %v", size, forged, i, valid[i], want)
+				}
+				if !forged && !valid[i] {
+					t.Errorf("batch of %d, heartbeat %d: a genuine signature was refused", size, i)
+				}
+			}
+		}
+	}
+}

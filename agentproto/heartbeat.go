@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	voi "github.com/oasisprotocol/curve25519-voi/primitives/ed25519"
 )
 
 // NonceSize is the length of a heartbeat's random nonce.
@@ -109,15 +110,74 @@ func (h Heartbeat) appendSignedBytes(b []byte) []byte {
 
 // Verify checks h's signature with pub. A key of the wrong size (the BMDB
 // stores bytes, not a typed key) is an error, not a panic.
+//
+// Verification is cofactored (RFC 8032's and FIPS 186-5's equation, with
+// canonical encodings and no small-order key), as BatchVerifier's: whether
+// a heartbeat is accepted does not depend on whether it was verified alone
+// or in a batch. Signatures made by crypto/ed25519 verify under both.
 func (h Heartbeat) Verify(pub ed25519.PublicKey) error {
 	if len(pub) != ed25519.PublicKeySize {
 		return fmt.Errorf("verifying heartbeat: agent public key is %d bytes, want %d", len(pub), ed25519.PublicKeySize)
 	}
 	var buf [signedSize]byte
-	if len(h.Signature) != ed25519.SignatureSize || !ed25519.Verify(pub, h.appendSignedBytes(buf[:0]), h.Signature) {
+	if len(h.Signature) != ed25519.SignatureSize || !voi.Verify(voi.PublicKey(pub), h.appendSignedBytes(buf[:0]), h.Signature) {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// BatchVerifier checks the signatures of many heartbeats at once: what
+// Verify would say of each, for about half of Verify's CPU per signature
+// from eight signatures on (one multiscalar multiplication checks them
+// all). A batch with an invalid signature is checked again one by one, so
+// forgeries cost their batch about twice as much as Verify would. Reusing
+// a BatchVerifier saves its allocations; it is not safe for concurrent use.
+type BatchVerifier struct {
+	batch *voi.BatchVerifier
+	added []int
+	msgs  []byte
+}
+
+// NewBatchVerifier returns a BatchVerifier.
+func NewBatchVerifier() *BatchVerifier {
+	return &BatchVerifier{batch: voi.NewBatchVerifier()}
+}
+
+// Verify checks the signatures of hbs, each with the key of the same index
+// in pubs, and sets valid[i] to whether hbs[i]'s verifies.
+func (b *BatchVerifier) Verify(hbs []Heartbeat, pubs []ed25519.PublicKey, valid []bool) {
+	if len(hbs) == 1 {
+		valid[0] = hbs[0].Verify(pubs[0]) == nil
+		return
+	}
+	b.batch.Reset()
+	// Expanding each key (a table of its multiples) would pay for itself
+	// only if the key were kept for later batches; for one batch it saves
+	// no time and allocates about 1 KiB per signature.
+	b.batch.ForceNoPublicKeyExpansion()
+	b.added = b.added[:0]
+	if need := len(hbs) * signedSize; cap(b.msgs) < need {
+		b.msgs = make([]byte, 0, need)
+	}
+	msgs := b.msgs[:0]
+	for i, h := range hbs {
+		valid[i] = false
+		// A malformed entry would send the whole batch one by one.
+		if len(pubs[i]) != ed25519.PublicKeySize || len(h.Signature) != ed25519.SignatureSize {
+			continue
+		}
+		start := len(msgs)
+		msgs = h.appendSignedBytes(msgs)
+		b.batch.Add(voi.PublicKey(pubs[i]), msgs[start:len(msgs):len(msgs)], h.Signature)
+		b.added = append(b.added, i)
+	}
+	if len(b.added) == 0 {
+		return
+	}
+	_, ok := b.batch.Verify(rand.Reader)
+	for j, i := range b.added {
+		valid[i] = ok[j]
+	}
 }
 
 // EncodeHeartbeat returns h as JSON.

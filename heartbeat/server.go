@@ -175,6 +175,7 @@ type Server struct {
 	limiters *sourceLimiters
 	keys     *keyLoader
 	recorder *recorder
+	verifier *verifier
 	errLog   rateLimitedLog
 
 	mu        sync.Mutex
@@ -199,6 +200,7 @@ func New(db *bmdb.DB, opts Options) *Server {
 		limiters: newSourceLimiters(opts.SourceRate, opts.SourceBurst, opts.MaxSources),
 		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
 		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
+		verifier: newVerifier(),
 		machines: make(map[uuid.UUID]*machineState),
 	}
 }
@@ -285,16 +287,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 	if err != nil {
 		return keyLookupFailed(err)
 	}
-	if err := hb.Verify(key); err != nil {
+	if !s.verifier.verify(hb, key) {
 		// The agent may have been restarted with a new key since the key
 		// was cached: read it again, but not on every forgery.
+		valid := false
 		if !fetched && s.mayRefetch(hb.MachineID, now) {
 			if key, _, err = s.agentKey(r.Context(), hb.MachineID, true); err != nil {
 				return keyLookupFailed(err)
 			}
-			err = hb.Verify(key)
+			valid = hb.Verify(key) == nil
 		}
-		if err != nil {
+		if !valid {
 			return ResultBadSignature, http.StatusForbidden, "signature does not verify with the machine's agent key"
 		}
 	}
