@@ -304,10 +304,16 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 const writerWait = time.Minute
 
 // waitForWriters waits until every transaction that holds a write lock on
-// one of tables, as this call starts, has ended (or writerWait passed).
+// one of tables, as this call starts, has ended (or writerWait passed),
+// except those that wait for tx.
 // pg_locks is polled: SQL has no statement that waits for another
 // transaction without blocking the table's next writers too.
 func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []string) error {
+	return waitForWritersUpTo(ctx, tx, process, tables, writerWait)
+}
+
+// waitForWritersUpTo is waitForWriters with its bound.
+func waitForWritersUpTo(ctx context.Context, tx pgx.Tx, process Process, tables []string, bound time.Duration) error {
 	rows, err := tx.Query(ctx, qWritersOf, tables)
 	if err != nil {
 		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
@@ -316,7 +322,7 @@ func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []st
 	if err != nil {
 		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
 	}
-	deadline := time.Now().Add(writerWait)
+	deadline := time.Now().Add(bound)
 	for pause := time.Millisecond; len(writers) > 0; pause = min(2*pause, 100*time.Millisecond) {
 		var running int
 		if err := tx.QueryRow(ctx, qStillRunning, writers).Scan(&running); err != nil {
@@ -327,7 +333,7 @@ func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []st
 		}
 		if time.Now().After(deadline) {
 			klog.InfoS("BMDB: building due rows without waiting longer for transactions that write the tables the condition reads; their writes wait for the reconcile pass",
-				"process", process.Name, "transactions", running, "waited", writerWait, "tables", tables)
+				"process", process.Name, "transactions", running, "waited", bound, "tables", tables)
 			return nil
 		}
 		select {

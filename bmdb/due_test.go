@@ -612,3 +612,57 @@ func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
 		t.Fatalf("no due row for the machine whose agent went silent, written while Recovery registered")
 	}
 }
+
+// A writer whose trigger waits for a row the build wrote cannot end before
+// the build does: the build's wait leaves it out instead of waiting for it
+// until its lock timeout.
+func TestBuildDoesNotWaitForWritersItBlocks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	m := e.addMachines(1)[0]
+	if _, err := e.db.RegisterProcess(ctx, recovery, bmdb.RecoveryCandidates(time.Minute, time.Minute), "test"); err != nil {
+		t.Fatal(err)
+	}
+	build, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer build.Rollback(context.WithoutCancel(ctx))
+	if _, err := build.Exec(ctx, `INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() + interval '1 hour')
+		ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at`, recovery.Name, m); err != nil {
+		t.Fatal(err)
+	}
+	writeDone := make(chan error, 1)
+	go func() {
+		_, err := e.raw.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+			VALUES ($1, now(), '\x00')`, m)
+		writeDone <- err
+	}()
+	e.waitBlocked()
+
+	waited := make(chan error, 1)
+	go func() { waited <- bmdb.WaitForWriters(ctx, build, []string{"machine_agent_started"}, time.Hour) }()
+	bmdbtest.WaitFor(t, 20*time.Second, "the build's wait to pass over the writer it blocks", func() (bool, string) {
+		select {
+		case err := <-waited:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return true, ""
+		default:
+			return false, "still waiting for the writer that waits for it"
+		}
+	})
+	select {
+	case err := <-writeDone:
+		t.Fatalf("the writer ended (%v) before the build did", err)
+	default:
+	}
+	if err := build.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-writeDone; err != nil {
+		t.Fatalf("the writer after the build ended: %v", err)
+	}
+}

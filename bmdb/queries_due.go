@@ -221,10 +221,14 @@ WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
   AND l.pid <> pg_backend_pid()`
 
 	// qStillRunning counts the transactions of $1 (virtual transaction
-	// ids from qWritersOf) that have not ended.
+	// ids from qWritersOf) that have not ended, leaving out those that
+	// wait for this transaction (a write whose trigger marks a row this
+	// build wrote): waiting for them would be a deadlock the server
+	// cannot see.
 	qStillRunning = `
 SELECT count(*) FROM pg_locks
-WHERE locktype = 'virtualxid' AND virtualxid = ANY ($1::text[])`
+WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY ($1::text[])
+  AND NOT (pg_backend_pid() = ANY (pg_blocking_pids(pid)))`
 
 	// qRegistryBuilt marks the due rows of a process built from the
 	// registration with fingerprint $2.
