@@ -144,7 +144,8 @@ func NewBatchVerifier() *BatchVerifier {
 }
 
 // Verify checks the signatures of hbs, each with the key of the same index
-// in pubs, and sets valid[i] to whether hbs[i]'s verifies.
+// in pubs, and sets valid[i] to whether hbs[i]'s verifies; pubs and valid
+// are as long as hbs.
 func (b *BatchVerifier) Verify(hbs []Heartbeat, pubs []ed25519.PublicKey, valid []bool) {
 	if len(hbs) == 1 {
 		valid[0] = hbs[0].Verify(pubs[0]) == nil

@@ -305,9 +305,9 @@ const writerWait = time.Minute
 
 // waitForWriters waits until every transaction that holds a write lock on
 // one of tables, as this call starts, has ended (or writerWait passed),
-// except those that wait for tx.
-// pg_locks is polled: SQL has no statement that waits for another
-// transaction without blocking the table's next writers too.
+// except those that wait for tx. pg_locks is polled: SQL has no statement
+// that waits for another transaction without blocking the table's next
+// writers too.
 func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []string) error {
 	return waitForWritersUpTo(ctx, tx, process, tables, writerWait)
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // maxVerifyBatch bounds a verification batch: past 64 signatures a batch
-// saves little more CPU per signature (agentproto.BatchVerifier) and keeps its
-// requests waiting longer.
+// saves little more CPU per signature (agentproto.BatchVerifier) and keeps
+// its requests waiting longer.
 const maxVerifyBatch = 64
 
 // verifyLingerTarget and verifyLinger: a worker that finds fewer than
@@ -31,8 +31,8 @@ const (
 // request queues its heartbeat and waits; up to GOMAXPROCS workers take what
 // is queued, at most maxVerifyBatch at a time, and verify it as one batch.
 // A lone request is verified alone as soon as a worker is free; under load
-// a worker lets its batch fill a little (verifyLinger). Workers exist only while there
-// is work, so an idle server runs none.
+// a worker lets its batch fill a little (verifyLinger). Workers exist only
+// while there is work, so an idle server runs none.
 type verifier struct {
 	maxWorkers int
 	linger     linger
@@ -122,6 +122,10 @@ func (v *verifier) work() {
 				return len(v.queue) >= verifyLingerTarget
 			})
 			v.mu.Lock()
+			if len(v.queue) == 0 { // another worker took them
+				v.mu.Unlock()
+				continue
+			}
 		}
 		n := min(len(v.queue), maxVerifyBatch)
 		batch = append(batch[:0], v.queue[:n]...)
