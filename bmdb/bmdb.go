@@ -109,6 +109,9 @@ type DB struct {
 	// pooler is whether a transaction pooler stands between the DB and
 	// PostgreSQL, once probed (TransactionPooled).
 	pooler poolerProbe
+	// dueBuildChunk is the machines per transaction of a due-row build
+	// (due.go); zero means the constant of that name. Tests make it small.
+	dueBuildChunk int
 }
 
 // Open connects to the BMDB at dsn. It does not check the schema: call

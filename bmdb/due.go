@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -219,10 +218,13 @@ func lockRegistry(ctx context.Context, tx pgx.Tx, process, fp string) (busy bool
 	return false, err
 }
 
-// buildTimeout bounds the statements and lock waits of a due-row build,
-// instead of the framework's statement timeout: a build reads the whole
-// fleet, 91 s at ten million machines (BENCHMARKS.md).
-const buildTimeout = 30 * time.Minute
+// dueBuildChunk is how many machines one transaction of a due-row build
+// covers: about 0.6 s of server time at the 12 µs per machine measured at
+// ten million machines (BENCHMARKS.md), well inside the framework's
+// statement timeout, and short enough that the writes that wait for a
+// chunk's row locks (a lease end in the exclusion group, a write to a
+// watched table) wait less than their 5 s lock timeout.
+const dueBuildChunk = 50000
 
 // The outcomes of buildDueRows.
 type buildOutcome int
@@ -239,21 +241,36 @@ const (
 )
 
 // buildDueRows builds the due rows of process from the registration with
-// fingerprint fp, in one transaction under the registration lock, and
-// marks them built. The rows are computed once, then once more (only
-// moving rows earlier or adding them) after every transaction that was
-// writing a table the condition reads (watches) has ended: such a write
-// whose trigger ran before the registration was visible made no due row
-// for the process, and the first statement's snapshot may predate its
-// commit; the second statement's cannot. Lease and hold ends need no wait:
-// the build makes a wanted machine due whether it is leased or held.
+// fingerprint fp, a chunk of dueBuildChunk machines per transaction, in
+// machine_id order, from where the registry says an earlier build of the
+// same condition stopped; the last chunk marks the rows built. Before the
+// first chunk it waits for the transactions that were writing a table the
+// condition reads (watches): such a write whose trigger ran before the
+// registration was visible made no due row for the process, and a chunk
+// whose snapshot predated its commit would not see it either. Writes after
+// the registration mark their machines due themselves. Lease and hold ends
+// need no wait: the build makes a wanted machine due whether it is leased
+// or held.
 func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Candidates, fp string, watches []string) (buildOutcome, error) {
-	outcome := buildElsewhere
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		outcome = buildElsewhere
-		if _, err := tx.tx.Exec(ctx, qBuildTimeouts, strconv.FormatInt(buildTimeout.Milliseconds(), 10)); err != nil {
-			return err
+	if err := waitForWriters(ctx, db.pool, process, watches); err != nil {
+		return buildElsewhere, err
+	}
+	for {
+		outcome, more, err := db.buildDueChunk(ctx, process, candidates, fp)
+		if err != nil || !more {
+			return outcome, err
 		}
+	}
+}
+
+// buildDueChunk builds the due rows of the next chunk of machines, in one
+// transaction under the registration lock, and records how far the build
+// has come; more reports that machines are left. It returns buildElsewhere
+// when another replica holds the lock or registered another condition, and
+// builtElsewhere when the rows are built already.
+func (db *DB) buildDueChunk(ctx context.Context, process Process, candidates Candidates, fp string) (outcome buildOutcome, more bool, err error) {
+	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		outcome, more = buildElsewhere, false
 		var got bool
 		if err := tx.tx.QueryRow(ctx, qRegistryTryLock, process.Name).Scan(&got); err != nil {
 			return err
@@ -263,7 +280,8 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 		}
 		var cur string
 		var done bool
-		err := tx.tx.QueryRow(ctx, qRegistryPeek, process.Name).Scan(&cur, &done)
+		var through *uuid.UUID
+		err := tx.tx.QueryRow(ctx, qRegistryBuildProgress, process.Name).Scan(&cur, &done, &through)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -277,24 +295,35 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 			outcome = builtElsewhere
 			return nil
 		}
-		for i, template := range []string{rebuildDueTemplate, refillDueTemplate} {
-			if i == 1 {
-				if err := waitForWriters(ctx, tx.tx, process, watches); err != nil {
-					return err
-				}
-			}
-			query, args := candidates.query(template, pgx.NamedArgs{"process": process.Name})
-			if _, err := tx.tx.Exec(ctx, query, args); err != nil {
-				return err
-			}
+		after := uuid.Nil
+		if through != nil {
+			after = *through
 		}
-		if _, err := tx.tx.Exec(ctx, qRegistryBuilt, process.Name, fp); err != nil {
+		var last *uuid.UUID
+		chunk := dueBuildChunk
+		if db.dueBuildChunk > 0 {
+			chunk = db.dueBuildChunk
+		}
+		if err := tx.tx.QueryRow(ctx, qDueChunkEnd, after, chunk).Scan(&last); err != nil {
 			return err
 		}
 		outcome = builtHere
-		return nil
+		if last == nil {
+			_, err := tx.tx.Exec(ctx, qRegistryBuilt, process.Name, fp)
+			return err
+		}
+		if _, err := tx.tx.Exec(ctx, qDueChunkClear, process.Name, after, *last); err != nil {
+			return err
+		}
+		query, args := candidates.query(fillDueChunkTemplate, pgx.NamedArgs{"process": process.Name, "after": after, "last": *last})
+		if _, err := tx.tx.Exec(ctx, query, args); err != nil {
+			return err
+		}
+		more = true
+		_, err = tx.tx.Exec(ctx, qRegistryBuiltThrough, process.Name, fp, *last)
+		return err
 	})
-	return outcome, err
+	return outcome, more, err
 }
 
 // writerWait bounds how long a build waits for the transactions writing
@@ -303,18 +332,19 @@ func (db *DB) buildDueRows(ctx context.Context, process Process, candidates Cand
 // and its writes wait for the reconcile pass instead of the build.
 const writerWait = time.Minute
 
-// waitForWriters waits until every transaction that holds a write lock on
-// one of tables, as this call starts, has ended (or writerWait passed),
-// except those that wait for tx. pg_locks is polled: SQL has no statement
-// that waits for another transaction without blocking the table's next
-// writers too.
-func waitForWriters(ctx context.Context, tx pgx.Tx, process Process, tables []string) error {
-	return waitForWritersUpTo(ctx, tx, process, tables, writerWait)
+// queryer is what waitForWriters reads pg_locks with: a pool or a
+// transaction.
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// waitForWritersUpTo is waitForWriters with its bound.
-func waitForWritersUpTo(ctx context.Context, tx pgx.Tx, process Process, tables []string, bound time.Duration) error {
-	rows, err := tx.Query(ctx, qWritersOf, tables)
+// waitForWriters waits until every transaction that holds a write lock on
+// one of tables, as this call starts, has ended (or writerWait passed).
+// pg_locks is polled: SQL has no statement that waits for another
+// transaction without blocking the table's next writers too.
+func waitForWriters(ctx context.Context, q queryer, process Process, tables []string) error {
+	rows, err := q.Query(ctx, qWritersOf, tables)
 	if err != nil {
 		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
 	}
@@ -322,10 +352,10 @@ func waitForWritersUpTo(ctx context.Context, tx pgx.Tx, process Process, tables 
 	if err != nil {
 		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
 	}
-	deadline := time.Now().Add(bound)
+	deadline := time.Now().Add(writerWait)
 	for pause := time.Millisecond; len(writers) > 0; pause = min(2*pause, 100*time.Millisecond) {
 		var running int
-		if err := tx.QueryRow(ctx, qStillRunning, writers).Scan(&running); err != nil {
+		if err := q.QueryRow(ctx, qStillRunning, writers).Scan(&running); err != nil {
 			return fmt.Errorf("waiting for the transactions writing %s: %w", strings.Join(tables, ", "), err)
 		}
 		if running == 0 {
@@ -333,7 +363,7 @@ func waitForWritersUpTo(ctx context.Context, tx pgx.Tx, process Process, tables 
 		}
 		if time.Now().After(deadline) {
 			klog.InfoS("BMDB: building due rows without waiting longer for transactions that write the tables the condition reads; their writes wait for the reconcile pass",
-				"process", process.Name, "transactions", running, "waited", bound, "tables", tables)
+				"process", process.Name, "transactions", running, "waited", writerWait, "tables", tables)
 			return nil
 		}
 		select {

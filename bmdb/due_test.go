@@ -613,56 +613,100 @@ func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
 	}
 }
 
-// A writer whose trigger waits for a row the build wrote cannot end before
-// the build does: the build's wait leaves it out instead of waiting for it
-// until its lock timeout.
-func TestBuildDoesNotWaitForWritersItBlocks(t *testing.T) {
+// A due-row build runs in chunks of machines, a transaction each: with
+// chunks of 4 over 25 machines it builds what one pass would, a due row
+// due now for every machine the condition selects and one due later for
+// every machine its due time names, and marks the rows built.
+func TestDueBuildInChunks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
-	m := e.addMachines(1)[0]
-	if _, err := e.db.RegisterProcess(ctx, recovery, bmdb.RecoveryCandidates(time.Minute, time.Minute), "test"); err != nil {
+	e.db.SetDueBuildChunk(4)
+	ids := e.addMachines(25)
+	for i, m := range ids {
+		switch i % 3 {
+		case 0: // silent for an hour: Recovery wants it
+			e.exec(`INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES ($1, now() - interval '1 hour', '\x00')`, m)
+		case 1: // just started: due when its start timeout passes
+			e.exec(`INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES ($1, now(), '\x00')`, m)
+		}
+	}
+	cand := bmdb.RecoveryCandidates(10*time.Minute, 10*time.Minute)
+	reg, err := e.db.RegisterProcess(ctx, recovery, cand, "test")
+	if err != nil || !reg.Rebuilt {
+		t.Fatalf("registration: %+v, %v; want Rebuilt", reg, err)
+	}
+	var built bool
+	var through *uuid.UUID
+	if err := e.raw.QueryRow(ctx, `SELECT due_built, due_built_through FROM process_registry WHERE process = $1`, recovery.Name).Scan(&built, &through); err != nil {
 		t.Fatal(err)
 	}
-	build, err := e.raw.Begin(ctx)
+	if !built || through != nil {
+		t.Errorf("after the build: due_built %v, due_built_through %v; want true, NULL", built, through)
+	}
+	dueNow, err := pgx.CollectRows(must(e.raw.Query(ctx, `SELECT machine_id FROM work_due WHERE process = $1 AND due_at <= now() ORDER BY machine_id`, recovery.Name)), pgx.RowTo[uuid.UUID])
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer build.Rollback(context.WithoutCancel(ctx))
-	if _, err := build.Exec(ctx, `INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() + interval '1 hour')
-		ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at`, recovery.Name, m); err != nil {
+	want := e.fleetEligible(recovery, cand)
+	slices.SortFunc(want, uuidCmp)
+	if !slices.Equal(dueNow, want) || len(want) != 9 {
+		t.Errorf("due now: %d machines %v; the condition selects %d %v (want 9)", len(dueNow), dueNow, len(want), want)
+	}
+	var later int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work_due WHERE process = $1 AND due_at > now() + interval '9 minutes'`, recovery.Name).Scan(&later); err != nil {
 		t.Fatal(err)
 	}
-	writeDone := make(chan error, 1)
-	go func() {
-		_, err := e.raw.Exec(ctx, `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
-			VALUES ($1, now(), '\x00')`, m)
-		writeDone <- err
-	}()
-	e.waitBlocked()
+	if later != 8 {
+		t.Errorf("rows due at the start timeout: %d, want 8 (the machines whose agent just started)", later)
+	}
+	if drift := e.reconcile(recovery, cand); drift != 0 {
+		t.Errorf("the reconcile pass found %d machines the build missed", drift)
+	}
+}
 
-	waited := make(chan error, 1)
-	go func() { waited <- bmdb.WaitForWriters(ctx, build, []string{"machine_agent_started"}, time.Hour) }()
-	bmdbtest.WaitFor(t, 20*time.Second, "the build's wait to pass over the writer it blocks", func() (bool, string) {
-		select {
-		case err := <-waited:
-			if err != nil {
-				t.Fatal(err)
-			}
-			return true, ""
-		default:
-			return false, "still waiting for the writer that waits for it"
-		}
-	})
-	select {
-	case err := <-writeDone:
-		t.Fatalf("the writer ended (%v) before the build did", err)
-	default:
-	}
-	if err := build.Rollback(ctx); err != nil {
+// A build that stopped part way (its replica died between chunks) is
+// continued by the next registration of the same condition from where the
+// registry says it stopped, not started over; a registration of another
+// condition starts over.
+func TestInterruptedDueBuildContinues(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	e.db.SetDueBuildChunk(4)
+	ids := e.addMachines(25)
+	slices.SortFunc(ids, uuidCmp)
+	if _, err := e.db.RegisterProcess(ctx, agentStart, bmdb.ProvidedCandidates(), "a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-writeDone; err != nil {
-		t.Fatalf("the writer after the build ended: %v", err)
+	// What a build stopped after the chunk ending at ids[9] leaves, with
+	// a mark on a row built before the stop: a build that started over
+	// would compute that row again (due now).
+	e.exec(`UPDATE process_registry SET due_built = false, due_built_through = $2 WHERE process = $1`, agentStart.Name, ids[9])
+	e.exec(`DELETE FROM work_due WHERE process = $1 AND machine_id > $2`, agentStart.Name, ids[9])
+	e.exec(`UPDATE work_due SET due_at = now() + interval '1 day' WHERE process = $1 AND machine_id = $2`, agentStart.Name, ids[0])
+
+	other := bmdbtest.OpenWith(t, e.dsn, bmdb.Options{})
+	other.SetDueBuildChunk(4)
+	reg, err := other.RegisterProcess(ctx, agentStart, bmdb.ProvidedCandidates(), "b")
+	if err != nil || !reg.Rebuilt {
+		t.Fatalf("registration after the stop: %+v, %v; want Rebuilt", reg, err)
+	}
+	if n := e.dueRows(agentStart.Name); n != 25 {
+		t.Errorf("due rows after the continued build: %d, want 25", n)
+	}
+	var marked bool
+	if err := e.raw.QueryRow(ctx, `SELECT due_at > now() + interval '1 hour' FROM work_due WHERE process = $1 AND machine_id = $2`, agentStart.Name, ids[0]).Scan(&marked); err != nil || !marked {
+		t.Errorf("the row built before the stop was built again (%v, %v): the build started over", marked, err)
+	}
+
+	// Another condition: the build starts over, and the marked row goes.
+	e.exec(`UPDATE process_registry SET due_built = false, due_built_through = $2 WHERE process = $1`, agentStart.Name, ids[9])
+	reg, err = other.RegisterProcess(ctx, agentStart, bmdb.AgentStartCandidates(), "b")
+	if err != nil || !reg.Rebuilt {
+		t.Fatalf("registration of another condition: %+v, %v; want Rebuilt", reg, err)
+	}
+	if err := e.raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM work_due WHERE process = $1 AND machine_id = $2 AND due_at > now() + interval '1 hour')`, agentStart.Name, ids[0]).Scan(&marked); err != nil || marked {
+		t.Errorf("a build of another condition kept a row of the old build (%v, %v)", marked, err)
 	}
 }

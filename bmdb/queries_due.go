@@ -100,29 +100,36 @@ WITH ` + dueFacts + `, chosen AS (
 SELECT l.machine_id, mp.provider_id
 FROM leased l LEFT JOIN machine_provided mp ON mp.machine_id = l.machine_id`
 
-	// rebuildDueTemplate recomputes a process's due rows from its
-	// condition over the whole fleet: when a process is first registered,
-	// or its condition or parameters changed. O(fleet), once per change.
-	// Rows are written in machine order, the order in which a batch of
-	// lease ends (endbatch.go) takes them, so that the two do not
-	// deadlock.
-	rebuildDueTemplate = `
-WITH cleared AS (
-    DELETE FROM work_due WHERE process = @process
-)` + refillDueTemplate
+	// qDueChunkEnd is the last machine of the next chunk of a due-row
+	// build: up to $2 machines after $1 in machine_id order (NULL: none
+	// left).
+	qDueChunkEnd = `
+SELECT (SELECT machine_id FROM (
+            SELECT machine_id FROM machines WHERE machine_id > $1 ORDER BY machine_id LIMIT $2
+        ) chunk
+        ORDER BY machine_id DESC LIMIT 1)`
 
-	// refillDueTemplate is rebuildDueTemplate without the delete: its
-	// second pass, the same rows with a later snapshot, only moving rows
-	// earlier.
-	refillDueTemplate = `
+	// qDueChunkClear deletes a process's due rows of the machines in
+	// ($2, $3]: the first statement of a chunk of a due-row build, which
+	// may follow a change of the condition.
+	qDueChunkClear = `DELETE FROM work_due WHERE process = $1 AND machine_id > $2 AND machine_id <= $3`
+
+	// fillDueChunkTemplate computes the due rows of the machines in
+	// (@after, @last] from the process's condition: the second statement
+	// of a chunk of a due-row build. A row a trigger wrote since the
+	// first statement's snapshot may be earlier than this statement
+	// computes from its own (the write may have committed after it):
+	// the earlier time stays. Rows are written in machine order, the
+	// order in which a batch of lease ends (endbatch.go) takes them, so
+	// that the two do not deadlock.
+	fillDueChunkTemplate = `
 INSERT INTO work_due (process, machine_id, due_at)
 SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END
 FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
-      FROM machines m) f
+      FROM machines m WHERE m.machine_id > @after AND m.machine_id <= @last) f
 WHERE f.wanted OR f.due_at IS NOT NULL
 ORDER BY f.machine_id
-ON CONFLICT (process, machine_id) DO UPDATE SET due_at = excluded.due_at
-WHERE work_due.due_at > excluded.due_at`
+ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(work_due.due_at, excluded.due_at)`
 
 	// reconcileDueTemplate checks one chunk of the fleet (@chunk machines
 	// after @after, by primary key): a machine that a claim would lease now
@@ -202,11 +209,17 @@ SET exclusion_group = excluded.exclusion_group, watches = excluded.watches,
     condition_name = excluded.condition_name, condition_sql = excluded.condition_sql,
     due_sql = excluded.due_sql, condition_args = excluded.condition_args,
     fingerprint = excluded.fingerprint, registered_by = excluded.registered_by,
-    registered_at = excluded.registered_at, due_built = excluded.due_built`
+    registered_at = excluded.registered_at, due_built = excluded.due_built,
+    due_built_through = CASE WHEN process_registry.fingerprint = excluded.fingerprint
+                             THEN process_registry.due_built_through END`
 
-	// qBuildTimeouts lifts a due-row build's statement and lock timeouts
-	// to $1 milliseconds (buildTimeout): the build is O(fleet) by design.
-	qBuildTimeouts = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)`
+	// qRegistryBuildProgress reads how far the build of a process's due
+	// rows has come (the registration lock is held).
+	qRegistryBuildProgress = `SELECT fingerprint, due_built, due_built_through FROM process_registry WHERE process = $1`
+
+	// qRegistryBuiltThrough records that the due rows of a process are
+	// built from the registration with fingerprint $2 up to machine $3.
+	qRegistryBuiltThrough = `UPDATE process_registry SET due_built_through = $3 WHERE process = $1 AND fingerprint = $2`
 
 	// qWritersOf lists the transactions (by virtual transaction id) that
 	// hold a write lock on any of the tables $1, other than this one's.
@@ -221,18 +234,14 @@ WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
   AND l.pid <> pg_backend_pid()`
 
 	// qStillRunning counts the transactions of $1 (virtual transaction
-	// ids from qWritersOf) that have not ended, leaving out those that
-	// wait for this transaction (a write whose trigger marks a row this
-	// build wrote): waiting for them would be a deadlock the server
-	// cannot see.
+	// ids from qWritersOf) that have not ended.
 	qStillRunning = `
 SELECT count(*) FROM pg_locks
-WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY ($1::text[])
-  AND NOT (pg_backend_pid() = ANY (pg_blocking_pids(pid)))`
+WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY ($1::text[])`
 
 	// qRegistryBuilt marks the due rows of a process built from the
 	// registration with fingerprint $2.
-	qRegistryBuilt = `UPDATE process_registry SET due_built = true WHERE process = $1 AND fingerprint = $2`
+	qRegistryBuilt = `UPDATE process_registry SET due_built = true, due_built_through = NULL WHERE process = $1 AND fingerprint = $2`
 
 	// qRegistryCondition reads the condition a process was last
 	// registered with, for the CLI and the status page.

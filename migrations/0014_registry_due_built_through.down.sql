@@ -1,0 +1,1 @@
+ALTER TABLE process_registry DROP COLUMN due_built_through;
