@@ -117,9 +117,9 @@ type RegisteredCondition struct {
 	// Fingerprint identifies the condition with its parameters.
 	Fingerprint string
 	// DueBuilt is false while the process's due rows are being built from
-	// this condition, or when a build did not finish (the next
-	// registration builds them): until then claims see only the machines
-	// that writes made due since.
+	// this condition, or when a build stopped (the next registration
+	// continues it): until then claims see only the machines of the
+	// chunks built so far and those that writes made due since.
 	DueBuilt bool
 	// Registrants are the live sessions running the process, each with
 	// its own parameters; Disagree is set when they are not all the

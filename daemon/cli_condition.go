@@ -51,7 +51,7 @@ func (c *cli) withRecordedCondition(ctx context.Context, p cliProcess) (cliProce
 	fmt.Fprintf(c.errOut, "%s: eligibility as the daemons evaluate it: condition %s (%s), recorded by %s at %s\n",
 		name, rc.Candidates.Name(), untrusted.Line(args, 0), untrusted.Line(rc.By, 0), rc.At.UTC().Format(time.RFC3339))
 	if !rc.DueBuilt {
-		fmt.Fprintf(c.errOut, "%s: warning: its due rows are not built from this condition (a build is running, or did not finish and the next start of the process redoes it); until then its claims see only machines that writes made due\n", name)
+		fmt.Fprintf(c.errOut, "%s: warning: its due rows are not built from this condition (a build is running, or stopped and the next start of the process continues it); until then its claims see only the machines of the chunks built so far and those that writes made due\n", name)
 	}
 	if rc.Disagree {
 		fmt.Fprintf(c.errOut, "%s: warning: the replicas running it disagree on its condition:\n", name)
