@@ -178,17 +178,27 @@ type Server struct {
 	verifier *verifier
 	errLog   rateLimitedLog
 
+	// epoch is when the server was made: machineState's times are
+	// durations since then, on the monotonic clock.
+	epoch time.Time
+
 	mu        sync.Mutex
-	machines  map[uuid.UUID]*machineState
+	machines  map[uuid.UUID]machineState
 	lastSweep time.Time
 }
 
-// machineState is what the server remembers of a machine's agent.
+// machineState is what the server remembers of a machine's agent. It holds
+// no pointer, so that the garbage collector does not walk the entries of a
+// million machines at every cycle, and the map holds the states themselves.
 type machineState struct {
-	key        ed25519.PublicKey // as recorded in machine_agent_started
-	keyFetched time.Time
-	lastTS     time.Time // signed timestamp of the last accepted heartbeat
-	lastUsed   time.Time
+	key    [ed25519.PublicKeySize]byte // as recorded in machine_agent_started
+	hasKey bool
+	// keyFetched and lastUsed: since Server.epoch.
+	keyFetched time.Duration
+	lastUsed   time.Duration
+	// lastTS is the signed timestamp of the last accepted heartbeat, in
+	// Unix nanoseconds (0: none; heartbeats are signed after 1970).
+	lastTS int64
 }
 
 // New returns a Server recording heartbeats in db.
@@ -201,7 +211,8 @@ func New(db *bmdb.DB, opts Options) *Server {
 		keys:     &keyLoader{db: db, maxBatch: opts.MaxBatch, slots: opts.MaxKeyLookups, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
 		recorder: &recorder{db: db, maxBatch: opts.MaxBatch, timeout: opts.DBTimeout, linger: newLinger(opts.BatchDelay)},
 		verifier: newVerifier(),
-		machines: make(map[uuid.UUID]*machineState),
+		epoch:    time.Now(),
+		machines: make(map[uuid.UUID]machineState),
 	}
 }
 
@@ -366,7 +377,7 @@ func (s *Server) replayed(hb agentproto.Heartbeat) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.machines[hb.MachineID]
-	return ok && !hb.Timestamp.After(m.lastTS)
+	return ok && hb.Timestamp.UnixNano() <= m.lastTS
 }
 
 // advance records hb's timestamp as the machine's last accepted one, unless
@@ -377,11 +388,13 @@ func (s *Server) advance(hb agentproto.Heartbeat, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.state(hb.MachineID, now)
-	if !hb.Timestamp.After(m.lastTS) {
+	ts := hb.Timestamp.UnixNano()
+	if ts <= m.lastTS {
 		return false
 	}
-	m.lastTS = hb.Timestamp
-	m.lastUsed = now
+	m.lastTS = ts
+	m.lastUsed = s.since(now)
+	s.machines[hb.MachineID] = m
 	return true
 }
 
@@ -393,11 +406,12 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 	if !refetch {
 		s.mu.Lock()
 		m, ok := s.machines[machine]
-		if ok && m.key != nil {
-			m.lastUsed = now
-			key := m.key
+		if ok && m.hasKey {
+			m.lastUsed = s.since(now)
+			s.machines[machine] = m
 			s.mu.Unlock()
-			return key, false, nil
+			key := m.key
+			return key[:], false, nil
 		}
 		s.mu.Unlock()
 	}
@@ -413,10 +427,14 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 	}
 	// Only keys that exist are cached: caching absences would let anyone
 	// fill the cache with random machine ids, and would delay a newly
-	// started agent's first heartbeat.
+	// started agent's first heartbeat. A key of the wrong size, which
+	// verifies nothing, is not cached either.
 	s.mu.Lock()
 	m := s.state(machine, now)
-	m.key, m.keyFetched, m.lastUsed = key, now, now
+	m.hasKey = len(key) == ed25519.PublicKeySize
+	copy(m.key[:], key)
+	m.keyFetched, m.lastUsed = s.since(now), s.since(now)
+	s.machines[machine] = m
 	s.mu.Unlock()
 	return key, true, nil
 }
@@ -427,10 +445,11 @@ func (s *Server) mayRefetch(machine uuid.UUID, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.machines[machine]
-	if !ok || now.Sub(m.keyFetched) < s.opts.KeyRefetchInterval {
+	if !ok || s.since(now)-m.keyFetched < s.opts.KeyRefetchInterval {
 		return false
 	}
-	m.keyFetched = now
+	m.keyFetched = s.since(now)
+	s.machines[machine] = m
 	return true
 }
 
@@ -440,23 +459,28 @@ func (s *Server) forgetKey(machine uuid.UUID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m, ok := s.machines[machine]; ok {
-		m.key = nil
+		m.hasKey = false
+		s.machines[machine] = m
 	}
 }
 
-// state returns machine's state, creating it. Callers hold s.mu and only
-// call it for machines with a recorded agent, which bounds the map by the
-// fleet. Unused entries are swept after KeyCacheTTL: by then their last
-// timestamp is long outside the clock-skew window, so forgetting it cannot
-// let a replay through.
-func (s *Server) state(machine uuid.UUID, now time.Time) *machineState {
+// since is now as a machineState time.
+func (s *Server) since(now time.Time) time.Duration { return now.Sub(s.epoch) }
+
+// state returns machine's state, or a new one, which the caller stores
+// (s.machines[machine] = m). Callers hold s.mu and only store states of
+// machines with a recorded agent, which bounds the map by the fleet.
+// Unused entries are swept after KeyCacheTTL: by then their last timestamp
+// is long outside the clock-skew window, so forgetting it cannot let a
+// replay through.
+func (s *Server) state(machine uuid.UUID, now time.Time) machineState {
 	if m, ok := s.machines[machine]; ok {
 		return m
 	}
 	if now.Sub(s.lastSweep) >= time.Minute || len(s.machines) >= s.opts.MaxMachines {
 		s.lastSweep = now
 		for id, m := range s.machines {
-			if now.Sub(m.lastUsed) >= s.opts.KeyCacheTTL {
+			if s.since(now)-m.lastUsed >= s.opts.KeyCacheTTL {
 				delete(s.machines, id)
 			}
 		}
@@ -470,9 +494,7 @@ func (s *Server) state(machine uuid.UUID, now time.Time) *machineState {
 			delete(s.machines, id)
 		}
 	}
-	m := &machineState{lastUsed: now}
-	s.machines[machine] = m
-	return m
+	return machineState{lastUsed: s.since(now)}
 }
 
 // logError logs a failure of the server, but not one caused by the client
