@@ -613,6 +613,14 @@ func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
 	}
 }
 
+// chunkedBuildEnv is a BMDB of 25 machines whose due-row builds take
+// chunks of 4.
+func chunkedBuildEnv(t *testing.T) (*env, []uuid.UUID) {
+	e := newEnv(t, bmdb.Options{})
+	e.db.SetDueBuildChunk(4)
+	return e, e.addMachines(25)
+}
+
 // A due-row build runs in chunks of machines, a transaction each: with
 // chunks of 4 over 25 machines it builds what one pass would, a due row
 // due now for every machine the condition selects and one due later for
@@ -620,9 +628,7 @@ func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
 func TestDueBuildInChunks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	e.db.SetDueBuildChunk(4)
-	ids := e.addMachines(25)
+	e, ids := chunkedBuildEnv(t)
 	for i, m := range ids {
 		switch i % 3 {
 		case 0: // silent for an hour: Recovery wants it
@@ -672,9 +678,7 @@ func TestDueBuildInChunks(t *testing.T) {
 func TestInterruptedDueBuildContinues(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	e.db.SetDueBuildChunk(4)
-	ids := e.addMachines(25)
+	e, ids := chunkedBuildEnv(t)
 	slices.SortFunc(ids, uuidCmp)
 	if _, err := e.db.RegisterProcess(ctx, agentStart, bmdb.ProvidedCandidates(), "a"); err != nil {
 		t.Fatal(err)
