@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,7 +18,9 @@ import (
 )
 
 // Runner runs one process: a claimer that claims machines in batches for
-// the idle workers, and Parallelism workers that act on them. All workers
+// the idle workers, and Parallelism workers that act on them. A worker
+// whose run succeeded takes its next machine while the end of its lease
+// commits (at most Parallelism such ends at once). All workers
 // share one BMDB session (one heartbeat per process and replica); when it
 // is lost the workers' contexts are cancelled and the claimer starts a new
 // one. Idle workers do not touch the database: only the claimer polls, once
@@ -94,19 +97,47 @@ func (r *Runner) Run(ctx context.Context) error {
 		idle <- struct{}{}
 	}
 
+	// The lease's end made the machine due again for this process (no
+	// notification wakes the process that ended its own lease): wake an
+	// idle claimer.
+	wakeClaimer := func() {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+	}
+	// A worker whose process succeeded hands the end of its lease to a
+	// goroutine of its own and takes its next machine while that end
+	// commits (River's asynchronous completer): a worker's cycle is then
+	// its process and a claim, not a claim and a commit, and the ends of
+	// many workers still share a transaction (bmdb's group commit). An end
+	// is retried until it is recorded or its session is gone (endLease),
+	// as before; only the worker no longer waits for it. endSlots bounds
+	// the ends in flight to Parallelism, so that a replica holds at most
+	// twice Parallelism leases while its database is slow to commit them,
+	// and Run waits for every end before it closes the session. A failed
+	// or stopped run is ended before the worker goes on: the circuit
+	// breaker counts a failure before its worker takes another machine.
+	endSlots := make(chan struct{}, r.cfg.Parallelism)
+	var ends sync.WaitGroup
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
 			for t := range tasks {
-				r.work(workCtx, t)
-				idle <- struct{}{}
-				// The lease's end made the machine due again for this
-				// process (no notification wakes the process that ended
-				// its own lease): wake an idle claimer.
-				select {
-				case ended <- struct{}{}:
-				default:
+				end, succeeded := r.work(workCtx, t)
+				if !succeeded {
+					end()
+					idle <- struct{}{}
+					wakeClaimer()
+					continue
 				}
+				endSlots <- struct{}{}
+				ends.Go(func() {
+					end()
+					<-endSlots
+					wakeClaimer()
+				})
+				idle <- struct{}{}
 			}
 			return nil
 		})
@@ -129,6 +160,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.claimLoop(ctx, tasks, idle, ended, listener)
 	close(tasks)
 	workers.Wait()
+	ends.Wait()
 	stopGauges()
 	gauges.Wait()
 
@@ -315,13 +347,15 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	return s, nil
 }
 
-// work runs the process on one task and ends its lease.
+// work runs the process on one task and returns the end of its lease,
+// and whether the run succeeded (so that Run may end it beside the
+// worker's next task).
 //
 // The task's context carries a logger (klog.FromContext) with the keys an
 // operator searches by: process, machine, provider_id and session. Process
 // code that logs through it names its machine for free, and the runner's
 // own lines about the task add result and cause.
-func (r *Runner) work(workCtx context.Context, t *Task) {
+func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded bool) {
 	label := r.info.Label
 	r.metrics.workersActive.WithLabelValues(label).Inc()
 	defer r.metrics.workersActive.WithLabelValues(label).Dec()
@@ -333,11 +367,17 @@ func (r *Runner) work(workCtx context.Context, t *Task) {
 	runErr := r.run(ctx, t)
 	stopped := ctx.Err() != nil
 	cancel()
-
 	// Ending the lease must work after the grace period cancelled workCtx;
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
-	endCtx := context.WithoutCancel(workCtx)
+	return func() { r.endWork(context.WithoutCancel(workCtx), t, runErr, stopped) }, runErr == nil && !stopped
+}
+
+// endWork records the outcome of t's run (runErr; stopped when the run's
+// context had ended) as the end of its lease, and counts it.
+func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped bool) {
+	label := r.info.Label
+	logger := klog.FromContext(endCtx)
 	var result string
 	var err error
 	switch {

@@ -516,3 +516,78 @@ func TestRunnerSessionLoss(t *testing.T) {
 		t.Errorf("shepherd_work_finished_total{result=lost} = %g, want 3", got)
 	}
 }
+
+// A worker whose process returned takes its next machine while the end of
+// its last lease is still committing, and Run, stopped then, returns only
+// after every end is recorded. With one worker, the second machine's run
+// happens while the first machine's commit function is held: a worker that
+// waited for its end would never get there.
+func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(2)
+
+	committing := make(chan uuid.UUID, 1)
+	release := make(chan struct{})
+	ran := make(chan uuid.UUID, 2)
+	var first atomic.Bool
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		ran <- task.Machine
+		if first.CompareAndSwap(false, true) {
+			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+				committing <- task.Machine
+				<-release
+				return tx.SetAgentStarted(ctx, task.Machine, []byte("key"))
+			}
+			return nil
+		}
+		commitAgent(task)
+		return nil
+	})
+	r := e.start(p, fastConfig(p, 1))
+
+	wait := func(ch <-chan uuid.UUID, what string) uuid.UUID {
+		t.Helper()
+		select {
+		case m := <-ch:
+			return m
+		case <-time.After(20 * time.Second):
+			close(release)
+			t.Fatalf("waiting for %s: not within 20s", what)
+			return uuid.Nil
+		}
+	}
+	firstMachine := wait(ran, "the first run")
+	if m := wait(committing, "the first lease's commit function"); m != firstMachine {
+		t.Fatalf("commit function of %s, want the first machine %s", m, firstMachine)
+	}
+	second := wait(ran, "the second machine's run while the first lease's end is held")
+	if second == firstMachine {
+		t.Fatalf("the second run took %s again, whose lease was still held", second)
+	}
+
+	// Stop while the first end is held: Run must wait for it.
+	r.stopped = true
+	r.stop()
+	close(release)
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its context being cancelled")
+	}
+
+	h := e.history()
+	checkNoOverlap(t, h)
+	byMachine := eventsByMachine(h)
+	for _, m := range machines {
+		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
+			t.Errorf("history of %s: %s, want Started,Finished (Run returned before recording every end?)", m, got)
+		}
+	}
+	if got := e.metric("shepherd_work_finished_total", map[string]string{"process": "test", "result": "finished"}); got != 2 {
+		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 2", got)
+	}
+}
