@@ -248,7 +248,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	}
 
 	// flowing is set while claims lease machines: workers then come back
-	// one after another, and a claim waits a moment for them (linger).
+	// one after another, and a claim waits a moment for them (gatherMore).
 	flowing := false
 	for {
 		// Wait for one idle worker, then take every other idle one.
@@ -268,7 +268,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			}
 		}
 		if flowing && n < r.cfg.Parallelism {
-			n += r.linger(idle, r.cfg.Parallelism-n)
+			n += gatherMore(idle, r.cfg.Parallelism-n)
 		}
 		giveBack := func(k int) {
 			for range k {
@@ -342,13 +342,13 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 // 12.2 with it; BENCHMARKS.md, "Asynchronous lease ends").
 const claimLinger = 500 * time.Microsecond
 
-// linger takes up to max more idle tokens from idle, for at most
+// gatherMore takes up to limit more idle tokens from idle, for at most
 // claimLinger, and returns how many it took.
-func (r *Runner) linger(idle <-chan struct{}, max int) int {
+func gatherMore(idle <-chan struct{}, limit int) int {
 	t := time.NewTimer(claimLinger)
 	defer t.Stop()
 	n := 0
-	for n < max {
+	for n < limit {
 		select {
 		case <-idle:
 			n++
