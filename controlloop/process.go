@@ -61,7 +61,9 @@ type Task struct {
 	Backoff bmdb.Backoff
 	// Commit, if set by Run, runs inside the transaction that finishes the
 	// work, after the lease is confirmed: record the outcome (tags) there, so
-	// that it is committed if and only if the lease was still held.
+	// that it is committed if and only if the lease was still held. It runs
+	// after Run returned, possibly while the worker runs its next task:
+	// it should use what it captured from its own run only.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 
 	work       *bmdb.Lease
