@@ -193,7 +193,11 @@ func (b *bench) drawPlot() error {
 	if b.pgbenchTPS > 0 {
 		c.HLines = append(c.HLines,
 			benchplot.HLine{Name: fmt.Sprintf("pgbench -N -c %d TPS / 2 (%.0f)", b.o.clients, b.pgbenchTPS/2), Y: b.pgbenchTPS / 2, Color: benchplot.Palette[5], Dashed: true},
-			benchplot.HLine{Name: fmt.Sprintf("target: 0.8 x that (%.0f)", 0.8*b.pgbenchTPS/2), Y: 0.8 * b.pgbenchTPS / 2, Color: benchplot.Palette[2], Dashed: true})
+			benchplot.HLine{Name: fmt.Sprintf("target: 0.8 x that (%.0f)", 0.8*b.pgbenchTPS/2), Y: 0.8 * b.pgbenchTPS / 2, Color: benchplot.Palette[2], Dashed: true},
+			// The scale issue's targets: cycles/s against pgbench's TPS
+			// itself, 1.0 x at 64 workers and 0.8 x at 16.
+			benchplot.HLine{Name: fmt.Sprintf("pgbench -N TPS: target at 64 workers (%.0f)", b.pgbenchTPS), Y: b.pgbenchTPS, Color: benchplot.Palette[6], Dashed: true},
+			benchplot.HLine{Name: fmt.Sprintf("target at 16 workers: 0.8 x TPS (%.0f)", 0.8*b.pgbenchTPS), Y: 0.8 * b.pgbenchTPS, Color: benchplot.Palette[7], Dashed: true})
 	}
 	if b.seedsCycles > 0 {
 		c.HLines = append(c.HLines,
