@@ -20,7 +20,7 @@ import (
 // Runner runs one process: a claimer that claims machines in batches for
 // the idle workers, and Parallelism workers that act on them. A worker
 // whose run succeeded takes its next machine while the end of its lease
-// commits (at most Parallelism such ends at once). All workers
+// commits (at most twice Parallelism such ends at once). All workers
 // share one BMDB session (one heartbeat per process and replica); when it
 // is lost the workers' contexts are cancelled and the claimer starts a new
 // one. Idle workers do not touch the database: only the claimer polls, once
@@ -113,12 +113,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	// many workers still share a transaction (bmdb's group commit). An end
 	// is retried until it is recorded or its session is gone (endLease),
 	// as before; only the worker no longer waits for it. endSlots bounds
-	// the ends in flight to Parallelism, so that a replica holds at most
-	// twice Parallelism leases while its database is slow to commit them,
-	// and Run waits for every end before it closes the session. A failed
+	// the ends in flight to twice Parallelism: room for a batch of every
+	// worker's end in flight and the next one filling (with room for one
+	// batch only, workers waited for slots while a batch committed: 16
+	// no-op workers made 4,238 cycles/s against 5,911; BENCHMARKS.md,
+	// "Asynchronous lease ends"), so that a replica holds at most three
+	// times Parallelism leases while its database is slow to commit them.
+	// Run waits for every end before it closes the session. A failed
 	// or stopped run is ended before the worker goes on: the circuit
 	// breaker counts a failure before its worker takes another machine.
-	endSlots := make(chan struct{}, r.cfg.Parallelism)
+	endSlots := make(chan struct{}, 2*r.cfg.Parallelism)
 	var ends sync.WaitGroup
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
