@@ -162,6 +162,19 @@ func checkNoOverlap(t *testing.T, h []bmdb.HistoryEntry) {
 	bmdbtest.CheckExclusion(t, h, groups)
 }
 
+// checkFinishedOnce requires h to hold one lease per machine, Started then
+// Finished, none overlapping another.
+func checkFinishedOnce(t *testing.T, h []bmdb.HistoryEntry, machines []uuid.UUID) {
+	t.Helper()
+	checkNoOverlap(t, h)
+	byMachine := eventsByMachine(h)
+	for _, m := range machines {
+		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
+			t.Errorf("history of %s: %s, want Started,Finished", m, got)
+		}
+	}
+}
+
 func (e *env) count(event string) int {
 	n := 0
 	for _, h := range e.history() {
@@ -238,13 +251,8 @@ func TestRunnerFinishesEveryMachine(t *testing.T) {
 	if got := maxActive.Load(); got != 4 {
 		t.Errorf("at most %d runs at once, want 4 (the parallelism)", got)
 	}
-	h := e.history()
-	checkNoOverlap(t, h)
-	byMachine := eventsByMachine(h)
+	checkFinishedOnce(t, e.history(), machines)
 	for _, m := range machines {
-		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
-			t.Errorf("history of %s: %s, want Started,Finished", m, got)
-		}
 		if runs[m] != 1 {
 			t.Errorf("%s ran %d times, want once", m, runs[m])
 		}
@@ -579,14 +587,8 @@ func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
 		t.Fatal("Run did not return within a minute of its context being cancelled")
 	}
 
-	h := e.history()
-	checkNoOverlap(t, h)
-	byMachine := eventsByMachine(h)
-	for _, m := range machines {
-		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
-			t.Errorf("history of %s: %s, want Started,Finished (Run returned before recording every end?)", m, got)
-		}
-	}
+	// Run returned: every end is recorded.
+	checkFinishedOnce(t, e.history(), machines)
 	if got := e.metric("shepherd_work_finished_total", map[string]string{"process": "test", "result": "finished"}); got != 2 {
 		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 2", got)
 	}
