@@ -129,18 +129,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		workers.Go(func() error {
 			for t := range tasks {
 				end, succeeded := r.work(workCtx, t)
-				if !succeeded {
+				if succeeded {
+					endSlots <- struct{}{}
+					ends.Go(func() {
+						end()
+						<-endSlots
+						wakeClaimer()
+					})
+				} else {
 					end()
-					idle <- struct{}{}
 					wakeClaimer()
-					continue
 				}
-				endSlots <- struct{}{}
-				ends.Go(func() {
-					end()
-					<-endSlots
-					wakeClaimer()
-				})
 				idle <- struct{}{}
 			}
 			return nil
