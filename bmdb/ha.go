@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
 // Defaults of the bounds Open applies; see Options.
@@ -458,28 +460,19 @@ type haMetrics struct {
 
 func newHAMetrics(reg prometheus.Registerer) *haMetrics {
 	m := &haMetrics{
-		heartbeatFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_heartbeat_failures_total",
-			Help: "Failed BMDB session heartbeats (the session is retried until its local deadline), by component.",
-		}, []string{"component"}),
-		reapFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_reap_failures_total",
-			Help: "Failed reaps of expired BMDB sessions: while they fail, a dead replica's leases are never released.",
-		}),
-		lastProgress: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_bmdb_last_success_timestamp_seconds",
-			Help: "When the BMDB layer last succeeded, by kind: heartbeat (a session heartbeat), reap, transaction (a commit).",
-		}, []string{"kind"}),
-		syncStandbys: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shepherd_bmdb_synchronous_standbys",
-			Help: "Synchronous standbys of the BMDB primary (pg_stat_replication sync_state sync or quorum); 0 means a failover can lose committed leases and break exclusion; -1 unknown (grant pg_monitor).",
-		}),
+		heartbeatFailures: metric.CounterVec(reg, "shepherd_bmdb_heartbeat_failures_total",
+			"Failed BMDB session heartbeats (the session is retried until its local deadline), by component.", "component"),
+		reapFailures: metric.Counter(reg, "shepherd_bmdb_reap_failures_total",
+			"Failed reaps of expired BMDB sessions: while they fail, a dead replica's leases are never released."),
+		lastProgress: metric.GaugeVec(reg, "shepherd_bmdb_last_success_timestamp_seconds",
+			"When the BMDB layer last succeeded, by kind: heartbeat (a session heartbeat), reap, transaction (a commit).", "kind"),
+		syncStandbys: metric.Gauge(reg, "shepherd_bmdb_synchronous_standbys",
+			"Synchronous standbys of the BMDB primary (pg_stat_replication sync_state sync or quorum); 0 means a failover can lose committed leases and break exclusion; -1 unknown (grant pg_monitor)."),
 	}
 	m.syncStandbys.Set(-1)
 	for _, k := range []string{"heartbeat", "reap", "transaction"} {
 		m.lastProgress.WithLabelValues(k)
 	}
-	reg.MustRegister(m.heartbeatFailures, m.reapFailures, m.lastProgress, m.syncStandbys)
 	return m
 }
 

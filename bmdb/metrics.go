@@ -1,6 +1,10 @@
 package bmdb
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/internal/metric"
+)
 
 // Metrics counts what the BMDB layer does, for the daemon's /metrics. A nil
 // *Metrics is valid and counts nothing, so library users and tests need not
@@ -21,47 +25,31 @@ type Metrics struct {
 // shepherd_bmdb_transactions_total.
 var TransactionResults = []string{"committed", "retried", "rolled_back", "session_expired", "retries_exhausted", "failed"}
 
-// NewMetrics creates the BMDB metrics and registers them with reg.
+// NewMetrics creates the BMDB metrics and registers them with reg (nil:
+// not registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_transactions_total",
-			Help: "BMDB transaction attempts by outcome: committed, retried (serialization failure or deadlock, run again), rolled_back (nothing to do, lease lost), session_expired, retries_exhausted, failed.",
-		}, []string{"result"}),
-		sessionsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_sessions_started_total",
-			Help: "BMDB sessions started by this process, by component.",
-		}, []string{"component"}),
-		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_sessions_expired_total",
-			Help: "BMDB sessions of this process that expired before being closed (heartbeat failed or local deadline passed), by component.",
-		}, []string{"component"}),
-		sessionsReaped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_sessions_reaped_total",
-			Help: "Expired BMDB sessions (of any replica) deleted by this process's reaper.",
-		}),
-		leasesReaped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_leases_reaped_total",
-			Help: "Work leases of expired sessions released by this process's reaper and recorded as Lost.",
-		}),
-		historyPruned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shepherd_bmdb_history_pruned_total",
-			Help: "work_history events older than the retention deleted by this process.",
-		}),
-		endsPerCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "shepherd_bmdb_lease_ends_per_transaction",
-			Help:    "Lease ends (finish, reschedule, fail, cancel) carried by one transaction: a session's concurrent ends share a commit.",
-			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-		}),
-		prepared: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shepherd_bmdb_statements_prepared",
-			Help: "1 when the BMDB's connections prepare their statements (no transaction-mode pooler found); 0 when statements are sent unnamed, parsed and planned at every execution (a pooler, no probe yet, or the DSN's default_query_exec_mode).",
-		}),
+		transactions: metric.CounterVec(reg, "shepherd_bmdb_transactions_total",
+			"BMDB transaction attempts by outcome: committed, retried (serialization failure or deadlock, run again), rolled_back (nothing to do, lease lost), session_expired, retries_exhausted, failed.", "result"),
+		sessionsStarted: metric.CounterVec(reg, "shepherd_bmdb_sessions_started_total",
+			"BMDB sessions started by this process, by component.", "component"),
+		sessionsExpired: metric.CounterVec(reg, "shepherd_bmdb_sessions_expired_total",
+			"BMDB sessions of this process that expired before being closed (heartbeat failed or local deadline passed), by component.", "component"),
+		sessionsReaped: metric.Counter(reg, "shepherd_bmdb_sessions_reaped_total",
+			"Expired BMDB sessions (of any replica) deleted by this process's reaper."),
+		leasesReaped: metric.Counter(reg, "shepherd_bmdb_leases_reaped_total",
+			"Work leases of expired sessions released by this process's reaper and recorded as Lost."),
+		historyPruned: metric.Counter(reg, "shepherd_bmdb_history_pruned_total",
+			"work_history events older than the retention deleted by this process."),
+		endsPerCommit: metric.Histogram(reg, "shepherd_bmdb_lease_ends_per_transaction",
+			"Lease ends (finish, reschedule, fail, cancel) carried by one transaction: a session's concurrent ends share a commit.",
+			[]float64{1, 2, 4, 8, 16, 32, 64, 128}),
+		prepared: metric.Gauge(reg, "shepherd_bmdb_statements_prepared",
+			"1 when the BMDB's connections prepare their statements (no transaction-mode pooler found); 0 when statements are sent unnamed, parsed and planned at every execution (a pooler, no probe yet, or the DSN's default_query_exec_mode)."),
 	}
 	for _, r := range TransactionResults {
 		m.transactions.WithLabelValues(r)
 	}
-	reg.MustRegister(m.transactions, m.sessionsStarted, m.sessionsExpired, m.sessionsReaped, m.leasesReaped, m.historyPruned, m.endsPerCommit, m.prepared)
 	m.ha = newHAMetrics(reg)
 	return m
 }

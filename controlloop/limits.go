@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
 // Limits are a process's safety limits. They exist because a control loop
@@ -123,30 +124,18 @@ type limitMetrics struct {
 var pauseReasons = []string{bmdb.PauseByOperator, bmdb.PauseByBreaker}
 
 func newLimitMetrics(reg prometheus.Registerer) *limitMetrics {
-	m := &limitMetrics{
-		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_process_paused",
-			Help: "1 while the process is paused in the BMDB, by reason: operator (shepherd pause) or breaker (its circuit breaker tripped); refreshed periodically.",
-		}, []string{"process", "reason"}),
-		oldestLease: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_work_oldest_lease_seconds",
-			Help: "Age of the process's oldest lease across all replicas (0 without leases), refreshed periodically.",
-		}, []string{"process"}),
-		expected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_work_expected_duration_seconds",
-			Help: "How long one piece of the process's work should take at most (-<process>_expected_work_duration).",
-		}, []string{"process"}),
-		limit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_work_limit",
-			Help: "The process's configured safety limits, by limit: max_in_flight (compare with shepherd_work_leases), max_per_hour; 0 means no limit.",
-		}, []string{"process", "limit"}),
-		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_breaker_trips_total",
-			Help: "Times this replica's check tripped the process's circuit breaker (and paused the process).",
-		}, []string{"process"}),
+	return &limitMetrics{
+		paused: metric.GaugeVec(reg, "shepherd_process_paused",
+			"1 while the process is paused in the BMDB, by reason: operator (shepherd pause) or breaker (its circuit breaker tripped); refreshed periodically.", "process", "reason"),
+		oldestLease: metric.GaugeVec(reg, "shepherd_work_oldest_lease_seconds",
+			"Age of the process's oldest lease across all replicas (0 without leases), refreshed periodically.", "process"),
+		expected: metric.GaugeVec(reg, "shepherd_work_expected_duration_seconds",
+			"How long one piece of the process's work should take at most (-<process>_expected_work_duration).", "process"),
+		limit: metric.GaugeVec(reg, "shepherd_work_limit",
+			"The process's configured safety limits, by limit: max_in_flight (compare with shepherd_work_leases), max_per_hour; 0 means no limit.", "process", "limit"),
+		breakerTrips: metric.CounterVec(reg, "shepherd_breaker_trips_total",
+			"Times this replica's check tripped the process's circuit breaker (and paused the process).", "process"),
 	}
-	reg.MustRegister(m.paused, m.oldestLease, m.expected, m.limit, m.breakerTrips)
-	return m
 }
 
 func (m *limitMetrics) initProcess(label string, l Limits) {

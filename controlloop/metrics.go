@@ -2,6 +2,8 @@ package controlloop
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
 // Results of work, the values of the result label.
@@ -46,79 +48,42 @@ type Metrics struct {
 // NewMetrics creates the runner metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		started: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_work_started_total",
-			Help: "Work leases taken by this replica.",
-		}, []string{"process"}),
-		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_work_finished_total",
-			Help: "Work ended by this replica, by result: finished, failed (backed off), canceled, lost (lease gone with its session).",
-		}, []string{"process", "result"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "shepherd_work_duration_seconds",
-			Help:    "Time from lease to end of work, by result.",
-			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
-		}, []string{"process", "result"}),
-		eligible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_machines_eligible",
-			Help: "Machines the process could lease now (the work queue depth), refreshed periodically.",
-		}, []string{"process"}),
-		backoffs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_backoffs_active",
-			Help: "Machines the process is backing off from now, refreshed periodically.",
-		}, []string{"process"}),
-		leases: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_work_leases",
-			Help: "Leases the process holds now across all replicas, refreshed periodically.",
-		}, []string{"process"}),
-		workersActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_workers_active",
-			Help: "Workers of this replica acting on a machine now.",
-		}, []string{"process"}),
-		workersMax: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_workers_max",
-			Help: "Configured workers of this replica (loop parallelism).",
-		}, []string{"process"}),
-		sessionHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shepherd_loop_session_held",
-			Help: "1 while the process's loop in this replica holds a live BMDB session.",
-		}, []string{"process"}),
-		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_claim_queries_total",
-			Help: "Claiming (claim) queries, by outcome: leased (at least one machine), empty.",
-		}, []string{"process", "outcome"}),
-		claimErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_claim_errors_total",
-			Help: "Claiming failures (database unreachable, session lost, ...).",
-		}, []string{"process"}),
-		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_work_panics_total",
-			Help: "Panics in process code, each turned into a failure of its work.",
-		}, []string{"process"}),
+		started: metric.CounterVec(reg, "shepherd_work_started_total",
+			"Work leases taken by this replica.", "process"),
+		finished: metric.CounterVec(reg, "shepherd_work_finished_total",
+			"Work ended by this replica, by result: finished, failed (backed off), canceled, lost (lease gone with its session).", "process", "result"),
+		duration: metric.HistogramVec(reg, "shepherd_work_duration_seconds",
+			"Time from lease to end of work, by result.",
+			[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}, "process", "result"),
+		eligible: metric.GaugeVec(reg, "shepherd_machines_eligible",
+			"Machines the process could lease now (the work queue depth), refreshed periodically.", "process"),
+		backoffs: metric.GaugeVec(reg, "shepherd_backoffs_active",
+			"Machines the process is backing off from now, refreshed periodically.", "process"),
+		leases: metric.GaugeVec(reg, "shepherd_work_leases",
+			"Leases the process holds now across all replicas, refreshed periodically.", "process"),
+		workersActive: metric.GaugeVec(reg, "shepherd_workers_active",
+			"Workers of this replica acting on a machine now.", "process"),
+		workersMax: metric.GaugeVec(reg, "shepherd_workers_max",
+			"Configured workers of this replica (loop parallelism).", "process"),
+		sessionHeld: metric.GaugeVec(reg, "shepherd_loop_session_held",
+			"1 while the process's loop in this replica holds a live BMDB session.", "process"),
+		claims: metric.CounterVec(reg, "shepherd_claim_queries_total",
+			"Claiming (claim) queries, by outcome: leased (at least one machine), empty.", "process", "outcome"),
+		claimErrors: metric.CounterVec(reg, "shepherd_claim_errors_total",
+			"Claiming failures (database unreachable, session lost, ...).", "process"),
+		panics: metric.CounterVec(reg, "shepherd_work_panics_total",
+			"Panics in process code, each turned into a failure of its work.", "process"),
+		endRetries: metric.CounterVec(reg, "shepherd_work_end_retries_total",
+			"Attempts to record the end of a lease (fail, cancel) that the BMDB refused and that were retried, by outcome: retried, abandoned (the session was given up so that the reaper records the lease as lost).", "process", "outcome"),
+		oldestDue: metric.GaugeVec(reg, "shepherd_work_oldest_due_seconds",
+			"How long the longest-waiting machine the process could lease now has been due (0 when none), refreshed periodically: the backlog's age.", "process"),
+		listening: metric.GaugeVec(reg, "shepherd_claim_notifications_listening",
+			"1 while the process's idle claimer is woken by database notifications (LISTEN); 0 while it polls every idle_poll (through a transaction pooler, or notifications lost).", "process"),
+		wakeups: metric.CounterVec(reg, "shepherd_claim_wakeups_total",
+			"Wake-ups of the idle claimer, by reason: notify (a machine became due), lease_ended (one of this replica's workers ended a lease, which makes its machine due again), timer (its next due time, the safety poll, or idle_poll while polling).", "process", "reason"),
+		drift: metric.CounterVec(reg, "shepherd_due_drift_total",
+			"Machines the reconcile pass found a claim would lease but that had no due row (a write the due triggers did not see); each was made due.", "process"),
 	}
-	m.endRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shepherd_work_end_retries_total",
-		Help: "Attempts to record the end of a lease (fail, cancel) that the BMDB refused and that were retried, by outcome: retried, abandoned (the session was given up so that the reaper records the lease as lost).",
-	}, []string{"process", "outcome"})
-	m.oldestDue = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "shepherd_work_oldest_due_seconds",
-		Help: "How long the longest-waiting machine the process could lease now has been due (0 when none), refreshed periodically: the backlog's age.",
-	}, []string{"process"})
-	m.listening = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "shepherd_claim_notifications_listening",
-		Help: "1 while the process's idle claimer is woken by database notifications (LISTEN); 0 while it polls every idle_poll (through a transaction pooler, or notifications lost).",
-	}, []string{"process"})
-	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shepherd_claim_wakeups_total",
-		Help: "Wake-ups of the idle claimer, by reason: notify (a machine became due), lease_ended (one of this replica's workers ended a lease, which makes its machine due again), timer (its next due time, the safety poll, or idle_poll while polling).",
-	}, []string{"process", "reason"})
-	m.drift = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shepherd_due_drift_total",
-		Help: "Machines the reconcile pass found a claim would lease but that had no due row (a write the due triggers did not see); each was made due.",
-	}, []string{"process"})
-	reg.MustRegister(m.started, m.finished, m.duration, m.eligible, m.backoffs, m.leases,
-		m.workersActive, m.workersMax, m.sessionHeld, m.claims, m.claimErrors, m.panics, m.endRetries,
-		m.oldestDue, m.listening, m.wakeups, m.drift)
 	m.limits = newLimitMetrics(reg)
 	return m
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/metric"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
@@ -306,37 +307,26 @@ type metrics struct {
 	resets     *prometheus.CounterVec
 }
 
+// newMetrics makes the inventory's metrics and registers them with reg
+// (nil: not registered).
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		machines: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shepherd_inventory_machines",
-			Help: "Machines listed by the static inventory in force.",
-		}),
-		removed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shepherd_inventory_removed_machines",
-			Help: "Machines of the static provider in the BMDB that the inventory in force no longer lists (kept, never deleted).",
-		}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_inventory_reloads_total",
-			Help: "Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).",
-		}, []string{"result"}),
-		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shepherd_provider_resets_total",
-			Help: "Reboots the static provider attempted, by method (redfish, ipmi, ssh) and result (success, failure).",
-		}, []string{"method", "result"}),
-		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "shepherd_inventory_last_reload_successful",
-			Help: "1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force).",
-		}),
+		machines: metric.Gauge(reg, "shepherd_inventory_machines",
+			"Machines listed by the static inventory in force."),
+		removed: metric.Gauge(reg, "shepherd_inventory_removed_machines",
+			"Machines of the static provider in the BMDB that the inventory in force no longer lists (kept, never deleted)."),
+		reloads: metric.CounterVec(reg, "shepherd_inventory_reloads_total",
+			"Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).", "result"),
+		resets: metric.CounterVec(reg, "shepherd_provider_resets_total",
+			"Reboots the static provider attempted, by method (redfish, ipmi, ssh) and result (success, failure).", "method", "result"),
+		lastReload: metric.Gauge(reg, "shepherd_inventory_last_reload_successful",
+			"1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force)."),
 	}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
 	for _, method := range []string{PowerRedfish, PowerIPMI, PowerSSH} {
 		m.resets.WithLabelValues(method, "success")
 		m.resets.WithLabelValues(method, "failure")
-	}
-	if reg != nil {
-		reg.MustRegister(m.machines, m.removed, m.reloads, m.lastReload, m.resets)
 	}
 	return m
 }
