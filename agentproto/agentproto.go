@@ -73,6 +73,20 @@ func invalidf(format string, args ...any) error {
 // shape holds an object of that shape.
 type shape map[string]shape
 
+// encodeLimited encodes v, a message of kind what, as one line of JSON,
+// and refuses the result above limit bytes: the peer's decodeStrict would
+// refuse it, and the sender's error names the cause.
+func encodeLimited(v any, limit int, what string) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", what, err)
+	}
+	if len(b) > limit {
+		return nil, invalidf("%s is %d bytes encoded, more than the limit of %d", what, len(b), limit)
+	}
+	return b, nil
+}
+
 // decodeStrict decodes data, a message of kind what, into v after checking
 // it against s. encoding/json alone is not strict enough: it matches keys
 // case-insensitively, lets a duplicate key silently override the first, and

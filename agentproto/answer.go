@@ -3,7 +3,6 @@ package agentproto
 import (
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 )
@@ -38,18 +37,11 @@ func EncodeAnswer(a Answer) ([]byte, error) {
 		return nil, fmt.Errorf("answer: %w", err)
 	}
 	init := a.Init.wire()
-	b, err := json.Marshal(answerWire{
+	return encodeLimited(answerWire{
 		Version:   Version,
 		PublicKey: base64.StdEncoding.EncodeToString(a.PublicKey),
 		Init:      &init,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encoding answer: %w", err)
-	}
-	if len(b) > MaxAnswerSize {
-		return nil, invalidf("answer is %d bytes encoded, more than the limit of %d", len(b), MaxAnswerSize)
-	}
-	return b, nil
+	}, MaxAnswerSize, "answer")
 }
 
 // DecodeAnswer parses an Answer (surrounding whitespace, such as the line

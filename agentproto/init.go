@@ -3,7 +3,6 @@ package agentproto
 import (
 	"bytes"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -123,14 +122,7 @@ func EncodeInit(i Init) ([]byte, error) {
 	if err := i.Validate(); err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(i.wire())
-	if err != nil {
-		return nil, fmt.Errorf("encoding init: %w", err)
-	}
-	if len(b) > MaxInitSize {
-		return nil, invalidf("init is %d bytes encoded, more than the limit of %d", len(b), MaxInitSize)
-	}
-	return b, nil
+	return encodeLimited(i.wire(), MaxInitSize, "init")
 }
 
 // DecodeInit parses an Init message (surrounding whitespace, such as the
