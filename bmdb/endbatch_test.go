@@ -127,7 +127,7 @@ func TestConcurrentEndsShareATransaction(t *testing.T) {
 	for i, w := range h.works[1:] {
 		event := []string{bmdb.EventFinished, bmdb.EventFailed, bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventCanceled}[i%5]
 		want := []string{bmdb.EventStarted, event}
-		if got := events(e.history(w.Machine)); !slices.Equal(got, want) {
+		if got := bmdbtest.Events(e.history(w.Machine)); !slices.Equal(got, want) {
 			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
 		}
 		b := e.backoffOf(w.Machine, agentStart)
@@ -248,7 +248,7 @@ func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
 		impatient: {bmdb.EventStarted},
 		lostPlain: {bmdb.EventStarted},
 	} {
-		if got := events(e.history(w.Machine)); !slices.Equal(got, want) {
+		if got := bmdbtest.Events(e.history(w.Machine)); !slices.Equal(got, want) {
 			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
 		}
 	}

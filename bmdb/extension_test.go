@@ -268,9 +268,7 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 	}
 	var events []string
 	for _, m := range ms {
-		for _, h := range e.history(m) {
-			events = append(events, h.Event)
-		}
+		events = append(events, bmdbtest.Events(e.history(m))...)
 	}
 	for _, want := range []string{bmdb.EventRescheduled, bmdb.EventBackoffCleared, bmdb.EventRetried} {
 		if !slices.Contains(events, want) {

@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -129,7 +130,7 @@ func TestReplicationWithoutStandby(t *testing.T) {
 	if r.InRecovery || r.Synchronous() || r.StandbyNames != "" {
 		t.Errorf("Replication = %+v (synchronous %v), want a primary without synchronous standby", r, r.Synchronous())
 	}
-	if got := metricValue(t, reg, "shepherd_bmdb_synchronous_standbys"); got != 0 {
+	if got := bmdbtest.Metric(t, reg, "shepherd_bmdb_synchronous_standbys"); got != 0 {
 		t.Errorf("shepherd_bmdb_synchronous_standbys = %v, want 0", got)
 	}
 }
@@ -153,21 +154,15 @@ func TestStalledWhileSessionsTableLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) // if the test fails before it is rolled back
 	if _, err := tx.Exec(ctx, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	var stalled string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		stalled = e.db.Stalled(window)
-		if strings.Contains(stalled, "reaper failing") && strings.Contains(stalled, "heartbeats failing") {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(stalled, "reaper failing") || !strings.Contains(stalled, "heartbeats failing") {
-		t.Errorf("Stalled with the sessions table locked = %q, want failing heartbeats and reaper", stalled)
-	}
-	if n := metricValue(t, reg, "shepherd_bmdb_reap_failures_total"); n == 0 {
+	bmdbtest.WaitFor(t, 10*time.Second, "Stalled to name failing heartbeats and reaper with the sessions table locked", func() (bool, string) {
+		stalled := e.db.Stalled(window)
+		return strings.Contains(stalled, "reaper failing") && strings.Contains(stalled, "heartbeats failing"), fmt.Sprintf("Stalled = %q", stalled)
+	})
+	if n := bmdbtest.Metric(t, reg, "shepherd_bmdb_reap_failures_total"); n == 0 {
 		t.Error("shepherd_bmdb_reap_failures_total is 0 after failed reaps")
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -186,34 +181,8 @@ func TestStalledWhileSessionsTableLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close(ctx)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if stalled = e.db.Stalled(window); stalled == "" {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if stalled != "" {
-		t.Errorf("Stalled after the lock was released = %q, want \"\"", stalled)
-	}
-}
-
-// metricValue is the sum of a counter's or gauge's series in reg.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-		for _, m := range mf.GetMetric() {
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-		return sum
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	bmdbtest.WaitFor(t, 10*time.Second, "Stalled to be empty after the lock was released", func() (bool, string) {
+		stalled := e.db.Stalled(window)
+		return stalled == "", fmt.Sprintf("Stalled = %q", stalled)
+	})
 }

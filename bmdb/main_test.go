@@ -165,12 +165,3 @@ func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Durati
 	})
 	return w
 }
-
-// events lists the event names of h.
-func events(h []bmdb.HistoryEntry) []string {
-	var out []string
-	for _, e := range h {
-		out = append(out, e.Event)
-	}
-	return out
-}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
 
 // quickBackoff backs off for an hour so that a failed machine stays
@@ -352,14 +353,14 @@ func TestMachineDetail(t *testing.T) {
 		t.Errorf("backoffs = %+v", d.Backoffs)
 	}
 	wantEvents := []string{"Started", "Failed", "Retried", "Started", "Finished", "Started", "Failed", "Started"}
-	if got := events(d.History); !slices.Equal(got, wantEvents) || d.HistoryTruncated {
+	if got := bmdbtest.Events(d.History); !slices.Equal(got, wantEvents) || d.HistoryTruncated {
 		t.Errorf("history = %v (truncated %v), want %v", got, d.HistoryTruncated, wantEvents)
 	}
 	d, err = e.db.Machine(ctx, m, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := events(d.History); !slices.Equal(got, wantEvents[5:]) || !d.HistoryTruncated {
+	if got := bmdbtest.Events(d.History); !slices.Equal(got, wantEvents[5:]) || !d.HistoryTruncated {
 		t.Errorf("newest 3 = %v (truncated %v), want %v", got, d.HistoryTruncated, wantEvents[5:])
 	}
 }

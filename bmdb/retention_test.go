@@ -62,7 +62,7 @@ func TestPruneHistoryDeletesOnlyOldEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	open := claim(t, s, agentStart) // a lease still held: its Started stays
-	before := events(e.history(open.Machine))
+	before := bmdbtest.Events(e.history(open.Machine))
 
 	deleted, err := e.db.PruneHistory(ctx, retention, 7)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestPruneHistoryDeletesOnlyOldEvents(t *testing.T) {
 	if older != 0 || younger != 4+6+3 {
 		t.Errorf("after pruning: %d events older than the retention (want 0), %d younger (want 13)", older, younger)
 	}
-	if after := events(e.history(open.Machine)); strings.Join(after, ",") != strings.Join(before, ",") {
+	if after := bmdbtest.Events(e.history(open.Machine)); strings.Join(after, ",") != strings.Join(before, ",") {
 		t.Errorf("history of the held lease's machine: %v before pruning, %v after", before, after)
 	}
 
@@ -219,7 +219,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	// The machine may have been leased again since; its first lease is the
 	// early one.
 	if h := e.history(early.Machine); len(h) < 2 || h[0].Event != bmdb.EventStarted || h[1].Event != bmdb.EventFinished {
-		t.Errorf("history of the early lease: %v, want Started, Finished first", events(h))
+		t.Errorf("history of the early lease: %v, want Started, Finished first", bmdbtest.Events(h))
 	}
 }
 

@@ -79,7 +79,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	}
 	for _, m := range ms {
 		h := e.history(m)
-		if got := events(h); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(h); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Fatalf("history of %s: %v, want Started, Lost", m, got)
 		}
 		lost := h[1]
@@ -112,7 +112,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	}))
 	late(works[1].Fail(ctx, bmdb.Backoff{}, "late"))
 	for _, m := range ms {
-		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Errorf("history of %s after the late outcome: %v, want Started, Lost", m, got)
 		}
 		if e.agentStarted(m) {
@@ -255,7 +255,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		if !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Finish from a reaped session: %v, want ErrSessionExpired", err)
 		}
-		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Errorf("history: %v, want Started, Lost", got)
 		}
 		if e.agentStarted(m) {
@@ -303,7 +303,7 @@ func TestClaimBySessionBeingReaped(t *testing.T) {
 		t.Fatalf("claim by a session deleted under it: %v, want ErrSessionExpired", err)
 	}
 	if got := e.history(m); len(got) != 0 {
-		t.Errorf("history: %v, want nothing", events(got))
+		t.Errorf("history: %v, want nothing", bmdbtest.Events(got))
 	}
 	select {
 	case <-s.Done():
@@ -334,7 +334,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 		t.Errorf("%d leases left after Close", n)
 	}
 	for _, m := range ms {
-		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventCanceled}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventCanceled}) {
 			t.Errorf("history of %s: %v, want Started, Canceled", m, got)
 		}
 	}

@@ -56,7 +56,7 @@ func TestStatementsPreparedWithoutPooler(t *testing.T) {
 	if !bmdb.StatementsPrepared(e.db) {
 		t.Fatal("statements not prepared after a session started on a direct connection")
 	}
-	if got := metricValue(t, reg, "shepherd_bmdb_statements_prepared"); got != 1 {
+	if got := bmdbtest.Metric(t, reg, "shepherd_bmdb_statements_prepared"); got != 1 {
 		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 1", got)
 	}
 	claimAndFinish(t, s)
@@ -110,7 +110,7 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 	if bmdb.StatementsPrepared(e.db) {
 		t.Error("statements still prepared after a prepared statement went missing")
 	}
-	if got := metricValue(t, reg, "shepherd_bmdb_statements_prepared"); got != 0 {
+	if got := bmdbtest.Metric(t, reg, "shepherd_bmdb_statements_prepared"); got != 0 {
 		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 0", got)
 	}
 	if n := preparedClaims(t, e.db); n != 0 {

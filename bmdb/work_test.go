@@ -271,7 +271,7 @@ func TestHistoryOfCycles(t *testing.T) {
 	}
 	h := e.history(m)
 	if len(h) != len(wants) {
-		t.Fatalf("history %v, want %d events", events(h), len(wants))
+		t.Fatalf("history %v, want %d events", bmdbtest.Events(h), len(wants))
 	}
 	for i, entry := range h {
 		w := wants[i]
@@ -336,7 +336,7 @@ func TestFinishCommitFailure(t *testing.T) {
 	if e.agentStarted(m) {
 		t.Errorf("the failed commit function's tag was committed")
 	}
-	if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
 		t.Errorf("history after a failed Finish: %v, want only Started", got)
 	}
 	if n := e.leaseCount(agentStart); n != 1 {
@@ -345,7 +345,7 @@ func TestFinishCommitFailure(t *testing.T) {
 	if err := w.Fail(ctx, bmdb.Backoff{}, "recording the outcome failed"); err != nil {
 		t.Fatalf("Fail after a failed Finish: %v", err)
 	}
-	if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventFailed}) {
+	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventFailed}) {
 		t.Errorf("history: %v, want Started, Failed", got)
 	}
 	if n := e.leaseCount(agentStart); n != 0 {
@@ -399,7 +399,7 @@ func TestFinishOnLostLease(t *testing.T) {
 		t.Errorf("Cancel: %v, want ErrLeaseLost", err)
 	}
 	for _, m := range ms {
-		if got := events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
 			t.Errorf("history of %s: %v, want only Started", m, got)
 		}
 	}

@@ -79,7 +79,7 @@ func TestLeaseEndRetriedThroughTableLock(t *testing.T) {
 	release := e.lockWork()
 	close(proceed)
 	bmdbtest.WaitForNoError(t, time.Minute, "the Fail to be retried", func() (bool, error) {
-		return e.metric("shepherd_work_end_retries_total", map[string]string{"outcome": "retried"}) >= 2, nil
+		return e.metric("shepherd_work_end_retries_total", "outcome", "retried") >= 2, nil
 	})
 	release()
 	bmdbtest.WaitForNoError(t, time.Minute, "the failure to be recorded", func() (bool, error) {
@@ -98,7 +98,7 @@ func TestLeaseEndRetriedThroughTableLock(t *testing.T) {
 	if err != nil || b == nil || !b.Active || len(b.Cause) > 4200 {
 		t.Errorf("backoff after the failure: %+v, %v", b, err)
 	}
-	if abandoned := e.metric("shepherd_work_end_retries_total", map[string]string{"outcome": "abandoned"}); abandoned != 0 {
+	if abandoned := e.metric("shepherd_work_end_retries_total", "outcome", "abandoned"); abandoned != 0 {
 		t.Errorf("%g sessions abandoned, want none: the lock was released in time", abandoned)
 	}
 	r.Stop(t, time.Minute)
@@ -135,7 +135,7 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	release := e.lockWork()
 	close(proceed)
 	bmdbtest.WaitForNoError(t, time.Minute, "the session to be abandoned", func() (bool, error) {
-		return e.metric("shepherd_work_end_retries_total", map[string]string{"outcome": "abandoned"}) == 1, nil
+		return e.metric("shepherd_work_end_retries_total", "outcome", "abandoned") == 1, nil
 	})
 	release()
 	bmdbtest.WaitForNoError(t, time.Minute, "the abandoned lease to be reaped as Lost, and the machine done by a new session", func() (bool, error) {

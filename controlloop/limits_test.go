@@ -98,7 +98,7 @@ func TestLimitMetricsExistAtStart(t *testing.T) {
 			t.Errorf("%s has %d series at start, want %d", name, series[name], n)
 		}
 	}
-	if got := e.metric("shepherd_work_expected_duration_seconds", map[string]string{"process": "test"}); got != 420 {
+	if got := e.metric("shepherd_work_expected_duration_seconds", "process", "test"); got != 420 {
 		t.Errorf("expected duration gauge %g, want 420", got)
 	}
 }
@@ -189,7 +189,7 @@ func TestRunnerMaxPerHour(t *testing.T) {
 
 // transactions counts the BMDB transactions of the env's replica.
 func (e *env) transactions() float64 {
-	return e.metric("shepherd_bmdb_transactions_total", nil)
+	return e.metric("shepherd_bmdb_transactions_total")
 }
 
 // A pause reaches a running loop within one idle poll, costs no
@@ -235,9 +235,9 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	// Paused, the loop polls like an idle one: one claim per idle poll,
 	// plus its session's heartbeat, and nothing else.
 	const window = 2 * time.Second
-	tx0, src0 := e.transactions(), e.metric("shepherd_claim_queries_total", nil)
+	tx0, src0 := e.transactions(), e.metric("shepherd_claim_queries_total")
 	time.Sleep(window)
-	tx, src := e.transactions()-tx0, e.metric("shepherd_claim_queries_total", nil)-src0
+	tx, src := e.transactions()-tx0, e.metric("shepherd_claim_queries_total")-src0
 	heartbeats := window.Seconds()/(cfg.Session.Interval.Seconds()/2) + 1
 	if tx > src+heartbeats+1 {
 		t.Errorf("paused: %.0f transactions for %.0f claims in %s: a pause must cost nothing beyond the idle claim", tx, src, window)
@@ -246,7 +246,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 		t.Errorf("paused: %.0f claims in %s, want at most one per idle poll (%.0f)", src, window, maxSrc)
 	}
 	bmdbtest.WaitForNoError(t, 5*time.Second, "the paused gauge", func() (bool, error) {
-		return e.metric("shepherd_process_paused", map[string]string{"process": "test", "reason": "operator"}) == 1, nil
+		return e.metric("shepherd_process_paused", "process", "test", "reason", "operator") == 1, nil
 	})
 	if !r.Ready() {
 		t.Errorf("a paused loop lost its readiness: it should keep its session")
@@ -258,7 +258,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 	before := started.Load()
 	bmdbtest.WaitForNoError(t, 5*time.Second, "work after resume", func() (bool, error) { return started.Load() > before, nil })
 	bmdbtest.WaitForNoError(t, 5*time.Second, "the paused gauge to clear", func() (bool, error) {
-		return e.metric("shepherd_process_paused", nil) == 0, nil
+		return e.metric("shepherd_process_paused") == 0, nil
 	})
 }
 
@@ -300,10 +300,10 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 	if reason := ps[0].Reason; !strings.Contains(reason, "4 of the last 4 attempts failed") || !strings.Contains(reason, "agent build 1.2.3 crashes on start") {
 		t.Errorf("pause reason %q does not say why", reason)
 	}
-	if got := e.metric("shepherd_process_paused", map[string]string{"process": "test", "reason": "breaker"}); got != 1 {
+	if got := e.metric("shepherd_process_paused", "process", "test", "reason", "breaker"); got != 1 {
 		t.Errorf("shepherd_process_paused{reason=breaker} = %g, want 1", got)
 	}
-	if got := e.metric("shepherd_breaker_trips_total", map[string]string{"process": "test"}); got != 1 {
+	if got := e.metric("shepherd_breaker_trips_total", "process", "test"); got != 1 {
 		t.Errorf("shepherd_breaker_trips_total = %g, want 1", got)
 	}
 

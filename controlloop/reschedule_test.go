@@ -59,10 +59,10 @@ func TestCheckAgainAfterIsNeitherFailureNorBackoff(t *testing.T) {
 			t.Errorf("Rescheduled cause %q does not say when", h.Cause)
 		}
 	}
-	if f := e.metric("shepherd_work_finished_total", map[string]string{"result": "failed"}); f != 0 {
+	if f := e.metric("shepherd_work_finished_total", "result", "failed"); f != 0 {
 		t.Errorf("%g failures counted", f)
 	}
-	if n := e.metric("shepherd_work_finished_total", map[string]string{"result": "rescheduled"}); n < float64(2*len(machines)) {
+	if n := e.metric("shepherd_work_finished_total", "result", "rescheduled"); n < float64(2*len(machines)) {
 		t.Errorf("%g counted as rescheduled, want at least %d", n, 2*len(machines))
 	}
 	v, err := e.db.CheckBreaker(context.Background(), p.info.Process.Name, bmdb.Breaker{Window: 5, Threshold: 0.5})

@@ -185,34 +185,11 @@ func (e *env) count(event string) int {
 	return n
 }
 
-// metric sums the samples of a counter family in the env's registry.
-func (e *env) metric(name string, labels map[string]string) float64 {
+// metric sums the series of a counter or gauge family in the env's
+// registry whose labels include labels (name, value pairs).
+func (e *env) metric(name string, labels ...string) float64 {
 	e.t.Helper()
-	families, err := e.reg.Gather()
-	if err != nil {
-		e.t.Fatalf("Gather: %v", err)
-	}
-	sum := 0.0
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
+	return bmdbtest.Metric(e.t, e.reg, name, labels...)
 }
 
 func TestRunnerFinishesEveryMachine(t *testing.T) {
@@ -257,7 +234,7 @@ func TestRunnerFinishesEveryMachine(t *testing.T) {
 			t.Errorf("%s ran %d times, want once", m, runs[m])
 		}
 	}
-	if got := e.metric("shepherd_work_finished_total", map[string]string{"process": "test", "result": "finished"}); got != 20 {
+	if got := e.metric("shepherd_work_finished_total", "process", "test", "result", "finished"); got != 20 {
 		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 20", got)
 	}
 }
@@ -348,7 +325,7 @@ func TestRunnerPanic(t *testing.T) {
 	if h := eventsByMachine(e.history())[late]; strings.Join(h, ",") != "Started,Finished" {
 		t.Errorf("late machine: %v", h)
 	}
-	if got := e.metric("shepherd_work_panics_total", map[string]string{"process": "test"}); got != 2 {
+	if got := e.metric("shepherd_work_panics_total", "process", "test"); got != 2 {
 		t.Errorf("shepherd_work_panics_total = %g, want 2", got)
 	}
 }
@@ -446,11 +423,11 @@ func TestRunnerIdleLoad(t *testing.T) {
 	bmdbtest.WaitForNoError(t, 10*time.Second, "a session", func() (bool, error) { return r.Ready(), nil })
 
 	const window = 3 * time.Second
-	tx0 := e.metric("shepherd_bmdb_transactions_total", nil)
-	src0 := e.metric("shepherd_claim_queries_total", nil)
+	tx0 := e.metric("shepherd_bmdb_transactions_total")
+	src0 := e.metric("shepherd_claim_queries_total")
 	time.Sleep(window)
-	tx := e.metric("shepherd_bmdb_transactions_total", nil) - tx0
-	src := e.metric("shepherd_claim_queries_total", nil) - src0
+	tx := e.metric("shepherd_bmdb_transactions_total") - tx0
+	src := e.metric("shepherd_claim_queries_total") - src0
 
 	perSecond := tx / window.Seconds()
 	t.Logf("idle with %d workers: %.0f transactions, %.0f claim queries in %s", cfg.Parallelism, tx, src, window)
@@ -520,7 +497,7 @@ func TestRunnerSessionLoss(t *testing.T) {
 			t.Errorf("history of %s: %s, want Started,Lost,Started,Finished", m, got)
 		}
 	}
-	if got := e.metric("shepherd_work_finished_total", map[string]string{"result": "lost"}); got != 3 {
+	if got := e.metric("shepherd_work_finished_total", "result", "lost"); got != 3 {
 		t.Errorf("shepherd_work_finished_total{result=lost} = %g, want 3", got)
 	}
 }
@@ -589,7 +566,7 @@ func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
 
 	// Run returned: every end is recorded.
 	checkFinishedOnce(t, e.history(), machines)
-	if got := e.metric("shepherd_work_finished_total", map[string]string{"process": "test", "result": "finished"}); got != 2 {
+	if got := e.metric("shepherd_work_finished_total", "process", "test", "result", "finished"); got != 2 {
 		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 2", got)
 	}
 }

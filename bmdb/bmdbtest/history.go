@@ -27,6 +27,16 @@ func History(t testing.TB, db *bmdb.DB) []bmdb.HistoryEntry {
 	}
 }
 
+// Events lists the event names of h, in its order (Started, Finished,
+// ...), for comparing a history with the one a test expects.
+func Events(h []bmdb.HistoryEntry) []string {
+	var out []string
+	for _, e := range h {
+		out = append(out, e.Event)
+	}
+	return out
+}
+
 // Open opens the BMDB at dsn for a test's own checks, closed when the test
 // ends.
 func Open(t testing.TB, dsn string) *bmdb.DB {
