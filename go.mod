@@ -4,7 +4,7 @@ go 1.26.8
 
 require (
 	github.com/bougou/go-ipmi v0.9.1
-	github.com/chromedp/cdproto v0.159.2
+	github.com/chromedp/cdproto v0.159.3
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-logr/logr v1.4.4
 	github.com/golang-migrate/migrate/v4 v4.20.1
