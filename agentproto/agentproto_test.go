@@ -251,6 +251,21 @@ func vectorKey() ed25519.PrivateKey {
 	return ed25519.NewKeyFromSeed(seed)
 }
 
+// signedHeartbeat is a heartbeat of testMachine signed with vectorKey and
+// encoded, as an agent sends it: a valid line that tests vary.
+func signedHeartbeat(t testing.TB) []byte {
+	t.Helper()
+	hb := Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)}
+	if err := hb.Sign(vectorKey()); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := EncodeHeartbeat(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc
+}
+
 func TestHeartbeatVector(t *testing.T) {
 	key := vectorKey()
 	pub := key.Public().(ed25519.PublicKey)

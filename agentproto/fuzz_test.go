@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // The fuzz targets check what the decoders promise: they never panic, every
@@ -120,14 +119,7 @@ func TestWriteSeedCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb := Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)}
-	if err := hb.Sign(key); err != nil {
-		t.Fatal(err)
-	}
-	heartbeat, err := EncodeHeartbeat(hb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	heartbeat := signedHeartbeat(t)
 	seeds := map[string]map[string]string{
 		"FuzzDecodeInit": {
 			"valid":           string(init),

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"strings"
 	"testing"
-	"time"
 )
 
 // FuzzHeartbeatFastPath: whatever the fast decoder accepts, the strict
@@ -43,16 +42,7 @@ func decodeHeartbeatStrict(data []byte) (Heartbeat, error) {
 }
 
 func fastPathCases(t testing.TB) []string {
-	key := vectorKey()
-	hb := Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)}
-	if err := hb.Sign(key); err != nil {
-		t.Fatal(err)
-	}
-	enc, err := EncodeHeartbeat(hb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	valid := string(enc)
+	valid := string(signedHeartbeat(t))
 	return []string{
 		valid,
 		" \n" + valid + "\r\n",
