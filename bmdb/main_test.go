@@ -42,11 +42,7 @@ func newEnv(t testing.TB, opts bmdb.Options) *env {
 func openEnv(t testing.TB, dsn string, opts bmdb.Options) *env {
 	t.Helper()
 	ctx := context.Background()
-	db, err := bmdb.Open(ctx, dsn, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.OpenWith(t, dsn, opts)
 	raw, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatalf("connecting to the test database: %v", err)

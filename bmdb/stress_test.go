@@ -35,11 +35,7 @@ func TestStress(t *testing.T) {
 	e.addMachines(machines)
 	sessions := make([]*bmdb.Session, replicas)
 	for i := range sessions {
-		db, err := bmdb.Open(context.Background(), e.dsn, bmdb.Options{MaxConns: workersPerReplica + 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(db.Close)
+		db := bmdbtest.OpenWith(t, e.dsn, bmdb.Options{MaxConns: workersPerReplica + 2})
 		sessions[i] = startSession(t, db, bmdb.SessionConfig{Component: fmt.Sprintf("replica-%d", i)})
 	}
 

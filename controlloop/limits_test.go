@@ -154,11 +154,7 @@ func TestRunnerMaxInFlightAcrossReplicas(t *testing.T) {
 func (e *env) replica() *env {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
-	db, err := bmdb.Open(context.Background(), e.dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(db.Close)
+	db := bmdbtest.OpenWith(e.t, e.dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 	return &env{t: e.t, dsn: e.dsn, db: db, reg: reg}
 }
 

@@ -67,11 +67,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	dsn := bmdbtest.NewDatabase(t)
 	reg := prometheus.NewRegistry()
-	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 	return &env{t: t, dsn: dsn, db: db, reg: reg}
 }
 

@@ -353,11 +353,7 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 	cfg := sim.Config{Machines: 30, AgentStartFailureRate: 0.2, ActionTime: 20 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond}
 	for range 2 {
 		reg := prometheus.NewRegistry()
-		db, err := bmdb.Open(ctx, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(db.Close)
+		db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 		e := &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
 		fleet := sim.New(db, cfg)
 		if err := fleet.Seed(ctx); err != nil {

@@ -60,12 +60,8 @@ func newFleet(t *testing.T) *fleet {
 	t.Helper()
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	db := bmdbtest.Open(t, dsn)
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		for i := range 6 {
 			if _, err := tx.AddMachine(ctx, bmdb.Provided{
 				Provider: "test", ProviderID: fmt.Sprintf("rack1-%02d", i), Address: fmt.Sprintf("192.0.2.%d", i+10), Location: "dc1/rack1",
