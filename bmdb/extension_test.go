@@ -137,14 +137,7 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 		t.Fatalf("MigrateUp with a cancelled context: %v, want context.Canceled", err)
 	}
 
-	tx, err := e.raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, `LOCK TABLE machines IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	release := bmdbtest.LockTable(t, dsn, "machines")
 	short := dsn + " lock_timeout=500"
 	if strings.Contains(dsn, "://") {
 		sep := "?"
@@ -154,7 +147,7 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 		short = dsn + sep + "lock_timeout=500"
 	}
 	ext := testExtension()
-	err = bmdb.MigrateUp(ctx, short, ext)
+	err := bmdb.MigrateUp(ctx, short, ext)
 	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
 		t.Fatalf("MigrateUp behind a lock: %v, want the server's lock timeout", err)
 	}
@@ -164,9 +157,7 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 1 || !dirty || err != nil {
 		t.Fatalf("ExtensionVersion after the timeout = %d, dirty %v, %v; want 1, dirty", v, dirty, err)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	if err := bmdb.ExtensionForce(ctx, dsn, ext, 0); err != nil {
 		t.Fatalf("ExtensionForce: %v", err)
 	}

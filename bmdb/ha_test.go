@@ -85,16 +85,9 @@ func TestTransactionTimeoutFromDSNWins(t *testing.T) {
 func TestLockWaitBounded(t *testing.T) {
 	e := newEnv(t, bmdb.Options{LockTimeout: 300 * time.Millisecond})
 	ctx := context.Background()
-	tx, err := e.raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	bmdbtest.LockTable(t, e.dsn, "sessions")
 	start := time.Now()
-	_, err = e.db.StartSession(ctx, bmdb.SessionConfig{Component: "test"})
+	_, err := e.db.StartSession(ctx, bmdb.SessionConfig{Component: "test"})
 	took := time.Since(start)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
@@ -150,14 +143,7 @@ func TestStalledWhileSessionsTableLocked(t *testing.T) {
 	if p := e.db.Stalled(window); p != "" {
 		t.Fatalf("Stalled before any fault: %q", p)
 	}
-	tx, err := e.raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) // if the test fails before it is rolled back
-	if _, err := tx.Exec(ctx, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := bmdbtest.LockTable(t, e.dsn, "sessions")
 	bmdbtest.WaitFor(t, 10*time.Second, "Stalled to name failing heartbeats and reaper with the sessions table locked", func() (bool, string) {
 		stalled := e.db.Stalled(window)
 		return strings.Contains(stalled, "reaper failing") && strings.Contains(stalled, "heartbeats failing"), fmt.Sprintf("Stalled = %q", stalled)
@@ -165,9 +151,7 @@ func TestStalledWhileSessionsTableLocked(t *testing.T) {
 	if n := bmdbtest.Metric(t, reg, "shepherd_bmdb_reap_failures_total"); n == 0 {
 		t.Error("shepherd_bmdb_reap_failures_total is 0 after failed reaps")
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	// The first session is lost (its heartbeats failed past its deadline)
 	// and another replica reaps it; a new session of this one, reaping only
 	// when its heartbeat finds an expired session (the default), finds

@@ -9,42 +9,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 )
-
-// lockWork holds LOCK TABLE work on its own connection until the returned
-// function is called: every statement touching leases waits meanwhile, as
-// behind an operator's lock or a migration.
-func (e *env) lockWork() (release func()) {
-	e.t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, e.dsn)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE work IN ACCESS EXCLUSIVE MODE`); err != nil {
-		e.t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			if err := tx.Commit(ctx); err != nil {
-				e.t.Errorf("releasing the lock: %v", err)
-			}
-			conn.Close(ctx)
-		})
-	}
-	e.t.Cleanup(release)
-	return release
-}
 
 // hostileCause is what a broken BMC or SSH server can put into an error: a
 // NUL (which PostgreSQL refuses, SQLSTATE 22021), invalid UTF-8, a terminal
@@ -76,7 +44,7 @@ func TestLeaseEndRetriedThroughTableLock(t *testing.T) {
 	cfg.EndAttempt = 300 * time.Millisecond
 	r := e.start(p, cfg)
 	<-running
-	release := e.lockWork()
+	release := bmdbtest.LockTable(t, e.dsn, "work")
 	close(proceed)
 	bmdbtest.WaitForNoError(t, time.Minute, "the Fail to be retried", func() (bool, error) {
 		return e.metric("shepherd_work_end_retries_total", "outcome", "retried") >= 2, nil
@@ -132,7 +100,7 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	cfg.Session.Interval = 2 * time.Second
 	r := e.start(p, cfg)
 	<-running
-	release := e.lockWork()
+	release := bmdbtest.LockTable(t, e.dsn, "work")
 	close(proceed)
 	bmdbtest.WaitForNoError(t, time.Minute, "the session to be abandoned", func() (bool, error) {
 		return e.metric("shepherd_work_end_retries_total", "outcome", "abandoned") == 1, nil
