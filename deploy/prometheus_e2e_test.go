@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 )
 
 // logTail collects a process's output for the failure message.
@@ -76,13 +77,7 @@ func startProcess(t *testing.T, name string, args ...string) *logTail {
 	done := log.done
 	go func() { log.read(out); cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
+		proctest.Stop(cmd.Process, done, 30*time.Second)
 		if t.Failed() {
 			t.Logf("%s output (last lines):\n%s", filepath.Base(name), log)
 		}

@@ -35,6 +35,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/gobuild"
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 )
 
 // SSHD is where Debian's openssh-server installs the server.
@@ -157,13 +158,7 @@ func (s *Server) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-exited
-	}
+	proctest.Stop(cmd.Process, exited, 10*time.Second)
 }
 
 // Restart stops the server and starts it again on the same port.
