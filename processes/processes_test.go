@@ -147,9 +147,10 @@ func checkExclusive(t *testing.T, h []bmdb.HistoryEntry) {
 	bmdbtest.CheckExclusion(t, h, bmdbtest.GroupsOf(agentstart.Process, recovery.Process))
 }
 
-// agentState reads whether each machine has an agent started and a
+// agentState reads whether each machine (by provider id, as
+// bmdbtest.ProvidedBy lists them) has an agent started and a
 // heartbeat.
-func (e *env) agentState(machines []bmdb.Provided) (started, beating int) {
+func (e *env) agentState(machines map[string]bmdb.Provided) (started, beating int) {
 	e.t.Helper()
 	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
 		started, beating = 0, 0
@@ -190,15 +191,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	if err := fleet.Seed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var machines []bmdb.Provided
-	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		machines, err = tx.ProvidedBy(ctx, sim.Name)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	machines := bmdbtest.ProvidedBy(t, e.db, sim.Name)
 
 	// Constant backoffs: a machine that fails a few times in a row must not
 	// make the test wait for a long one.
@@ -366,15 +359,7 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 		fleets = append(fleets, fleet)
 	}
 	e := replicas[0]
-	var machines []bmdb.Provided
-	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		machines, err = tx.ProvidedBy(ctx, sim.Name)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	machines := bmdbtest.ProvidedBy(t, e.db, sim.Name)
 	if len(machines) != cfg.Machines {
 		t.Fatalf("%d machines after both replicas seeded, want %d", len(machines), cfg.Machines)
 	}
