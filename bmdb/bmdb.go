@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 var (
@@ -237,10 +239,8 @@ func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn 
 			}
 			pause := min(100*time.Millisecond<<min(reconnects, 4), time.Second)
 			reconnects++
-			select {
-			case <-ctx.Done():
+			if !sleep.For(ctx, pause) {
 				return fmt.Errorf("BMDB transaction: %w (while retrying: %w)", ctx.Err(), err)
-			case <-time.After(pause):
 			}
 		case err == nil:
 			db.metrics.transaction("committed")
@@ -252,10 +252,8 @@ func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn 
 			db.metrics.transaction("retried")
 			pause := time.Duration(1+attempt) * time.Millisecond
 			pause += time.Duration(rand.Int64N(int64(pause) * 4))
-			select {
-			case <-ctx.Done():
+			if !sleep.For(ctx, pause) {
 				return fmt.Errorf("BMDB transaction: %w (while retrying: %w)", ctx.Err(), err)
-			case <-time.After(pause):
 			}
 		default:
 			kind := failureKind(err)

@@ -16,6 +16,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // Due-time claiming. Each registered process has a row in work_due for
@@ -366,10 +368,8 @@ func waitForWriters(ctx context.Context, q queryer, process Process, tables []st
 				"process", process.Name, "transactions", running, "waited", writerWait, "tables", tables)
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if !sleep.For(ctx, pause) {
 			return ctx.Err()
-		case <-time.After(pause):
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // dueChannel is the NOTIFY channel of migration 0011's triggers; the
@@ -75,12 +76,8 @@ func (db *DB) listenDue(ctx context.Context, process string, l *DueListener) {
 		pause = min(max(2*pause, time.Second), 30*time.Second)
 		wait := jitter.Half(pause)
 		klog.InfoS("due notifications lost; polling until they are back", "process", process, "err", err, "retry_in", wait.Round(time.Millisecond))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep.For(ctx, wait) {
 			return
-		case <-t.C:
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // DefaultHistoryRetention is how long work_history keeps an event by default:
@@ -94,12 +96,8 @@ func (db *DB) RunRetention(ctx context.Context, every, olderThan time.Duration) 
 		// Up to a tenth of jitter, so that replicas started together do not
 		// all wake at once only to find the lock taken.
 		wait := every + time.Duration(rand.Int64N(int64(every)/10+1))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep.For(ctx, wait) {
 			return nil
-		case <-t.C:
 		}
 	}
 }

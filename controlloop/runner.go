@@ -14,6 +14,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -186,7 +187,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	label := r.info.Label
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
-	pause := func(d time.Duration) bool { return sleepCtx(ctx, d) }
+	pause := func(d time.Duration) bool { return sleep.For(ctx, d) }
 	listening := false
 	noteListening := func(v bool) {
 		if v != listening {
@@ -539,7 +540,7 @@ const ReconcileChunk = 50000
 // checked the due rows, and replicas that start together spread out.
 func (r *Runner) reconcile(ctx context.Context) {
 	label := r.info.Label
-	if !sleepCtx(ctx, jitter.Half(r.cfg.ReconcileInterval)) {
+	if !sleep.For(ctx, jitter.Half(r.cfg.ReconcileInterval)) {
 		return
 	}
 	// Until a pass has counted the chunks, pause 100 ms between them.
@@ -548,7 +549,7 @@ func (r *Runner) reconcile(ctx context.Context) {
 		start := time.Now()
 		// Spread the pass: the pause between chunks keeps its load flat.
 		pause := max(r.cfg.ReconcileInterval/2/time.Duration(lastChunks), 10*time.Millisecond)
-		chunks, drift, err := r.db.ReconcilePass(ctx, r.info.Process, r.candidates, ReconcileChunk, func() bool { return sleepCtx(ctx, pause) })
+		chunks, drift, err := r.db.ReconcilePass(ctx, r.info.Process, r.candidates, ReconcileChunk, func() bool { return sleep.For(ctx, pause) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -562,22 +563,9 @@ func (r *Runner) reconcile(ctx context.Context) {
 				"process", label, "machines", drift)
 		}
 		klog.V(2).InfoS("reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
-		if !sleepCtx(ctx, max(r.cfg.ReconcileInterval-time.Since(start), time.Second)) {
+		if !sleep.For(ctx, max(r.cfg.ReconcileInterval-time.Since(start), time.Second)) {
 			return
 		}
-	}
-}
-
-// sleepCtx sleeps for d or until ctx is done; it reports whether ctx is
-// still live.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

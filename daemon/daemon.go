@@ -24,6 +24,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -322,10 +323,8 @@ func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn fu
 		// come back at the same moment.
 		wait := jitter.Half(pause)
 		klog.ErrorS(err, "Retrying", "what", what, "retry_in", wait.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
+		if !sleep.For(ctx, wait) {
 			return nil
-		case <-time.After(wait):
 		}
 		pause = min(2*pause, 10*time.Second)
 	}
@@ -370,10 +369,8 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 			}
 			last = state
 		}
-		select {
-		case <-ctx.Done():
+		if !sleep.For(ctx, interval) {
 			return
-		case <-time.After(interval):
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // benchKey is the agent public key recorded by processes that mark their
@@ -153,20 +154,9 @@ func counterBy(reg *prometheus.Registry, name, label string) (map[string]float64
 func (rs *runners) waitFinished(ctx context.Context, n int64, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for rs.finished() < n && time.Now().Before(deadline) {
-		if sleep(ctx, 20*time.Millisecond) != nil {
+		if !sleep.For(ctx, 20*time.Millisecond) {
 			return
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 

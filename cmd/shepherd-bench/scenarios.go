@@ -23,6 +23,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // percentile returns the nearest-rank percentile q (0..1) of sorted ds.
@@ -100,16 +101,16 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin *pgx.Conn, dbname
 	defer rs.stop()
 	// Warm up: session, connections, prepared statements.
 	rs.waitFinished(ctx, int64(workers), 5*time.Second)
-	if err := sleep(ctx, min(time.Second, dur(b.o.seconds)/4)); err != nil {
-		return throughputResult{}, err
+	if !sleep.For(ctx, min(time.Second, dur(b.o.seconds)/4)) {
+		return throughputResult{}, ctx.Err()
 	}
 	x0, err := b.srv.xacts(ctx, admin, dbname)
 	if err != nil {
 		return throughputResult{}, err
 	}
 	c0, t0 := rs.finished(), time.Now()
-	if err := sleep(ctx, dur(b.o.seconds)); err != nil {
-		return throughputResult{}, err
+	if !sleep.For(ctx, dur(b.o.seconds)) {
+		return throughputResult{}, ctx.Err()
 	}
 	c1, elapsed := rs.finished(), time.Since(t0)
 	x1, err := b.srv.xacts(ctx, admin, dbname)
@@ -445,9 +446,9 @@ func (b *bench) idle(ctx context.Context) error {
 		if c.procs == 0 || b.o.idleSeconds < idleStatsDelay.Seconds() {
 			warmup = min(warmup, dur(b.o.idleSeconds)/2)
 		}
-		if err := sleep(ctx, warmup); err != nil {
+		if !sleep.For(ctx, warmup) {
 			rs.stop()
-			return err
+			return ctx.Err()
 		}
 		c0, r0, err := b.srv.xactCounts(ctx, admin, name)
 		if err != nil {
@@ -460,9 +461,9 @@ func (b *bench) idle(ctx context.Context) error {
 			return err
 		}
 		t0 := time.Now()
-		if err := sleep(ctx, dur(b.o.idleSeconds)); err != nil {
+		if !sleep.For(ctx, dur(b.o.idleSeconds)) {
 			rs.stop()
-			return err
+			return ctx.Err()
 		}
 		cpu1, cpuErr := b.srv.cpuSeconds()
 		c1, r1, err := b.srv.xactCounts(ctx, admin, name)
@@ -629,8 +630,8 @@ func (b *bench) reaction(ctx context.Context) error {
 	}
 	defer rs.stop()
 	// Let the runner start its session and settle into idle polling.
-	if err := sleep(ctx, min(2*time.Second, dur(b.o.idleSeconds))); err != nil {
-		return err
+	if !sleep.For(ctx, min(2*time.Second, dur(b.o.idleSeconds))) {
+		return ctx.Err()
 	}
 
 	rows, err := conn.Query(ctx, qSampleMachines, 2*b.o.reactionEvents)
@@ -676,8 +677,8 @@ func (b *bench) reaction(ctx context.Context) error {
 			waiting[m] = ch
 			mu.Unlock()
 			// Events at random phases of the idle poll.
-			if err := sleep(ctx, time.Duration(rand.Int64N(int64(2*cfg.IdlePoll)))); err != nil {
-				return err
+			if !sleep.For(ctx, time.Duration(rand.Int64N(int64(2*cfg.IdlePoll)))) {
+				return ctx.Err()
 			}
 			at, err := kind.eligible(m)
 			if err != nil {
@@ -796,13 +797,13 @@ func memoryChild(ctx context.Context, o *options, out emitter) error {
 		return err
 	}
 	t0 := time.Now()
-	sleepErr := sleep(ctx, dur(o.seconds))
+	slept := sleep.For(ctx, dur(o.seconds))
 	cycles, elapsed := rs.finished(), time.Since(t0)
 	if err := rs.stop(); err != nil {
 		return err
 	}
-	if sleepErr != nil {
-		return sleepErr
+	if !slept {
+		return ctx.Err()
 	}
 	peak, rss, err := procStatus()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // server is the PostgreSQL server under test: a private cluster, or the one
@@ -153,7 +154,7 @@ func (s *server) createDatabase(ctx context.Context, name, template string) erro
 		// to go away (55006: object in use).
 		var pgErr *pgconn.PgError
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "55006" && attempt < 50 {
-			if sleep(ctx, 100*time.Millisecond) == nil {
+			if sleep.For(ctx, 100*time.Millisecond) {
 				continue
 			}
 		}

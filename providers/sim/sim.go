@@ -33,6 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
 
 // Name is the provider's name in machine_provided.provider.
@@ -275,14 +276,10 @@ func (p *Provider) act(ctx context.Context) error {
 	p.mu.Lock()
 	d := time.Duration((0.5 + p.rng.Float64()) * float64(p.cfg.ActionTime))
 	p.mu.Unlock()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if !sleep.For(ctx, d) {
 		return context.Cause(ctx)
-	case <-t.C:
-		return nil
 	}
+	return nil
 }
 
 // Run runs the simulated agents until ctx is done: every HeartbeatInterval

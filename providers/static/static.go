@@ -34,6 +34,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/metric"
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
@@ -203,10 +204,7 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 			break
 		}
 		klog.ErrorS(err, "Inventory sync failed, retrying", "file", inv.File, "attempt", attempt)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-		}
+		sleep.For(ctx, time.Duration(attempt)*200*time.Millisecond)
 	}
 	if err != nil {
 		if countFailure {
