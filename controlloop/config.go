@@ -174,9 +174,12 @@ func (f durationFlag) Set(s string) error {
 	return nil
 }
 
+// floatFlag is a number flag whose parse error says what number it wants
+// (want). With set, it records whether it was set, as durationFlag does.
 type floatFlag struct {
-	f   *float64
-	set *bool
+	f    *float64
+	set  *bool
+	want string
 }
 
 func (f floatFlag) String() string {
@@ -189,9 +192,12 @@ func (f floatFlag) String() string {
 func (f floatFlag) Set(s string) error {
 	v, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return errors.New("want a number")
+		return errors.New("want " + f.want)
 	}
-	*f.f, *f.set = v, true
+	*f.f = v
+	if f.set != nil {
+		*f.set = true
+	}
 	return nil
 }
 
@@ -207,7 +213,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.ReconcileInterval, p+"reconcile_interval", c.ReconcileInterval, "period of the pass that checks the fleet for "+prefix+" candidates without a due row (0 disables it)")
 	fs.Var(durationFlag{&c.Backoff.Initial, &c.backoffInitialSet}, p+"backoff_initial", "first backoff after a "+prefix+" failure (at least 1s)")
 	fs.Var(durationFlag{&c.Backoff.Maximum, &c.backoffMaximumSet}, p+"backoff_maximum", "longest backoff after repeated "+prefix+" failures (at least the initial backoff)")
-	fs.Var(floatFlag{&c.Backoff.Exponent, &c.backoffExponentSet}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
+	fs.Var(floatFlag{f: &c.Backoff.Exponent, set: &c.backoffExponentSet, want: "a number"}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
 	fs.Float64Var(&c.Backoff.Jitter, p+"backoff_jitter", c.Backoff.Jitter, "fraction of the backoff added at random to its end, so that a fleet-wide failure does not return in one wave (0..1)")
 	c.Limits.registerFlags(fs, prefix)
 }

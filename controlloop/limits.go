@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,27 +64,8 @@ func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&l.MaxInFlight, p+"max_in_flight", l.MaxInFlight, "most machines "+prefix+" acts on at once, across all replicas (0 = no limit)")
 	fs.IntVar(&l.MaxPerHour, p+"max_per_hour", l.MaxPerHour, "most machines "+prefix+" starts work on in any hour, across all replicas (0 = no limit)")
 	fs.IntVar(&l.BreakerWindow, p+"breaker_window", l.BreakerWindow, "circuit breaker: number of recent "+prefix+" attempts judged, across all replicas (0 = no breaker)")
-	fs.Var(thresholdFlag{&l.BreakerThreshold}, p+"breaker_threshold", "circuit breaker: failure ratio of the window above which "+prefix+" pauses itself until 'shepherd resume' (0..1)")
+	fs.Var(floatFlag{f: &l.BreakerThreshold, want: "a ratio between 0 and 1, e.g. 0.5"}, p+"breaker_threshold", "circuit breaker: failure ratio of the window above which "+prefix+" pauses itself until 'shepherd resume' (0..1)")
 	fs.DurationVar(&l.ExpectedDuration, p+"expected_work_duration", l.ExpectedDuration, "how long one "+prefix+" action should take at most; a lease held longer raises the ShepherdWorkOverdue alert")
-}
-
-// thresholdFlag parses a ratio with a message that says what a ratio is.
-type thresholdFlag struct{ f *float64 }
-
-func (t thresholdFlag) String() string {
-	if t.f == nil {
-		return ""
-	}
-	return strconv.FormatFloat(*t.f, 'g', -1, 64)
-}
-
-func (t thresholdFlag) Set(s string) error {
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return fmt.Errorf("want a ratio between 0 and 1, e.g. 0.5")
-	}
-	*t.f = v
-	return nil
 }
 
 // check validates the limits; its errors name the flag.
