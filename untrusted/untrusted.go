@@ -4,12 +4,14 @@
 // fails the transaction that carries it), logs and operators' terminals
 // (where escape sequences act), and memory (where an unbounded answer kills
 // the daemon). Everything from outside goes through Text or Line before it
-// is logged, stored or rendered, and through Read before it is held.
+// is logged, stored or rendered, and through Read (ReadFile for a file)
+// before it is held.
 package untrusted
 
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"unicode/utf8"
 )
@@ -102,4 +104,31 @@ func Read(r io.Reader, limit int64) (data []byte, truncated bool, err error) {
 		return data[:limit], true, err
 	}
 	return data, false, err
+}
+
+// ReadFile reads the regular file path (symlinks followed) if it holds at
+// most limit bytes. Anything but a regular file is refused before it is
+// opened: a FIFO would block the reader, and a device such as /dev/zero
+// never ends.
+func ReadFile(path string, limit int64) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, info.Mode().Type())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, cut, err := Read(f, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if cut {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return data, nil
 }

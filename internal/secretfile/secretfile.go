@@ -34,17 +34,5 @@ func Read(path string, limit int64) ([]byte, error) {
 	if err := Check(path); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, cut, err := untrusted.Read(f, limit)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	if cut {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return data, nil
+	return untrusted.ReadFile(path, limit)
 }

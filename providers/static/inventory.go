@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -155,24 +154,9 @@ func (e *Error) Error() string {
 // maxInventorySize bytes of it: a FIFO would block a reload (and shutdown
 // behind it), a link to /dev/zero would grow the daemon's memory without end.
 func Load(file string) (*Inventory, error) {
-	info, err := os.Stat(file)
+	data, err := untrusted.ReadFile(file, maxInventorySize)
 	if err != nil {
 		return nil, fmt.Errorf("reading inventory: %w", err)
-	}
-	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("reading inventory: %s is not a regular file (%s)", file, info.Mode().Type())
-	}
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, fmt.Errorf("reading inventory: %w", err)
-	}
-	defer f.Close()
-	data, cut, err := untrusted.Read(f, maxInventorySize)
-	if err != nil {
-		return nil, fmt.Errorf("reading inventory %s: %w", file, err)
-	}
-	if cut {
-		return nil, fmt.Errorf("reading inventory: %s is larger than %d bytes", file, maxInventorySize)
 	}
 	return Parse(file, data)
 }
