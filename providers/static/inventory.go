@@ -515,15 +515,7 @@ func (p *parser) text(n *yaml.Node, field string, max int) (string, bool) {
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,254}$`)
 
 func (p *parser) id(n *yaml.Node, field string) (string, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return "", false
-	}
-	if !idRE.MatchString(s) {
-		p.addf(n.Line, field, "%q: want 1 to 255 letters, digits or ._:@/+- starting with a letter or digit", clip(s))
-		return "", false
-	}
-	return s, true
+	return parsed(p, n, field, p.scalar, want(idRE.MatchString, "1 to 255 letters, digits or ._:@/+- starting with a letter or digit"))
 }
 
 var hostLabelRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
@@ -554,44 +546,18 @@ func (p *parser) host(n *yaml.Node, field string) (string, bool) {
 }
 
 func (p *parser) port(n *yaml.Node, field string) (int, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return 0, false
-	}
-	port, err := strconv.Atoi(s)
-	if err != nil || port < 1 || port > 65535 {
-		p.addf(n.Line, field, "%q: want a port number between 1 and 65535", clip(s))
-		return 0, false
-	}
-	return port, true
+	return parsed(p, n, field, p.scalar, wantInt(func(port int) bool { return port >= 1 && port <= 65535 }, "a port number between 1 and 65535"))
 }
 
 var userRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$`)
 
 func (p *parser) user(n *yaml.Node, field string) (string, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return "", false
-	}
-	if !userRE.MatchString(s) {
-		p.addf(n.Line, field, "%q: want a user name of letters, digits and ._-", clip(s))
-		return "", false
-	}
-	return s, true
+	return parsed(p, n, field, p.scalar, want(userRE.MatchString, "a user name of letters, digits and ._-"))
 }
 
 func (p *parser) endpoint(n *yaml.Node, field string) (string, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return "", false
-	}
-	u, err := redfish.ParseEndpoint(s)
-	if err != nil {
-		// The message never quotes the URL: it may hold a password.
-		p.addf(n.Line, field, "%v", err)
-		return "", false
-	}
-	return u, true
+	// ParseEndpoint's errors never quote the URL: it may hold a password.
+	return parsed(p, n, field, p.scalar, redfish.ParseEndpoint)
 }
 
 func (p *parser) boolean(n *yaml.Node, field string) (bool, bool) {
@@ -610,15 +576,7 @@ func (p *parser) boolean(n *yaml.Node, field string) (bool, bool) {
 }
 
 func (p *parser) resetType(n *yaml.Node, field string) (string, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return "", false
-	}
-	if !redfish.ValidResetType(s) {
-		p.addf(n.Line, field, "%q: want one of %s", clip(s), strings.Join(redfish.ResetTypes, ", "))
-		return "", false
-	}
-	return s, true
+	return p.oneOf(n, field, redfish.ResetTypes)
 }
 
 // path resolves a file name relative to the inventory's directory.
@@ -636,71 +594,89 @@ func (p *parser) path(n *yaml.Node, field string) (string, bool) {
 	return s, true
 }
 
-// credentialsFile must exist and parse; its content is not kept (it is read
-// again at each use, so that rotation needs no reload) and never quoted.
+// credentialsFile must exist and parse, as must an IPMI credentials file
+// and a CA file; their content is not kept (it is read again at each use,
+// so that rotation needs no reload) and never quoted.
 func (p *parser) credentialsFile(n *yaml.Node, field string) (string, bool) {
-	file, ok := p.path(n, field)
-	if !ok {
-		return "", false
-	}
-	if _, err := redfish.ReadCredentials(file); err != nil {
-		p.addf(n.Line, field, "%v", err)
-		return "", false
-	}
-	return file, true
+	return parsed(p, n, field, p.path, checkFile(func(file string) error {
+		_, err := redfish.ReadCredentials(file)
+		return err
+	}))
 }
 
 func (p *parser) ipmiCredentialsFile(n *yaml.Node, field string) (string, bool) {
-	file, ok := p.path(n, field)
-	if !ok {
-		return "", false
-	}
-	data, err := secretfile.Read(file, 64<<10)
-	if err == nil {
-		_, err = redfish.ParseCredentials(data)
-	}
-	if err != nil {
-		p.addf(n.Line, field, "IPMI credentials: %v", err)
-		return "", false
-	}
-	return file, true
-}
-
-func (p *parser) cipherSuite(n *yaml.Node, field string) (int, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return 0, false
-	}
-	suite, err := strconv.Atoi(s)
-	if err != nil || !ipmi.ValidCipherSuite(suite) {
-		p.addf(n.Line, field, "%q: want an RMCP+ cipher suite number between 0 and 17 (3 is the one every BMC offers)", clip(s))
-		return 0, false
-	}
-	return suite, true
-}
-
-func (p *parser) oneOf(n *yaml.Node, field string, values []string) (string, bool) {
-	s, ok := p.scalar(n, field)
-	if !ok {
-		return "", false
-	}
-	if !slices.Contains(values, s) {
-		p.addf(n.Line, field, "%q: want one of %s", clip(s), strings.Join(values, ", "))
-		return "", false
-	}
-	return s, true
+	return parsed(p, n, field, p.path, checkFile(func(file string) error {
+		data, err := secretfile.Read(file, 64<<10)
+		if err == nil {
+			_, err = redfish.ParseCredentials(data)
+		}
+		if err != nil {
+			return fmt.Errorf("IPMI credentials: %w", err)
+		}
+		return nil
+	}))
 }
 
 func (p *parser) caFile(n *yaml.Node, field string) (string, bool) {
-	file, ok := p.path(n, field)
+	return parsed(p, n, field, p.path, checkFile(func(file string) error {
+		_, err := redfish.LoadCAFile(file)
+		return err
+	}))
+}
+
+func (p *parser) cipherSuite(n *yaml.Node, field string) (int, bool) {
+	return parsed(p, n, field, p.scalar, wantInt(ipmi.ValidCipherSuite, "an RMCP+ cipher suite number between 0 and 17 (3 is the one every BMC offers)"))
+}
+
+func (p *parser) oneOf(n *yaml.Node, field string, values []string) (string, bool) {
+	return parsed(p, n, field, p.scalar, want(func(s string) bool { return slices.Contains(values, s) }, "one of "+strings.Join(values, ", ")))
+}
+
+// parsed reads a field with read (p.scalar, p.path) and converts the value
+// with parse, reporting parse's error on the field: the one way every
+// field's problem reaches the list of problems.
+func parsed[T any](p *parser, n *yaml.Node, field string, read func(*yaml.Node, string) (string, bool), parse func(string) (T, error)) (T, bool) {
+	var zero T
+	s, ok := read(n, field)
 	if !ok {
-		return "", false
+		return zero, false
 	}
-	if _, err := redfish.LoadCAFile(file); err != nil {
+	v, err := parse(s)
+	if err != nil {
 		p.addf(n.Line, field, "%v", err)
-		return "", false
+		return zero, false
 	}
-	return file, true
+	return v, true
+}
+
+// want accepts a value that valid accepts, and otherwise quotes the value
+// (clipped) and says what is wanted instead.
+func want(valid func(string) bool, wanted string) func(string) (string, error) {
+	return func(s string) (string, error) {
+		if !valid(s) {
+			return "", fmt.Errorf("%q: want %s", clip(s), wanted)
+		}
+		return s, nil
+	}
+}
+
+// wantInt is want for a whole number.
+func wantInt(valid func(int) bool, wanted string) func(string) (int, error) {
+	return func(s string) (int, error) {
+		v, err := strconv.Atoi(s)
+		if err != nil || !valid(v) {
+			return 0, fmt.Errorf("%q: want %s", clip(s), wanted)
+		}
+		return v, nil
+	}
+}
+
+// checkFile accepts a file name that check accepts; its error must not
+// quote the file's content.
+func checkFile(check func(file string) error) func(string) (string, error) {
+	return func(file string) (string, error) {
+		return file, check(file)
+	}
 }
 
 // resolve follows aliases.
