@@ -51,6 +51,14 @@ func openEnv(t testing.TB, dsn string, opts bmdb.Options) *env {
 	return &env{t: t, dsn: dsn, db: db, raw: raw}
 }
 
+// newEnvWithMachine is the start of most lease tests: a fresh migrated
+// database, a session on it and one provided machine.
+func newEnvWithMachine(t testing.TB) (*env, *bmdb.Session, uuid.UUID) {
+	t.Helper()
+	e := newEnv(t, bmdb.Options{})
+	return e, e.session(bmdb.SessionConfig{}), e.addMachines(1)[0]
+}
+
 // session starts a session that is closed when the test ends.
 func (e *env) session(cfg bmdb.SessionConfig) *bmdb.Session {
 	e.t.Helper()

@@ -80,10 +80,8 @@ func TestPauseAndResume(t *testing.T) {
 
 func TestClearBackoff(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, bmdb.Options{})
+	e, s, m := newEnvWithMachine(t)
 	ctx := context.Background()
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
 
 	failOne(t, s, agentStart, "ssh: connection refused")
 	if b := e.backoffOf(m, agentStart); b == nil || !b.Active {
@@ -142,10 +140,8 @@ func TestClearBackoff(t *testing.T) {
 
 func TestRetry(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, bmdb.Options{})
+	e, s, m := newEnvWithMachine(t)
 	ctx := context.Background()
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
 
 	if _, err := e.db.Retry(ctx, uuid.New(), agentStart.Name, "why not"); !errors.Is(err, bmdb.ErrNotFound) {
 		t.Errorf("retrying an unknown machine: %v, want ErrNotFound", err)
@@ -313,10 +309,8 @@ func TestProcessCountsAndRecentFailures(t *testing.T) {
 
 func TestMachineDetail(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, bmdb.Options{})
+	e, s, m := newEnvWithMachine(t)
 	ctx := context.Background()
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
 
 	if _, err := e.db.Machine(ctx, uuid.New(), 0); !errors.Is(err, bmdb.ErrNotFound) {
 		t.Errorf("Machine(unknown): %v, want ErrNotFound", err)

@@ -19,9 +19,7 @@ import (
 // waits (by polling Claim) for the previous backoff to end, about 18 s in all.
 func TestBackoffSequenceThroughFail(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, bmdb.Options{})
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
+	e, s, m := newEnvWithMachine(t)
 	b := bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Second, Exponent: 2}
 
 	failAndCheck := func(want int64) {
@@ -72,9 +70,7 @@ func TestBackoffSequenceThroughFail(t *testing.T) {
 func TestBackoffBlocksClaimsUntilItEnds(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
+	e, s, m := newEnvWithMachine(t)
 
 	w := claim(t, s, agentStart)
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: 2 * time.Second}, "unreachable"); err != nil {
@@ -156,10 +152,8 @@ func TestBackoffJitter(t *testing.T) {
 func TestExclusionGroup(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s1 := e.session(bmdb.SessionConfig{})
+	e, s1, m := newEnvWithMachine(t)
 	s2 := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
 	audit := bmdb.Process{Name: "ShepherdAudit"} // a group of its own
 
 	w := claim(t, s1, agentStart)
@@ -206,9 +200,7 @@ func TestExclusionGroup(t *testing.T) {
 func TestFinishCommitsTags(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
+	e, s, m := newEnvWithMachine(t)
 
 	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
@@ -233,10 +225,8 @@ func TestFinishCommitsTags(t *testing.T) {
 func TestHistoryOfCycles(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s1 := e.session(bmdb.SessionConfig{})
+	e, s1, m := newEnvWithMachine(t)
 	s2 := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
 
 	end := func(s *bmdb.Session, p bmdb.Process, end func(w *bmdb.Lease) error) {
 		t.Helper()
@@ -318,9 +308,7 @@ func TestHistoryOfCycles(t *testing.T) {
 func TestFinishCommitFailure(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
+	e, s, m := newEnvWithMachine(t)
 
 	w := claim(t, s, agentStart)
 	boom := errors.New("boom")
@@ -410,9 +398,7 @@ func TestFinishOnLostLease(t *testing.T) {
 func TestLeaseConstraint(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	e := newEnv(t, bmdb.Options{})
-	s := e.session(bmdb.SessionConfig{})
-	m := e.addMachines(1)[0]
+	e, s, m := newEnvWithMachine(t)
 	claim(t, s, agentStart)
 
 	for _, p := range []bmdb.Process{agentStart, recovery} {
