@@ -36,6 +36,19 @@ func expectVersion(t *testing.T, dsn string, want uint) {
 	}
 }
 
+// migrateUpAndCheck migrates e's database up (the step what) and checks
+// that it is then at the latest version with the schema CheckSchema wants.
+func migrateUpAndCheck(t *testing.T, e *env, what string) {
+	t.Helper()
+	if err := bmdb.MigrateUp(t.Context(), e.dsn); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	expectVersion(t, e.dsn, bmdb.LatestVersion())
+	if err := e.db.CheckSchema(t.Context()); err != nil {
+		t.Errorf("CheckSchema after %s: %v", what, err)
+	}
+}
+
 // Up, down and up again on a fresh database all succeed, and each leaves
 // the schema it claims.
 func TestMigrateUpDownUp(t *testing.T) {
@@ -57,13 +70,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Errorf("CheckSchema on an unmigrated database: %v, want ErrSchema", err)
 	}
 
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
-		t.Fatalf("MigrateUp: %v", err)
-	}
-	expectVersion(t, dsn, latest)
-	if err := e.db.CheckSchema(ctx); err != nil {
-		t.Errorf("CheckSchema after MigrateUp: %v", err)
-	}
+	migrateUpAndCheck(t, e, "MigrateUp")
 	if n := e.tableCount(); n != len(bmdbTables) {
 		t.Errorf("%d of the %d BMDB tables after MigrateUp", n, len(bmdbTables))
 	}
@@ -92,13 +99,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Errorf("CheckSchema after MigrateDown: %v, want ErrSchema", err)
 	}
 
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
-		t.Fatalf("MigrateUp again: %v", err)
-	}
-	expectVersion(t, dsn, latest)
-	if err := e.db.CheckSchema(ctx); err != nil {
-		t.Errorf("CheckSchema after MigrateUp again: %v", err)
-	}
+	migrateUpAndCheck(t, e, "MigrateUp again")
 	// The schema works again, and starts empty.
 	s = e.session(bmdb.SessionConfig{})
 	m := e.addMachines(1)[0]

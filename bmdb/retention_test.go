@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -97,6 +98,24 @@ func TestPruneHistoryDeletesOnlyOldEvents(t *testing.T) {
 	}
 }
 
+// takePruningLock takes the pruning lock in a transaction of its own, as a
+// replica's pruning batch does (who says whose), and returns the
+// transaction; it is rolled back when the test ends if the test has not.
+func (e *env) takePruningLock(who string) pgx.Tx {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.raw.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { tx.Rollback(ctx) })
+	var locked bool
+	if err := tx.QueryRow(ctx, bmdb.RetentionTryLockSQL, bmdb.RetentionLockKey).Scan(&locked); err != nil || !locked {
+		e.t.Fatalf("taking the pruning lock %s: %t, %v", who, locked, err)
+	}
+	return tx
+}
+
 // One replica prunes at a time: while another holds the pruning lock,
 // PruneHistory leaves the work to it, without waiting and without error.
 func TestPruneHistoryOneReplicaAtATime(t *testing.T) {
@@ -105,15 +124,7 @@ func TestPruneHistoryOneReplicaAtATime(t *testing.T) {
 	ctx := context.Background()
 	e.seedHistory(50, 40*24*time.Hour)
 
-	other, err := e.raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Rollback(ctx)
-	var locked bool
-	if err := other.QueryRow(ctx, bmdb.RetentionTryLockSQL, bmdb.RetentionLockKey).Scan(&locked); err != nil || !locked {
-		t.Fatalf("taking the pruning lock as another replica: %t, %v", locked, err)
-	}
+	other := e.takePruningLock("as another replica")
 
 	start := time.Now()
 	deleted, err := e.db.PruneHistory(ctx, 30*24*time.Hour, 10)
@@ -147,18 +158,10 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	// A lease started before the prune, ended while it is open.
 	early := claim(t, s, agentStart)
 
-	batch, err := e.raw.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer batch.Rollback(ctx)
-	var locked bool
-	if err := batch.QueryRow(ctx, bmdb.RetentionTryLockSQL, bmdb.RetentionLockKey).Scan(&locked); err != nil || !locked {
-		t.Fatalf("taking the pruning lock: %t, %v", locked, err)
-	}
+	batch := e.takePruningLock("for the batch")
 	var pruned int64
 	var newest pgtype.Timestamptz
-	err = batch.QueryRow(ctx, bmdb.HistoryPruneBatchSQL, (30*24*time.Hour).Seconds(), 100000,
+	err := batch.QueryRow(ctx, bmdb.HistoryPruneBatchSQL, (30*24*time.Hour).Seconds(), 100000,
 		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}).Scan(&pruned, &newest)
 	if err != nil || pruned != 5000 {
 		t.Fatalf("pruning batch: %d rows, %v; want 5000", pruned, err)
