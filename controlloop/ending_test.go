@@ -19,6 +19,26 @@ import (
 // escape and 100 KiB of body.
 var hostileCause = "BMC answered 500: \x00\xff\x1b[2J" + strings.Repeat("x", 100<<10)
 
+// failFirstOnCue returns a process whose first run says so on running,
+// waits until the test closes proceed and fails with cause; every later
+// run is then.
+func failFirstOnCue(cause string, then func(ctx context.Context, task *controlloop.Task) error) (p *testProcess, running <-chan struct{}, proceed chan<- struct{}) {
+	run := make(chan struct{}, 1)
+	cue := make(chan struct{})
+	var once sync.Once
+	p = newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return then(ctx, task)
+		}
+		run <- struct{}{}
+		<-cue
+		return errors.New(cause)
+	})
+	return p, run, cue
+}
+
 // A Fail that the database refuses for a while (the lease table locked
 // beyond one attempt) is retried until it is recorded: the lease ends with
 // Failed, a clean and bounded cause and a backoff, and no lease is left held.
@@ -26,19 +46,9 @@ func TestLeaseEndRetriedThroughTableLock(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	machine := e.addMachines(1)[0]
-	running := make(chan struct{}, 1)
-	proceed := make(chan struct{})
-	var once sync.Once
-	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		first := false
-		once.Do(func() { first = true })
-		if !first {
-			<-ctx.Done() // the test looks at the first lease only
-			return ctx.Err()
-		}
-		running <- struct{}{}
-		<-proceed
-		return errors.New(hostileCause)
+	p, running, proceed := failFirstOnCue(hostileCause, func(ctx context.Context, task *controlloop.Task) error {
+		<-ctx.Done() // the test looks at the first lease only
+		return ctx.Err()
 	})
 	cfg := fastConfig(p, 1)
 	cfg.EndAttempt = 300 * time.Millisecond
@@ -80,19 +90,9 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	machine := e.addMachines(1)[0]
-	running := make(chan struct{}, 1)
-	proceed := make(chan struct{})
-	var once sync.Once
-	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		first := false
-		once.Do(func() { first = true })
-		if !first {
-			commitAgent(task)
-			return nil
-		}
-		running <- struct{}{}
-		<-proceed
-		return errors.New("the BMC refused the reset")
+	p, running, proceed := failFirstOnCue("the BMC refused the reset", func(ctx context.Context, task *controlloop.Task) error {
+		commitAgent(task)
+		return nil
 	})
 	cfg := fastConfig(p, 1)
 	cfg.EndAttempt = 200 * time.Millisecond
