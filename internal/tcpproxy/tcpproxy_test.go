@@ -75,6 +75,18 @@ func (c *client) roundTrip(line string, timeout time.Duration) (string, error) {
 	return strings.TrimSuffix(reply, "\n"), err
 }
 
+// proxyWithOpenConn returns a proxy and a connection through it that has
+// already carried a round trip.
+func proxyWithOpenConn(t *testing.T) (*tcpproxy.Proxy, *client) {
+	t.Helper()
+	p := newProxy(t)
+	c := dial(t, p)
+	if _, err := c.roundTrip("before", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return p, c
+}
+
 func TestForwards(t *testing.T) {
 	p := newProxy(t)
 	c := dial(t, p)
@@ -90,11 +102,7 @@ func TestForwards(t *testing.T) {
 
 // Cut closes open connections at once and refuses new ones until Restore.
 func TestCut(t *testing.T) {
-	p := newProxy(t)
-	c := dial(t, p)
-	if _, err := c.roundTrip("before", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	p, c := proxyWithOpenConn(t)
 	p.Cut()
 	if _, err := c.roundTrip("during", 5*time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("open connection after Cut: %v, want it closed (not timed out)", err)
@@ -111,11 +119,7 @@ func TestCut(t *testing.T) {
 // Stall moves no byte on open or new connections, and delivers what was
 // held once restored, like a partition that heals.
 func TestStall(t *testing.T) {
-	p := newProxy(t)
-	open := dial(t, p)
-	if _, err := open.roundTrip("before", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	p, open := proxyWithOpenConn(t)
 	p.Stall()
 	// A short deadline is the point: the reply must not come at all.
 	if _, err := open.roundTrip("held", 200*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
