@@ -14,6 +14,30 @@ import (
 // no such family: a misspelt name must not read as zero.
 func Metric(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
+	sum, err := gather(t, g).Sum(name, labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
+// MetricOrZero is Metric for a vector that may have no series yet: such a
+// family is not gathered at all, and reads as zero here.
+func MetricOrZero(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	fams := gather(t, g)
+	if fams[name] == nil {
+		return 0
+	}
+	sum, err := fams.Sum(name, labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
+func gather(t testing.TB, g prometheus.Gatherer) scrape.Families {
+	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatalf("gathering metrics: %v", err)
@@ -22,9 +46,5 @@ func Metric(t testing.TB, g prometheus.Gatherer, name string, labels ...string) 
 	for _, mf := range mfs {
 		fams[mf.GetName()] = mf
 	}
-	sum, err := fams.Sum(name, labels...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sum
+	return fams
 }
