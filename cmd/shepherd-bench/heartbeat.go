@@ -68,6 +68,11 @@ type heartbeatResult struct {
 	DBXactsPerS       float64 `json:"db_xacts_per_s"`
 	DBXactsPer100     float64 `json:"db_xacts_per_100_heartbeats"`
 	DBRowsTimestamped int64   `json:"db_rows_timestamped"`
+	// WALBytesPer is the WAL the cluster wrote over the run per accepted
+	// heartbeat (pg_current_wal_lsn before and after; nothing else writes
+	// meanwhile), full-page images included: what a replica of the BMDB
+	// or a WAL archive receives for each heartbeat.
+	WALBytesPer float64 `json:"wal_bytes_per_heartbeat"`
 	// VerifyPerS is the bare ed25519.Verify rate, all cores, same run:
 	// the higher of the measurements before and after sending (the
 	// machine is shared; the higher one is the stricter ceiling).
@@ -188,6 +193,10 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	wal0, err := walBytes(ctx, admin)
+	if err != nil {
+		return err
+	}
 	cpu0, err := b.srv.cpuSeconds()
 	if err != nil {
 		return err
@@ -204,6 +213,10 @@ func (b *bench) heartbeat(ctx context.Context) error {
 		return err
 	}
 	x1, err := b.srv.xacts(ctx, admin, name)
+	if err != nil {
+		return err
+	}
+	wal1, err := walBytes(ctx, admin)
 	if err != nil {
 		return err
 	}
@@ -230,6 +243,7 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	if res.Accepted > 0 {
 		res.DBXactsPer100 = round(100*float64(x1-x0)/float64(res.Accepted), 3)
 		res.ServerCPUUs = round((cpu1-cpu0)*1e6/float64(res.Accepted), 2)
+		res.WALBytesPer = round(float64(wal1-wal0)/float64(res.Accepted), 0)
 		res.EndpointCPUUs = round((self1-self0)*1e6/float64(res.Accepted), 2)
 		res.SenderCPUUs = round(res.SenderCPUUs*1e6/float64(res.Accepted), 2)
 		if res.VerifyPerS > 0 && res.EndpointCPUUs > 0 {
@@ -721,6 +735,15 @@ func readResponse(br *bufio.Reader) (status int, keep bool, err error) {
 		return 0, false, err
 	}
 	return status, keep, nil
+}
+
+// walBytes is the server's current WAL position, in bytes from the start.
+func walBytes(ctx context.Context, admin *pgx.Conn) (int64, error) {
+	var n int64
+	if err := admin.QueryRow(ctx, qWALPosition).Scan(&n); err != nil {
+		return 0, fmt.Errorf("reading the WAL position: %w", err)
+	}
+	return n, nil
 }
 
 // waitNoBackends waits until no backend is connected to database db: an

@@ -39,6 +39,10 @@ ON CONFLICT (machine_id) DO NOTHING`
 	// PostgreSQL 15 and later.
 	qFlushStats = `SELECT pg_stat_force_next_flush()`
 
+	// qWALPosition is the server's current WAL position in bytes: the
+	// difference of two is the WAL written between them.
+	qWALPosition = `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`
+
 	// qVacuumAnalyze leaves statistics and the visibility map after a bulk
 	// load as autovacuum would.
 	qVacuumAnalyze = `VACUUM (ANALYZE)`
