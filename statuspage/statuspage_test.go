@@ -23,16 +23,17 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
 var (
-	agentStart = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
-	recovery   = bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"}
-	processes  = []Process{
-		{Info: controlloop.Info{Process: agentStart, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates()},
-		{Info: controlloop.Info{Process: recovery, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+	// The two shipped processes, as their packages declare them.
+	processes = []Process{
+		{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates()},
+		{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
 	}
 )
 
@@ -88,7 +89,7 @@ func newFleet(t *testing.T) *fleet {
 	// history).
 	if err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO work_history (machine_id, process, event, session_id, failed_cause) VALUES ($1, $2, 'Failed', $3, $4)`,
-			w.Machine, agentStart.Name, s.ID(), recoveredCause)
+			w.Machine, agentstart.Process.Name, s.ID(), recoveredCause)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func newFleet(t *testing.T) *fleet {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, hostileCause); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Retry(ctx, f.failed, agentStart.Name, "BMC reset by hand"); err != nil {
+	if _, err := db.Retry(ctx, f.failed, agentstart.Process.Name, "BMC reset by hand"); err != nil {
 		t.Fatal(err)
 	}
 	w = f.claim(t)
@@ -117,7 +118,7 @@ func newFleet(t *testing.T) *fleet {
 	f.leased = w.Machine
 	t.Cleanup(func() { w.Cancel(context.Background()) })
 
-	if _, err := db.PauseProcess(ctx, recovery.Name, "incident 1234: BMC firmware rollout"); err != nil {
+	if _, err := db.PauseProcess(ctx, recovery.Process.Name, "incident 1234: BMC firmware rollout"); err != nil {
 		t.Fatal(err)
 	}
 	// Two machines that two providers both call "twin", added after the
@@ -144,7 +145,7 @@ func newFleet(t *testing.T) *fleet {
 
 func (f *fleet) claim(t *testing.T) *bmdb.Lease {
 	t.Helper()
-	w, err := f.session.Claim(context.Background(), agentStart, bmdb.AgentStartCandidates())
+	w, err := f.session.Claim(context.Background(), agentstart.Process, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatalf("claiming: %v", err)
 	}
@@ -307,7 +308,7 @@ func TestBreakerPauseShown(t *testing.T) {
 	defer srv.Close()
 	// The fleet's last two AgentStart attempts include a failure: a
 	// window of two with a threshold of 0 trips.
-	v, err := f.db.CheckBreaker(context.Background(), agentStart.Name, bmdb.Breaker{Window: 2, Threshold: 0})
+	v, err := f.db.CheckBreaker(context.Background(), agentstart.Process.Name, bmdb.Breaker{Window: 2, Threshold: 0})
 	if err != nil || !v.Tripped {
 		t.Fatalf("tripping the breaker: %+v, %v", v, err)
 	}
@@ -332,7 +333,7 @@ func TestOverviewCache(t *testing.T) {
 	if len(first.Errors) > 0 {
 		t.Fatal(first.Errors)
 	}
-	if _, err := f.db.ResumeProcess(ctx, recovery.Name); err != nil {
+	if _, err := f.db.ResumeProcess(ctx, recovery.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	if again := hd.overview(ctx); again != first {
@@ -599,7 +600,7 @@ func TestInChromium(t *testing.T) {
 	if !strings.Contains(run(t, ctx, "reading Recovery", chromedp.Evaluate[string](recoveryHeading)), "paused") {
 		t.Fatalf("Recovery is not shown paused before the change")
 	}
-	if _, err := f.db.ResumeProcess(context.Background(), recovery.Name); err != nil {
+	if _, err := f.db.ResumeProcess(context.Background(), recovery.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
