@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 )
 
 // The Prometheus rules: promtool accepts them, every alert has a unit test,
@@ -14,19 +16,22 @@ import (
 
 func TestPromtoolCheckRules(t *testing.T) {
 	t.Parallel()
-	promtool := need(t, "promtool", "prometheus")
-	out := run(t, "prometheus", promtool, "check", "rules", "shepherd-rules.yml")
-	if !strings.Contains(out, "SUCCESS") {
-		t.Fatalf("promtool check rules did not report success:\n%s", out)
-	}
+	promtoolSucceeds(t, "check", "rules", "shepherd-rules.yml")
 }
 
 func TestPromtoolTestRules(t *testing.T) {
 	t.Parallel()
-	promtool := need(t, "promtool", "prometheus")
-	out := run(t, "prometheus", promtool, "test", "rules", "shepherd-rules_test.yml")
+	promtoolSucceeds(t, "test", "rules", "shepherd-rules_test.yml")
+}
+
+// promtoolSucceeds runs promtool with args (a command, then a file) in the
+// prometheus directory and requires it to report SUCCESS.
+func promtoolSucceeds(t *testing.T, args ...string) {
+	t.Helper()
+	promtool := proctest.Need(t, "promtool", "prometheus")
+	out := run(t, "prometheus", promtool, args...)
 	if !strings.Contains(out, "SUCCESS") {
-		t.Fatalf("promtool test rules did not report success:\n%s", out)
+		t.Fatalf("promtool %s did not report success:\n%s", strings.Join(args[:len(args)-1], " "), out)
 	}
 }
 
