@@ -13,18 +13,6 @@ import (
 	"time"
 )
 
-// need returns the path of a tool the test cannot do without, failing (not
-// skipping: a skipped check protects nothing) with the Debian package that
-// provides it.
-func need(t *testing.T, tool, debianPackage string) string {
-	t.Helper()
-	path, err := exec.LookPath(tool)
-	if err != nil {
-		t.Fatalf("%s not found on PATH: install the Debian package %q (apt-get install -y %s)", tool, debianPackage, debianPackage)
-	}
-	return path
-}
-
 // run runs a tool in dir and returns its output, failing t if it fails.
 func run(t *testing.T, dir, name string, args ...string) string {
 	t.Helper()

@@ -147,7 +147,7 @@ func (p promAPI) alerts() ([]promAlert, error) {
 // fails: the rules, the metric names and the exposition agree end to end.
 func TestPrometheusScrapesTheDaemon(t *testing.T) {
 	t.Parallel()
-	prometheus := need(t, "prometheus", "prometheus")
+	prometheus := proctest.Need(t, "prometheus", "prometheus")
 	binary := shepherdBinary(t)
 	dir := t.TempDir()
 	rules, err := filepath.Abs("prometheus/shepherd-rules.yml")

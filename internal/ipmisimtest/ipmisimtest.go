@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 )
 
 //go:embed ipmi-sim.sh
@@ -33,11 +35,9 @@ type Sim struct {
 // Start starts a simulator that is stopped when the test ends.
 func Start(t testing.TB) *Sim {
 	t.Helper()
-	for _, bin := range []string{"ipmi_sim", "ipmitool"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Fatalf("%s is not installed: apt-get install -y openipmi ipmitool (IPMI tests run against a real ipmi_sim)", bin)
-		}
-	}
+	// IPMI tests run against a real ipmi_sim, driven with ipmitool.
+	proctest.Need(t, "ipmi_sim", "openipmi")
+	proctest.Need(t, "ipmitool", "ipmitool")
 	dir := t.TempDir()
 	s := &Sim{dir: filepath.Join(dir, "sim"), scriptPath: filepath.Join(dir, "ipmi-sim.sh")}
 	if err := os.WriteFile(s.scriptPath, script, 0o755); err != nil {
@@ -87,18 +87,20 @@ func (s *Sim) WriteCredentials(t testing.TB, dir, pass string) string {
 // power cycle adds one to (about a second after it was asked for).
 func (s *Sim) PowerOns(t testing.TB) int {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(s.dir, "chassis", "power_ons"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	n, _ := strconv.Atoi(strings.TrimSpace(s.chassisFile(t, "power_ons")))
 	return n
 }
 
 // Log is the chassis's action log, a line per action ("<ms> power 0").
 func (s *Sim) Log(t testing.TB) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(s.dir, "chassis", "log"))
+	return s.chassisFile(t, "log")
+}
+
+// chassisFile reads a file the simulated chassis writes (ipmi-sim.sh).
+func (s *Sim) chassisFile(t testing.TB, name string) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(s.dir, "chassis", name))
 	if err != nil {
 		t.Fatal(err)
 	}
