@@ -334,23 +334,12 @@ func (db *DB) buildDueChunk(ctx context.Context, process Process, candidates Can
 // and its writes wait for the reconcile pass instead of the build.
 const writerWait = time.Minute
 
-// queryer is what waitForWriters reads pg_locks with: a pool or a
-// transaction.
-type queryer interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // waitForWriters waits until every transaction that holds a write lock on
 // one of tables, as this call starts, has ended (or writerWait passed).
 // pg_locks is polled: SQL has no statement that waits for another
 // transaction without blocking the table's next writers too.
 func waitForWriters(ctx context.Context, q queryer, process Process, tables []string) error {
-	rows, err := q.Query(ctx, qWritersOf, tables)
-	if err != nil {
-		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
-	}
-	writers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	writers, err := queryRows(ctx, q, pgx.RowTo[string], qWritersOf, tables)
 	if err != nil {
 		return fmt.Errorf("listing the transactions writing %s: %w", strings.Join(tables, ", "), err)
 	}

@@ -40,11 +40,7 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 	// The plan above ran the lock: the rows stay locked in this
 	// transaction, so read their ids again (this transaction's own locks
 	// do not make SKIP LOCKED skip them).
-	rows, err := tx.Query(ctx, qDueLock, lockArgs)
-	if err != nil {
-		return fail(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	ids, err := queryRows(ctx, tx, pgx.RowTo[uuid.UUID], qDueLock, lockArgs)
 	if err != nil {
 		return fail(err)
 	}
@@ -63,11 +59,7 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 }
 
 func explainLines(ctx context.Context, tx pgx.Tx, query string, args pgx.NamedArgs) (string, error) {
-	rows, err := tx.Query(ctx, query, args)
-	if err != nil {
-		return "", err
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	lines, err := queryRows(ctx, tx, pgx.RowTo[string], query, args)
 	if err != nil {
 		return "", err
 	}

@@ -25,29 +25,23 @@ type HistoryEntry struct {
 	Session uuid.UUID
 }
 
-func scanHistory(rows pgx.Rows) ([]HistoryEntry, error) {
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
-		var e HistoryEntry
-		var cause *string
-		var session *uuid.UUID
-		err := row.Scan(&e.ID, &e.Machine, &e.Process, &e.Event, &e.Timestamp, &cause, &session)
-		if cause != nil {
-			e.Cause = *cause
-		}
-		if session != nil {
-			e.Session = *session
-		}
-		return e, err
-	})
+func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
+	var e HistoryEntry
+	var cause *string
+	var session *uuid.UUID
+	err := row.Scan(&e.ID, &e.Machine, &e.Process, &e.Event, &e.Timestamp, &cause, &session)
+	if cause != nil {
+		e.Cause = *cause
+	}
+	if session != nil {
+		e.Session = *session
+	}
+	return e, err
 }
 
 // History returns the work history of machine in causal order.
 func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, error) {
-	rows, err := db.pool.Query(ctx, qHistoryOfMachine, machine)
-	if err != nil {
-		return nil, fmt.Errorf("reading history of %s: %w", machine, err)
-	}
-	h, err := scanHistory(rows)
+	h, err := queryRows(ctx, db.pool, scanHistory, qHistoryOfMachine, machine)
 	if err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", machine, err)
 	}
@@ -57,11 +51,7 @@ func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, e
 // HistoryAfter returns up to limit entries of all machines with an ID above
 // after, in causal order: audits page through the whole history with it.
 func (db *DB) HistoryAfter(ctx context.Context, after int64, limit int) ([]HistoryEntry, error) {
-	rows, err := db.pool.Query(ctx, qHistoryAll, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("reading history: %w", err)
-	}
-	h, err := scanHistory(rows)
+	h, err := queryRows(ctx, db.pool, scanHistory, qHistoryAll, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading history: %w", err)
 	}

@@ -59,17 +59,15 @@ func (db *DB) SSHHostKeys(ctx context.Context, afterProvider, afterProviderID st
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := db.pool.Query(ctx, qHostKeys, afterProvider, afterProviderID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing pinned SSH host keys: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PinnedHostKey, error) {
-		var k PinnedHostKey
-		err := row.Scan(&k.Machine, &k.Provider, &k.ProviderID, &k.Address, &k.Key, &k.PinnedAt)
-		return k, err
-	})
+	keys, err := queryRows(ctx, db.pool, scanPinnedHostKey, qHostKeys, afterProvider, afterProviderID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing pinned SSH host keys: %w", err)
 	}
 	return keys, nil
+}
+
+func scanPinnedHostKey(row pgx.CollectableRow) (PinnedHostKey, error) {
+	var k PinnedHostKey
+	err := row.Scan(&k.Machine, &k.Provider, &k.ProviderID, &k.Address, &k.Key, &k.PinnedAt)
+	return k, err
 }

@@ -67,18 +67,18 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 		q.Limit = 1000
 	}
 	name := q.Process.Name
-	var rows pgx.Rows
-	var err error
-	var scan func(row pgx.CollectableRow) (MachineState, error)
+	var sql string
+	var args []any
+	var scan pgx.RowToFunc[MachineState]
 	switch q.State {
 	case StateLeased:
-		rows, err = db.pool.Query(ctx, qLeasedOfProcess, name, q.Limit)
+		sql, args = qLeasedOfProcess, []any{name, q.Limit}
 		scan = func(row pgx.CollectableRow) (MachineState, error) {
 			ms := MachineState{Process: name, State: StateLeased}
 			return ms, row.Scan(&ms.Machine, &ms.Session, &ms.Since)
 		}
 	case StateBackoff:
-		rows, err = db.pool.Query(ctx, qBackingOffOfProcess, name, q.Limit)
+		sql, args = qBackingOffOfProcess, []any{name, q.Limit}
 		scan = func(row pgx.CollectableRow) (MachineState, error) {
 			ms := MachineState{Process: name, State: StateBackoff}
 			var seconds int64
@@ -90,13 +90,13 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 		if q.Candidates == nil {
 			return nil, fmt.Errorf("listing eligible machines of %s: the process's candidate condition is unknown here", name)
 		}
-		query, args := q.Candidates.query(eligibleTemplate, pgx.NamedArgs{
+		query, named := q.Candidates.query(eligibleTemplate, pgx.NamedArgs{
 			"group":   q.Process.group(),
 			"process": name,
 			"after":   q.After,
 			"limit":   q.Limit,
 		})
-		rows, err = db.pool.Query(ctx, query, args)
+		sql, args = query, []any{named}
 		scan = func(row pgx.CollectableRow) (MachineState, error) {
 			ms := MachineState{Process: name, State: StateEligible}
 			return ms, row.Scan(&ms.Machine)
@@ -104,10 +104,7 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 	default:
 		return nil, fmt.Errorf("unknown machine state %q: want one of %v", q.State, States)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("listing %s machines of %s: %w", q.State, name, err)
-	}
-	out, err := pgx.CollectRows(rows, scan)
+	out, err := queryRows(ctx, db.pool, scan, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s machines of %s: %w", q.State, name, err)
 	}
@@ -118,11 +115,7 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 // history or pauses, sorted: the processes an operator can ask about, even
 // those this binary does not run.
 func (db *DB) KnownProcesses(ctx context.Context) ([]string, error) {
-	rows, err := db.pool.Query(ctx, qKnownProcesses)
-	if err != nil {
-		return nil, fmt.Errorf("listing known processes: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := queryRows(ctx, db.pool, pgx.RowTo[string], qKnownProcesses)
 	if err != nil {
 		return nil, fmt.Errorf("listing known processes: %w", err)
 	}
@@ -164,11 +157,7 @@ func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Can
 // RecentFailures returns the newest limit failures of process, newest
 // first.
 func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
-	rows, err := db.pool.Query(ctx, qRecentFailures, process, limit)
-	if err != nil {
-		return nil, fmt.Errorf("reading recent failures of %s: %w", process, err)
-	}
-	h, err := scanHistory(rows)
+	h, err := queryRows(ctx, db.pool, scanHistory, qRecentFailures, process, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading recent failures of %s: %w", process, err)
 	}
@@ -252,37 +241,16 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 		}
 	}
 
-	rows, err := db.pool.Query(ctx, qMachineLeases, machine)
+	d.Leases, err = queryRows(ctx, db.pool, scanLeaseInfo, qMachineLeases, machine)
 	if err != nil {
 		return fail(err)
 	}
-	d.Leases, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (LeaseInfo, error) {
-		var l LeaseInfo
-		return l, row.Scan(&l.Process, &l.ExclusionGroup, &l.Session, &l.Started)
-	})
-	if err != nil {
-		return fail(err)
-	}
-	rows, err = db.pool.Query(ctx, qMachineBackoffs, machine)
-	if err != nil {
-		return fail(err)
-	}
-	d.Backoffs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (BackoffState, error) {
-		var b BackoffState
-		var seconds int64
-		err := row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
-		b.LastInterval = time.Duration(seconds) * time.Second
-		return b, err
-	})
+	d.Backoffs, err = queryRows(ctx, db.pool, scanBackoffState, qMachineBackoffs, machine)
 	if err != nil {
 		return fail(err)
 	}
 	// One more than asked tells whether older entries exist.
-	rows, err = db.pool.Query(ctx, qMachineRecentHistory, machine, historyLimit+1)
-	if err != nil {
-		return fail(err)
-	}
-	h, err := scanHistory(rows)
+	h, err := queryRows(ctx, db.pool, scanHistory, qMachineRecentHistory, machine, historyLimit+1)
 	if err != nil {
 		return fail(err)
 	}
@@ -292,4 +260,17 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	slices.Reverse(h)
 	d.History = h
 	return d, nil
+}
+
+func scanLeaseInfo(row pgx.CollectableRow) (LeaseInfo, error) {
+	var l LeaseInfo
+	return l, row.Scan(&l.Process, &l.ExclusionGroup, &l.Session, &l.Started)
+}
+
+func scanBackoffState(row pgx.CollectableRow) (BackoffState, error) {
+	var b BackoffState
+	var seconds int64
+	err := row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
+	b.LastInterval = time.Duration(seconds) * time.Second
+	return b, err
 }

@@ -14,11 +14,7 @@ import (
 // knows it ("sim-0002", a hostname) instead of by UUID. Several providers
 // may use the same id: the caller decides what an ambiguous name means.
 func (db *DB) MachinesByProviderID(ctx context.Context, providerID string) ([]Provided, error) {
-	rows, err := db.pool.Query(ctx, qMachinesByProviderID, providerID)
-	if err != nil {
-		return nil, fmt.Errorf("looking up provider id %q: %w", providerID, err)
-	}
-	found, err := pgx.CollectRows(rows, scanProvided)
+	found, err := queryRows(ctx, db.pool, scanProvided, qMachinesByProviderID, providerID)
 	if err != nil {
 		return nil, fmt.Errorf("looking up provider id %q: %w", providerID, err)
 	}
@@ -53,22 +49,7 @@ func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
 	if q.Limit <= 0 {
 		q.Limit = 1000
 	}
-	rows, err := db.pool.Query(ctx, qFleet, q.AfterProvider, q.AfterProviderID, q.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing the fleet: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FleetMachine, error) {
-		var m FleetMachine
-		var started, heartbeat *time.Time
-		err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &m.Power, &started, &heartbeat, &m.Leased, &m.BackingOff)
-		if started != nil {
-			m.AgentStarted = *started
-		}
-		if heartbeat != nil {
-			m.LastHeartbeat = *heartbeat
-		}
-		return m, err
-	})
+	out, err := queryRows(ctx, db.pool, scanFleetMachine, qFleet, q.AfterProvider, q.AfterProviderID, q.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing the fleet: %w", err)
 	}
@@ -87,11 +68,7 @@ func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Can
 		"process": process.Name,
 		"ids":     machines,
 	})
-	rows, err := db.pool.Query(ctx, query, args)
-	if err != nil {
-		return nil, fmt.Errorf("checking eligibility for %s: %w", process.Name, err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	ids, err := queryRows(ctx, db.pool, pgx.RowTo[uuid.UUID], query, args)
 	if err != nil {
 		return nil, fmt.Errorf("checking eligibility for %s: %w", process.Name, err)
 	}
@@ -100,4 +77,17 @@ func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Can
 		out[id] = true
 	}
 	return out, nil
+}
+
+func scanFleetMachine(row pgx.CollectableRow) (FleetMachine, error) {
+	var m FleetMachine
+	var started, heartbeat *time.Time
+	err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &m.Power, &started, &heartbeat, &m.Leased, &m.BackingOff)
+	if started != nil {
+		m.AgentStarted = *started
+	}
+	if heartbeat != nil {
+		m.LastHeartbeat = *heartbeat
+	}
+	return m, err
 }

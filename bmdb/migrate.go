@@ -265,11 +265,7 @@ func refuseForeignExtensions(ctx context.Context, dsn string) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(ctx, qExtensionTables)
-	if err != nil {
-		return fmt.Errorf("listing extension migrations: %w", err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	tables, err := queryRows(ctx, conn, pgx.RowTo[string], qExtensionTables)
 	if err != nil {
 		return fmt.Errorf("listing extension migrations: %w", err)
 	}

@@ -63,17 +63,8 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 	}
 	var cleared []ClearedBackoff
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		rows, err := tx.tx.Query(ctx, qBackoffClear, machine, processArg, reason)
-		if err != nil {
-			return err
-		}
-		cleared, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClearedBackoff, error) {
-			var c ClearedBackoff
-			var seconds int64
-			err := row.Scan(&c.Process, &c.Until, &c.Cause, &seconds, &c.WasActive)
-			c.LastInterval = time.Duration(seconds) * time.Second
-			return c, err
-		})
+		var err error
+		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason)
 		return err
 	})
 	what := "backoffs of " + machine.String()
@@ -124,4 +115,12 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 		return RetryResult{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
 	}
 	return res, nil
+}
+
+func scanClearedBackoff(row pgx.CollectableRow) (ClearedBackoff, error) {
+	var c ClearedBackoff
+	var seconds int64
+	err := row.Scan(&c.Process, &c.Until, &c.Cause, &seconds, &c.WasActive)
+	c.LastInterval = time.Duration(seconds) * time.Second
+	return c, err
 }

@@ -56,11 +56,7 @@ func (db *DB) PauseProcess(ctx context.Context, process, reason string) (Pause, 
 	if reason == "" {
 		return Pause{}, ErrReasonRequired
 	}
-	rows, err := db.pool.Query(ctx, qPauseOperator, process, reason)
-	if err != nil {
-		return Pause{}, fmt.Errorf("pausing %s: %w", process, err)
-	}
-	p, err := pgx.CollectExactlyOneRow(rows, scanPause)
+	p, err := queryOne(ctx, db.pool, scanPause, qPauseOperator, process, reason)
 	if err != nil {
 		return Pause{}, fmt.Errorf("pausing %s: %w", process, err)
 	}
@@ -75,11 +71,7 @@ func (db *DB) ResumeProcess(ctx context.Context, process string) (Pause, error) 
 	if err := checkProcessName(process); err != nil {
 		return Pause{}, err
 	}
-	rows, err := db.pool.Query(ctx, qResume, process)
-	if err != nil {
-		return Pause{}, fmt.Errorf("resuming %s: %w", process, err)
-	}
-	p, err := pgx.CollectExactlyOneRow(rows, scanPause)
+	p, err := queryOne(ctx, db.pool, scanPause, qResume, process)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pause{}, fmt.Errorf("process %s is not paused: %w", process, ErrNotFound)
 	}
@@ -92,11 +84,7 @@ func (db *DB) ResumeProcess(ctx context.Context, process string) (Pause, error) 
 // Pauses lists every process that was ever paused, active pauses and
 // resumed ones, by process name.
 func (db *DB) Pauses(ctx context.Context) ([]Pause, error) {
-	rows, err := db.pool.Query(ctx, qPausesList)
-	if err != nil {
-		return nil, fmt.Errorf("listing pauses: %w", err)
-	}
-	ps, err := pgx.CollectRows(rows, scanPause)
+	ps, err := queryRows(ctx, db.pool, scanPause, qPausesList)
 	if err != nil {
 		return nil, fmt.Errorf("listing pauses: %w", err)
 	}

@@ -391,20 +391,12 @@ const (
 func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		sessions, leases = 0, 0
-		rows, err := tx.tx.Query(ctx, qSessionsExpiredLock)
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		ids, err := queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qSessionsExpiredLock)
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		rows, err = tx.tx.Query(ctx, qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
+		processes, err := queryRows(ctx, tx.tx, pgx.RowTo[string], qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
 			int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
-		if err != nil {
-			return err
-		}
-		processes, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return err
 		}
@@ -441,15 +433,17 @@ type SessionInfo struct {
 
 // Sessions lists all sessions, live and expired but not yet reaped.
 func (db *DB) Sessions(ctx context.Context) ([]SessionInfo, error) {
-	rows, err := db.pool.Query(ctx, qSessionsList)
+	ss, err := queryRows(ctx, db.pool, scanSessionInfo, qSessionsList)
 	if err != nil {
 		return nil, fmt.Errorf("listing sessions: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SessionInfo, error) {
-		var si SessionInfo
-		var seconds int32
-		err := row.Scan(&si.ID, &si.Component, &si.RuntimeInfo, &si.Created, &seconds, &si.Deadline, &si.Alive)
-		si.Interval = time.Duration(seconds) * time.Second
-		return si, err
-	})
+	return ss, nil
+}
+
+func scanSessionInfo(row pgx.CollectableRow) (SessionInfo, error) {
+	var si SessionInfo
+	var seconds int32
+	err := row.Scan(&si.ID, &si.Component, &si.RuntimeInfo, &si.Created, &seconds, &si.Deadline, &si.Alive)
+	si.Interval = time.Duration(seconds) * time.Second
+	return si, err
 }

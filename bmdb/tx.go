@@ -82,11 +82,11 @@ func (t *Tx) UpdateProvided(ctx context.Context, p Provided) (bool, error) {
 
 // ProvidedBy lists the machines of one provider, by provider id.
 func (t *Tx) ProvidedBy(ctx context.Context, provider string) ([]Provided, error) {
-	rows, err := t.tx.Query(ctx, qProvidedByProvider, provider)
+	ps, err := queryRows(ctx, t.tx, scanProvided, qProvidedByProvider, provider)
 	if err != nil {
 		return nil, fmt.Errorf("listing machines of %s: %w", provider, err)
 	}
-	return pgx.CollectRows(rows, scanProvided)
+	return ps, nil
 }
 
 func scanProvided(row pgx.CollectableRow) (Provided, error) {
@@ -100,15 +100,14 @@ var ErrNotFound = errors.New("not found")
 
 // Provided reads the provided tag of machine.
 func (t *Tx) Provided(ctx context.Context, machine uuid.UUID) (Provided, error) {
-	rows, err := t.tx.Query(ctx, qProvidedGet, machine)
-	if err != nil {
-		return Provided{}, fmt.Errorf("reading provided tag of %s: %w", machine, err)
-	}
-	p, err := pgx.CollectExactlyOneRow(rows, scanProvided)
+	p, err := queryOne(ctx, t.tx, scanProvided, qProvidedGet, machine)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Provided{}, fmt.Errorf("machine %s is not provided: %w", machine, ErrNotFound)
 	}
-	return p, err
+	if err != nil {
+		return Provided{}, fmt.Errorf("reading provided tag of %s: %w", machine, err)
+	}
+	return p, nil
 }
 
 // SetAgentStarted records that machine's agent started with publicKey. It

@@ -126,11 +126,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				blocked = true
 				return nil
 			}
-			rows, err := tx.tx.Query(ctx, qDueLock, lockArgs)
-			if err != nil {
-				return err
-			}
-			ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			ids, err := queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qDueLock, lockArgs)
 			if err != nil {
 				return err
 			}
@@ -139,7 +135,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
 			}
 			args["ids"], args["limit"] = uuidArray(ids), n
-			rows, err = tx.tx.Query(ctx, query, args)
+			rows, err := tx.tx.Query(ctx, query, args)
 			if err != nil {
 				return err
 			}
