@@ -4,8 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/untrusted"
+	"github.com/shepherd-fleet/shepherd/statuspage"
 )
 
 // tagJSON is a process's tag in JSON.
@@ -31,17 +30,12 @@ func (c *cli) tags(ctx context.Context, args []string) error {
 		if p.tags == nil {
 			continue
 		}
-		var tags []Tag
-		err := c.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			var err error
-			tags, err = p.tags(ctx, tx, id)
-			return err
-		})
+		tags, err := statuspage.ReadTags(ctx, c.db, id, p.tags)
 		if err != nil {
 			return fmt.Errorf("reading the tags of %s on %s: %w", p.label, id, err)
 		}
 		for _, t := range tags {
-			out = append(out, tagJSON{Process: p.label, Name: untrusted.Line(t.Name, 200), Value: untrusted.Line(t.Value, 0)})
+			out = append(out, tagJSON{Process: p.label, Name: t.Name, Value: t.Value})
 		}
 	}
 	if c.json {

@@ -400,6 +400,25 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "machine.html", page)
 }
 
+// ReadTags reads the tags of machine that read (a Process's Tags) finds, in
+// one BMDB transaction, bounded and cleaned: they may come from the
+// machine. The status page and the tags command show them.
+func ReadTags(ctx context.Context, db *bmdb.DB, machine uuid.UUID, read func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)) ([]Tag, error) {
+	var tags []Tag
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		tags, err = read(ctx, tx, machine)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range tags {
+		tags[i] = Tag{Name: untrusted.Line(t.Name, 200), Value: untrusted.Line(t.Value, 0)}
+	}
+	return tags, nil
+}
+
 // processTags reads the processes' own tags of machine. A process whose
 // read fails shows the failure in place of its tags: the rest of the page
 // is still worth seeing.
@@ -409,19 +428,12 @@ func (h *handler) processTags(ctx context.Context, machine uuid.UUID) []Tag {
 		if p.Tags == nil {
 			continue
 		}
-		var tags []Tag
-		err := h.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			var err error
-			tags, err = p.Tags(ctx, tx, machine)
-			return err
-		})
+		tags, err := ReadTags(ctx, h.db, machine, p.Tags)
 		if err != nil {
 			klog.ErrorS(err, "Status page: reading a process's tags failed", "process", p.Info.Label, "machine", machine)
-			tags = []Tag{{Name: p.Info.Label, Value: "cannot read its tags: " + err.Error()}}
+			tags = []Tag{{Name: p.Info.Label, Value: untrusted.Line("cannot read its tags: "+err.Error(), 0)}}
 		}
-		for _, t := range tags {
-			out = append(out, Tag{Name: untrusted.Line(t.Name, 200), Value: untrusted.Line(t.Value, 0)})
-		}
+		out = append(out, tags...)
 	}
 	return out
 }
