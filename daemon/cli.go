@@ -563,19 +563,9 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 		return err
 	}
 	if c.json {
-		type clearedJSON struct {
-			Machine             uuid.UUID `json:"machine"`
-			Process             string    `json:"process"`
-			Until               time.Time `json:"until"`
-			Cause               string    `json:"cause"`
-			LastIntervalSeconds int64     `json:"last_interval_seconds"`
-			WasActive           bool      `json:"was_active"`
-		}
-		out := make([]clearedJSON, 0, len(cleared))
-		for _, b := range cleared {
-			out = append(out, clearedJSON{id, b.Process, b.Until, b.Cause, int64(b.LastInterval / time.Second), b.WasActive})
-		}
-		return c.emitJSON(out)
+		return c.emitJSON(jsonList(cleared, func(b bmdb.ClearedBackoff) clearedJSON {
+			return clearedJSON{id, b.Process, b.Until, b.Cause, int64(b.LastInterval / time.Second), b.WasActive}
+		}))
 	}
 	for _, b := range cleared {
 		state := "active until " + when(b.Until)
@@ -617,6 +607,37 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
 	}
 	return nil
+}
+
+// clearedJSON is a cleared backoff in JSON.
+type clearedJSON struct {
+	Machine             uuid.UUID `json:"machine"`
+	Process             string    `json:"process"`
+	Until               time.Time `json:"until"`
+	Cause               string    `json:"cause"`
+	LastIntervalSeconds int64     `json:"last_interval_seconds"`
+	WasActive           bool      `json:"was_active"`
+}
+
+// sessionJSON is a BMDB session in JSON.
+type sessionJSON struct {
+	ID              uuid.UUID `json:"id"`
+	Component       string    `json:"component"`
+	RuntimeInfo     string    `json:"runtime_info"`
+	Created         time.Time `json:"created"`
+	IntervalSeconds int64     `json:"interval_seconds"`
+	Deadline        time.Time `json:"deadline"`
+	Alive           bool      `json:"alive"`
+}
+
+// jsonList converts items for -json with toJSON; none is an empty list,
+// never null, so that scripts can iterate over any answer.
+func jsonList[T, J any](items []T, toJSON func(T) J) []J {
+	out := make([]J, 0, len(items))
+	for _, item := range items {
+		out = append(out, toJSON(item))
+	}
+	return out
 }
 
 // pauseJSON is a pause in JSON.
@@ -674,20 +695,9 @@ func (c *cli) sessions(ctx context.Context, _ []string) error {
 		return err
 	}
 	if c.json {
-		type sessionJSON struct {
-			ID              uuid.UUID `json:"id"`
-			Component       string    `json:"component"`
-			RuntimeInfo     string    `json:"runtime_info"`
-			Created         time.Time `json:"created"`
-			IntervalSeconds int64     `json:"interval_seconds"`
-			Deadline        time.Time `json:"deadline"`
-			Alive           bool      `json:"alive"`
-		}
-		out := make([]sessionJSON, 0, len(ss))
-		for _, s := range ss {
-			out = append(out, sessionJSON{s.ID, s.Component, s.RuntimeInfo, s.Created, int64(s.Interval / time.Second), s.Deadline, s.Alive})
-		}
-		return c.emitJSON(out)
+		return c.emitJSON(jsonList(ss, func(s bmdb.SessionInfo) sessionJSON {
+			return sessionJSON{s.ID, s.Component, s.RuntimeInfo, s.Created, int64(s.Interval / time.Second), s.Deadline, s.Alive}
+		}))
 	}
 	var rows [][]string
 	for _, s := range ss {

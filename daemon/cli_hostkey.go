@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // fingerprint names an authorized_keys-format host key as ssh-keygen -l and
@@ -67,11 +69,9 @@ func (c *cli) hostKeyList(ctx context.Context) error {
 		return err
 	}
 	if c.json {
-		out := make([]hostKeyJSON, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, hostKeyJSON{k.Machine, k.Provider, k.ProviderID, k.Address, fingerprint(k.Key), k.Key, k.PinnedAt})
-		}
-		return c.emitJSON(out)
+		return c.emitJSON(jsonList(keys, func(k bmdb.PinnedHostKey) hostKeyJSON {
+			return hostKeyJSON{k.Machine, k.Provider, k.ProviderID, k.Address, fingerprint(k.Key), k.Key, k.PinnedAt}
+		}))
 	}
 	var rows [][]string
 	for _, k := range keys {
