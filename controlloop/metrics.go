@@ -1,27 +1,22 @@
 package controlloop
 
 import (
-	"strings"
-
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
-// Results of work, the values of the result label: the history event that
-// ends the lease (bmdb.EndEvents), in lower case, so that the metric and
-// the history count the same outcomes.
-var (
-	ResultFinished = strings.ToLower(bmdb.EventFinished)
-	// ResultRescheduled: finished with a time before which the machine is
-	// not a candidate again (Task.CheckAgainAfter); not a failure.
-	ResultRescheduled = strings.ToLower(bmdb.EventRescheduled)
-	ResultFailed      = strings.ToLower(bmdb.EventFailed)
-	ResultCanceled    = strings.ToLower(bmdb.EventCanceled)
+// Results of work, the values of the result label.
+const (
+	ResultFinished = "finished"
+	ResultFailed   = "failed"
+	ResultCanceled = "canceled"
 	// ResultLost: the lease was gone when the worker tried to end it (its
 	// session expired and the reaper released it).
-	ResultLost = strings.ToLower(bmdb.EventLost)
+	ResultLost = "lost"
+	// ResultRescheduled: finished with a time before which the machine is
+	// not a candidate again (Task.CheckAgainAfter); not a failure.
+	ResultRescheduled = "rescheduled"
 )
 
 var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultCanceled, ResultLost}
