@@ -189,19 +189,10 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	if err := waitNoBackends(ctx, admin, name); err != nil {
 		return err
 	}
-	x0, err := b.srv.xacts(ctx, admin, name)
+	before, err := b.heartbeatCounters(ctx, admin, name)
 	if err != nil {
 		return err
 	}
-	wal0, err := walBytes(ctx, admin)
-	if err != nil {
-		return err
-	}
-	cpu0, err := b.srv.cpuSeconds()
-	if err != nil {
-		return err
-	}
-	self0 := selfCPUSeconds()
 
 	run, err := b.ingest(ctx, dsn, file, &res)
 	if err != nil {
@@ -212,19 +203,10 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	if err := waitNoBackends(ctx, admin, name); err != nil {
 		return err
 	}
-	x1, err := b.srv.xacts(ctx, admin, name)
+	after, err := b.heartbeatCounters(ctx, admin, name)
 	if err != nil {
 		return err
 	}
-	wal1, err := walBytes(ctx, admin)
-	if err != nil {
-		return err
-	}
-	cpu1, err := b.srv.cpuSeconds()
-	if err != nil {
-		return err
-	}
-	self1 := selfCPUSeconds()
 	if res.DBRowsTimestamped, err = countTimestamped(ctx, dsn); err != nil {
 		return err
 	}
@@ -239,12 +221,12 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	}
 	res.Seconds = seconds(run)
 	res.AcceptedPerS = round(float64(res.Accepted)/run.Seconds(), 0)
-	res.DBXactsPerS = round(float64(x1-x0)/run.Seconds(), 1)
+	res.DBXactsPerS = round(float64(after.xacts-before.xacts)/run.Seconds(), 1)
 	if res.Accepted > 0 {
-		res.DBXactsPer100 = round(100*float64(x1-x0)/float64(res.Accepted), 3)
-		res.ServerCPUUs = round((cpu1-cpu0)*1e6/float64(res.Accepted), 2)
-		res.WALBytesPer = round(float64(wal1-wal0)/float64(res.Accepted), 0)
-		res.EndpointCPUUs = round((self1-self0)*1e6/float64(res.Accepted), 2)
+		res.DBXactsPer100 = round(100*float64(after.xacts-before.xacts)/float64(res.Accepted), 3)
+		res.ServerCPUUs = round((after.serverCPU-before.serverCPU)*1e6/float64(res.Accepted), 2)
+		res.WALBytesPer = round(float64(after.wal-before.wal)/float64(res.Accepted), 0)
+		res.EndpointCPUUs = round((after.selfCPU-before.selfCPU)*1e6/float64(res.Accepted), 2)
 		res.SenderCPUUs = round(res.SenderCPUUs*1e6/float64(res.Accepted), 2)
 		if res.VerifyPerS > 0 && res.EndpointCPUUs > 0 {
 			res.EndpointRatio = round(float64(res.GOMAXPROCS)*1e6/res.VerifyPerS/res.EndpointCPUUs, 3)
@@ -737,13 +719,30 @@ func readResponse(br *bufio.Reader) (status int, keep bool, err error) {
 	return status, keep, nil
 }
 
-// walBytes is the server's current WAL position, in bytes from the start.
-func walBytes(ctx context.Context, admin *pgx.Conn) (int64, error) {
-	var n int64
-	if err := admin.QueryRow(ctx, qWALPosition).Scan(&n); err != nil {
-		return 0, fmt.Errorf("reading the WAL position: %w", err)
+// heartbeatCounters are what the heartbeat scenario reads before and after
+// sending, to divide their differences by the heartbeats accepted.
+type heartbeatCounters struct {
+	xacts     int64   // transactions of the heartbeat database
+	wal       int64   // the cluster's WAL position, in bytes
+	serverCPU float64 // PostgreSQL's CPU seconds
+	selfCPU   float64 // this process's (the endpoint's) CPU seconds
+}
+
+// heartbeatCounters reads the counters of database db through admin.
+func (b *bench) heartbeatCounters(ctx context.Context, admin *pgx.Conn, db string) (heartbeatCounters, error) {
+	var c heartbeatCounters
+	var err error
+	if c.xacts, err = b.srv.xacts(ctx, admin, db); err != nil {
+		return c, err
 	}
-	return n, nil
+	if err := admin.QueryRow(ctx, qWALPosition).Scan(&c.wal); err != nil {
+		return c, fmt.Errorf("reading the WAL position: %w", err)
+	}
+	if c.serverCPU, err = b.srv.cpuSeconds(); err != nil {
+		return c, err
+	}
+	c.selfCPU = selfCPUSeconds()
+	return c, nil
 }
 
 // waitNoBackends waits until no backend is connected to database db: an
