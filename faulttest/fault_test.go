@@ -101,11 +101,7 @@ func TestFaultSuite(t *testing.T) {
 	if out, err := exec.Command(shepherdBinary, "migrate", "up", "-bmdb_dsn="+dsn).CombinedOutput(); err != nil {
 		t.Fatalf("shepherd migrate up: %v\n%s", err, out)
 	}
-	db, err := bmdb.Open(ctx, cluster.DSN("shepherd"), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := bmdbtest.Open(t, cluster.DSN("shepherd"))
 	raw, err := pgxpool.New(ctx, cluster.DSN("shepherd"))
 	if err != nil {
 		t.Fatal(err)

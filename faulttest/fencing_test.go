@@ -3,6 +3,7 @@ package faulttest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,20 +15,20 @@ import (
 // provided machine.
 func openShared(t *testing.T) *bmdb.DB {
 	t.Helper()
-	ctx := context.Background()
-	db, err := bmdb.Open(ctx, sharedCluster(t).DSN(newDatabase(t)), bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		_, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "m1"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := bmdbtest.Open(t, sharedCluster(t).DSN(newDatabase(t)))
+	bmdbtest.AddMachines(t, db, 1)
 	return db
+}
+
+// sessionToFreeze starts the session a test will freeze: a 2 s interval,
+// so that its deadlines pass within the test.
+func sessionToFreeze(t *testing.T, db *bmdb.DB) *bmdb.Session {
+	t.Helper()
+	s, err := db.StartSession(context.Background(), bmdb.SessionConfig{Component: "frozen", Interval: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // freeze stops s's heartbeat, as a SIGSTOP would, and waits until s is past
@@ -45,10 +46,7 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := openShared(t)
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "frozen", Interval: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := sessionToFreeze(t, db)
 	w, err := s.Claim(ctx, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatal(err)
@@ -80,11 +78,7 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		var events []string
-		for _, e := range h {
-			events = append(events, e.Event)
-		}
-		return len(events) == 2 && events[1] == bmdb.EventLost, "history " + joinEvents(h)
+		return len(h) == 2 && h[1].Event == bmdb.EventLost, fmt.Sprintf("history %v", bmdbtest.Events(h))
 	})
 }
 
@@ -94,25 +88,11 @@ func TestBindOnLostSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := openShared(t)
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "frozen", Interval: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := sessionToFreeze(t, db)
 	freeze(t, s)
 	bound, cancel := s.Bind(ctx)
 	defer cancel()
 	if bound.Err() == nil || !errors.Is(context.Cause(bound), bmdb.ErrSessionExpired) {
 		t.Errorf("Bind on a lost session: err %v, cause %v; want it cancelled with ErrSessionExpired at once", bound.Err(), context.Cause(bound))
 	}
-}
-
-func joinEvents(h []bmdb.HistoryEntry) string {
-	s := ""
-	for i, e := range h {
-		if i > 0 {
-			s += ","
-		}
-		s += e.Event
-	}
-	return s
 }

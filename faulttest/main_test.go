@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // shepherdBinary is the binary under test, built by TestMain.
@@ -30,23 +30,18 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "shepherd-faulttest-")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
 	raceBuild = raceSupported()
 	var flags []string
 	if raceBuild {
 		flags = append(flags, "-race")
 	}
-	start := time.Now()
-	if shepherdBinary, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil, flags...); err != nil {
+	bin, remove, err := replicatest.BuildShepherd("faulttest", flags...)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "faulttest: built the shepherd binary (race detector: %t) in %s\n", raceBuild, time.Since(start).Round(time.Millisecond))
+	defer remove()
+	shepherdBinary = bin
 	code := m.Run()
 	if err := stopShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "faulttest: %v\n", err)

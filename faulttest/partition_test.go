@@ -41,26 +41,12 @@ func TestPartitionMidTransaction(t *testing.T) {
 	// healthy replica's reaper waits on the lock for seconds, longer than
 	// its own session would survive without pokes.
 	const idleTimeout = bmdb.DefaultIdleInTransactionTimeout
-	cut, err := bmdb.Open(ctx, withHost(t, dsn, proxy.Addr()), bmdb.Options{IdleInTransactionTimeout: idleTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cut.Close)
+	cut := bmdbtest.OpenWith(t, withHost(t, dsn, proxy.Addr()), bmdb.Options{IdleInTransactionTimeout: idleTimeout})
 	reg := prometheus.NewRegistry()
-	healthy, err := bmdb.Open(ctx, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg), IdleInTransactionTimeout: idleTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(healthy.Close)
+	healthy := bmdbtest.OpenWith(t, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg), IdleInTransactionTimeout: idleTimeout})
 
 	process := bmdb.Process{Name: "FaultTest"}
-	err = healthy.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		_, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "m1"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bmdbtest.AddMachines(t, healthy, 1)
 	cfg := bmdb.SessionConfig{Interval: 2 * time.Second, ReapInterval: 500 * time.Millisecond}
 	partitioned, err := cut.StartSession(ctx, bmdb.SessionConfig{Component: "partitioned", Interval: cfg.Interval})
 	if err != nil {
@@ -93,11 +79,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		var events []string
-		for _, e := range h {
-			events = append(events, e.Event)
-		}
-		return len(h) == 2 && h[1].Event == bmdb.EventLost, fmt.Sprintf("history %v", events)
+		return len(h) == 2 && h[1].Event == bmdb.EventLost, fmt.Sprintf("history %v", bmdbtest.Events(h))
 	})
 	took := time.Since(start)
 	t.Logf("lease of the partitioned replica released %s after the partition", took.Round(time.Millisecond))
@@ -107,7 +89,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	if !survivor.Alive() {
 		t.Error("the healthy replica lost its session while its reaper waited on the partitioned transaction")
 	}
-	if n := gatherSum(t, reg, "shepherd_bmdb_sessions_expired_total"); n != 0 {
+	if n := bmdbtest.MetricOrZero(t, reg, "shepherd_bmdb_sessions_expired_total"); n != 0 {
 		t.Errorf("the healthy replica's sessions expired %g times", n)
 	}
 
@@ -127,29 +109,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var events []string
-	for _, e := range h {
-		events = append(events, e.Event)
-	}
-	if got := strings.Join(events, ","); got != "Started,Lost" {
+	if got := strings.Join(bmdbtest.Events(h), ","); got != "Started,Lost" {
 		t.Errorf("history %s, want Started,Lost", got)
 	}
-}
-
-// gatherSum sums the counter samples of the family name in reg.
-func gatherSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range families {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }

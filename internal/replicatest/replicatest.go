@@ -20,8 +20,31 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
+	"github.com/shepherd-fleet/shepherd/internal/gobuild"
 	"github.com/shepherd-fleet/shepherd/internal/scrape"
 )
+
+// BuildShepherd builds the shepherd binary (cmd/shepherd), with the extra
+// go build flags (such as -race), into a new temporary directory named
+// after suite, for the TestMain of a suite that runs it; remove removes the
+// directory once the tests are done. It says on stderr how long the build
+// took.
+func BuildShepherd(suite string, flags ...string) (binary string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "shepherd-"+suite+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("creating the binary's directory: %w", err)
+	}
+	remove = func() { os.RemoveAll(dir) }
+	start := time.Now()
+	binary, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil, flags...)
+	if err != nil {
+		remove()
+		return "", nil, err
+	}
+	how := strings.Join(append([]string{"go build"}, flags...), " ")
+	fmt.Fprintf(os.Stderr, "%s: built the shepherd binary (%s) in %s\n", suite, how, time.Since(start).Round(time.Millisecond))
+	return binary, remove, nil
+}
 
 // ChurnFlags make a simulated fleet of n machines busy: agent starts fail
 // often (backoffs), agents die often (Recovery), timeouts and backoffs are
