@@ -6,10 +6,9 @@ import (
 	"os/exec"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
-	"github.com/shepherd-fleet/shepherd/internal/gobuild"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // The tests of this package run the real binary, built once per test run,
@@ -36,21 +35,12 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRunTests() int {
-	dir, err := os.MkdirTemp("", "shepherd-e2e-")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "creating the binary's directory: %v\n", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	start := time.Now()
-	bin, err := gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil)
+	bin, remove, err := replicatest.BuildShepherd("daemon")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if testingVerbose() {
-		fmt.Fprintf(os.Stderr, "built %s in %s\n", bin, time.Since(start).Round(time.Millisecond))
-	}
+	defer remove()
 
 	child := exec.Command(os.Args[0], os.Args[1:]...)
 	child.Env = append(os.Environ(), envBinary+"="+bin)
@@ -65,15 +55,4 @@ func buildAndRunTests() int {
 		return 1
 	}
 	return 0
-}
-
-// testingVerbose reports -test.v without parsing flags, which the child
-// test process does.
-func testingVerbose() bool {
-	for _, a := range os.Args[1:] {
-		if a == "-test.v" || a == "-test.v=true" || a == "-test.v=test2json" {
-			return true
-		}
-	}
-	return false
 }

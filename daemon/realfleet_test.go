@@ -356,6 +356,18 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 	d.stop(20 * time.Second)
 }
 
+// staticProviderFiles writes what the static provider's flags name into
+// a directory of the test: an SSH key (-ssh_key_file) and an agent binary
+// (-agent_binary), a shell script with body.
+func staticProviderFiles(t *testing.T, body string) (dir, keyFile, agent string) {
+	t.Helper()
+	dir = t.TempDir()
+	keyFile = writeSSHKey(t, dir)
+	agent = filepath.Join(dir, "shepherd-agent")
+	writeFile(t, agent, body)
+	return dir, keyFile, agent
+}
+
 // TestStaticReload starts shepherd -provider static while the database is
 // down (it waits, it does not exit), then edits the inventory and sends
 // SIGHUP: a new machine is added; a broken file is reported with its line
@@ -363,10 +375,7 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 // from the file is reported and kept.
 func TestStaticReload(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	keyFile := writeSSHKey(t, dir)
-	agent := filepath.Join(dir, "shepherd-agent")
-	writeFile(t, agent, "#!/bin/sh\nexit 1\n")
+	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\nexit 1\n")
 	inventory := filepath.Join(dir, "inventory.yaml")
 	entry := func(id string, port int) string {
 		return fmt.Sprintf("  - id: %s\n    ssh:\n      address: 127.0.0.1\n      port: %d\n", id, port)
@@ -465,10 +474,7 @@ func TestStaticReload(t *testing.T) {
 func TestStaticFlags(t *testing.T) {
 	t.Parallel()
 	const dsn = "postgres://shepherd:s3cret@127.0.0.1:1/nowhere"
-	dir := t.TempDir()
-	keyFile := writeSSHKey(t, dir)
-	agent := filepath.Join(dir, "shepherd-agent")
-	writeFile(t, agent, "#!/bin/sh\n")
+	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\n")
 	good := filepath.Join(dir, "good.yaml")
 	writeFile(t, good, "- id: node1\n  ssh:\n    address: 10.0.0.1\n    user: root\n")
 	bad := filepath.Join(dir, "bad.yaml")
@@ -535,10 +541,7 @@ func TestStaticFlags(t *testing.T) {
 // bound port when it is 0.
 func TestHeartbeatURLFromListen(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	keyFile := writeSSHKey(t, dir)
-	agent := filepath.Join(dir, "shepherd-agent")
-	writeFile(t, agent, "#!/bin/sh\n")
+	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\n")
 	inventory := filepath.Join(dir, "inventory.yaml")
 	writeFile(t, inventory, "- id: node1\n  ssh:\n    address: 10.0.0.1\n    user: root\n")
 	// The database is never reached: the URL is logged before.

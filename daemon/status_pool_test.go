@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -35,18 +34,7 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	lock, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lock.Exec(ctx, `LOCK TABLE work IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	release := bmdbtest.LockTable(t, dsn, "work")
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second}
 	for range 100 {
@@ -62,9 +50,7 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 	// The lock is held for three session intervals: the scenario, not a
 	// wait for a condition.
 	time.Sleep(3 * 2 * time.Second)
-	if err := lock.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	wg.Wait()
 	m, _ := d.metrics()
 	if lost := m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-agentstart") + m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-recovery"); lost != 0 {
