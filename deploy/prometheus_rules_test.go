@@ -98,22 +98,22 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 // readPartialYAML reads the fields of v from path, ignoring the others.
 func readPartialYAML(t *testing.T, path string, v any) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
+	decodeYAMLFile(t, path, v, yaml.Unmarshal)
 }
 
+// readYAML reads path into v, refusing a field v does not have.
 func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	decodeYAMLFile(t, path, v, yaml.UnmarshalStrict)
+}
+
+func decodeYAMLFile(t *testing.T, path string, v any, unmarshal func([]byte, any, ...yaml.JSONOpt) error) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := yaml.UnmarshalStrict(data, v); err != nil {
+	if err := unmarshal(data, v); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
 }
