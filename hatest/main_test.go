@@ -11,11 +11,9 @@ package hatest
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
-	"time"
 
-	"github.com/shepherd-fleet/shepherd/internal/gobuild"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // shepherdBinary is the binary under test, built by TestMain.
@@ -26,29 +24,12 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "shepherd-hatest-")
+	bin, remove, err := replicatest.BuildShepherd("hatest")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hatest: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	start := time.Now()
-	if shepherdBinary, err = gobuild.Build(dir, "github.com/shepherd-fleet/shepherd/cmd/shepherd", nil); err != nil {
-		fmt.Fprintf(os.Stderr, "hatest: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(os.Stderr, "hatest: built the shepherd binary in %s\n", time.Since(start).Round(time.Millisecond))
+	defer remove()
+	shepherdBinary = bin
 	return m.Run()
-}
-
-// need fails t unless the program is installed, naming the Debian package.
-func need(t *testing.T, program, pkg string) string {
-	t.Helper()
-	for _, p := range []string{program, "/usr/sbin/" + program, "/usr/bin/" + program} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	t.Fatalf("%s is not installed: install the Debian package %s (apt-get install %s; .ci/run does)", program, pkg, pkg)
-	return ""
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
@@ -42,7 +43,7 @@ type patroniCluster struct {
 // startEtcd runs a one-member etcd and returns its client URL.
 func startEtcd(t *testing.T, dir string) string {
 	t.Helper()
-	bin := need(t, "etcd", "etcd-server")
+	bin := proctest.Need(t, "etcd", "etcd-server")
 	client, peer := freeport.For(t), freeport.For(t)
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", client)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
@@ -87,13 +88,7 @@ func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, postgres bool) <-c
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); out.Close(); close(done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		proctest.Stop(cmd.Process, done, 20*time.Second)
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			if len(b) > 3000 {
@@ -108,7 +103,7 @@ func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, postgres bool) <-c
 // startPatroni starts three members under Patroni in synchronous mode.
 func startPatroni(t *testing.T) *patroniCluster {
 	t.Helper()
-	bin := need(t, "patroni", "patroni")
+	bin := proctest.Need(t, "patroni", "patroni")
 	pgBin := postgresBinDir(t)
 	dir := serverDir(t)
 	etcd := startEtcd(t, dir)

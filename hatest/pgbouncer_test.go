@@ -13,6 +13,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
+	"github.com/shepherd-fleet/shepherd/internal/proctest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
@@ -20,7 +21,7 @@ import (
 // at pgPort and returns its port.
 func startPgBouncer(t *testing.T, pgPort int) int {
 	t.Helper()
-	bin := need(t, "pgbouncer", "pgbouncer")
+	bin := proctest.Need(t, "pgbouncer", "pgbouncer")
 	dir := serverDir(t)
 	port := freeport.For(t)
 	ini := fmt.Sprintf(`[databases]

@@ -1,13 +1,10 @@
 package hatest
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
@@ -24,19 +21,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	r := startReplica(t, "shepherd", t.TempDir(), append(churnFlags(20), "-bmdb_dsn="+pg.DSN("bmdb"), "-session_interval=2s")...)
 	bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready", replicatest.AllReady(r))
 
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pg.DSN("bmdb"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE work IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	release := bmdbtest.LockTable(t, pg.DSN("bmdb"), "work")
 	lockedAt := time.Now()
 	var why string
 	took := bmdbtest.WaitFor(t, 40*time.Second, "/readyz to report the stalled claims", func() (bool, string) {
@@ -48,9 +33,7 @@ func TestReadinessWhileWorkTableLocked(t *testing.T) {
 	if n := metricOf(t, r, "shepherd_bmdb_transactions_total", `result="failed"`); n == 0 {
 		t.Error(`shepherd_bmdb_transactions_total{result="failed"} is 0 while claims fail`)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	back := bmdbtest.WaitFor(t, 30*time.Second, "the replica to be ready again", replicatest.AllReady(r))
 	t.Logf("ready again %s after the lock was released (held %s)", back.Round(100*time.Millisecond), time.Since(lockedAt).Round(100*time.Millisecond)-back)
 	stopCleanly(t, r, 30*time.Second)
