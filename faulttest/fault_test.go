@@ -235,7 +235,7 @@ FROM work_history WHERE event = 'Finished'`, agentstart.Process.Name, recovery.P
 	})
 
 	// The audit, from the database alone.
-	history := fullHistory(t, db)
+	history := bmdbtest.History(t, db)
 	// The run is over: a lease never ended is an orphan too.
 	res := bmdbtest.CheckExclusion(t, history, groups)
 	orphans := len(res.Orphans) + len(res.Open)
@@ -489,10 +489,37 @@ func maxHistoryID(ctx context.Context, db *bmdb.DB) (int64, error) {
 	}
 }
 
-// fullHistory reads the whole work history in causal order.
-func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
-	t.Helper()
-	return bmdbtest.History(t, db)
+// periodic runs a function every interval in a goroutine of its own
+// until stop: the fault suite's background actors (chaos, the reap
+// sampler) run on it.
+type periodic struct {
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func startPeriodic(every time.Duration, f func()) *periodic {
+	p := &periodic{quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-tick.C:
+			}
+			f()
+		}
+	}()
+	return p
+}
+
+// stop stops the function's runs and returns once the last has ended.
+func (p *periodic) stop() {
+	p.once.Do(func() { close(p.quit) })
+	<-p.done
 }
 
 // chaos kills one of its targets every period, in turn, and restarts it.
@@ -503,34 +530,22 @@ type chaos struct {
 	killedR map[*replicatest.Run]bool
 	err     error
 
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
+	*periodic
 }
 
 func startChaos(every time.Duration, targets ...*replicatest.Replica) *chaos {
-	c := &chaos{targets: targets, killedR: map[*replicatest.Run]bool{}, quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-c.quit:
-				return
-			case <-tick.C:
-			}
-			c.mu.Lock()
-			if c.err == nil && len(c.targets) > 0 {
-				r := c.targets[c.next%len(c.targets)]
-				c.next++
-				c.killedR[r.Current()] = true
-				r.Kill()
-				c.err = r.Start()
-			}
-			c.mu.Unlock()
+	c := &chaos{targets: targets, killedR: map[*replicatest.Run]bool{}}
+	c.periodic = startPeriodic(every, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.err == nil && len(c.targets) > 0 {
+			r := c.targets[c.next%len(c.targets)]
+			c.next++
+			c.killedR[r.Current()] = true
+			r.Kill()
+			c.err = r.Start()
 		}
-	}()
+	})
 	return c
 }
 
@@ -539,11 +554,6 @@ func (c *chaos) setTargets(targets ...*replicatest.Replica) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.targets, c.next = targets, 0
-}
-
-func (c *chaos) stop() {
-	c.once.Do(func() { close(c.quit) })
-	<-c.done
 }
 
 func (c *chaos) error() error {
@@ -572,47 +582,30 @@ type reapSampler struct {
 	worst   time.Duration // longest a lease outlived its session's deadline
 	worstAt time.Time
 
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
+	*periodic
 }
 
 func startReapSampler(raw *pgxpool.Pool) *reapSampler {
-	s := &reapSampler{quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.quit:
-				return
-			case <-tick.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			var overdue float64
-			// While PostgreSQL restarts this fails: no sample then.
-			err := raw.QueryRow(ctx, `
+	s := &reapSampler{}
+	s.periodic = startPeriodic(250*time.Millisecond, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var overdue float64
+		// While PostgreSQL restarts this fails: no sample then.
+		err := raw.QueryRow(ctx, `
 SELECT coalesce(extract(epoch FROM max(now() - s.session_deadline)), 0)::float8
 FROM work w JOIN sessions s ON s.session_id = w.session_id
 WHERE s.session_deadline < now()`).Scan(&overdue)
-			cancel()
-			if err != nil {
-				s.errs++
-				continue
-			}
-			s.samples++
-			if d := time.Duration(overdue * float64(time.Second)); d > s.worst {
-				s.worst, s.worstAt = d, time.Now()
-			}
+		if err != nil {
+			s.errs++
+			return
 		}
-	}()
+		s.samples++
+		if d := time.Duration(overdue * float64(time.Second)); d > s.worst {
+			s.worst, s.worstAt = d, time.Now()
+		}
+	})
 	return s
-}
-
-func (s *reapSampler) stop() {
-	s.once.Do(func() { close(s.quit) })
-	<-s.done
 }
 
 // check fails if a lease outlived its session's deadline by more than the
