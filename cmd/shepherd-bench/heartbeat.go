@@ -41,6 +41,7 @@ import (
 // this machine on all its cores, measured in the same run just before.
 type heartbeatResult struct {
 	Scenario    string  `json:"scenario"`
+	Skipped     string  `json:"skipped,omitempty"` // why heartbeat_pinned did not run
 	Agents      int     `json:"agents"`
 	Clients     int     `json:"clients"`
 	GOMAXPROCS  int     `json:"gomaxprocs"`
@@ -96,9 +97,14 @@ type heartbeatResult struct {
 	EndpointCPUUs float64 `json:"endpoint_cpu_us_per_heartbeat"`
 	SenderCPUUs   float64 `json:"sender_cpu_us_per_heartbeat"`
 	EndpointRatio float64 `json:"endpoint_cpu_vs_verify_ceiling"`
-	LoadAverage   string  `json:"load_average"`
-	CPUProfile    string  `json:"cpu_profile,omitempty"`
-	KeyCacheState string  `json:"key_cache"`
+	// EndpointCPUs and OtherCPUs (heartbeat_pinned only): the CPUs the
+	// endpoint ran on, with GOMAXPROCS as many, and those PostgreSQL and
+	// the sender ran on. The ceilings were measured on EndpointCPUs.
+	EndpointCPUs  string `json:"endpoint_cpus,omitempty"`
+	OtherCPUs     string `json:"server_and_sender_cpus,omitempty"`
+	LoadAverage   string `json:"load_average"`
+	CPUProfile    string `json:"cpu_profile,omitempty"`
+	KeyCacheState string `json:"key_cache"`
 }
 
 // heartbeatKeySeed derives identity i's ed25519 key: deterministic, so
@@ -130,9 +136,21 @@ type hbIdentity struct {
 	key     ed25519.PrivateKey
 }
 
-func (b *bench) heartbeat(ctx context.Context) error {
+// heartbeat is the heartbeat scenario with every process on every CPU.
+func (b *bench) heartbeat(ctx context.Context) error { return b.ingestScenario(ctx, "heartbeat") }
+
+// heartbeatPinned is the heartbeat scenario with the endpoint on CPUs of
+// its own (cpuSplit): one replica with its cores to itself, against the
+// bare verification rate of those cores.
+func (b *bench) heartbeatPinned(ctx context.Context) error {
+	return b.ingestScenario(ctx, "heartbeat_pinned")
+}
+
+// ingestScenario runs the heartbeat scenario named scenario: "heartbeat",
+// every process on every CPU, or "heartbeat_pinned".
+func (b *bench) ingestScenario(ctx context.Context, scenario string) error {
 	n := b.o.heartbeatAgents
-	res := heartbeatResult{Scenario: "heartbeat", Agents: n, Clients: b.o.heartbeatClients, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	res := heartbeatResult{Scenario: scenario, Agents: n, Clients: b.o.heartbeatClients}
 	name, dsn, err := b.srv.newDatabase(ctx, "hbi", true)
 	if err != nil {
 		return err
@@ -143,17 +161,40 @@ func (b *bench) heartbeat(ctx context.Context) error {
 		return err
 	}
 	res.SeedSeconds = seconds(seedTime)
-	b.logf("heartbeat: %d machines with agent keys seeded in %.1f s", n, seedTime.Seconds())
+	b.logf("%s: %d machines with agent keys seeded in %.1f s", scenario, n, seedTime.Seconds())
+	if scenario == "heartbeat_pinned" {
+		split, err := splitCPUs()
+		if err != nil {
+			res.Skipped = err.Error()
+			return b.out.emit(res)
+		}
+		if b.srv.cluster == nil {
+			res.Skipped = "pinning PostgreSQL to CPUs needs the private cluster, not -dsn"
+			return b.out.emit(res)
+		}
+		restore, err := split.pin(b.srv)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := restore(); err != nil {
+				b.logf("%s: restoring the CPU affinity: %v", scenario, err)
+			}
+		}()
+		res.EndpointCPUs, res.OtherCPUs = cpuList(split.endpoint), cpuList(split.others)
+		b.logf("%s: the endpoint on CPUs %s, PostgreSQL and the sender on CPUs %s", scenario, res.EndpointCPUs, res.OtherCPUs)
+	}
+	res.GOMAXPROCS = runtime.GOMAXPROCS(0)
 
 	res.VerifyBeforePerS, err = verifyCeiling(ctx, ids, dur(min(3, b.o.heartbeatSeconds)))
 	if err != nil {
 		return err
 	}
-	b.logf("heartbeat: bare ed25519 verification, %d goroutines: %.0f/s", res.GOMAXPROCS, res.VerifyBeforePerS)
+	b.logf("%s: bare ed25519 verification, %d goroutines: %.0f/s", scenario, res.GOMAXPROCS, res.VerifyBeforePerS)
 	if res.BatchVerifyPerS, err = batchVerifyCeiling(ctx, ids, dur(min(3, b.o.heartbeatSeconds))); err != nil {
 		return err
 	}
-	b.logf("heartbeat: batch verification (64), %d goroutines: %.0f/s", res.GOMAXPROCS, res.BatchVerifyPerS)
+	b.logf("%s: batch verification (64), %d goroutines: %.0f/s", scenario, res.GOMAXPROCS, res.BatchVerifyPerS)
 
 	// Enough heartbeats for the run at 1.25 times the ed25519.Verify
 	// ceiling: the endpoint's batches could in principle verify faster,
@@ -162,7 +203,7 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	t0 := time.Now()
 	bodies := signHeartbeats(ids, total, t0)
 	res.SignSeconds = seconds(time.Since(t0))
-	b.logf("heartbeat: %d heartbeats signed in %.1f s", total, res.SignSeconds)
+	b.logf("%s: %d heartbeats signed in %.1f s", scenario, total, res.SignSeconds)
 	if skew := 60 * time.Second; time.Since(t0)+dur(b.o.heartbeatSeconds)+5*time.Second > skew {
 		return fmt.Errorf("signing took %s: with -heartbeat_seconds %g the last heartbeats would be outside the server's clock skew (%s)",
 			time.Since(t0).Round(time.Second), b.o.heartbeatSeconds, skew)
@@ -240,8 +281,8 @@ func (b *bench) heartbeat(ctx context.Context) error {
 	}
 	res.LoadAverage = loadAverage()
 	b.hb = append(b.hb, res)
-	b.logf("heartbeat: %.0f accepted/s (%.1f %% of the verification ceiling, %.1f %% of the batch verification ceiling), p99 %.1f ms, %.2f DB transactions per 100 heartbeats",
-		res.AcceptedPerS, 100*res.VerifyRatio, 100*res.BatchVerifyRatio, res.P99Ms, res.DBXactsPer100)
+	b.logf("%s: %.0f accepted/s (%.1f %% of the verification ceiling, %.1f %% of the batch verification ceiling), p99 %.1f ms, %.2f DB transactions per 100 heartbeats",
+		scenario, res.AcceptedPerS, 100*res.VerifyRatio, 100*res.BatchVerifyRatio, res.P99Ms, res.DBXactsPer100)
 	return b.out.emit(res)
 }
 
@@ -469,10 +510,14 @@ func (b *bench) ingest(ctx context.Context, dsn, file string, res *heartbeatResu
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.CommandContext(ctx, exe, "-heartbeat_sender", addr, "-heartbeat_bodies", file,
+	args := []string{"-heartbeat_sender", addr, "-heartbeat_bodies", file,
 		"-heartbeat_clients", strconv.Itoa(b.o.heartbeatClients),
 		"-heartbeat_agents", strconv.Itoa(b.o.heartbeatAgents),
-		"-heartbeat_seconds", strconv.FormatFloat(b.o.heartbeatSeconds, 'f', -1, 64))
+		"-heartbeat_seconds", strconv.FormatFloat(b.o.heartbeatSeconds, 'f', -1, 64)}
+	if res.OtherCPUs != "" {
+		args = append(args, "-heartbeat_sender_cpus", res.OtherCPUs)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
@@ -545,6 +590,16 @@ func writeBodies(bodies [][]byte) (string, error) {
 // -heartbeat_clients connections for -heartbeat_seconds (or until they run
 // out) and prints a senderResult.
 func heartbeatSender(ctx context.Context, o *options, out emitter) error {
+	if o.heartbeatSenderCPUs != "" {
+		cpus, err := parseCPUList(o.heartbeatSenderCPUs)
+		if err != nil {
+			return err
+		}
+		if err := pinProcess(os.Getpid(), cpus); err != nil {
+			return err
+		}
+		runtime.GOMAXPROCS(len(cpus))
+	}
 	data, err := os.ReadFile(o.heartbeatBodies)
 	if err != nil {
 		return err

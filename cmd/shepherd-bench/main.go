@@ -19,6 +19,9 @@
 //   - heartbeat: signed heartbeats of simulated agents (1M identities) over
 //     loopback HTTP to the real heartbeat endpoint, against the same run's
 //     bare ed25519 verification rate;
+//   - heartbeat_pinned: the same with the endpoint on half of the CPUs and
+//     PostgreSQL and the sender on the others, against the verification
+//     rate of the endpoint's CPUs: one replica with cores of its own;
 //   - memory: peak RSS of a child process running two processes of 64
 //     workers each under load;
 //
@@ -53,7 +56,7 @@ import (
 // childEnv marks a child process started for the memory scenario.
 const childEnv = "SHEPHERD_BENCH_CHILD"
 
-var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "memory"}
+var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
 
 type options struct {
 	dsn  string
@@ -81,6 +84,8 @@ type options struct {
 	heartbeatProfile string
 	heartbeatSender  string // internal: run as the heartbeat scenario's sender, to this address
 	heartbeatBodies  string // internal: the sender's file of request bodies
+	// heartbeatSenderCPUs: internal, the CPUs the sender pins itself to.
+	heartbeatSenderCPUs string
 
 	clients       int
 	pgbenchScale  int
@@ -131,6 +136,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.heartbeatProfile, "heartbeat_cpuprofile", "", "write a CPU profile of the heartbeat scenario's sending time to this file")
 	fs.StringVar(&o.heartbeatSender, "heartbeat_sender", "", "internal: run as the heartbeat scenario's sender process, to this address")
 	fs.StringVar(&o.heartbeatBodies, "heartbeat_bodies", "", "internal: the heartbeat sender's file of request bodies")
+	fs.StringVar(&o.heartbeatSenderCPUs, "heartbeat_sender_cpus", "", "internal: the CPUs (comma-separated) the heartbeat sender pins itself to")
 	fs.IntVar(&o.clients, "clients", 16, "clients of the pgbench and seeds runs")
 	fs.IntVar(&o.pgbenchScale, "pgbench_scale", 10, "pgbench -i scale factor")
 	fs.IntVar(&o.seedsMachines, "seeds_machines", 100000, "machines of the seeds' algorithm run")
@@ -297,6 +303,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"reaction", b.reaction},
 		{"heartbeat_db", b.heartbeatDB},
 		{"heartbeat", b.heartbeat},
+		{"heartbeat_pinned", b.heartbeatPinned},
 		{"memory", b.memory},
 	}
 	for _, s := range steps {

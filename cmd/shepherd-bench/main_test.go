@@ -124,8 +124,20 @@ func TestSmoke(t *testing.T) {
 	for _, l := range want("target", len(byScenario["target"]), "target", "value", "limit", "pass") {
 		targets[l["target"].(string)] = true
 	}
-	want("heartbeat", 1, "accepted_per_s", "p99_ms", "db_xacts_per_100_heartbeats", "verify_ceiling_per_s", "accepted_vs_verify_ceiling")
-	for _, name := range []string{"throughput_16_vs_pgbench_tps_n200", "heartbeat_vs_verify_ceiling", "heartbeat_db_xacts_per_100", "claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"} {
+	hbFields := []string{"accepted_per_s", "p99_ms", "db_xacts_per_100_heartbeats", "verify_ceiling_per_s", "accepted_vs_verify_ceiling", "wal_bytes_per_heartbeat"}
+	want("heartbeat", 1, hbFields...)
+	wantTargets := []string{"throughput_16_vs_pgbench_tps_n200", "heartbeat_vs_verify_ceiling", "heartbeat_db_xacts_per_100", "claim_p99_scaling", "idle_xacts_per_s_per_process", "reaction_p99_ms_tag_change", "reaction_p99_ms_backoff_expiry", "peak_rss_mib"}
+	// heartbeat_pinned runs where it can pin (the private cluster, two
+	// CPUs) and says why not elsewhere.
+	for _, l := range want("heartbeat_pinned", 1, append(hbFields, "endpoint_cpus", "server_and_sender_cpus")...) {
+		if _, skipped := l["skipped"]; !skipped {
+			if l["gomaxprocs"] != float64(strings.Count(l["endpoint_cpus"].(string), ",")+1) {
+				t.Errorf("heartbeat_pinned: GOMAXPROCS %v with the endpoint on CPUs %v", l["gomaxprocs"], l["endpoint_cpus"])
+			}
+			wantTargets = append(wantTargets, "heartbeat_pinned_vs_verify_ceiling", "heartbeat_pinned_db_xacts_per_100")
+		}
+	}
+	for _, name := range wantTargets {
 		if !targets[name] {
 			t.Errorf("no target line %s", name)
 		}

@@ -98,9 +98,13 @@ func (b *bench) targets() error {
 		atMost("reaction_p99_ms_"+r.Kind, r.P99Ms, 1000, fmt.Sprintf("%d events", r.Events))
 	}
 	for _, r := range b.hb {
-		atLeast("heartbeat_vs_verify_ceiling", r.VerifyRatio, 0.5,
-			fmt.Sprintf("accepted heartbeats/s (%.0f) / bare ed25519 verifications/s (%.0f), %d agents, %d clients", r.AcceptedPerS, r.VerifyPerS, r.Agents, r.Clients))
-		atMost("heartbeat_db_xacts_per_100", r.DBXactsPer100, 1, fmt.Sprintf("database transactions per 100 accepted heartbeats, %d agents", r.Agents))
+		where := "every process on every CPU"
+		if r.EndpointCPUs != "" {
+			where = fmt.Sprintf("the endpoint and the ceiling on CPUs %s, PostgreSQL and the sender on CPUs %s", r.EndpointCPUs, r.OtherCPUs)
+		}
+		atLeast(r.Scenario+"_vs_verify_ceiling", r.VerifyRatio, 0.5,
+			fmt.Sprintf("accepted heartbeats/s (%.0f) / bare ed25519 verifications/s (%.0f), %d agents, %d clients, %s", r.AcceptedPerS, r.VerifyPerS, r.Agents, r.Clients, where))
+		atMost(r.Scenario+"_db_xacts_per_100", r.DBXactsPer100, 1, fmt.Sprintf("database transactions per 100 accepted heartbeats, %d agents", r.Agents))
 	}
 	if b.peakRSSMiB > 0 {
 		atMost("peak_rss_mib", b.peakRSSMiB, 64, fmt.Sprintf("2 processes x %d workers under load", b.o.memoryWorkers))
