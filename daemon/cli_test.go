@@ -17,6 +17,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 )
 
 // cliFleet is a database with machines in every state the commands show.
@@ -27,8 +28,6 @@ type cliFleet struct {
 	failed  uuid.UUID // AgentStart failed on it
 	leased  uuid.UUID // AgentStart holds a lease on it
 }
-
-var cliAgentStart = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 
 func newCLIFleet(t *testing.T) *cliFleet {
 	t.Helper()
@@ -51,7 +50,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.session.Close(context.Background()) })
-	w, err := f.session.Claim(ctx, cliAgentStart, bmdb.AgentStartCandidates())
+	w, err := f.session.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +58,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, "ssh: connection refused\tport 22"); err != nil {
 		t.Fatal(err)
 	}
-	w, err = f.session.Claim(ctx, cliAgentStart, bmdb.AgentStartCandidates())
+	w, err = f.session.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +180,7 @@ func TestCLIHistory(t *testing.T) {
 // unworked returns a machine no process has touched.
 func (f *cliFleet) unworked(t *testing.T) uuid.UUID {
 	t.Helper()
-	ms, err := f.db.Machines(context.Background(), bmdb.MachineQuery{Process: cliAgentStart, Candidates: ptr(bmdb.AgentStartCandidates()), State: bmdb.StateEligible})
+	ms, err := f.db.Machines(context.Background(), bmdb.MachineQuery{Process: agentstart.Process, Candidates: ptr(bmdb.AgentStartCandidates()), State: bmdb.StateEligible})
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("no unworked machine: %v", err)
 	}

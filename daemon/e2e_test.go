@@ -72,7 +72,7 @@ func TestFleet(t *testing.T) {
 				return false, fmt.Sprintf("%s%v is %g", c.name, c.labels, v)
 			}
 		}
-		history := fullHistory(t, db)
+		history := bmdbtest.History(t, db)
 		if !grown {
 			for _, machine := range machinesIn(history) {
 				b, err := db.BackoffOf(context.Background(), machine, agentstart.Process)
@@ -98,7 +98,7 @@ func TestFleet(t *testing.T) {
 		return true, ""
 	})
 
-	if m, ok := rebootedAndRestarted(fullHistory(t, db)); ok {
+	if m, ok := rebootedAndRestarted(bmdbtest.History(t, db)); ok {
 		t.Logf("machine %s: Recovery Finished, then AgentStart Finished", m)
 	}
 	m, body := d.metrics()
@@ -138,7 +138,7 @@ func TestFleet(t *testing.T) {
 	if len(sessions) != 0 {
 		t.Errorf("%d sessions left after shutdown, want 0 (closed)", len(sessions))
 	}
-	leases := auditLeases(t, fullHistory(t, db))
+	leases := auditLeases(t, bmdbtest.History(t, db))
 	t.Logf("audited %d leases: no overlap", leases)
 }
 
@@ -167,7 +167,7 @@ func TestTwoDaemons(t *testing.T) {
 	b.stop(10 * time.Second)
 
 	assertNoLeases(t, db)
-	history := fullHistory(t, db)
+	history := bmdbtest.History(t, db)
 	sessions := map[string]map[uuid.UUID]bool{}
 	for _, e := range history {
 		if sessions[e.Process] == nil {
@@ -212,7 +212,7 @@ func TestShutdown(t *testing.T) {
 		}
 		assertNoLeases(t, db)
 		events := map[string]int{}
-		for _, e := range fullHistory(t, db) {
+		for _, e := range bmdbtest.History(t, db) {
 			events[e.Event]++
 		}
 		if events[bmdb.EventStarted] != 4 || events[bmdb.EventCanceled] != 4 || len(events) != 2 {

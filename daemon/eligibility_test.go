@@ -197,7 +197,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 	var claimed []uuid.UUID
 	bmdbtest.WaitFor(t, 30*time.Second, "Recovery to claim the eligible machines", func() (bool, string) {
 		claimed = claimed[:0]
-		for _, e := range fullHistory(t, db) {
+		for _, e := range bmdbtest.History(t, db) {
 			if e.Process == recovery.Process.Name && e.Event == bmdb.EventStarted && !slices.Contains(claimed, e.Machine) {
 				claimed = append(claimed, e.Machine)
 			}

@@ -214,12 +214,6 @@ func (p *shepherdProcess) metrics() (scrape.Families, string) {
 	return fams, body
 }
 
-// fullHistory reads the whole work history in causal order.
-func fullHistory(t *testing.T, db *bmdb.DB) []bmdb.HistoryEntry {
-	t.Helper()
-	return bmdbtest.History(t, db)
-}
-
 // auditLeases proves from history order, with the shared auditor, that no
 // two leases of one exclusion group (AgentStart and Recovery share one)
 // overlapped on a machine, and that every lease ended. It returns the

@@ -18,6 +18,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 // procStatus reads a size field of /proc/PID/status (VmRSS, VmHWM) in
@@ -196,7 +197,7 @@ func TestHostileMachines(t *testing.T) {
 			t.Errorf("huge: the cause does not say the answer was cut: %.300q", c)
 		}
 	}
-	if n, err := db.LeaseCount(ctx, bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"}); err != nil || n != 0 {
+	if n, err := db.LeaseCount(ctx, recovery.Process); err != nil || n != 0 {
 		t.Errorf("%d Recovery leases held after the daemon stopped (%v)", n, err)
 	}
 	t.Logf("peak RSS %d MiB, log %d KiB", peak>>20, len(d.log())>>10)

@@ -14,6 +14,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 // Recovery through IPMI, through the real binary, against real IPMI BMCs
@@ -101,7 +102,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 				t.Errorf("%s: cause %q does not name the method and the BMC %s", name, f.cause, wantInCause)
 			}
 		}
-		b, err := db.BackoffOf(ctx, machines[name], bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"})
+		b, err := db.BackoffOf(ctx, machines[name], recovery.Process)
 		if err != nil || b == nil || !b.Active {
 			t.Errorf("%s: no active backoff after the failure (%+v, %v)", name, b, err)
 		}

@@ -290,7 +290,7 @@ func TestRealFleetRecovery(t *testing.T) {
 	if newPID := f.agentPID(); newPID == pid {
 		t.Errorf("the agent's pid is still %d", pid)
 	}
-	auditLeases(t, fullHistory(t, f.db))
+	auditLeases(t, bmdbtest.History(t, f.db))
 	if resets := f.machine.bmc.Resets(); len(resets) != 1 {
 		t.Errorf("%d resets, want 1", len(resets))
 	}
