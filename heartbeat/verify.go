@@ -107,6 +107,7 @@ func (v *verifier) work() {
 	w := v.scratch.Get().(*verifyScratch)
 	defer v.scratch.Put(w)
 	batch, hbs, keys, valid := w.batch[:0], w.hbs[:0], w.keys[:0], w.valid[:]
+	yielded := false
 	for {
 		v.mu.Lock()
 		if len(v.queue) == 0 {
@@ -126,7 +127,17 @@ func (v *verifier) work() {
 				v.mu.Unlock()
 				continue
 			}
+		} else if len(v.queue) < verifyLingerTarget && !yielded {
+			// Goroutines that are ready to run may be about to queue
+			// theirs (on few cores, the readers of requests that came
+			// in together): let them, once, rather than verify a batch
+			// of one at twice the cost per signature.
+			v.mu.Unlock()
+			runtime.Gosched()
+			yielded = true
+			continue
 		}
+		yielded = false
 		n := min(len(v.queue), maxVerifyBatch)
 		batch = append(batch[:0], v.queue[:n]...)
 		rest := copy(v.queue, v.queue[n:])
