@@ -30,9 +30,11 @@ const (
 // verifier verifies the signatures of concurrent requests together. A
 // request queues its heartbeat and waits; up to GOMAXPROCS workers take what
 // is queued, at most maxVerifyBatch at a time, and verify it as one batch.
-// A lone request is verified alone as soon as a worker is free; under load
-// a worker lets its batch fill a little (verifyLinger). Workers exist only
-// while there is work, so an idle server runs none.
+// A lone request is verified alone as soon as a worker is free and has let
+// the goroutines ready to run go first (one yield: requests that arrived
+// together join its batch); under load a worker lets its batch fill a
+// little (verifyLinger). Workers exist only while there is work, so an
+// idle server runs none.
 type verifier struct {
 	maxWorkers int
 	linger     linger
