@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/uuid"
-
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 )
@@ -17,15 +15,7 @@ func TestExplainClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := bmdbtest.NewDB(t, bmdb.Options{})
-	var machine uuid.UUID
-	var err error
-	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		machine, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "explain"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	machine := bmdbtest.AddMachines(t, db, 1)[0]
 	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "explain-test"})
 	if err != nil {
 		t.Fatal(err)

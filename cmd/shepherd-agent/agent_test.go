@@ -50,17 +50,8 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	ctx := context.Background()
 	db := bmdbtest.NewDB(t, bmdb.Options{})
-	var machine uuid.UUID
-	var err error
-	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		machine, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "m1", Address: "127.0.0.1:22"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	machine := bmdbtest.AddMachines(t, db, 1)[0]
 	srv := httptest.NewTLSServer(heartbeat.New(db, heartbeat.Options{}).Handler())
 	t.Cleanup(srv.Close)
 	return &fleet{t: t, db: db, machine: machine, init: agentproto.Init{
