@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -506,10 +505,6 @@ func (b *bench) ingest(ctx context.Context, dsn, file string, res *heartbeatResu
 		res.CPUProfile = b.o.heartbeatProfile
 	}
 
-	exe, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
 	args := []string{"-heartbeat_sender", addr, "-heartbeat_bodies", file,
 		"-heartbeat_clients", strconv.Itoa(b.o.heartbeatClients),
 		"-heartbeat_agents", strconv.Itoa(b.o.heartbeatAgents),
@@ -517,17 +512,13 @@ func (b *bench) ingest(ctx context.Context, dsn, file string, res *heartbeatResu
 	if res.OtherCPUs != "" {
 		args = append(args, "-heartbeat_sender_cpus", res.OtherCPUs)
 	}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
+	stdout, err := runChild(ctx, args...)
+	if err != nil {
 		return 0, fmt.Errorf("heartbeat sender: %w", err)
 	}
 	var sr senderResult
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &sr); err != nil || sr.Seconds <= 0 {
-		return 0, fmt.Errorf("heartbeat sender printed no result: %q", stdout.String())
+	if err := json.Unmarshal(bytes.TrimSpace(stdout), &sr); err != nil || sr.Seconds <= 0 {
+		return 0, fmt.Errorf("heartbeat sender printed no result: %q", stdout)
 	}
 	if err := stop(); err != nil {
 		return 0, err

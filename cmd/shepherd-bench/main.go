@@ -36,6 +36,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"runtime"
 	"strconv"
@@ -53,8 +55,27 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// childEnv marks a child process started for the memory scenario.
+// childEnv marks a child process of the benchmark (runChild): in the test
+// binary, TestMain runs it as the command instead of the tests.
 const childEnv = "SHEPHERD_BENCH_CHILD"
+
+// runChild runs this binary again with args, as the memory scenario's
+// child or the heartbeat scenario's sender, so that its CPU time and
+// memory are its own, and returns what it printed; its standard error is
+// this process's.
+func runChild(ctx context.Context, args ...string) ([]byte, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = os.Stderr
+	err = cmd.Run()
+	return stdout.Bytes(), err
+}
 
 var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
 

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -742,24 +741,16 @@ func (b *bench) memory(ctx context.Context) error {
 		return err
 	}
 	defer b.srv.dropDatabase(ctx, name)
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	args := []string{"-memory_child", "-dsn", dsn,
 		"-memory_workers", strconv.Itoa(b.o.memoryWorkers),
 		"-seconds", strconv.FormatFloat(b.o.seconds, 'f', -1, 64),
 		"-max_conns", strconv.Itoa(b.o.maxConns)}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
+	stdout, err := runChild(ctx, args...)
+	if err != nil {
 		return fmt.Errorf("memory child: %w", err)
 	}
 	var cr childResult
-	sc := bufio.NewScanner(&stdout)
+	sc := bufio.NewScanner(bytes.NewReader(stdout))
 	found := false
 	for sc.Scan() {
 		if json.Unmarshal(sc.Bytes(), &cr) == nil && cr.PeakRSSKiB > 0 {
@@ -767,7 +758,7 @@ func (b *bench) memory(ctx context.Context) error {
 		}
 	}
 	if !found {
-		return fmt.Errorf("memory child printed no result: %q", stdout.String())
+		return fmt.Errorf("memory child printed no result: %q", stdout)
 	}
 	res := memoryResult{
 		Scenario: "memory", Processes: 2, WorkersPerProcess: b.o.memoryWorkers, Machines: memoryMachines,
