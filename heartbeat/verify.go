@@ -117,7 +117,8 @@ func (v *verifier) work() {
 			v.mu.Unlock()
 			return
 		}
-		if len(v.queue) < verifyLingerTarget && v.lastGap < verifyLinger/verifyLingerTarget {
+		switch short := len(v.queue) < verifyLingerTarget; {
+		case short && v.lastGap < verifyLinger/verifyLingerTarget:
 			v.mu.Unlock()
 			v.linger.wait(func() bool {
 				v.mu.Lock()
@@ -129,7 +130,7 @@ func (v *verifier) work() {
 				v.mu.Unlock()
 				continue
 			}
-		} else if len(v.queue) < verifyLingerTarget && !yielded {
+		case short && !yielded:
 			// Goroutines that are ready to run may be about to queue
 			// theirs (on few cores, the readers of requests that came
 			// in together): let them, once, rather than verify a batch

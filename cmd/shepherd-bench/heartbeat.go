@@ -69,9 +69,11 @@ type heartbeatResult struct {
 	DBXactsPer100     float64 `json:"db_xacts_per_100_heartbeats"`
 	DBRowsTimestamped int64   `json:"db_rows_timestamped"`
 	// WALBytesPer is the WAL the cluster wrote over the run per accepted
-	// heartbeat (pg_current_wal_lsn before and after; nothing else writes
-	// meanwhile), full-page images included: what a replica of the BMDB
-	// or a WAL archive receives for each heartbeat.
+	// heartbeat (pg_current_wal_lsn before and after: the whole cluster's,
+	// so the server's own background writes, a checkpoint or an
+	// autovacuum in the window, count too), full-page images included:
+	// what a replica of the BMDB or a WAL archive receives for each
+	// heartbeat.
 	WALBytesPer float64 `json:"wal_bytes_per_heartbeat"`
 	// VerifyPerS is the bare ed25519.Verify rate, all cores, same run:
 	// the higher of the measurements before and after sending (the
