@@ -174,7 +174,17 @@ SELECT
 	// hundred thousand rows into every claim. The BMDB's hot pages are in
 	// memory, so for these statements a random page costs what a
 	// sequential one does.
-	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true)`
+	//
+	// Nor does any plan of theirs scan a whole table (enable_seqscan off):
+	// pgx prepares these statements once per connection, and PostgreSQL
+	// keeps a prepared statement's generic plan until the tables'
+	// statistics change. One made while the lease tables held a few rows
+	// scans them, and a busy fleet leaves hundreds of thousands of dead
+	// rows in them between two autovacuum visits, so the same plan costs
+	// more every second (TestClaimAndEndPlansProbeByKey; BENCHMARKS.md,
+	// "The 100k-machine points, and what a window bloats").
+	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
+       set_config('enable_seqscan', 'off', true)`
 
 	// qAnalyzeDue refreshes work_due's statistics after a rebuild.
 	qAnalyzeDue = `ANALYZE work_due`
