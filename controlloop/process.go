@@ -63,7 +63,10 @@ type Task struct {
 	// work, after the lease is confirmed: record the outcome (tags) there, so
 	// that it is committed if and only if the lease was still held. It runs
 	// after Run returned, possibly while the worker runs its next task:
-	// it should use what it captured from its own run only.
+	// it should use what it captured from its own run only. Its statements
+	// are planned as the lease ends' are, to probe by key: no whole-table
+	// scan where an index serves (enable_seqscan off), so writes and reads
+	// of one machine's rows suit it, reports over a table do not.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 
 	work       *bmdb.Lease
