@@ -17,6 +17,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 )
 
@@ -71,7 +72,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 // database, with -bmdb_dsn last (flags may follow the arguments).
 func (f *cliFleet) cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	return runShepherd(t, childEnv(), append(args, "-bmdb_dsn", f.dsn)...)
+	return runShepherd(t, replicatest.EnvWithoutDSN(), append(args, "-bmdb_dsn", f.dsn)...)
 }
 
 // expect runs args and checks the exit status.
@@ -281,12 +282,12 @@ func TestCLIBinaryExitStatuses(t *testing.T) {
 		want int
 		out  string
 	}{
-		{childEnv("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"machines", "-state", "backoff"}, exitOK, f.failed.String()},
-		{childEnv("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"history", uuid.NewString()}, exitNotFound, ""},
-		{childEnv("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"pause", "recovery"}, exitUsage, ""},
-		{childEnv(), []string{"machines"}, exitUsage, ""},
-		{childEnv(), []string{"pause", "-h"}, exitOK, "Exit status"},
-		{childEnv("SHEPHERD_BMDB_DSN=postgres://nobody@127.0.0.1:1/none?connect_timeout=2"), []string{"sessions", "-timeout", "5s"}, exitFailure, ""},
+		{replicatest.EnvWithoutDSN("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"machines", "-state", "backoff"}, exitOK, f.failed.String()},
+		{replicatest.EnvWithoutDSN("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"history", uuid.NewString()}, exitNotFound, ""},
+		{replicatest.EnvWithoutDSN("SHEPHERD_BMDB_DSN=" + f.dsn), []string{"pause", "recovery"}, exitUsage, ""},
+		{replicatest.EnvWithoutDSN(), []string{"machines"}, exitUsage, ""},
+		{replicatest.EnvWithoutDSN(), []string{"pause", "-h"}, exitOK, "Exit status"},
+		{replicatest.EnvWithoutDSN("SHEPHERD_BMDB_DSN=postgres://nobody@127.0.0.1:1/none?connect_timeout=2"), []string{"sessions", "-timeout", "5s"}, exitFailure, ""},
 	} {
 		cmd := exec.Command(shepherdBinary, tc.args...)
 		cmd.Env = tc.env

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // TestDemoMode runs the binary with no database, as 'go run ./cmd/shepherd'
@@ -25,33 +26,33 @@ func TestDemoMode(t *testing.T) {
 	t.Cleanup(func() { killPostgres(t, dataDir) })
 
 	started := time.Now()
-	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
+	d := replicatest.Start(t, shepherdBinary, "demo", replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
 	bmdbtest.WaitFor(t, 30*time.Second-time.Since(started), "AgentStart work finished in demo mode", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf(`shepherd_work_finished_total{process="agentstart",result="finished"} is %g`, v)
 	})
 	t.Logf("demo mode showed finished work %s after start", time.Since(started).Round(time.Millisecond))
 	for _, want := range []string{"DEMO MODE: no database given", "shepherd migrate up", "DEMO MODE: flag defaults changed", "-recovery_heartbeat_timeout=30s"} {
-		if !strings.Contains(d.log(), want) {
+		if !strings.Contains(d.Log(), want) {
 			t.Errorf("demo log lacks %q", want)
 		}
 	}
-	d.stop(30 * time.Second)
+	d.StopClean(30 * time.Second)
 	if pid, ok := pgcluster.ServerPID(dataDir); ok {
 		t.Errorf("PostgreSQL (pid %d) still runs on %s after the daemon stopped", pid, dataDir)
 	}
 
 	// The state persists: the second run reuses the cluster and its fleet.
-	again := startShepherd(t, "demo-again", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
+	again := replicatest.Start(t, shepherdBinary, "demo-again", replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-state_dir="+stateDir)
 	bmdbtest.WaitFor(t, 30*time.Second, "the second demo run to be ready", func() (bool, string) {
-		code, body, err := again.get("/readyz")
+		code, body, err := again.Get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
-	if !strings.Contains(again.log(), "reusing the cluster") || strings.Contains(again.log(), "sim: created") {
+	if !strings.Contains(again.Log(), "reusing the cluster") || strings.Contains(again.Log(), "sim: created") {
 		t.Errorf("the second run did not reuse the first run's cluster and fleet")
 	}
-	again.stop(30 * time.Second)
+	again.StopClean(30 * time.Second)
 	if pid, ok := pgcluster.ServerPID(dataDir); ok {
 		t.Errorf("PostgreSQL (pid %d) still runs on %s after the second run stopped", pid, dataDir)
 	}
@@ -80,13 +81,13 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	t.Parallel()
 	stateDir := filepath.Join(t.TempDir(), "state")
 	t.Cleanup(func() { killPostgres(t, filepath.Join(stateDir, "data")) })
-	d := startShepherd(t, "demo", childEnv(), "-listen=127.0.0.1:0", "-state_dir="+stateDir, "-sim_machines=10")
+	d := replicatest.Start(t, shepherdBinary, "demo", replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-state_dir="+stateDir, "-sim_machines=10")
 	bmdbtest.WaitFor(t, 60*time.Second, "the demo to be ready", func() (bool, string) {
-		code, body, err := d.get("/readyz")
+		code, body, err := d.Get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
 	for _, want := range []string{"operator commands find this demo by themselves", `try="shepherd machines -state_dir ` + stateDir + `"`, `url="http://127.0.0.1:`} {
-		if !strings.Contains(d.log(), want) {
+		if !strings.Contains(d.Log(), want) {
 			t.Errorf("the demo's log lacks %q", want)
 		}
 	}
@@ -94,7 +95,7 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	shepherd := func(want int, args ...string) (string, string) {
 		t.Helper()
 		cmd := exec.Command(shepherdBinary, append(args, "-state_dir", stateDir)...)
-		cmd.Env = childEnv()
+		cmd.Env = replicatest.EnvWithoutDSN()
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
@@ -125,7 +126,7 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	}
 
 	// A stopped demo withdraws its database: the commands say what to give.
-	d.stop(30 * time.Second)
+	d.StopClean(30 * time.Second)
 	_, errOut = shepherd(2, "machines")
 	if !strings.Contains(errOut, "no database") || !strings.Contains(errOut, "run the demo") {
 		t.Errorf("machines without a running demo:\n%s", errOut)

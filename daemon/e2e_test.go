@@ -14,6 +14,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
@@ -51,13 +52,13 @@ func TestFleet(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
 	const grace = 2 * time.Second
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), fastFleetFlags(200,
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn), fastFleetFlags(200,
 		"-agentstart_loop_parallelism=8", "-recovery_loop_parallelism=8")...)
 	started := time.Now()
 
 	grown := false // some AgentStart backoff longer than its initial 1 s
 	bmdbtest.WaitFor(t, 60*time.Second, "both loops to show all their behaviour", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		for _, c := range []struct {
 			name   string
 			labels []string
@@ -101,7 +102,7 @@ func TestFleet(t *testing.T) {
 	if m, ok := rebootedAndRestarted(bmdbtest.History(t, db)); ok {
 		t.Logf("machine %s: Recovery Finished, then AgentStart Finished", m)
 	}
-	m, body := d.metrics()
+	m, body := d.Metrics()
 	for _, c := range []struct {
 		name   string
 		labels []string
@@ -123,11 +124,11 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	checkExposition(t, body)
-	if code, body, err := d.get("/readyz"); err != nil || code != 200 {
+	if code, body, err := d.Get("/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz: %d %q %v, want 200", code, body, err)
 	}
 
-	if took := d.stop(grace + 5*time.Second); took > grace+5*time.Second {
+	if took := d.StopClean(grace + 5*time.Second); took > grace+5*time.Second {
 		t.Errorf("shutdown took %s, want at most the grace (%s) plus 5s", took, grace)
 	}
 	assertNoLeases(t, db)
@@ -149,22 +150,22 @@ func TestTwoDaemons(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
 	flags := fastFleetFlags(200, "-bmdb_dsn="+dsn, "-sim_action_time=300ms")
-	a := startShepherd(t, "replica-a", childEnv(), flags...)
-	b := startShepherd(t, "replica-b", childEnv(), flags...)
+	a := replicatest.Start(t, shepherdBinary, "replica-a", replicatest.EnvWithoutDSN(), flags...)
+	b := replicatest.Start(t, shepherdBinary, "replica-b", replicatest.EnvWithoutDSN(), flags...)
 
 	bmdbtest.WaitFor(t, 45*time.Second, "both replicas to finish AgentStart and Recovery work", func() (bool, string) {
-		for _, d := range []*shepherdProcess{a, b} {
-			m, _ := d.metrics()
+		for _, d := range []*replicatest.Run{a, b} {
+			m, _ := d.Metrics()
 			for _, p := range []string{"agentstart", "recovery"} {
 				if v := m.Value("shepherd_work_finished_total", "process", p, "result", "finished"); v < 3 {
-					return false, fmt.Sprintf("%s finished %g %s works", d.name, v, p)
+					return false, fmt.Sprintf("%s finished %g %s works", d.Name, v, p)
 				}
 			}
 		}
 		return true, ""
 	})
-	a.stop(10 * time.Second)
-	b.stop(10 * time.Second)
+	a.StopClean(10 * time.Second)
+	b.StopClean(10 * time.Second)
 
 	assertNoLeases(t, db)
 	history := bmdbtest.History(t, db)
@@ -193,9 +194,9 @@ func TestShutdown(t *testing.T) {
 		return []string{"-listen=127.0.0.1:0", "-bmdb_dsn=" + dsn, "-processes=agentstart",
 			"-sim_machines=10", "-sim_action_time=1m", "-agentstart_loop_parallelism=4", "-shutdown_grace=" + grace}
 	}
-	waitBusy := func(t *testing.T, d *shepherdProcess) {
+	waitBusy := func(t *testing.T, d *replicatest.Run) {
 		bmdbtest.WaitFor(t, 30*time.Second, "4 busy agentstart workers", func() (bool, string) {
-			m, _ := d.metrics()
+			m, _ := d.Metrics()
 			v := m.Value("shepherd_workers_active", "process", "agentstart")
 			return v == 4, fmt.Sprintf("%g workers active", v)
 		})
@@ -205,9 +206,9 @@ func TestShutdown(t *testing.T) {
 		t.Parallel()
 		dsn := bmdbtest.NewDatabase(t)
 		db := bmdbtest.Open(t, dsn)
-		d := startShepherd(t, "shepherd", childEnv(), flags(dsn, "1s")...)
+		d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(), flags(dsn, "1s")...)
 		waitBusy(t, d)
-		if took := d.stop(10 * time.Second); took < time.Second || took > 6*time.Second {
+		if took := d.StopClean(10 * time.Second); took < time.Second || took > 6*time.Second {
 			t.Errorf("shutdown took %s, want the 1s grace and at most 5s more", took)
 		}
 		assertNoLeases(t, db)
@@ -223,14 +224,14 @@ func TestShutdown(t *testing.T) {
 	t.Run("second signal", func(t *testing.T) {
 		t.Parallel()
 		dsn := bmdbtest.NewDatabase(t)
-		d := startShepherd(t, "shepherd", childEnv(), flags(dsn, "1m")...)
+		d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(), flags(dsn, "1m")...)
 		waitBusy(t, d)
-		d.signal(syscall.SIGTERM)
+		d.Signal(syscall.SIGTERM)
 		bmdbtest.WaitFor(t, 5*time.Second, "the first signal to be logged", func() (bool, string) {
-			return d.logCount(`signal="terminated"`) == 1, "not logged yet"
+			return d.LogCount(`signal="terminated"`) == 1, "not logged yet"
 		})
-		sent := d.signal(syscall.SIGINT)
-		code, at := d.wait(5 * time.Second)
+		sent := d.Signal(syscall.SIGINT)
+		code, at := d.Wait(5 * time.Second)
 		if code != 1 {
 			t.Errorf("exit status %d after a second signal, want 1", code)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
@@ -109,7 +110,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
 		"-listen=127.0.0.1:0", "-sim_machines=0",
 		"-recovery_heartbeat_timeout=20m", "-recovery_start_timeout=1h", "-shutdown_grace=2s")
 	bmdbtest.WaitFor(t, 30*time.Second, "the daemon to register Recovery with its timeouts", func() (bool, string) {
@@ -123,7 +124,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		return true, ""
 	})
 
-	code, out, errOut := runShepherd(t, childEnv(), "machines", "-process", "recovery", "-state", "eligible", "-o", "json", "-bmdb_dsn", dsn)
+	code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), "machines", "-process", "recovery", "-state", "eligible", "-o", "json", "-bmdb_dsn", dsn)
 	if code != exitOK {
 		t.Fatalf("shepherd machines: exit %d\n%s%s", code, out, errOut)
 	}
@@ -147,7 +148,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 	}
 
 	// What-if: process flags on the command line win, and say so.
-	code, out, errOut = runShepherd(t, childEnv(), "machines", "-process", "recovery", "-state", "eligible", "-o", "json",
+	code, out, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "machines", "-process", "recovery", "-state", "eligible", "-o", "json",
 		"-recovery_heartbeat_timeout=10m", "-recovery_start_timeout=30m", "-bmdb_dsn", dsn)
 	if code != exitOK || !strings.Contains(errOut, "not the condition the daemons recorded") {
 		t.Errorf("machines with process flags: exit %d, stderr:\n%s", code, errOut)
@@ -170,14 +171,14 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		}
 	}
 	setDueBuilt(false)
-	code, _, errOut = runShepherd(t, childEnv(), "machines", "-process", "recovery", "-state", "eligible", "-bmdb_dsn", dsn)
+	code, _, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "machines", "-process", "recovery", "-state", "eligible", "-bmdb_dsn", dsn)
 	if code != exitOK || !strings.Contains(errOut, "its due rows are not built from this condition") {
 		t.Errorf("machines while the due rows are not built: exit %d, stderr:\n%s", code, errOut)
 	}
 	setDueBuilt(true)
 
 	bmdbtest.WaitFor(t, 30*time.Second, "the status page to count Recovery's eligible machines", func() (bool, string) {
-		code, body, err := d.get("/status")
+		code, body, err := d.Get("/status")
 		if err != nil || code != 200 {
 			return false, fmt.Sprintf("/status: %d %v", code, err)
 		}
@@ -208,7 +209,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 	if !slices.Equal(claimed, want) {
 		t.Errorf("Recovery claimed %v, want what the CLI listed, %v", claimed, want)
 	}
-	d.stop(10 * time.Second)
+	d.StopClean(10 * time.Second)
 }
 
 func sortIDs(ids []uuid.UUID) {

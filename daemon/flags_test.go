@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // runShepherd runs the binary to completion and returns its exit status,
@@ -83,7 +85,7 @@ func TestBadFlags(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(strings.Join(c.args, " "), dsn, "$DSN"), func(t *testing.T) {
 			t.Parallel()
-			code, stdout, stderr := runShepherd(t, childEnv(), c.args...)
+			code, stdout, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), c.args...)
 			if code != exitUsage {
 				t.Errorf("exit status %d, want %d", code, exitUsage)
 			}
@@ -115,7 +117,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"migrate", "-h"}, []string{"Usage: shepherd migrate", "-yes"}},
 		{[]string{"help"}, []string{"shepherd migrate [flags] up|down|version|force N"}},
 	} {
-		code, stdout, stderr := runShepherd(t, childEnv(), c.args...)
+		code, stdout, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), c.args...)
 		if code != 0 || stderr != "" {
 			t.Errorf("shepherd %v: exit status %d, stderr %q; want 0 and nothing", c.args, code, stderr)
 		}

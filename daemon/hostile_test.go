@@ -17,6 +17,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
@@ -44,13 +45,13 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 // on, with flags of seconds plus extra, and returns it, the BMDB and the
 // machines by provider id once the inventory is synced, with its DSN. The tests record
 // agents themselves to make Recovery act.
-func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*shepherdProcess, string, *bmdb.DB, map[string]uuid.UUID) {
+func unreachableFleet(t *testing.T, dir, inventory string, extra ...string) (*replicatest.Run, string, *bmdb.DB, map[string]uuid.UUID) {
 	t.Helper()
 	inventoryFile := filepath.Join(dir, "inventory.yaml")
 	writeFile(t, inventoryFile, "machines:\n"+inventory)
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), append([]string{
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn), append([]string{
 		"-listen=127.0.0.1:0",
 		"-provider=static",
 		"-inventory=" + inventoryFile,
@@ -180,8 +181,8 @@ func TestHostileMachines(t *testing.T) {
 		}
 		return done, fmt.Sprintf("failures nul/huge/slow: %v", counts)
 	})
-	peak := procStatus(t, d.cmd.Process.Pid, "VmHWM")
-	d.stop(30 * time.Second)
+	peak := procStatus(t, d.PID(), "VmHWM")
+	d.StopClean(30 * time.Second)
 
 	for name, m := range machines {
 		h := historyOf(t, db, m)
@@ -200,14 +201,14 @@ func TestHostileMachines(t *testing.T) {
 	if n, err := db.LeaseCount(ctx, recovery.Process); err != nil || n != 0 {
 		t.Errorf("%d Recovery leases held after the daemon stopped (%v)", n, err)
 	}
-	t.Logf("peak RSS %d MiB, log %d KiB", peak>>20, len(d.log())>>10)
+	t.Logf("peak RSS %d MiB, log %d KiB", peak>>20, len(d.Log())>>10)
 	if peak > 256<<20 {
 		t.Errorf("peak RSS %d MiB, want under 256 MiB", peak>>20)
 	}
-	if len(d.log()) > 4<<20 {
-		t.Errorf("log of %d MiB: hostile text is not bounded in logs", len(d.log())>>20)
+	if len(d.Log()) > 4<<20 {
+		t.Errorf("log of %d MiB: hostile text is not bounded in logs", len(d.Log())>>20)
 	}
-	if strings.ContainsAny(d.log(), "\x00\x1b") {
+	if strings.ContainsAny(d.Log(), "\x00\x1b") {
 		t.Error("the log holds raw NUL or escape characters")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // The -listen server is bounded against clients that trickle headers,
@@ -27,12 +28,12 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 	if err := os.WriteFile(token, []byte("s3cret-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=5", "-status_token_file="+token)
+	d := replicatest.Start(t, shepherdBinary, "daemon", replicatest.EnvWithoutDSN(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=5", "-status_token_file="+token)
 	bmdbtest.WaitFor(t, 60*time.Second, "the daemon to be ready", func() (bool, string) {
-		code, body, err := d.get("/readyz")
+		code, body, err := d.Get("/readyz")
 		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
-	addr := d.httpAddr()
+	addr := d.HTTPAddr()
 	do := func(path string, auth func(*http.Request)) int {
 		t.Helper()
 		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
@@ -70,7 +71,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 		t.Errorf("64 KiB of headers: %d, want 431", code)
 	}
 
-	pid := d.cmd.Process.Pid
+	pid := d.PID()
 	before := procStatus(t, pid, "VmRSS")
 	// 300 clients open connections and trickle a header, a byte a second.
 	var conns []net.Conn
@@ -112,7 +113,7 @@ func TestHTTPServerLimitsAndStatusToken(t *testing.T) {
 	}
 	// ... and answers again.
 	bmdbtest.WaitFor(t, 30*time.Second, "the server to answer after the trickle", func() (bool, string) {
-		code, _, err := d.get("/healthz")
+		code, _, err := d.Get("/healthz")
 		return err == nil && code == 200, fmt.Sprintf("/healthz: %d %v", code, err)
 	})
 	if grew := procStatus(t, pid, "VmRSS") - before; grew > 64<<20 {
@@ -135,7 +136,7 @@ func TestStatusTokenFileRefused(t *testing.T) {
 		filepath.Join(dir, "missing"): "no such file",
 		dir:                           "not a regular file",
 	} {
-		code, _, out := runShepherd(t, childEnv(), "-bmdb_dsn=postgres://u@127.0.0.1:1/nowhere", "-status_token_file="+file)
+		code, _, out := runShepherd(t, replicatest.EnvWithoutDSN(), "-bmdb_dsn=postgres://u@127.0.0.1:1/nowhere", "-status_token_file="+file)
 		if code != exitUsage || !strings.Contains(out, want) || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 			t.Errorf("-status_token_file %s: exit %d %q, want 2 and one line with %q", file, code, out, want)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
@@ -67,10 +68,10 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 	dying.Kill(t)
 
 	// The reboot method shows on the status page and in machines -all.
-	if code, body, err := d.get("/status/machine/" + machines["good"].String()); err != nil || code != 200 || !strings.Contains(body, "<dt>Reboot</dt><dd>ipmi</dd>") {
+	if code, body, err := d.Get("/status/machine/" + machines["good"].String()); err != nil || code != 200 || !strings.Contains(body, "<dt>Reboot</dt><dd>ipmi</dd>") {
 		t.Errorf("the machine page does not show the reboot method ipmi (%d, %v)", code, err)
 	}
-	code, out, errOut := runShepherd(t, childEnv(), "machines", "-all", "-o", "json", "-bmdb_dsn="+dsn)
+	code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), "machines", "-all", "-o", "json", "-bmdb_dsn="+dsn)
 	if code != 0 || strings.Count(out, `"power": "ipmi"`) != 4 {
 		t.Errorf("machines -all: exit %d, want every machine with power ipmi:\n%s%s", code, out, errOut)
 	}
@@ -107,7 +108,7 @@ func TestRecoveryThroughIPMI(t *testing.T) {
 			t.Errorf("%s: no active backoff after the failure (%+v, %v)", name, b, err)
 		}
 	}
-	m, _ := d.metrics()
+	m, _ := d.Metrics()
 	if v := m.Value("shepherd_provider_resets_total", "method", "ipmi", "result", "success"); v < 1 {
 		t.Errorf("ipmi resets succeeded: %g, want at least 1", v)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
@@ -191,7 +192,7 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 func TestMigrateUnknownExtension(t *testing.T) {
 	t.Parallel()
 	const dsn = "postgres://shepherd@127.0.0.1:1/nowhere"
-	code, stdout, stderr := runShepherd(t, childEnv(), "migrate", "force", "1", "-extension", "firmwarecheck", "-bmdb_dsn", dsn)
+	code, stdout, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), "migrate", "force", "1", "-extension", "firmwarecheck", "-bmdb_dsn", dsn)
 	want := `shepherd: -extension "firmwarecheck": this binary has no such extension (it has: none)` + "\n"
 	if code != exitUsage || stdout != "" || stderr != want {
 		t.Errorf("exit %d, stdout %q, stderr %q; want %d and %q", code, stdout, stderr, exitUsage, want)

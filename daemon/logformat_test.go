@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // With -log_format=json every line the daemon writes is one JSON object,
@@ -16,10 +17,10 @@ import (
 func TestJSONLogs(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewDatabase(t)
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn), fastFleetFlags(20, "-log_format=json")...)
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn), fastFleetFlags(20, "-log_format=json")...)
 	var failed map[string]any
 	bmdbtest.WaitFor(t, 60*time.Second, "a JSON line about a failed task", func() (bool, string) {
-		for _, line := range strings.Split(d.log(), "\n") {
+		for _, line := range strings.Split(d.Log(), "\n") {
 			var obj map[string]any
 			if json.Unmarshal([]byte(line), &obj) != nil {
 				continue
@@ -39,8 +40,8 @@ func TestJSONLogs(t *testing.T) {
 	if !strings.HasPrefix(fmt.Sprint(failed["provider_id"]), "sim-") {
 		t.Errorf("provider_id %v, want the simulated machine's id", failed["provider_id"])
 	}
-	d.stop(10 * time.Second)
-	for i, line := range strings.Split(d.log(), "\n") {
+	d.StopClean(10 * time.Second)
+	for i, line := range strings.Split(d.Log(), "\n") {
 		if line == "" {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // TestMigrate runs the migrate subcommand through a schema's life on a
@@ -20,7 +21,7 @@ import (
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewEmptyDatabase(t)
-	env := childEnv(envDSN + "=" + dsn)
+	env := replicatest.EnvWithoutDSN(envDSN + "=" + dsn)
 	dsnFile := filepath.Join(t.TempDir(), "dsn")
 	if err := os.WriteFile(dsnFile, []byte(dsn+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -87,7 +88,7 @@ func TestSchemaRefused(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			code, _, stderr := runShepherd(t, childEnv(), "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn)
+			code, _, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn)
 			if code != exitFailure {
 				t.Errorf("exit status %d, want %d", code, exitFailure)
 			}
@@ -99,7 +100,7 @@ func TestSchemaRefused(t *testing.T) {
 			if c.name == "dirty" {
 				// The way out the message names.
 				force := []string{"migrate", "force", fmt.Sprint(bmdb.LatestVersion()), "-bmdb_dsn=" + dsn}
-				if code, _, stderr := runShepherd(t, childEnv(), force...); code != 0 {
+				if code, _, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), force...); code != 0 {
 					t.Fatalf("shepherd %v: exit status %d\n%s", force, code, stderr)
 				}
 				if err := bmdbtest.Open(t, dsn).CheckSchema(context.Background()); err != nil {
@@ -127,7 +128,7 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 	}
 	shepherd := func(want int, args ...string) string {
 		t.Helper()
-		code, stdout, stderr := runShepherd(t, childEnv(), append(args, "-bmdb_dsn="+dsn)...)
+		code, stdout, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), append(args, "-bmdb_dsn="+dsn)...)
 		if code != want {
 			t.Fatalf("shepherd %v: exit %d, want %d\n%s%s", args, code, want, stdout, stderr)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // TestDatabaseOutage puts a proxy between the daemon and its database and
@@ -18,12 +19,12 @@ func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	dsn, proxy := viaProxy(t, bmdbtest.NewDatabase(t))
 	proxy.Cut()
-	d := startShepherd(t, "shepherd", childEnv(), "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn,
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn,
 		"-session_interval=2s", "-sim_machines=20")
 
 	readyz := func(wantReady bool, wantBody string) func() (bool, string) {
 		return func() (bool, string) {
-			code, body, err := d.get("/readyz")
+			code, body, err := d.Get("/readyz")
 			if err != nil {
 				return false, err.Error()
 			}
@@ -34,21 +35,21 @@ func TestDatabaseOutage(t *testing.T) {
 
 	// Unreachable from the start: the schema check is retried, not fatal.
 	bmdbtest.WaitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
-		n := d.logCount("checking the BMDB schema")
+		n := d.LogCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
 	bmdbtest.WaitFor(t, 5*time.Second, "/readyz to say it waits for the BMDB", readyz(false, "waiting for the BMDB"))
-	if m, _ := d.metrics(); m.Value("shepherd_work_started_total", "process", "recovery") != 0 {
+	if m, _ := d.Metrics(); m.Value("shepherd_work_started_total", "process", "recovery") != 0 {
 		t.Errorf("shepherd_work_started_total{process=\"recovery\"} does not exist at zero while the database is away")
 	}
-	if code, _, err := d.get("/healthz"); err != nil || code != http.StatusOK {
+	if code, _, err := d.Get("/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("/healthz: %d %v while the database is away, want 200", code, err)
 	}
 
 	proxy.Restore()
 	bmdbtest.WaitFor(t, 30*time.Second, "ready once the database is reachable", readyz(true, "ok"))
 	bmdbtest.WaitFor(t, 15*time.Second, "AgentStart to finish work", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("%g finished", v)
 	})
@@ -63,11 +64,11 @@ func TestDatabaseOutage(t *testing.T) {
 	bmdbtest.WaitFor(t, 45*time.Second, "ready again once the database is back", readyz(true, "ok"))
 	// A worker ending its lease retries that itself (bmdb logs it), and
 	// may keep the loop from claiming during a short outage.
-	if n := d.logCount(`"Claiming failed"`) + d.logCount(`"Cannot start a BMDB session"`) + d.logCount("BMDB: ending a lease failed"); n == 0 {
+	if n := d.LogCount(`"Claiming failed"`) + d.LogCount(`"Cannot start a BMDB session"`) + d.LogCount("BMDB: ending a lease failed"); n == 0 {
 		t.Errorf("the AgentStart loop logged no retry during the outage")
 	}
-	d.stop(15 * time.Second)
-	if strings.Contains(d.log(), testPassword) {
+	d.StopClean(15 * time.Second)
+	if strings.Contains(d.Log(), testPassword) {
 		t.Errorf("the log shows the DSN's password")
 	}
 }

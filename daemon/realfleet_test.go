@@ -22,6 +22,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -95,7 +96,7 @@ func newRealFleet(t *testing.T) *realFleet {
 }
 
 // start runs shepherd over the fleet with timeouts of seconds.
-func (f *realFleet) start(extra ...string) *shepherdProcess {
+func (f *realFleet) start(extra ...string) *replicatest.Run {
 	f.t.Helper()
 	args := append([]string{
 		"-listen=127.0.0.1:0",
@@ -116,7 +117,7 @@ func (f *realFleet) start(extra ...string) *shepherdProcess {
 		"-recovery_backoff_maximum=2s",
 		"-shutdown_grace=2s",
 	}, extra...)
-	return startShepherd(f.t, "shepherd", childEnv(envDSN+"="+f.dsn), args...)
+	return replicatest.Start(f.t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+f.dsn), args...)
 }
 
 // machineID waits for the inventory's machine to be in the BMDB.
@@ -234,10 +235,10 @@ func TestRealFleetRecovery(t *testing.T) {
 		s := f.agentState(machine)
 		return s.heartbeatAt.After(prev), fmt.Sprintf("last heartbeat still %s", s.heartbeatAt)
 	})
-	if m, _ := d.metrics(); m.Value("shepherd_heartbeats_total", "result", "accepted") < 2 {
+	if m, _ := d.Metrics(); m.Value("shepherd_heartbeats_total", "result", "accepted") < 2 {
 		t.Errorf("shepherd_heartbeats_total{result=\"accepted\"} is %g, want at least 2", m.Value("shepherd_heartbeats_total", "result", "accepted"))
 	}
-	if code, body, err := d.get("/readyz"); err != nil || code != http.StatusOK {
+	if code, body, err := d.Get("/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("/readyz: %d %q %v, want 200", code, body, err)
 	}
 	if n := len(f.machine.bmc.Resets()); n != 0 {
@@ -295,7 +296,7 @@ func TestRealFleetRecovery(t *testing.T) {
 		t.Errorf("%d resets, want 1", len(resets))
 	}
 
-	d.stop(20 * time.Second)
+	d.StopClean(20 * time.Second)
 }
 
 // TestRealFleetHostKeyChanged: after the machine's host key was pinned on
@@ -353,7 +354,7 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 	if running := sshdtest.ProcessesUnder(f.machine.remote); len(running) > 0 {
 		t.Errorf("agents %v run on the machine whose host key was refused", running)
 	}
-	d.stop(20 * time.Second)
+	d.StopClean(20 * time.Second)
 }
 
 // staticProviderFiles writes what the static provider's flags name into
@@ -387,7 +388,7 @@ func TestStaticReload(t *testing.T) {
 	dsn, proxy := viaProxy(t, rawDSN)
 	proxy.Cut()
 	// Only Recovery runs, which has nothing to do: no machine is reached.
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"="+dsn),
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
 		"-listen=127.0.0.1:0",
 		"-provider=static",
 		"-processes=recovery",
@@ -398,10 +399,10 @@ func TestStaticReload(t *testing.T) {
 		"-shutdown_grace=2s",
 	)
 	bmdbtest.WaitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
-		n := d.logCount("checking the BMDB schema")
+		n := d.LogCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
-	if code, body, err := d.get("/readyz"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the BMDB") {
+	if code, body, err := d.Get("/readyz"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the BMDB") {
 		t.Errorf("/readyz while the database is down: %d %q %v, want 503 waiting for the BMDB", code, body, err)
 	}
 	proxy.Restore()
@@ -410,13 +411,13 @@ func TestStaticReload(t *testing.T) {
 		return len(got) == 1 && got["node1"].Address == "127.0.0.1:2201", fmt.Sprintf("machine_provided: %v", got)
 	})
 	bmdbtest.WaitFor(t, 30*time.Second, "ready", func() (bool, string) {
-		code, body, err := d.get("/readyz")
+		code, body, err := d.Get("/readyz")
 		return err == nil && code == http.StatusOK, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
 	})
 
 	// A new machine, and node1 moved to another port.
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node1", 2211)+entry("node2", 2202))
-	d.signal(syscall.SIGHUP)
+	d.Signal(syscall.SIGHUP)
 	bmdbtest.WaitFor(t, 20*time.Second, "node2 added and node1 updated", func() (bool, string) {
 		got := staticMachines(t, db)
 		return len(got) == 2 && got["node2"].Address == "127.0.0.1:2202" && got["node1"].Address == "127.0.0.1:2211", fmt.Sprintf("machine_provided: %v", got)
@@ -426,12 +427,12 @@ func TestStaticReload(t *testing.T) {
 	// "adress").
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node1", 2211)+entry("node2", 2202)+
 		"  - id: node3\n    ssh:\n      adress: 127.0.0.1\n")
-	d.signal(syscall.SIGHUP)
+	d.Signal(syscall.SIGHUP)
 	wantErr := inventory + ":15: machines[2].ssh.adress: unknown field"
 	bmdbtest.WaitFor(t, 20*time.Second, "the rejected reload in the log", func() (bool, string) {
-		return d.logCount(wantErr) > 0 && d.logCount(`"Inventory not reloaded, the last good one stays in force"`) > 0, "not logged yet"
+		return d.LogCount(wantErr) > 0 && d.LogCount(`"Inventory not reloaded, the last good one stays in force"`) > 0, "not logged yet"
 	})
-	m, _ := d.metrics()
+	m, _ := d.Metrics()
 	if v := m.Value("shepherd_inventory_last_reload_successful"); v != 0 {
 		t.Errorf("shepherd_inventory_last_reload_successful %g after a rejected reload, want 0", v)
 	}
@@ -441,10 +442,10 @@ func TestStaticReload(t *testing.T) {
 	if v := m.Value("shepherd_inventory_machines"); v != 2 {
 		t.Errorf("shepherd_inventory_machines %g, want the last good inventory's 2", v)
 	}
-	if d.exited() {
+	if d.Exited() {
 		t.Fatal("shepherd exited on a bad inventory reload")
 	}
-	if code, body, err := d.get("/readyz"); err != nil || code != http.StatusOK {
+	if code, body, err := d.Get("/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("/readyz after a rejected reload: %d %q %v, want 200", code, body, err)
 	}
 	if got := staticMachines(t, db); len(got) != 2 {
@@ -453,19 +454,19 @@ func TestStaticReload(t *testing.T) {
 
 	// node1 removed from the file: reported, kept.
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node2", 2202))
-	d.signal(syscall.SIGHUP)
+	d.Signal(syscall.SIGHUP)
 	bmdbtest.WaitFor(t, 20*time.Second, "node1 reported as removed", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		v := m.Value("shepherd_inventory_removed_machines")
-		return v == 1 && d.logCount("no longer listed and are kept") > 0, fmt.Sprintf("shepherd_inventory_removed_machines %g", v)
+		return v == 1 && d.LogCount("no longer listed and are kept") > 0, fmt.Sprintf("shepherd_inventory_removed_machines %g", v)
 	})
 	if got := staticMachines(t, db); len(got) != 2 {
 		t.Errorf("machine_provided after node1 was removed from the file: %v, want both kept", got)
 	}
-	if m, _ := d.metrics(); m.Value("shepherd_inventory_last_reload_successful") != 1 {
+	if m, _ := d.Metrics(); m.Value("shepherd_inventory_last_reload_successful") != 1 {
 		t.Errorf("shepherd_inventory_last_reload_successful is not 1 after a good reload")
 	}
-	d.stop(20 * time.Second)
+	d.StopClean(20 * time.Second)
 }
 
 // TestStaticFlags checks the command lines of -provider static and of the
@@ -512,7 +513,7 @@ func TestStaticFlags(t *testing.T) {
 	} {
 		name := strings.ReplaceAll(strings.Join(c.args, " "), dir+"/", "")
 		t.Run(name, func(t *testing.T) {
-			code, stdout, stderr := runShepherd(t, childEnv(envDSN+"="+dsn), c.args...)
+			code, stdout, stderr := runShepherd(t, replicatest.EnvWithoutDSN(envDSN+"="+dsn), c.args...)
 			if code != c.code {
 				t.Errorf("exit status %d, want %d", code, c.code)
 			}
@@ -545,13 +546,13 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 	inventory := filepath.Join(dir, "inventory.yaml")
 	writeFile(t, inventory, "- id: node1\n  ssh:\n    address: 10.0.0.1\n    user: root\n")
 	// The database is never reached: the URL is logged before.
-	d := startShepherd(t, "shepherd", childEnv(envDSN+"=postgres://shepherd@127.0.0.1:1/nowhere?connect_timeout=1"),
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"=postgres://shepherd@127.0.0.1:1/nowhere?connect_timeout=1"),
 		"-listen=127.0.0.1:0", "-provider=static", "-inventory="+inventory, "-ssh_key_file="+keyFile,
 		"-agent_binary="+agent, "-agent_listen=127.0.0.1:0")
 	re := regexp.MustCompile(`"Serving agent heartbeats" url="http://127\.0\.0\.1:(\d+)/agent/v1/heartbeat"`)
 	var port string
 	bmdbtest.WaitFor(t, 20*time.Second, "the heartbeat endpoint's address in the log", func() (bool, string) {
-		m := re.FindStringSubmatch(d.log())
+		m := re.FindStringSubmatch(d.Log())
 		if m != nil {
 			port = m[1]
 		}
@@ -559,7 +560,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 	})
 	want := `heartbeat_url="http://127.0.0.1:` + port + `/agent/v1/heartbeat"`
 	bmdbtest.WaitFor(t, 20*time.Second, "the derived URL in the log", func() (bool, string) {
-		return d.logCount(want) > 0, "no line with " + want
+		return d.LogCount(want) > 0, "no line with " + want
 	})
 	// Something answers there: the endpoint (it refuses a GET).
 	resp, err := http.Get("http://127.0.0.1:" + port + "/agent/v1/heartbeat")
@@ -570,7 +571,7 @@ func TestHeartbeatURLFromListen(t *testing.T) {
 	if resp.StatusCode != http.StatusMethodNotAllowed && resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("GET on the heartbeat endpoint: %s, want it refused as a bad request", resp.Status)
 	}
-	d.stop(20 * time.Second)
+	d.StopClean(20 * time.Second)
 }
 
 // staticMachines returns the machines of the static provider by provider id.

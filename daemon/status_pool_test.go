@@ -12,6 +12,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // A hundred status page requests that hang on a locked lease table take
@@ -20,9 +21,9 @@ import (
 func TestStatusPageCannotStarveSessions(t *testing.T) {
 	t.Parallel()
 	dsn := bmdbtest.NewDatabase(t)
-	d := startShepherd(t, "daemon", childEnv(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=20", "-session_interval=2s")
+	d := replicatest.Start(t, shepherdBinary, "daemon", replicatest.EnvWithoutDSN(envDSN+"="+dsn), "-listen=127.0.0.1:0", "-sim_machines=20", "-session_interval=2s")
 	bmdbtest.WaitFor(t, 60*time.Second, "work to be done", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished")
 		return v > 0, fmt.Sprintf("finished: %g", v)
 	})
@@ -41,7 +42,7 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := client.Get("http://" + d.httpAddr() + "/status/machine/" + machine.String())
+			resp, err := client.Get("http://" + d.HTTPAddr() + "/status/machine/" + machine.String())
 			if err == nil {
 				resp.Body.Close()
 			}
@@ -52,13 +53,13 @@ func TestStatusPageCannotStarveSessions(t *testing.T) {
 	time.Sleep(3 * 2 * time.Second)
 	release()
 	wg.Wait()
-	m, _ := d.metrics()
+	m, _ := d.Metrics()
 	if lost := m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-agentstart") + m.Value("shepherd_bmdb_sessions_expired_total", "component", "shepherd-recovery"); lost != 0 {
 		t.Errorf("%g sessions lost while status requests waited on the lock", lost)
 	}
 	before := m.Value("shepherd_work_started_total", "process", "agentstart") + m.Value("shepherd_work_started_total", "process", "recovery")
 	bmdbtest.WaitFor(t, 60*time.Second, "the loops to work again", func() (bool, string) {
-		m, _ := d.metrics()
+		m, _ := d.Metrics()
 		now := m.Value("shepherd_work_started_total", "process", "agentstart") + m.Value("shepherd_work_started_total", "process", "recovery")
 		return now > before, fmt.Sprintf("started %g, before %g", now, before)
 	})
