@@ -46,3 +46,65 @@ func (t *Tx) DeleteSSHHostKey(ctx context.Context, machine uuid.UUID) (bool, err
 	}
 	return tag.RowsAffected() > 0, nil
 }
+
+// EventHostKeyForgotten records that an operator forgot a machine's pinned
+// SSH host key (after a reinstall), so that the next connection pins the key
+// it then presents: a trust decision, audited like the other operator
+// actions.
+const EventHostKeyForgotten = "HostKeyForgotten"
+
+// PinnedHostKey is a machine's pinned SSH host key, in authorized_keys
+// format, with the machine's names.
+type PinnedHostKey struct {
+	Provided
+	Key      string
+	PinnedAt time.Time
+}
+
+// ForgetSSHHostKey forgets machine's pinned SSH host key and records
+// HostKeyForgotten in its history with reason and describe(key) (a
+// fingerprint, so that the history says which key was let go). It returns
+// the forgotten key, or an error wrapping ErrNotFound when none is pinned.
+func (db *DB) ForgetSSHHostKey(ctx context.Context, machine uuid.UUID, reason string, describe func(key string) string) (PinnedHostKey, error) {
+	if reason == "" {
+		return PinnedHostKey{}, ErrReasonRequired
+	}
+	var forgotten PinnedHostKey
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		key, _, err := tx.SSHHostKey(ctx, machine)
+		if err != nil {
+			return err
+		}
+		// The key read above is the one deleted: a key pinned anew in
+		// between is not forgotten unseen.
+		err = tx.tx.QueryRow(ctx, qHostKeyForget, machine, reason+" (forgot "+describe(key)+")", key).Scan(&forgotten.Key, &forgotten.PinnedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("the pinned key changed meanwhile: %w", ErrNotFound)
+		}
+		return err
+	})
+	if err != nil {
+		return PinnedHostKey{}, fmt.Errorf("forgetting the SSH host key of %s: %w", machine, err)
+	}
+	forgotten.Machine = machine
+	return forgotten, nil
+}
+
+// SSHHostKeys lists pinned SSH host keys by provider and provider id, at
+// most limit (default 1000) after (afterProvider, afterProviderID).
+func (db *DB) SSHHostKeys(ctx context.Context, afterProvider, afterProviderID string, limit int) ([]PinnedHostKey, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	keys, err := queryRows(ctx, db.pool, scanPinnedHostKey, qHostKeys, afterProvider, afterProviderID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing pinned SSH host keys: %w", err)
+	}
+	return keys, nil
+}
+
+func scanPinnedHostKey(row pgx.CollectableRow) (PinnedHostKey, error) {
+	var k PinnedHostKey
+	err := row.Scan(&k.Machine, &k.Provider, &k.ProviderID, &k.Address, &k.Key, &k.PinnedAt)
+	return k, err
+}
