@@ -30,12 +30,17 @@ SELECT (SELECT min(due_at) FROM work_due WHERE process = $1),
 	// a statement that started after the rows were locked: any write that
 	// made a machine due either committed before (and is seen here) or
 	// waits for the lock and marks the row due again after this commit.
+	// Whether the group holds a machine is a probe of work's key per
+	// locked row: the OFFSET 0 keeps the planner from hashing, instead, a
+	// scan of every lease of the group, which a cached plan would go on
+	// doing while work's index bloats (TestClaimAndEndPlansProbeByKey).
 	dueFacts = `
 due AS (
     SELECT m.machine_id, d.ord,
            COALESCE((/*CONDITION*/), false) AS wanted,
            EXISTS (SELECT 1 FROM work w
-                   WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group) AS leased,
+                   WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group
+                   OFFSET 0) AS leased,
            GREATEST(
                (SELECT b.until FROM work_backoff b
                 WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now()),
