@@ -124,7 +124,11 @@ func (s *Session) end(ctx context.Context, machine uuid.UUID, rec *leaseEnd, fn 
 		case out.lead:
 			lead = true
 		case errors.Is(out.err, errRunAlone):
-			return s.Transact(ctx, s.endAlone(req))
+			// Begun as a batch is: a connection's cached plan of the
+			// ends' statements is the one made in whichever transaction
+			// ran them when it was made, and only probePlanning's keeps
+			// them from scanning the lease tables as they bloat.
+			return s.db.transact(ctx, s, s.db.probeBegin, s.endAlone(req))
 		default:
 			return out.err
 		}
