@@ -33,7 +33,7 @@ var workScan = regexp.MustCompile(`Scan (?:using \w+ )?on work(?: \w+)?\n(?:[^>\
 // hash of every lease of the group does: the index bloats with the table.
 // (The lease ends' generic plans do read work's process index whole, with
 // a hash or a nested loop over it: not a probe, BENCHMARKS.md says so.)
-func TestClaimAndEndPlansProbeByKey(t *testing.T) {
+func TestClaimAndEndGenericPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)

@@ -33,7 +33,7 @@ SELECT (SELECT min(due_at) FROM work_due WHERE process = $1),
 	// Whether the group holds a machine is a probe of work's key per
 	// locked row: the OFFSET 0 keeps the planner from hashing, instead, a
 	// scan of every lease of the group, which a cached plan would go on
-	// doing while work's index bloats (TestClaimAndEndPlansProbeByKey).
+	// doing while work's index bloats (TestClaimAndEndGenericPlans).
 	dueFacts = `
 due AS (
     SELECT m.machine_id, d.ord,
@@ -186,7 +186,7 @@ SELECT
 	// statistics change. One made while the lease tables held a few rows
 	// scans them, and a busy fleet leaves hundreds of thousands of dead
 	// rows in them between two autovacuum visits, so the same plan costs
-	// more every second (TestClaimAndEndPlansProbeByKey; BENCHMARKS.md,
+	// more every second (TestClaimAndEndGenericPlans; BENCHMARKS.md,
 	// "The 100k-machine points, and what a window bloats").
 	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
        set_config('enable_seqscan', 'off', true)`
