@@ -27,8 +27,8 @@ var workScan = regexp.MustCompile(`Scan (?:using \w+ )?on work(?: \w+)?\n(?:[^>\
 // hundreds of thousands of dead rows between two autovacuum visits, so
 // that such a plan would cost more every second (BENCHMARKS.md, "The
 // 100k-machine points, and what a window bloats"). No generic plan of
-// theirs may scan a table, whatever the statistics: here every lease
-// table holds a handful of rows, freshly analyzed, the case that invites a
+// theirs may scan a table, whatever the statistics: here each lease
+// table holds a handful of rows at most, freshly analyzed, the case that invites a
 // scan. Nor may a claim read work's index other than by machine, as a
 // hash of every lease of the group does: the index bloats with the table.
 // (The lease ends' generic plans do read work's process index whole, with

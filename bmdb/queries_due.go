@@ -180,14 +180,16 @@ SELECT
 	// memory, so for these statements a random page costs what a
 	// sequential one does.
 	//
-	// Nor does any plan of theirs scan a whole table (enable_seqscan off):
-	// pgx prepares these statements once per connection, and PostgreSQL
-	// keeps a prepared statement's generic plan until the tables'
-	// statistics change. One made while the lease tables held a few rows
-	// scans them, and a busy fleet leaves hundreds of thousands of dead
-	// rows in them between two autovacuum visits, so the same plan costs
-	// more every second (TestClaimAndEndGenericPlans; BENCHMARKS.md,
-	// "The 100k-machine points, and what a window bloats").
+	// Nor does any plan of theirs read a table sequentially
+	// (enable_seqscan off): pgx prepares these statements once per
+	// connection, and PostgreSQL keeps a prepared statement's generic plan
+	// until the tables' statistics change. One made while the lease tables
+	// held a few rows scans them, and a busy fleet leaves hundreds of
+	// thousands of dead rows in them between two autovacuum visits, so the
+	// same plan costs more every second (TestClaimAndEndGenericPlans;
+	// BENCHMARKS.md, "The 100k-machine points, and what a window bloats").
+	// The setting is no promise of probes: the lease ends' generic plans
+	// still read work's process index whole, whose cost follows its bloat.
 	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
        set_config('enable_seqscan', 'off', true)`
 

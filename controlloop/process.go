@@ -64,9 +64,9 @@ type Task struct {
 	// that it is committed if and only if the lease was still held. It runs
 	// after Run returned, possibly while the worker runs its next task:
 	// it should use what it captured from its own run only. Its statements
-	// are planned as the lease ends' are, to probe by key: no whole-table
-	// scan where an index serves (enable_seqscan off), so writes and reads
-	// of one machine's rows suit it, reports over a table do not.
+	// are planned as the lease ends' are, with no sequential scan where an
+	// index serves (enable_seqscan off): writes and reads of one machine's
+	// rows suit it, reports over a table do not.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 
 	work       *bmdb.Lease

@@ -122,11 +122,7 @@ func Start(t *testing.T, binary, name string, env []string, args ...string) *Run
 	t.Cleanup(func() {
 		ru.Kill()
 		if t.Failed() {
-			lines := ru.Lines()
-			if len(lines) > 80 {
-				lines = lines[len(lines)-80:]
-			}
-			t.Logf("%s: last %d log lines:\n%s", name, len(lines), strings.Join(lines, "\n"))
+			t.Logf("%s: last log lines:\n%s", name, ru.Tail(80))
 		}
 	})
 	return ru
