@@ -184,8 +184,9 @@ type clusterState struct {
 	} `json:"members"`
 }
 
-// roles asks any member for the cluster: role -> member name, and
-// "running" -> how many members run.
+// roles asks any member for the cluster: role -> member name,
+// "running" -> how many members run, "states" -> each member's state (for
+// messages), and "state:"+name -> that member's state.
 func (pc *patroniCluster) roles() (map[string]string, error) {
 	var last error
 	for _, m := range pc.members {
@@ -196,17 +197,25 @@ func (pc *patroniCluster) roles() (map[string]string, error) {
 		}
 		r := map[string]string{}
 		running := 0
+		var states []string
 		for _, mm := range cs.Members {
 			r[mm.Role] = mm.Name
-			if mm.State == "running" || mm.State == "streaming" {
+			r["state:"+mm.Name] = mm.State
+			if memberRuns(mm.State) {
 				running++
 			}
+			states = append(states, mm.Name+"="+mm.State)
 		}
 		r["running"] = fmt.Sprint(running)
+		r["states"] = strings.Join(states, " ")
 		return r, nil
 	}
 	return nil, last
 }
+
+// memberRuns reports whether a member in Patroni's state serves: a
+// primary runs, a standby streams.
+func memberRuns(state string) bool { return state == "running" || state == "streaming" }
 
 func (pc *patroniCluster) member(name string) *member {
 	for _, m := range pc.members {
@@ -348,10 +357,20 @@ func TestPatroniFailover(t *testing.T) {
 	if d := resumed.Sub(writable); d > 5*time.Second {
 		t.Errorf("switchover: new work %s after the cluster took writes, want within 5 s", d)
 	}
-	bmdbtest.WaitFor(t, 30*time.Second, "a synchronous standby after the switchover", func() (bool, string) {
+	// The SIGKILL below needs a leader and a streaming synchronous standby
+	// to fail over to. The third member may take longer to stream from the
+	// new leader (CI once saw it not streaming 30 s after the switchover);
+	// it is not waited for. The wait ends before the check below, 66 s
+	// after the switchover, so it costs no time.
+	bmdbtest.WaitFor(t, 60*time.Second, "a running leader and a streaming synchronous standby after the switchover", func() (bool, string) {
 		r, err := pc.roles()
-		return err == nil && r["sync_standby"] != "" && r["running"] == "3", fmt.Sprint(r, err)
+		if err != nil {
+			return false, err.Error()
+		}
+		return r["sync_standby"] != "" && memberRuns(r["state:"+r["leader"]]) && memberRuns(r["state:"+r["sync_standby"]]), r["states"] + " sync standby: " + r["sync_standby"]
 	})
+	r, _ := pc.roles()
+	t.Logf("switchover: a synchronous standby streams %s after it began (members: %s)", time.Since(switchAt).Round(100*time.Millisecond), r["states"])
 	// No lease taken before the switchover may still be held 65 s after
 	// it: checked before the next event, whose session expiries would
 	// release leases the switchover left behind.
