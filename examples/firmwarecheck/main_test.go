@@ -209,10 +209,14 @@ func TestFleetd(t *testing.T) {
 		"-agentstart_backoff_initial=1s", "-agentstart_backoff_maximum=1s", "-agentstart_idle_poll=100ms"}
 
 	// Every check fails: the machines back off (by the default minute),
-	// with the cause; an operator clears the backoffs.
+	// with the cause; an operator clears the backoffs. The daemon runs
+	// until every machine has failed a check, so that every machine has
+	// heartbeated: the next daemon runs none of these agents, and a machine
+	// that never heartbeated would wait for Recovery's agent-start timeout
+	// before FirmwareCheck could see it (CI once stopped it after two).
 	failing, addr := start(t, bin, append(common, "-simfirmware_check_failure_rate=1")...)
 	failed := `shepherd_work_finished_total{process="firmwarecheck",result="failed"}`
-	failing.waitFor(t, time.Minute, "a failed firmware check on /metrics", func() bool { return metric(t, addr, failed) >= 1 })
+	failing.waitFor(t, time.Minute, "a failed firmware check of every machine on /metrics", func() bool { return metric(t, addr, failed) >= 4 })
 	failing.stop()
 	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", "-state", "backoff", db)
 	if code != 0 || !strings.Contains(out, "FirmwareCheck") || !strings.Contains(out, "simulated BMC busy") {
