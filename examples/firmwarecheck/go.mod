@@ -4,7 +4,7 @@ go 1.26.8
 
 require (
 	github.com/google/uuid v1.6.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/shepherd-fleet/shepherd v0.0.0
 )
