@@ -80,10 +80,11 @@ func runChild(ctx context.Context, args ...string) ([]byte, error) {
 var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
 
 type options struct {
-	dsn  string
-	fast bool
-	dir  string
-	keep bool
+	dsn        string
+	fast       bool
+	pgSettings []string
+	dir        string
+	keep       bool
 
 	scenarios map[string]bool
 	seconds   float64
@@ -136,6 +137,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("shepherd-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL server to measure, as the DSN of a database whose role may CREATE DATABASE (default: a private cluster started from the machine's PostgreSQL binaries)")
+	fs.Func("pg_setting", "a server setting of the private cluster, name=value as postgres -c takes it (repeatable; e.g. -pg_setting shared_buffers=2GB): to measure the server as a deployment would configure it; the env line reports shared_buffers", func(v string) error {
+		if name, _, ok := strings.Cut(v, "="); !ok || name == "" {
+			return fmt.Errorf("%q is not name=value", v)
+		}
+		o.pgSettings = append(o.pgSettings, v)
+		return nil
+	})
 	fs.BoolVar(&o.fast, "fast", false, "start the private cluster with fsync, synchronous_commit and full_page_writes off (quick, but not the figures of a real server)")
 	fs.StringVar(&o.dir, "dir", "", "directory of the private cluster (default: a temporary directory, removed at the end)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the benchmark databases and the private cluster's directory")
@@ -213,6 +221,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-heartbeat_clients must be less than -heartbeat_agents")
 	case o.idleMachines < 1 || o.seedsMachines < 1 || o.pgbenchScale < 1:
 		return nil, errors.New("-idle_machines, -seeds_machines and -pgbench_scale must be at least 1")
+	case len(o.pgSettings) > 0 && o.dsn != "":
+		return nil, errors.New("-pg_setting configures the private cluster; with -dsn, set the server's settings there")
 	case o.memoryChild && o.dsn == "":
 		return nil, errors.New("-memory_child needs -dsn")
 	case o.plotFrom != "" && o.plot == "":

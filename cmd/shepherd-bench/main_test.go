@@ -279,17 +279,20 @@ func TestFlags(t *testing.T) {
 		{"-memory_child"},
 		{"-plot_from", "x.jsonl"},
 		{"-heartbeat_agents", "10", "-heartbeat_clients", "10"},
+		{"-pg_setting", "shared_buffers"},
+		{"-pg_setting", "shared_buffers=1GB", "-dsn", "postgres://localhost/x"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("parseFlags(%q): want an error", args)
 		}
 	}
-	o, err := parseFlags([]string{"-scenarios", "idle,memory", "-workers", "2, 8"}, &bytes.Buffer{})
+	o, err := parseFlags([]string{"-scenarios", "idle,memory", "-workers", "2, 8", "-pg_setting", "shared_buffers=1GB", "-pg_setting", "work_mem=8MB"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.scenarios["idle"] || !o.scenarios["memory"] || o.scenarios["throughput"] || fmt.Sprint(o.workers) != "[2 8]" {
+	if !o.scenarios["idle"] || !o.scenarios["memory"] || o.scenarios["throughput"] || fmt.Sprint(o.workers) != "[2 8]" ||
+		fmt.Sprint(o.pgSettings) != "[shared_buffers=1GB work_mem=8MB]" {
 		t.Errorf("parsed %+v", o)
 	}
 }

@@ -57,7 +57,7 @@ func startServer(ctx context.Context, o *options, logf func(string, ...any)) (*s
 		}
 		dir, s.dir = d, d
 	}
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: dir, Fast: o.fast, Logf: logf})
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: dir, Fast: o.fast, Settings: o.pgSettings, Logf: logf})
 	if err != nil {
 		if s.dir != "" {
 			os.RemoveAll(s.dir)

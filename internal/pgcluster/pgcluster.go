@@ -78,6 +78,11 @@ type Options struct {
 	// full_page_writes off, initdb --no-sync). Right for tests, whose data is
 	// thrown away; wrong for anything that should survive a machine crash.
 	Fast bool
+	// Settings are more server settings, each "name=value" as postgres -c
+	// takes it, applied after the defaults (so that they override them): a
+	// benchmark's way to run the server as a deployment would, e.g.
+	// "shared_buffers=2GB".
+	Settings []string
 	// Logf, if set, receives progress messages (binaries found, initdb,
 	// start, stop). Tests pass t.Logf, the daemon its logger.
 	Logf func(format string, args ...any)
@@ -99,6 +104,7 @@ type Cluster struct {
 	BinDir string
 
 	fast      bool
+	settings  []string
 	logf      func(format string, args ...any)
 	runAs     *runAs // nil when we are not root
 	socketDir string // "" disables the Unix socket
@@ -122,6 +128,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("pgcluster: Options.Dir is required")
 	}
+	for _, setting := range opts.Settings {
+		if name, _, ok := strings.Cut(setting, "="); !ok || name == "" {
+			return nil, fmt.Errorf("pgcluster: server setting %q is not name=value", setting)
+		}
+	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: resolving %q: %w", opts.Dir, err)
@@ -135,12 +146,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	c := &Cluster{
-		Dir:     dir,
-		DataDir: filepath.Join(dir, "data"),
-		LogFile: filepath.Join(dir, "postgres.log"),
-		BinDir:  binDir,
-		fast:    opts.Fast,
-		logf:    logf,
+		Dir:      dir,
+		DataDir:  filepath.Join(dir, "data"),
+		LogFile:  filepath.Join(dir, "postgres.log"),
+		BinDir:   binDir,
+		fast:     opts.Fast,
+		settings: opts.Settings,
+		logf:     logf,
 	}
 	if len(dir) <= maxSocketDirLen {
 		c.socketDir = dir
@@ -461,6 +473,9 @@ func (c *Cluster) serverOptions() string {
 			"-c", "synchronous_commit=off",
 			"-c", "full_page_writes=off",
 		)
+	}
+	for _, setting := range c.settings {
+		opts = append(opts, "-c", shellQuote(setting))
 	}
 	return strings.Join(opts, " ")
 }

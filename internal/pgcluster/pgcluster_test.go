@@ -194,6 +194,36 @@ func TestStartNeedsDir(t *testing.T) {
 	}
 }
 
+// Settings reach the server, after the defaults, through pg_ctl's shell
+// (a value with a space and a quote arrives whole); a setting that is not
+// name=value is refused before anything starts.
+func TestStartSettings(t *testing.T) {
+	ctx := testContext(t)
+	c := startCluster(t, Options{Settings: []string{"shared_buffers=24MB", "max_connections=50", "application_name=it's a test"}})
+	conn := connect(t, ctx, c.DSN("postgres"))
+	for setting, want := range map[string]string{"shared_buffers": "24MB", "max_connections": "50", "application_name": "it's a test"} {
+		var got string
+		if err := conn.QueryRow(ctx, "SELECT setting FROM pg_settings WHERE name = $1 AND source = 'command line'", setting).Scan(&got); err != nil {
+			t.Errorf("%s: %v", setting, err)
+			continue
+		}
+		if setting == "shared_buffers" {
+			// pg_settings counts it in 8 kB pages.
+			want = "3072"
+		}
+		if got != want {
+			t.Errorf("%s = %q, want %q", setting, got, want)
+		}
+	}
+	dir := t.TempDir()
+	if _, err := Start(ctx, Options{Dir: dir, Settings: []string{"shared_buffers"}}); err == nil || !strings.Contains(err.Error(), `"shared_buffers" is not name=value`) {
+		t.Errorf("Start with a setting that is not name=value: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("Start with a bad setting left %d entries in its directory", len(entries))
+	}
+}
+
 func writeExecutable(t *testing.T, path string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
