@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/klog/v2"
@@ -83,6 +84,14 @@ type Options struct {
 	// verbosity 2, for one-shot commands (the operator CLI) whose output
 	// is their answer; a daemon leaves it off, so that a failover shows.
 	QuietConnections bool
+	// Tracer, if set, sees every statement the pool's connections run, as
+	// pgx traces it (and batches, prepares, connects and pool acquires
+	// where it implements pgx's other tracer interfaces): for tracing the
+	// BMDB's statements into a user's own system (an OpenTelemetry
+	// tracer for pgx, for instance), or for a test to see what a path
+	// runs. It must be safe for concurrent use and return quickly: it runs
+	// on every statement.
+	Tracer pgx.QueryTracer
 }
 
 // DefaultIdleInTransactionTimeout is Options.IdleInTransactionTimeout's
@@ -177,8 +186,18 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		hosts:      hosts,
 	}
 	db.statements.fixed = fixedMode
-	if cc.Tracer == nil && !fixedMode {
-		cc.Tracer = traceStatements{db}
+	var tracers []pgx.QueryTracer
+	if !fixedMode {
+		tracers = append(tracers, traceStatements{db})
+	}
+	if opts.Tracer != nil {
+		tracers = append(tracers, opts.Tracer)
+	}
+	switch len(tracers) {
+	case 1:
+		cc.Tracer = tracers[0]
+	case 2:
+		cc.Tracer = multitracer.New(tracers...)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -8,28 +8,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// GenericPlans prepares the statements of a claim (with candidates) and
-// of a batch of lease ends on one connection, in a transaction begun as
-// theirs are, and returns each one's generic plan by statement constant:
-// the plan PostgreSQL caches for a prepared statement after a few
-// executions and keeps until the tables' statistics change, however the
-// tables grow meanwhile. plans_test.go requires that none of them scans a
-// table.
-func GenericPlans(ctx context.Context, db *DB, candidates Candidates) (map[string]string, error) {
-	claim, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
-		"group": nil, "process": nil, "session": nil, "limit": nil, "ids": nil, "scan": nil,
-	})
-	statements := map[string]string{
-		"qDueLock":         qDueLock,
-		"claimDueTemplate": claim,
-		"qDueNext":         qDueNext,
-		"qEndLeases":       qEndLeases,
-		"qLockLeases":      qLockLeases,
-		// A failure's end, in a batch of ends.
-		"qWorkFail":            qWorkFail,
-		"qBackoffLastInterval": qBackoffLastInterval,
-		"qBackoffUpsert":       qBackoffUpsert,
-	}
+// ProbeBeginQuery is the BEGIN of the transactions of claims and lease
+// ends (probePlanning), as their connections send it: plans_test.go
+// watches for it to tell which statements run in those transactions.
+func ProbeBeginQuery(db *DB) string { return db.probeBegin.BeginQuery }
+
+// Statement is one statement as pgx traced it: its text, named
+// parameters (@name) not yet rewritten, and its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// GenericPlans prepares statements on one connection, in a transaction
+// begun as those of claims and lease ends are, and returns each one's
+// generic plan by its text: the plan PostgreSQL caches for a prepared
+// statement after a few executions and keeps until the tables'
+// statistics change, however the tables grow meanwhile.
+func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[string]string, error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -44,26 +40,41 @@ func GenericPlans(ctx context.Context, db *DB, candidates Candidates) (map[strin
 		return nil, err
 	}
 	plans := map[string]string{}
-	for name, sql := range statements {
-		if strings.Contains(sql, "@") {
-			if sql, _, err = args.RewriteQuery(ctx, tx.Conn(), sql, nil); err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
+	for i, st := range statements {
+		sql := st.SQL
+		if len(st.Args) > 0 {
+			if named, ok := st.Args[0].(pgx.NamedArgs); ok {
+				if sql, _, err = named.RewriteQuery(ctx, tx.Conn(), sql, nil); err != nil {
+					return nil, fmt.Errorf("rewriting the named parameters of %s: %w", st.SQL, err)
+				}
 			}
 		}
-		stmt := "generic_plan_" + strings.ToLower(name)
-		sd, err := tx.Conn().Prepare(ctx, stmt, sql)
+		name := fmt.Sprintf("generic_plan_%d", i)
+		sd, err := tx.Conn().Prepare(ctx, name, sql)
 		if err != nil {
-			return nil, fmt.Errorf("preparing %s: %w", name, err)
+			return nil, fmt.Errorf("preparing %s: %w", st.SQL, err)
 		}
 		nulls := strings.TrimSuffix(strings.Repeat("NULL,", len(sd.ParamOIDs)), ",")
-		lines, err := queryRows(ctx, tx, pgx.RowTo[string], "EXPLAIN (COSTS false) EXECUTE "+stmt+"("+nulls+")")
+		lines, err := queryRows(ctx, tx, pgx.RowTo[string], "EXPLAIN (COSTS false) EXECUTE "+name+"("+nulls+")")
 		if err != nil {
-			return nil, fmt.Errorf("explaining %s: %w", name, err)
+			return nil, fmt.Errorf("explaining %s: %w", st.SQL, err)
 		}
-		if err := tx.Conn().Deallocate(ctx, stmt); err != nil {
+		if err := tx.Conn().Deallocate(ctx, name); err != nil {
 			return nil, err
 		}
-		plans[name] = strings.Join(lines, "\n")
+		plans[st.SQL] = strings.Join(lines, "\n")
 	}
 	return plans, nil
 }
+
+// ClaimStatement is the text of a claim with candidates, as a claim sends
+// it (before named parameters are rewritten).
+func ClaimStatement(candidates Candidates) string {
+	sql, _ := candidates.query(claimDueTemplate, nil)
+	return sql
+}
+
+// EndStatements are statements every batch of ends, with a failure among
+// them, runs: plans_test.go requires to have seen them, so that a watch
+// that sees nothing cannot pass.
+var EndStatements = []string{qLockLeases, qEndLeases, qWorkFail, qBackoffUpsert}

@@ -2,8 +2,12 @@ package bmdb_test
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +24,39 @@ var seqScan = regexp.MustCompile(`Seq Scan on \w+`)
 // or work_history), with the lines that follow it up to the next node.
 var workScan = regexp.MustCompile(`Scan (?:using \w+ )?on work(?: \w+)?\n(?:[^>\n]*\n)*`)
 
+// preparable matches the statements PostgreSQL can prepare and explain
+// (not BEGIN, COMMIT, SAVEPOINT and the like).
+var preparable = regexp.MustCompile(`(?i)^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b`)
+
+// probeWatch is a pgx tracer that collects the statements run in the
+// transactions begun with begin: those of claims and lease ends.
+type probeWatch struct {
+	begin string
+
+	mu   sync.Mutex
+	open map[*pgx.Conn]bool
+	seen map[string]bmdb.Statement
+}
+
+func (w *probeWatch) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case data.SQL == w.begin:
+		w.open[conn] = true
+	case !w.open[conn]:
+	case data.SQL == "commit" || data.SQL == "rollback": // pgx's Tx
+		delete(w.open, conn)
+	case preparable.MatchString(data.SQL):
+		if _, ok := w.seen[data.SQL]; !ok {
+			w.seen[data.SQL] = bmdb.Statement{SQL: data.SQL, Args: data.Args}
+		}
+	}
+	return ctx
+}
+
+func (w *probeWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
 // The statements of claims and lease ends are prepared once per pooled
 // connection, and after a few executions PostgreSQL keeps their generic
 // plan until the tables' statistics change. A plan made while the lease
@@ -27,27 +64,105 @@ var workScan = regexp.MustCompile(`Scan (?:using \w+ )?on work(?: \w+)?\n(?:[^>\
 // hundreds of thousands of dead rows between two autovacuum visits, so
 // that such a plan would cost more every second (BENCHMARKS.md, "The
 // 100k-machine points, and what a window bloats"). No generic plan of
-// theirs may scan a table, whatever the statistics: here each lease
-// table holds a handful of rows at most, freshly analyzed, the case that invites a
-// scan. Nor may a claim read work's index other than by machine, as a
-// hash of every lease of the group does: the index bloats with the table.
-// (The lease ends' generic plans do read work's process index whole, with
-// a hash or a nested loop over it: not a probe, BENCHMARKS.md says so.)
+// theirs may scan a table, whatever the statistics: here each lease table
+// holds a handful of rows at most, freshly analyzed, the case that
+// invites a scan. Nor may a claim read work's index other than by
+// machine, as a hash of every lease of the group does: the index bloats
+// with the table. (The lease ends' generic plans do read work's process
+// index whole, with a hash or a nested loop over it: not a probe,
+// BENCHMARKS.md says so.)
+//
+// The statements are not listed by hand: the test watches, through
+// bmdb.Options.Tracer, what runs in the transactions of claims (with
+// limits, of two conditions) and of lease ends of every kind (batched and
+// one by one, with a commit function as AgentStart's), and explains each.
 func TestClaimAndEndGenericPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)
-	db := bmdbtest.Open(t, dsn)
+	watch := &probeWatch{open: map[*pgx.Conn]bool{}, seen: map[string]bmdb.Statement{}}
+	db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Tracer: watch})
+	watch.begin = bmdb.ProbeBeginQuery(db)
 	bmdbtest.AddMachines(t, db, 40)
 	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
+
+	provided := bmdb.ProvidedCandidates()
+	limits := bmdb.Limits{MaxInFlight: 100, MaxPerHour: 1000}
 	p := bmdb.Process{Name: "PlansTest"}
-	if _, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 5); err != nil {
-		t.Fatal(err)
+	leases, err := s.ClaimBatchLimited(ctx, p, provided, 12, limits)
+	if err != nil || len(leases) != 12 {
+		t.Fatalf("claim: %d leases, %v; want 12", len(leases), err)
 	}
+	// Ends of every kind, concurrent (batched) and then one at a time.
+	backoff := bmdb.Backoff{Initial: time.Hour}
+	endings := []func(*bmdb.Lease) error{
+		func(l *bmdb.Lease) error {
+			return l.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+				return tx.SetAgentStarted(ctx, l.Machine, make([]byte, 32))
+			})
+		},
+		func(l *bmdb.Lease) error { return l.Reschedule(ctx, nil, time.Hour) },
+		func(l *bmdb.Lease) error { return l.Fail(ctx, backoff, "plans test") },
+		func(l *bmdb.Lease) error { return l.Cancel(ctx) },
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(leases))
+	for i, l := range leases[:8] {
+		wg.Go(func() { errs[i] = endings[i%len(endings)](l) })
+	}
+	wg.Wait()
+	for i, l := range leases[8:] {
+		errs[8+i] = endings[i%len(endings)](l)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ending lease %d: %v", i, err)
+		}
+	}
+	// A second claim of the machines whose agent started and never
+	// heartbeated: Recovery's condition, due a second after the start.
+	recovery := bmdb.RecoveryCandidates(time.Second, time.Second)
+	rp := bmdb.Process{Name: "PlansTestRecovery"}
+	bmdbtest.WaitFor(t, 30*time.Second, "a Recovery claim", func() (bool, string) {
+		l, err := s.ClaimBatchLimited(ctx, rp, recovery, 5, limits)
+		if errors.Is(err, bmdb.ErrNothingToDo) {
+			return false, "nothing due yet"
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, l := range l {
+			if err := l.Cancel(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return len(l) > 0, "nothing due yet"
+	})
+	// A claim that finds nothing due.
+	idle := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	if l, err := s.ClaimBatchLimited(ctx, bmdb.Process{Name: "PlansTestIdle"}, idle, 5, limits); !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Fatalf("a claim with nothing due: %d leases, %v; want %v", len(l), err, bmdb.ErrNothingToDo)
+	}
+
+	watch.mu.Lock()
+	var statements []bmdb.Statement
+	for _, st := range watch.seen {
+		statements = append(statements, st)
+	}
+	watch.mu.Unlock()
+	slices.SortFunc(statements, func(a, b bmdb.Statement) int { return strings.Compare(a.SQL, b.SQL) })
+	claims := map[string]string{bmdb.ClaimStatement(provided): "provided", bmdb.ClaimStatement(recovery): "recovery"}
+	for _, want := range append(slices.Collect(maps.Keys(claims)), bmdb.EndStatements...) {
+		if !slices.ContainsFunc(statements, func(st bmdb.Statement) bool { return st.SQL == want }) {
+			t.Fatalf("the watch did not see a statement of claims and ends run:\n%s", want)
+		}
+	}
+	t.Logf("%d statements run in the transactions of claims and lease ends", len(statements))
+
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -56,29 +171,22 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	if _, err := conn.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines`); err != nil {
 		t.Fatal(err)
 	}
-
-	for _, c := range []struct {
-		name       string
-		candidates bmdb.Candidates
-	}{
-		{"provided", bmdb.ProvidedCandidates()},
-		{"recovery", bmdb.RecoveryCandidates(10*time.Minute, 5*time.Minute)},
-	} {
-		plans, err := bmdb.GenericPlans(ctx, db, c.candidates)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
+	plans, err := bmdb.GenericPlans(ctx, db, statements)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range statements {
+		plan := plans[st.SQL]
+		if scan := seqScan.FindString(plan); scan != "" {
+			t.Errorf("the generic plan of\n%s\nhas %q:\n%s", st.SQL, scan, plan)
 		}
-		for statement, plan := range plans {
-			if scan := seqScan.FindString(plan); scan != "" {
-				t.Errorf("%s, %s: the generic plan has %q:\n%s", c.name, statement, scan, plan)
-			}
-			if statement != "claimDueTemplate" {
-				continue
-			}
-			for _, node := range workScan.FindAllString(plan+"\n", -1) {
-				if !strings.Contains(node, "Index Cond: ((machine_id =") && !strings.Contains(node, "Index Cond: (machine_id =") {
-					t.Errorf("%s, %s: the generic plan reads work other than by machine:\n%s\nwhole plan:\n%s", c.name, statement, node, plan)
-				}
+		name, claim := claims[st.SQL]
+		if !claim {
+			continue
+		}
+		for _, node := range workScan.FindAllString(plan+"\n", -1) {
+			if !strings.Contains(node, "Index Cond: ((machine_id =") && !strings.Contains(node, "Index Cond: (machine_id =") {
+				t.Errorf("%s claim: the generic plan reads work other than by machine:\n%s\nwhole plan:\n%s", name, node, plan)
 			}
 		}
 	}
