@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,7 +152,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		LogFile:  filepath.Join(dir, "postgres.log"),
 		BinDir:   binDir,
 		fast:     opts.Fast,
-		settings: opts.Settings,
+		settings: slices.Clone(opts.Settings),
 		logf:     logf,
 	}
 	if len(dir) <= maxSocketDirLen {
