@@ -359,9 +359,10 @@ func TestPatroniFailover(t *testing.T) {
 	}
 	// The SIGKILL below needs a leader and a streaming synchronous standby
 	// to fail over to. The third member may take longer to stream from the
-	// new leader (CI once saw it not streaming 30 s after the switchover);
-	// it is not waited for. The wait ends before the check below, 66 s
-	// after the switchover, so it costs no time.
+	// new leader (CI once saw a member, most likely that one, not running
+	// 30 s after the switchover); it is not waited for. The wait ends
+	// before the check below, 66 s after the switchover, so it costs no
+	// time.
 	bmdbtest.WaitFor(t, 60*time.Second, "a running leader and a streaming synchronous standby after the switchover", func() (bool, string) {
 		r, err := pc.roles()
 		if err != nil {
