@@ -82,7 +82,9 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	watch := &probeWatch{open: map[*pgx.Conn]bool{}, seen: map[string]bmdb.Statement{}}
 	db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Tracer: watch})
+	watch.mu.Lock()
 	watch.begin = bmdb.ProbeBeginQuery(db)
+	watch.mu.Unlock()
 	bmdbtest.AddMachines(t, db, 40)
 	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
 	if err != nil {

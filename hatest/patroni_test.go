@@ -166,11 +166,11 @@ postgresql:
 		pc.members = append(pc.members, m)
 	}
 	bmdbtest.WaitFor(t, 120*time.Second, "a Patroni leader and a synchronous standby", func() (bool, string) {
-		roles, err := pc.roles()
+		v, err := pc.roles()
 		if err != nil {
 			return false, err.Error()
 		}
-		return roles["leader"] != "" && roles["sync_standby"] != "" && roles["running"] == "3", fmt.Sprint(roles)
+		return v.Leader != "" && v.SyncStandby != "" && v.allServe(3), v.String()
 	})
 	return pc
 }
@@ -184,10 +184,16 @@ type clusterState struct {
 	} `json:"members"`
 }
 
-// roles asks any member for the cluster: role -> member name,
-// "running" -> how many members run, "states" -> each member's state (for
-// messages), and "state:"+name -> that member's state.
-func (pc *patroniCluster) roles() (map[string]string, error) {
+// clusterView is what Patroni says of the cluster: who leads, who is the
+// synchronous standby, and each member's state.
+type clusterView struct {
+	Leader, SyncStandby string
+	// members and states, in Patroni's order.
+	members, states []string
+}
+
+// roles asks any member for the cluster.
+func (pc *patroniCluster) roles() (clusterView, error) {
 	var last error
 	for _, m := range pc.members {
 		var cs clusterState
@@ -195,27 +201,52 @@ func (pc *patroniCluster) roles() (map[string]string, error) {
 			last = err
 			continue
 		}
-		r := map[string]string{}
-		running := 0
-		var states []string
+		var v clusterView
 		for _, mm := range cs.Members {
-			r[mm.Role] = mm.Name
-			r["state:"+mm.Name] = mm.State
-			if memberRuns(mm.State) {
-				running++
+			switch mm.Role {
+			case "leader":
+				v.Leader = mm.Name
+			case "sync_standby":
+				v.SyncStandby = mm.Name
 			}
-			states = append(states, mm.Name+"="+mm.State)
+			v.members = append(v.members, mm.Name)
+			v.states = append(v.states, mm.State)
 		}
-		r["running"] = fmt.Sprint(running)
-		r["states"] = strings.Join(states, " ")
-		return r, nil
+		return v, nil
 	}
-	return nil, last
+	return clusterView{}, last
 }
 
-// memberRuns reports whether a member in Patroni's state serves: a
-// primary runs, a standby streams.
-func memberRuns(state string) bool { return state == "running" || state == "streaming" }
+// serves reports whether member name runs in Patroni's view: a primary
+// runs, a standby streams.
+func (v clusterView) serves(name string) bool {
+	for i, m := range v.members {
+		if m == name {
+			return v.states[i] == "running" || v.states[i] == "streaming"
+		}
+	}
+	return false
+}
+
+// allServe reports whether every member of n runs.
+func (v clusterView) allServe(n int) bool {
+	serving := 0
+	for _, m := range v.members {
+		if v.serves(m) {
+			serving++
+		}
+	}
+	return serving == n
+}
+
+// String names the roles and every member's state, for messages.
+func (v clusterView) String() string {
+	var states []string
+	for i, m := range v.members {
+		states = append(states, m+"="+v.states[i])
+	}
+	return fmt.Sprintf("leader %q, synchronous standby %q, members %s", v.Leader, v.SyncStandby, strings.Join(states, " "))
+}
 
 func (pc *patroniCluster) member(name string) *member {
 	for _, m := range pc.members {
@@ -301,7 +332,7 @@ func TestPatroniFailover(t *testing.T) {
 	setupStart := time.Now()
 	pc := startPatroni(t)
 	roles, _ := pc.roles()
-	leader := pc.member(roles["leader"])
+	leader := pc.member(roles.Leader)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", leader.pgPort))
 	if err != nil {
@@ -327,7 +358,7 @@ func TestPatroniFailover(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("migrate up on the Patroni cluster: status %d: %s", code, out)
 	}
-	t.Logf("Patroni cluster up (leader %s, synchronous standby %s) in %s", roles["leader"], roles["sync_standby"], time.Since(setupStart).Round(time.Millisecond))
+	t.Logf("Patroni cluster up (leader %s, synchronous standby %s) in %s", roles.Leader, roles.SyncStandby, time.Since(setupStart).Round(time.Millisecond))
 
 	logDir := t.TempDir()
 	// The default session interval (10 s): sessions outlive a failover of
@@ -341,7 +372,7 @@ func TestPatroniFailover(t *testing.T) {
 
 	// Planned switchover to the synchronous standby.
 	switchAt := time.Now()
-	if err := pc.api(leader, http.MethodPost, "/switchover", map[string]string{"leader": roles["leader"], "candidate": roles["sync_standby"]}, nil); err != nil {
+	if err := pc.api(leader, http.MethodPost, "/switchover", map[string]string{"leader": roles.Leader, "candidate": roles.SyncStandby}, nil); err != nil {
 		t.Fatalf("switchover: %v", err)
 	}
 	writable := pc.writableAfter(t, switchAt, 60*time.Second)
@@ -364,14 +395,13 @@ func TestPatroniFailover(t *testing.T) {
 	// before the check below, 66 s after the switchover, so it costs no
 	// time.
 	bmdbtest.WaitFor(t, 60*time.Second, "a running leader and a streaming synchronous standby after the switchover", func() (bool, string) {
-		r, err := pc.roles()
+		v, err := pc.roles()
 		if err != nil {
 			return false, err.Error()
 		}
-		return r["sync_standby"] != "" && memberRuns(r["state:"+r["leader"]]) && memberRuns(r["state:"+r["sync_standby"]]), r["states"] + " sync standby: " + r["sync_standby"]
+		return v.SyncStandby != "" && v.serves(v.Leader) && v.serves(v.SyncStandby), v.String()
 	})
-	r, _ := pc.roles()
-	t.Logf("switchover: a synchronous standby streams %s after it began (members: %s)", time.Since(switchAt).Round(100*time.Millisecond), r["states"])
+	t.Logf("switchover: a synchronous standby streams %s after it began", time.Since(switchAt).Round(100*time.Millisecond))
 	// No lease taken before the switchover may still be held 65 s after
 	// it: checked before the next event, whose session expiries would
 	// release leases the switchover left behind.
@@ -380,7 +410,7 @@ func TestPatroniFailover(t *testing.T) {
 
 	// SIGKILL of the primary's postmaster.
 	roles, _ = pc.roles()
-	primary := pc.member(roles["leader"])
+	primary := pc.member(roles.Leader)
 	pid, ok := pgcluster.ServerPID(primary.dataDir)
 	if !ok {
 		t.Fatalf("no postmaster.pid in %s", primary.dataDir)
@@ -397,7 +427,7 @@ func TestPatroniFailover(t *testing.T) {
 	})
 	after, _ := pc.roles()
 	t.Logf("SIGKILL of %s's postmaster: cluster writable after %s (leader now %s), new work %s after that (%s after the kill)",
-		primary.name, writable.Sub(killAt).Round(100*time.Millisecond), after["leader"], resumed.Sub(writable).Round(100*time.Millisecond), resumed.Sub(killAt).Round(100*time.Millisecond))
+		primary.name, writable.Sub(killAt).Round(100*time.Millisecond), after.Leader, resumed.Sub(writable).Round(100*time.Millisecond), resumed.Sub(killAt).Round(100*time.Millisecond))
 	if d := resumed.Sub(killAt); d > 15*time.Second && resumed.Sub(writable) > 5*time.Second {
 		t.Errorf("SIGKILL: new work %s after the kill and %s after the cluster took writes; want within 15 s, or 5 s of writable", d, resumed.Sub(writable))
 	}

@@ -53,6 +53,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
 // childEnv marks a child process of the benchmark (runChild): in the test
@@ -138,8 +140,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL server to measure, as the DSN of a database whose role may CREATE DATABASE (default: a private cluster started from the machine's PostgreSQL binaries)")
 	fs.Func("pg_setting", "a server setting of the private cluster, name=value as postgres -c takes it (repeatable; e.g. -pg_setting shared_buffers=2GB): to measure the server as a deployment would configure it; the env line reports shared_buffers", func(v string) error {
-		if name, _, ok := strings.Cut(v, "="); !ok || name == "" {
-			return fmt.Errorf("%q is not name=value", v)
+		if err := pgcluster.CheckSetting(v); err != nil {
+			return err
 		}
 		o.pgSettings = append(o.pgSettings, v)
 		return nil

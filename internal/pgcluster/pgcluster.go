@@ -130,8 +130,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, errors.New("pgcluster: Options.Dir is required")
 	}
 	for _, setting := range opts.Settings {
-		if name, _, ok := strings.Cut(setting, "="); !ok || name == "" {
-			return nil, fmt.Errorf("pgcluster: server setting %q is not name=value", setting)
+		if err := CheckSetting(setting); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
 		}
 	}
 	dir, err := filepath.Abs(opts.Dir)
@@ -454,6 +454,16 @@ func (c *Cluster) start(ctx context.Context) error {
 	out, err := c.pgctl(ctx, "start", "-w", "-D", c.DataDir, "-l", c.LogFile, "-o", c.serverOptions())
 	if err != nil {
 		return c.startError("pg_ctl start", out, offset, err)
+	}
+	return nil
+}
+
+// CheckSetting reports whether setting has the form of Options.Settings,
+// name=value, so that a command can refuse a bad one before it starts
+// anything.
+func CheckSetting(setting string) error {
+	if name, _, ok := strings.Cut(setting, "="); !ok || name == "" {
+		return fmt.Errorf("server setting %q is not name=value", setting)
 	}
 	return nil
 }
