@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -348,11 +349,19 @@ func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
 	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
 }
 
-// emitJSON writes v as indented JSON.
+// emitJSON writes v as indented JSON, with the controls encoding/json
+// leaves raw (C1 such as U+009B, bidirectional overrides such as U+202E)
+// escaped: strings from the BMDB may hold them, and the JSON is read in
+// terminals and pagers too (untrusted.JSON).
 func (c *cli) emitJSON(v any) error {
-	enc := json.NewEncoder(c.out)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := c.out.Write(untrusted.JSON(b.Bytes()))
+	return err
 }
 
 // table writes aligned columns; empty cells print as "-".

@@ -11,6 +11,7 @@ package untrusted
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"unicode/utf8"
@@ -36,6 +37,36 @@ func Text(s string, limit int) string { return clean(s, limit, false) }
 // hostile text cannot forge further lines in a log or a table.
 func Line(s string, limit int) string { return clean(s, limit, true) }
 
+// Visible is Text without the cut: for a whole document rendered for a
+// person (a status page), whose every part that came from outside must
+// reach the reader visibly escaped, including parts a template added after
+// they were read and bounded. Escaping the rendered document, rather than
+// each field, covers fields added later too.
+func Visible(s string) string {
+	if !needsEscape(s) {
+		return s
+	}
+	return clean(s, math.MaxInt, false)
+}
+
+// needsEscape reports whether Visible would change s.
+func needsEscape(s string) bool {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size <= 1) || (r != '\n' && r != '\t' && isControl(r)) {
+			return true
+		}
+		i += size
+	}
+	return false
+}
+
+// isControl reports the characters Text escapes: C0 and C1 controls, DEL
+// and the formatting characters.
+func isControl(r rune) bool {
+	return r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || isFormatting(r)
+}
+
 func clean(s string, limit int, oneLine bool) string {
 	if limit <= 0 {
 		limit = Limit
@@ -54,7 +85,7 @@ func clean(s string, limit int, oneLine bool) string {
 			} else {
 				piece = string(r)
 			}
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || isFormatting(r):
+		case isControl(r):
 			piece = escape(r)
 		default:
 			piece = s[i : i+size]
@@ -93,6 +124,36 @@ func escape(r rune) string {
 		return fmt.Sprintf(`\x%02x`, r)
 	}
 	return fmt.Sprintf(`\u%04x`, r)
+}
+
+// JSON returns data, a JSON text as encoding/json writes it, with every
+// character Text escapes and encoding/json leaves raw (C1 controls such as
+// U+009B, which a terminal takes for CSI, DEL, and bidirectional overrides
+// such as U+202E) written as a \u escape: a decoder reads back the same
+// value, and a terminal or pager showing the JSON shows the escape rather
+// than acting on it. Outside strings a JSON text holds only ASCII
+// punctuation, letters, digits and white space, so every such character is
+// inside a string, where the escape is valid. Invalid UTF-8 (which
+// encoding/json never writes) is left as it is.
+func JSON(data []byte) []byte {
+	var out []byte
+	last := 0
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		if r >= 0x7f && !(r == utf8.RuneError && size <= 1) && isControl(r) {
+			if out == nil {
+				out = make([]byte, 0, len(data)+32)
+			}
+			out = append(out, data[last:i]...)
+			out = fmt.Appendf(out, `\u%04x`, r)
+			last = i + size
+		}
+		i += size
+	}
+	if out == nil {
+		return data
+	}
+	return append(out, data[last:]...)
 }
 
 // Read reads at most limit bytes of r and reports whether r had more. It

@@ -2,6 +2,7 @@ package untrusted
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -65,6 +66,72 @@ func FuzzText(f *testing.F) {
 		}
 		if len(got) > limit+64 {
 			t.Fatalf("Text kept %d bytes, limit %d", len(got), limit)
+		}
+	})
+}
+
+// Visible escapes as Text does but keeps the whole text, and returns a
+// text that needs nothing unchanged.
+func TestVisible(t *testing.T) {
+	long := strings.Repeat("x", 3*Limit)
+	for _, tc := range []struct{ in, want string }{
+		{"plain\n\ttext", "plain\n\ttext"},
+		{"esc\x1b[2J c1\u009b bidi\u202e", `esc\x1b[2J c1\x9b bidi\u202e`},
+		{"bad \xff", "bad \uFFFD"},
+		{long + "\x1b", long + `\x1b`},
+	} {
+		if got := Visible(tc.in); got != tc.want {
+			t.Errorf("Visible(%.40q) = %.40q, want %.40q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// hostileRunes are what a terminal acts on or a page reorders by, from
+// each class: C0 (ESC), DEL, C1 (CSI), bidi override, line separator.
+const hostileRunes = "\x1b\x7f\u009b\u202e\u2028\ufeff"
+
+// JSON leaves no C0, C1 or formatting character raw, and a decoder reads
+// back the value encoding/json was given.
+func TestJSON(t *testing.T) {
+	in := map[string]string{"provider_id": "rack1\x1b[2J\u009b31m\u202eevil", "cause": "ok ünïcödé\n"}
+	data, err := json.MarshalIndent(in, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := JSON(data)
+	if bytes.ContainsAny(got, hostileRunes) {
+		t.Errorf("JSON left a control raw: %q", got)
+	}
+	for _, want := range []string{`\u001b[2J`, `\u009b31m`, `\u202eevil`, "ünïcödé", "{\n  "} {
+		if !bytes.Contains(got, []byte(want)) {
+			t.Errorf("JSON output %q lacks %q", got, want)
+		}
+	}
+	var back map[string]string
+	if err := json.Unmarshal(got, &back); err != nil || back["provider_id"] != in["provider_id"] || back["cause"] != in["cause"] {
+		t.Errorf("JSON output decodes to %q (%v), want %q", back, err, in)
+	}
+	plain := []byte(`{"a": "b"}`)
+	if got := JSON(plain); &got[0] != &plain[0] {
+		t.Errorf("JSON copied a text that needs no escape")
+	}
+}
+
+func FuzzJSON(f *testing.F) {
+	f.Add("rack1\x1b[2J\u009b\u202e\xff")
+	f.Fuzz(func(t *testing.T, s string) {
+		data, err := json.Marshal([]string{s, "k" + s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := JSON(data)
+		if bytes.ContainsAny(got, hostileRunes) || bytes.ContainsFunc(got, func(r rune) bool { return r < 0x20 || isControl(r) }) {
+			t.Fatalf("JSON(%q) = %q: a control left raw", data, got)
+		}
+		var want, back []string
+		json.Unmarshal(data, &want)
+		if err := json.Unmarshal(got, &back); err != nil || len(back) != 2 || back[0] != want[0] || back[1] != want[1] {
+			t.Fatalf("JSON(%q) = %q decodes to %q, %v; want %q", data, got, back, err, want)
 		}
 	})
 }
