@@ -13,6 +13,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +35,18 @@ type Options struct {
 	// OnReset, if set, runs (in the request's goroutine, before the
 	// response) for each accepted reset.
 	OnReset func(resetType string)
+
+	// Hostile behaviours, for tests of a client's bounds.
+
+	// EndlessSystems, if positive, makes the Systems collection endless:
+	// every page lists the system, is padded (in its Description) to about
+	// EndlessSystems bytes, and links to a next page with
+	// Members@odata.nextLink.
+	EndlessSystems int
+	// ResetTarget, if set, replaces the target of the system's Reset
+	// action, e.g. with a link such as "@127.0.0.1:PORT/x" that leads a
+	// client building URLs as endpoint + link to another host.
+	ResetTarget string
 }
 
 // Request is one request the server received.
@@ -61,6 +75,7 @@ type Server struct {
 	srv  *httptest.Server
 
 	mu       sync.Mutex
+	sent     int64 // bytes of response bodies written
 	requests []Request
 	resets   []Reset
 	notify   chan struct{}
@@ -135,6 +150,28 @@ func (s *Server) Resets() []Reset {
 	return append([]Reset(nil), s.resets...)
 }
 
+// BytesSent returns how many bytes of response bodies the server wrote
+// so far (into the connection: a client may have read fewer).
+func (s *Server) BytesSent() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+// countingWriter counts what is written into the server's sent.
+type countingWriter struct {
+	http.ResponseWriter
+	s *Server
+}
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.s.mu.Lock()
+	w.s.sent += int64(n)
+	w.s.mu.Unlock()
+	return n, err
+}
+
 // WaitResets waits until at least n resets were accepted, or fails t after
 // timeout.
 func (s *Server) WaitResets(t testing.TB, n int, timeout time.Duration) []Reset {
@@ -160,6 +197,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Authorized: authorized})
 	s.mu.Unlock()
+	w = countingWriter{w, s}
 
 	// The service root is readable without credentials, as on real BMCs.
 	if r.URL.Path == "/redfish/v1/" || r.URL.Path == "/redfish/v1" {
@@ -180,6 +218,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/redfish/v1/Systems", "/redfish/v1/Systems/":
+		if s.opts.EndlessSystems > 0 {
+			s.serveEndlessPage(w, r)
+			return
+		}
 		serveGet(w, r, map[string]any{
 			"@odata.id":           "/redfish/v1/Systems",
 			"@odata.type":         "#ComputerSystemCollection.ComputerSystemCollection",
@@ -196,7 +238,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"PowerState":  "On",
 			"Actions": map[string]any{
 				"#ComputerSystem.Reset": map[string]any{
-					"target":                            s.systemPath() + "/Actions/ComputerSystem.Reset",
+					"target":                            s.resetTarget(),
 					"ResetType@Redfish.AllowableValues": s.opts.AllowedResetTypes,
 				},
 			},
@@ -233,6 +275,27 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		httpError(w, http.StatusNotFound)
 	}
+}
+
+func (s *Server) resetTarget() string {
+	if s.opts.ResetTarget != "" {
+		return s.opts.ResetTarget
+	}
+	return s.systemPath() + "/Actions/ComputerSystem.Reset"
+}
+
+// serveEndlessPage answers a page of the endless Systems collection (see
+// Options.EndlessSystems); the page number is the query's page.
+func (s *Server) serveEndlessPage(w http.ResponseWriter, r *http.Request) {
+	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
+	serveGet(w, r, map[string]any{
+		"@odata.id":              "/redfish/v1/Systems",
+		"@odata.type":            "#ComputerSystemCollection.ComputerSystemCollection",
+		"Name":                   "Computer System Collection",
+		"Description":            strings.Repeat("x", s.opts.EndlessSystems),
+		"Members":                []map[string]string{{"@odata.id": s.systemPath()}},
+		"Members@odata.nextLink": fmt.Sprintf("/redfish/v1/Systems?page=%d", page+1),
+	})
 }
 
 // serveGet answers a GET with v as JSON, and any other method with 405.

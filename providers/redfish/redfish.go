@@ -9,12 +9,18 @@
 // every reboot so that rotating them needs no restart; they never appear in
 // flags, logs or errors. TLS is verified against the system roots or a CA
 // file given per machine; there is no option to skip verification.
+//
+// A BMC's answers are untrusted: each reset's conversation with the BMC is
+// bounded in requests and bytes, and sends requests, which carry the
+// credentials, to the inventory's endpoint only, whatever links the BMC
+// hands out (see conversation).
 package redfish
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -181,6 +187,11 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		DisableKeepAlives:   true,
 	}
 	defer transport.CloseIdleConnections()
+	endpointURL, err := url.Parse(endpoint)
+	if err != nil {
+		return fmt.Errorf("redfish endpoint: %w", err)
+	}
+	conv := newConversation(transport, endpointURL)
 
 	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
 		Endpoint:  endpoint,
@@ -190,47 +201,172 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		// ctx bounds the whole reset; the client's own timeout, a little
 		// longer, only backs it up for calls that do not carry ctx, so that
 		// an expired reset reports the deadline, not a transport timeout.
-		HTTPClient: &http.Client{Transport: boundedTransport{transport}, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: checkRedirect},
+		HTTPClient: &http.Client{Transport: conv, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: checkRedirect},
 	})
 	if err != nil {
-		return fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, contextError(ctx, err))
+		return fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, conv.cause(ctx, err))
 	}
-	systems, err := api.Service.Systems()
-	if err != nil {
-		return fmt.Errorf("listing systems of %s: %w", endpoint, contextError(ctx, err))
-	}
-	system, err := pickSystem(systems, t.SystemID)
+	system, err := findSystem(api, t.SystemID)
 	if err != nil {
 		//lint:ignore ST1005 Redfish is a proper noun.
-		return fmt.Errorf("Redfish service at %s: %w", endpoint, err)
+		return fmt.Errorf("Redfish service at %s: %w", endpoint, conv.cause(ctx, err))
 	}
 	// A BMC that answers 202 hands back a task monitor; the reset is
 	// then under way, which is all Reset promises.
 	if _, err := system.Reset(schemas.ResetType(resetType)); err != nil {
-		return fmt.Errorf("resetting system %s at %s (%s): %w", system.ID, endpoint, resetType, contextError(ctx, err))
+		return fmt.Errorf("resetting system %s at %s (%s): %w", short(system.ID), endpoint, resetType, conv.cause(ctx, err))
 	}
 	return nil
 }
 
-// pickSystem selects the system with id (its Id, @odata.id or the last
-// element of the latter), or the only one when id is empty.
-func pickSystem(systems []*schemas.ComputerSystem, id string) (*schemas.ComputerSystem, error) {
-	var ids []string
-	for _, s := range systems {
-		if id != "" && (s.ID == id || s.ODataID == id || path.Base(strings.TrimSuffix(s.ODataID, "/")) == id) {
-			return s, nil
+// maxSystems bounds the members of a Systems collection: a BMC manages one
+// system, or a chassis' few.
+const maxSystems = 256
+
+// findSystem fetches the system with id (its Id, @odata.id or the last
+// element of the latter), or the only one when id is empty. It does not
+// use gofish's walk of the Systems collection, which fetches every member
+// at once, each in its own goroutine, and keeps each one whole: it reads
+// the collection's links only, and fetches the one system it needs. Given
+// an id, it first fetches the system directly, at the collection's link
+// followed by the id, and walks the collection only when that fails.
+func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, error) {
+	var root struct {
+		Systems struct {
+			ODataID string `json:"@odata.id"`
 		}
-		ids = append(ids, s.ID)
+	}
+	if err := getJSON(api, schemas.DefaultServiceRoot, &root); err != nil {
+		return nil, fmt.Errorf("reading the service root: %w", err)
+	}
+	link := root.Systems.ODataID
+	if link == "" {
+		return nil, errors.New("its service root links no Systems collection")
+	}
+	if id != "" {
+		direct := id
+		if !strings.HasPrefix(id, "/") {
+			direct = strings.TrimSuffix(link, "/") + "/" + url.PathEscape(id)
+		}
+		system, err := schemas.GetComputerSystem(api, direct)
+		var status *schemas.Error
+		switch {
+		case err == nil && (system.ID == id || matchesLink(system.ODataID, id)):
+			return system, nil
+		case err != nil && !errors.As(err, &status):
+			return nil, fmt.Errorf("reading system %q: %w", id, err)
+		}
+		// An answer such as 404: the system's Id is not the last element
+		// of its link. Look for it in the collection.
+	}
+	members, err := listMembers(api, link)
+	if err != nil {
+		return nil, err
 	}
 	switch {
-	case len(systems) == 0:
+	case len(members) == 0:
 		return nil, errors.New("it manages no system")
-	case id != "":
-		return nil, fmt.Errorf("no system %q (systems: %s)", id, strings.Join(ids, ", "))
-	case len(systems) > 1:
-		return nil, fmt.Errorf("it manages %d systems (%s): set redfish.system_id in the inventory", len(systems), strings.Join(ids, ", "))
+	case id == "" && len(members) > 1:
+		return nil, fmt.Errorf("it manages %d systems (%s): set redfish.system_id in the inventory", len(members), names(members, func(m string) string { return path.Base(strings.TrimSuffix(m, "/")) }))
+	case id == "":
+		return getSystem(api, members[0])
 	}
-	return systems[0], nil
+	for _, m := range members {
+		if matchesLink(m, id) {
+			return getSystem(api, m)
+		}
+	}
+	// The Id is not in the links: fetch the systems one by one, within the
+	// conversation's bounds.
+	var systems []*schemas.ComputerSystem
+	for _, m := range members {
+		system, err := getSystem(api, m)
+		if err != nil {
+			return nil, err
+		}
+		if system.ID == id {
+			return system, nil
+		}
+		systems = append(systems, system)
+	}
+	return nil, fmt.Errorf("no system %q (systems: %s)", id, names(systems, func(s *schemas.ComputerSystem) string { return s.ID }))
+}
+
+// matchesLink reports whether a system's @odata.id link is id, or ends in
+// the path element id.
+func matchesLink(link, id string) bool {
+	return link == id || path.Base(strings.TrimSuffix(link, "/")) == id
+}
+
+func getSystem(api *gofish.APIClient, link string) (*schemas.ComputerSystem, error) {
+	system, err := schemas.GetComputerSystem(api, link)
+	if err != nil {
+		return nil, fmt.Errorf("reading system %s: %w", short(link), err)
+	}
+	return system, nil
+}
+
+// listMembers returns the links of a collection's members, following
+// Members@odata.nextLink; at most maxSystems of them.
+func listMembers(api *gofish.APIClient, link string) ([]string, error) {
+	var members []string
+	for page := 1; link != ""; page++ {
+		var collection struct {
+			Members []struct {
+				ODataID string `json:"@odata.id"`
+			}
+			NextLink string `json:"Members@odata.nextLink"`
+		}
+		if err := getJSON(api, link, &collection); err != nil {
+			return nil, fmt.Errorf("listing systems (page %d): %w", page, err)
+		}
+		for _, m := range collection.Members {
+			if m.ODataID != "" {
+				members = append(members, m.ODataID)
+			}
+		}
+		if len(members) > maxSystems {
+			return nil, fmt.Errorf("its Systems collection has more than %d members", maxSystems)
+		}
+		link = collection.NextLink
+	}
+	return members, nil
+}
+
+// getJSON decodes the answer to a GET of link into v.
+func getJSON(api *gofish.APIClient, link string, v any) error {
+	resp, err := api.Get(link)
+	defer schemas.DeferredCleanupHTTPResponse(resp)
+	if err != nil {
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("decoding %s: %w", short(link), err)
+	}
+	return nil
+}
+
+// short quotes s, a name from the BMC, cut to a length fit for an error.
+func short(s string) string {
+	const most = 128
+	if len(s) > most {
+		return strconv.Quote(strings.ToValidUTF8(s[:most], "")) + "…"
+	}
+	return strconv.Quote(s)
+}
+
+// names renders the first few of items, for an error.
+func names[T any](items []T, name func(T) string) string {
+	const shown = 8
+	var out []string
+	for i, item := range items {
+		if i == shown {
+			out = append(out, fmt.Sprintf("and %d more", len(items)-shown))
+			break
+		}
+		out = append(out, short(name(item)))
+	}
+	return strings.Join(out, ", ")
 }
 
 // contextError prefers the context's error, which says "deadline exceeded"
