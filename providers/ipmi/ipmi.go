@@ -17,15 +17,16 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/bougou/go-ipmi/pkg/client"
 	"github.com/bougou/go-ipmi/pkg/command/chassis"
 	"github.com/bougou/go-ipmi/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/internal/secretfile"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
@@ -109,7 +110,12 @@ func (t Target) Endpoint() string {
 func ValidCipherSuite(n int) bool { return n >= 0 && n <= 17 }
 
 // Client power-cycles machines over IPMI. It is safe for concurrent use.
-type Client struct{ cfg Config }
+type Client struct {
+	cfg Config
+	// unguarded turns the packet guard off (guard.go), for tests that
+	// reach the library's panics.
+	unguarded bool
+}
 
 // New returns a client with cfg.
 func New(cfg Config) *Client { return &Client{cfg: cfg} }
@@ -186,6 +192,11 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 	if port == 0 {
 		port = DefaultPort
 	}
+	guard, err := newGuard(types.CipherSuiteID(suite), creds.Password)
+	if err != nil {
+		return fail(err)
+	}
+	dialer := &guardDialer{ctx: ctx, endpoint: t.Endpoint(), g: guard, unsafe: c.unguarded}
 	cl, err := client.NewClient(t.Address, port, creds.Username, creds.Password)
 	if err != nil {
 		return fail(err)
@@ -195,36 +206,95 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 		WithCipherSuiteID(types.CipherSuiteID(suite)).
 		WithMaxPrivilegeLevel(privilege).
 		WithTimeout(max(time.Until(deadline), time.Millisecond)).
-		WithRetry(0)
+		WithRetry(0).
+		WithUDPProxy(dialer)
 
 	// The library is given ctx; the select makes sure a call that does not
 	// honour it still costs no more than its deadline.
 	done := make(chan error, 1)
 	go func() {
-		var closeOnce sync.Once // the library's Close panics when called twice
-		closeSession := func() {
-			closeOnce.Do(func() {
-				closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				defer cancel()
-				_ = cl.Close(closeCtx)
-			})
-		}
-		if err := cl.Connect(ctx); err != nil {
-			done <- fmt.Errorf("logging in: %w", err)
-			return
-		}
-		defer closeSession()
-		done <- action(ctx, cl)
+		// Whatever the library does, its socket is closed when the
+		// session ends: it leaves it open when a login fails.
+		defer dialer.close()
+		done <- c.session(ctx, t, cl, action)
 	}()
 	select {
 	case err := <-done:
-		if err != nil {
-			return fail(err)
+		if err == nil {
+			return nil
 		}
-		return nil
+		if refused := guard.firstRefused(); refused != nil {
+			// The library wraps the refusal in its own words (and
+			// sometimes with %v, losing it); the cause says what the
+			// BMC sent.
+			err = fmt.Errorf("%s: %w", stage(err), refused)
+		}
+		return fail(err)
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	}
+}
+
+// sessionBound bounds the command after login. The library starts, at
+// login, a keepalive goroutine of its own that sends a command every 30 s
+// until the session is closed; a panic in it (on a reply it cannot parse)
+// would be out of any recover's reach. A session closed within this bound
+// never lets it run. One chassis command needs a fraction of it.
+const sessionBound = 20 * time.Second
+
+// session logs in, runs action and logs out. Every call into the library
+// is made under recoverLibrary: bytes from the BMC that the library cannot
+// parse (past the guard) fail this action, and only it.
+func (c *Client) session(ctx context.Context, t Target, cl *client.Client, action func(context.Context, *client.Client) error) (err error) {
+	defer recoverLibrary(t, "logging in", &err)
+	if err := cl.Connect(ctx); err != nil {
+		return fmt.Errorf("logging in: %w", err)
+	}
+	// The library's Close panics when called twice: it is called once,
+	// here, and its failure (or panic) does not undo an action the BMC
+	// accepted.
+	defer func() {
+		var closeErr error
+		defer recoverLibrary(t, "logging out", &closeErr)
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		closeErr = cl.Close(closeCtx)
+	}()
+	actionCtx, cancel := context.WithTimeout(ctx, sessionBound)
+	defer cancel()
+	defer recoverLibrary(t, "after login", &err)
+	return action(actionCtx, cl)
+}
+
+// recoverLibrary turns a panic of the IPMI library into *err, a bounded
+// cause without a stack (the stack is logged at -v=2), so that no byte from
+// a BMC can end the process or more than the one action.
+func recoverLibrary(t Target, when string, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	text := untrusted.Line(fmt.Sprint(r), maxPanicText)
+	klog.ErrorS(nil, "IPMI library panicked on a BMC's reply; the action fails", "bmc", t.Endpoint(), "when", when, "panic", text)
+	klog.V(2).InfoS("IPMI library panic stack", "bmc", t.Endpoint(), "stack", string(debug.Stack()))
+	*err = fmt.Errorf("%s: %w: %s", when, errLibraryFailed, text)
+}
+
+// maxPanicText bounds the panic's text in a cause.
+const maxPanicText = 200
+
+// errLibraryFailed opens the cause of an action during which the IPMI
+// library panicked on what the BMC sent (a bug of the library's, reached
+// by a broken or hostile BMC past the guard).
+var errLibraryFailed = errors.New("BMC protocol library failed on the BMC's reply")
+
+// stage names the part of the session a library error came from, to keep
+// in a cause that names the refused packet instead of the library's words.
+func stage(err error) string {
+	if strings.HasPrefix(err.Error(), "logging in") {
+		return "logging in"
+	}
+	return "after login"
 }
 
 // ValidResetType reports whether s is one of ResetTypes.
