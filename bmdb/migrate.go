@@ -67,6 +67,9 @@ func (e *Extension) Validate() error {
 	if e.Latest() == 0 {
 		return fmt.Errorf("extension %s: no NNNN_name.up.sql migration at the root of its FS", e.Name)
 	}
+	if _, err := e.Declarations(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -222,8 +225,23 @@ func MigrateUp(ctx context.Context, dsn string, exts ...*Extension) error {
 	return nil
 }
 
+// migrateOne runs step (Up or Down, named dir) on e's migrations. Up on a
+// schema newer than the binary's changes nothing: it succeeds when this
+// binary may run on it (as CheckSchema decides), so that the migrate step
+// of a rollback to the previous release passes, and fails naming the
+// release to run otherwise.
+//
+// Up records the declarations of e's migrations both before it applies
+// them, so that a binary started meanwhile finds the row of every version
+// it sees applied, and after, since the migration that creates their
+// table may be among those applied. Down forgets those of the versions it
+// reverted.
 func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrate.Migrate) error, dir string) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	decls, err := e.Declarations()
+	if err != nil {
 		return err
 	}
 	m, app, err := migrator(ctx, dsn, e)
@@ -231,10 +249,43 @@ func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrat
 		return err
 	}
 	defer closeMigrator(m)
-	if err := run(ctx, dsn, app, m, func() error { return step(m) }); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrating %s %s: %w", e.label(), dir, err)
+	if dir == "up" {
+		version, dirty, err := m.Version()
+		if err == nil && !dirty && version > e.Latest() {
+			conn, err := connect(ctx, dsn)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			return checkNewer(ctx, conn, e, version)
+		}
+		if err := recordDeclarations(ctx, dsn, e, decls); err != nil {
+			return err
+		}
 	}
-	return nil
+	stepErr := run(ctx, dsn, app, m, func() error { return step(m) })
+	if errors.Is(stepErr, migrate.ErrNoChange) {
+		stepErr = nil
+	}
+	if stepErr != nil {
+		stepErr = fmt.Errorf("migrating %s %s: %w", e.label(), dir, stepErr)
+	}
+	// What was applied is recorded even when a later migration failed, or
+	// ctx ended after the one in progress.
+	after := context.WithoutCancel(ctx)
+	switch dir {
+	case "up":
+		err = recordDeclarations(after, dsn, e, decls)
+	case "down":
+		version, _, verr := m.Version()
+		if errors.Is(verr, migrate.ErrNilVersion) {
+			version, verr = 0, nil
+		}
+		if verr == nil {
+			err = forgetDeclarations(after, dsn, e, version)
+		}
+	}
+	return errors.Join(stepErr, err)
 }
 
 // MigrateDown reverts every migration, dropping all BMDB tables: those of
@@ -374,9 +425,16 @@ func schemaVersion(ctx context.Context, dsn string, e *Extension) (version uint,
 }
 
 // CheckSchema refuses to run against a schema this binary does not know: not
-// migrated, older, newer (a newer binary migrated it), or dirty (a migration
-// failed half-way), whether Shepherd's or one of exts'. Its errors say what
-// to do.
+// migrated, older, dirty (a migration failed half-way), or newer (a newer
+// binary migrated it) unless every newer migration is recorded compatible
+// with the binaries before it, whether Shepherd's or one of exts'. The
+// last is what lets a replica of the previous release restart during a
+// rolling upgrade. Its errors say what to do, and for a newer schema name
+// the release to run.
+//
+// It is checked at start only: a schema moved ahead while the binary runs
+// is one its operator declared it may run on, or one whose release notes
+// say to stop the binaries before it first (docs/upgrading.md).
 func (db *DB) CheckSchema(ctx context.Context, exts ...*Extension) error {
 	for _, e := range append([]*Extension{core}, exts...) {
 		if err := db.checkSchema(ctx, e); err != nil {
@@ -457,7 +515,7 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 		}
 		return fmt.Errorf("%w: %s version %d is dirty: %s", ErrSchema, name, max(version, 0), DirtyAdvice(uint(max(version, 0)), extName))
 	case uint(version) > latest:
-		return fmt.Errorf("%w: %s version %d is newer than this binary knows (%d); run a shepherd release that knows version %d, or 'shepherd migrate down' with the newer binary", ErrSchema, name, version, latest, version)
+		return checkNewer(ctx, db.pool, e, uint(version))
 	case uint(version) < latest:
 		return fmt.Errorf("%w: %s version %d is older than this binary's %d; run 'shepherd migrate up' first", ErrSchema, name, version, latest)
 	}

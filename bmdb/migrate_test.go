@@ -3,8 +3,11 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -158,5 +161,241 @@ func TestCheckSchemaRefuses(t *testing.T) {
 				t.Errorf("CheckSchema after MigrateForce: %v", err)
 			}
 		})
+	}
+}
+
+// Every embedded migration's declaration parses, and the one that brings
+// the declarations' table declares itself compatible: the binaries of
+// version 14 refuse any newer schema anyway, but those of 15 on rely on
+// the rows it records.
+func TestMigrationDeclarations(t *testing.T) {
+	t.Parallel()
+	decls, err := bmdb.Declarations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(decls) == 0 || decls[len(decls)-1].Version != bmdb.LatestVersion() {
+		t.Fatalf("declarations %v, want one per migration up to %d", decls, bmdb.LatestVersion())
+	}
+	for _, d := range decls {
+		if d.Version == 15 && !d.CompatibleWithPrevious {
+			t.Errorf("migration 15 (the declarations' table) is not declared compatible-with-previous")
+		}
+		if d.Version == 1 && d.CompatibleWithPrevious {
+			t.Errorf("migration 1 declares compatibility with a schema before it, and there is none")
+		}
+	}
+
+	for _, c := range []struct {
+		text string
+		want bmdb.Declaration
+		err  string
+	}{
+		{text: "CREATE TABLE t (x int);", want: bmdb.Declaration{}},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: release v1.4\nCREATE TABLE t (x int);",
+			want: bmdb.Declaration{CompatibleWithPrevious: true, Release: "v1.4"}},
+		{text: "  --  shepherd: release v2 \n", err: ""}, // not the prefix: an ordinary comment
+		{text: "-- shepherd: compatible\n", err: `line 1: "-- shepherd: compatible" is not a declaration`},
+		{text: "-- shepherd: compatible-with-previous yes\n", err: "is not a declaration"},
+		{text: "-- shepherd:\n", err: "declares nothing"},
+		{text: "-- shepherd: release\n", err: "release NAME"},
+		{text: "-- shepherd: release two words\n", err: "release NAME"},
+		{text: "-- shepherd: release v1; DROP TABLE machines\n", err: "release NAME"},
+		{text: "-- shepherd: release v1\n-- shepherd: release v2\n", err: "line 2: release declared twice"},
+	} {
+		ext := &bmdb.Extension{Name: "decl", FS: fstest.MapFS{"0001_x.up.sql": {Data: []byte(c.text)}}}
+		decls, err := ext.Declarations()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "0001_x.up.sql") {
+				t.Errorf("%q: %v, want an error naming the file and %q", c.text, err, c.err)
+			}
+			if verr := ext.Validate(); verr == nil {
+				t.Errorf("%q: Validate accepts it", c.text)
+			}
+			continue
+		}
+		c.want.Version = 1
+		if err != nil || len(decls) != 1 || decls[0] != c.want {
+			t.Errorf("%q: %v, %v; want %v", c.text, decls, err, c.want)
+		}
+	}
+}
+
+// CheckSchema runs on a newer Shepherd schema exactly when every newer
+// version is recorded compatible, and otherwise names the release to run:
+// that of the newest incompatible version, since a binary that knows it
+// runs on the compatible ones after it.
+func TestCheckSchemaNewerDeclared(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+	latest := int64(bmdb.LatestVersion())
+	var recorded int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM migration_declarations WHERE schema_name = ''`).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	if recorded != int(latest)-3 { // 0004 to 0006 were never written
+		t.Errorf("%d declarations recorded by MigrateUp, want one per migration file (%d)", recorded, latest-3)
+	}
+	// Only a test writes versions it has no files for.
+	declare := func(version int64, compatible bool, release string) {
+		t.Helper()
+		if _, err := e.raw.Exec(ctx, `INSERT INTO migration_declarations (schema_name, version, compatible_with_previous, release)
+			VALUES ('', $1, $2, $3) ON CONFLICT (schema_name, version) DO UPDATE SET compatible_with_previous = $2, release = $3`,
+			version, compatible, release); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setVersion := func(version int64) {
+		t.Helper()
+		if _, err := e.raw.Exec(ctx, `UPDATE schema_migrations SET version = $1`, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	setVersion(latest + 2)
+	declare(latest+1, true, "next")
+	err := e.db.CheckSchema(ctx)
+	if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("migration %d declares nothing", latest+2)) {
+		t.Fatalf("CheckSchema with version %d not declared: %v", latest+2, err)
+	}
+	declare(latest+2, true, "")
+	if err := e.db.CheckSchema(ctx); err != nil {
+		t.Fatalf("CheckSchema with two newer compatible versions: %v", err)
+	}
+	if err := bmdb.CheckNewerSchema(ctx, dsn, nil); err != nil {
+		t.Errorf("CheckNewerSchema: %v", err)
+	}
+	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+		t.Errorf("MigrateUp on a newer, compatible schema: %v, want nothing to do", err)
+	}
+	expectVersionDirty(t, dsn, uint(latest+2), false)
+
+	declare(latest+1, false, "v9.1")
+	for _, check := range []func() error{
+		func() error { return e.db.CheckSchema(ctx) },
+		func() error { return bmdb.CheckNewerSchema(ctx, dsn, nil) },
+		func() error { return bmdb.MigrateUp(ctx, dsn) },
+	} {
+		err := check()
+		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "is newer than this binary knows") ||
+			!strings.Contains(err.Error(), fmt.Sprintf("migration %d is not compatible", latest+1)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("run release v9.1 or later (it knows version %d)", latest+1)) {
+			t.Errorf("with version %d a contract step of release v9.1: %v", latest+1, err)
+		}
+	}
+	t.Logf("CheckSchema: %v", e.db.CheckSchema(ctx))
+	// The newest incompatible version names the release.
+	declare(latest+2, false, "")
+	if err := e.db.CheckSchema(ctx); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("run a shepherd release that knows version %d", latest+2)) {
+		t.Errorf("with two contract steps: %v, want the newer one's release", err)
+	}
+	expectVersionDirty(t, dsn, uint(latest+2), false)
+}
+
+func expectVersionDirty(t *testing.T, dsn string, want uint, wantDirty bool) {
+	t.Helper()
+	v, dirty, err := bmdb.SchemaVersion(context.Background(), dsn)
+	if err != nil || v != want || dirty != wantDirty {
+		t.Fatalf("SchemaVersion = %d, dirty %v, %v; want %d, dirty %v", v, dirty, err, want, wantDirty)
+	}
+}
+
+// An extension's migrations declare themselves as Shepherd's do, through
+// the real migrator: a binary with the extension's first version runs on
+// the second (an added column, declared compatible), including 'migrate
+// up', which has nothing to do; it refuses the third (a dropped column, a
+// contract step), naming its release; migrate down forgets the
+// declarations of what it reverted.
+func TestExtensionRollingUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	e := openEnv(t, dsn, bmdb.Options{})
+	files := fstest.MapFS{
+		"0001_firmware.up.sql": {Data: []byte(`CREATE TABLE machine_rollout_test (
+	machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+	version text NOT NULL);`)},
+		"0001_firmware.down.sql": {Data: []byte(`DROP TABLE machine_rollout_test;`)},
+	}
+	release := func(files fstest.MapFS, version int, name string, compatible bool, up, down string) fstest.MapFS {
+		out := maps.Clone(files)
+		header := "-- shepherd: release " + name + "\n"
+		if compatible {
+			header += "-- shepherd: compatible-with-previous\n"
+		}
+		out[fmt.Sprintf("%04d_step.up.sql", version)] = &fstest.MapFile{Data: []byte(header + up)}
+		out[fmt.Sprintf("%04d_step.down.sql", version)] = &fstest.MapFile{Data: []byte(down)}
+		return out
+	}
+	v2 := release(files, 2, "fw-2", true,
+		`ALTER TABLE machine_rollout_test ADD COLUMN checked_at timestamptz;`,
+		`ALTER TABLE machine_rollout_test DROP COLUMN checked_at;`)
+	v3 := release(v2, 3, "fw-3", false,
+		`ALTER TABLE machine_rollout_test DROP COLUMN version;`,
+		`ALTER TABLE machine_rollout_test ADD COLUMN version text NOT NULL DEFAULT '';`)
+	ext := func(fsys fstest.MapFS) *bmdb.Extension { return &bmdb.Extension{Name: "rollout_test", FS: fsys} }
+	old, next, contract := ext(files), ext(v2), ext(v3)
+
+	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := bmdb.MigrateUp(ctx, dsn, next); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.CheckSchema(ctx, old); err != nil {
+		t.Fatalf("the old binary on an expanded schema: %v", err)
+	}
+	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+		t.Fatalf("the old binary's MigrateUp on an expanded schema: %v, want nothing to do", err)
+	}
+	// The old binary's writes still work on the expanded table.
+	m := e.addMachines(1)[0]
+	if _, err := e.raw.Exec(ctx, `INSERT INTO machine_rollout_test (machine_id, version) VALUES ($1, '1.0')`, m); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := bmdb.MigrateUp(ctx, dsn, contract); err != nil {
+		t.Fatal(err)
+	}
+	for _, check := range []func() error{
+		func() error { return e.db.CheckSchema(ctx, old) },
+		func() error { return bmdb.MigrateUp(ctx, dsn, old) },
+		func() error { return bmdb.CheckNewerSchema(ctx, dsn, old) },
+	} {
+		err := check()
+		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "extension rollout_test schema version 3 is newer than this binary knows (1)") ||
+			!strings.Contains(err.Error(), "run release fw-3 or later") {
+			t.Errorf("the old binary on a contracted schema: %v, want a refusal naming release fw-3", err)
+		}
+	}
+	if err := e.db.CheckSchema(ctx, next); err == nil || !strings.Contains(err.Error(), "run release fw-3") {
+		t.Errorf("the release before the contract step on it: %v, want a refusal naming fw-3", err)
+	}
+	if err := e.db.CheckSchema(ctx, contract); err != nil {
+		t.Errorf("the release of the contract step: %v", err)
+	}
+
+	// Another extension keeps Shepherd's tables (and the declarations')
+	// from being dropped: the reverted extension's rows go all the same.
+	if err := bmdb.MigrateUp(ctx, dsn, testExtension()); err != nil {
+		t.Fatal(err)
+	}
+	if err := bmdb.MigrateDown(ctx, dsn, contract); err == nil || !strings.Contains(err.Error(), "extension firmware_test is still migrated") {
+		t.Fatalf("MigrateDown with another extension migrated: %v, want a refusal naming it", err)
+	}
+	var left int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM migration_declarations WHERE schema_name = 'rollout_test'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d declarations of the reverted extension left, want 0", left)
+	}
+	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.CheckSchema(ctx, old); err != nil {
+		t.Errorf("after down and up again: %v", err)
 	}
 }

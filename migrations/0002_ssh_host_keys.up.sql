@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- Tag: the SSH host key that Shepherd trusted on first use of a machine.
 -- AgentStart and SSH reboots pin the first key a machine presents and refuse
 -- any other afterwards: a changed key means a reinstalled machine or someone

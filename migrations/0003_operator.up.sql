@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- Operator surface: pausing processes (by an operator or by a process's own
 -- circuit breaker) and operator actions in the audit history.
 

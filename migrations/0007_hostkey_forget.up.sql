@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- An operator forgetting a machine's pinned SSH host key (shepherd hostkey
 -- forget) is audited in the machine's history as HostKeyForgotten, with the
 -- reason and the forgotten key's fingerprint in failed_cause, no process ('')

@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- The agent's own signed timestamp of the last heartbeat recorded, so that
 -- a captured heartbeat replayed to another replica, or to a restarted one,
 -- is refused: only a newer timestamp is recorded. No index on it: every

@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- How a machine's provider reboots it (redfish, ipmi, ssh; '' when the
 -- provider does not say), shown by the status page and 'shepherd machines
 -- -all' so that an operator sees which BMC Recovery will use.

@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- Every live runner's view of its process's condition: the condition's
 -- fingerprint and effective parameters, per session. process_registry
 -- holds the last registration, which builds the due rows; this table lets

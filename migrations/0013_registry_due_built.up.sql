@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- Whether a process's due rows were built from the condition its
 -- registration records. A registration that changes the condition commits
 -- with due_built false, and the build (one transaction, minutes at ten

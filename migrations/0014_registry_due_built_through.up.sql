@@ -1,3 +1,4 @@
+-- shepherd: compatible-with-previous
 -- How far a process's due-row build has come: the build runs in chunks of
 -- machines in machine_id order, one transaction each, so that it never
 -- holds the locks of a whole fleet's rows for minutes; each chunk records

@@ -1,5 +1,31 @@
 // Package migrations holds the BMDB schema as versioned golang-migrate files,
 // embedded so that the shepherd binary can migrate a database by itself.
+//
+// Migrations are written expand-then-contract, so that a rolling upgrade
+// never stops the fleet (docs/upgrading.md): a release adds what its code
+// needs (a table, a nullable column or one with a default, a wider check)
+// in a migration the running binaries of the release before do not notice,
+// and removes what only older code used in a later release's migration,
+// once no binary that needs it runs any more.
+//
+// A migration declares which of the two it is in its .up.sql file, in
+// lines of their own (bmdb.Declaration):
+//
+//	-- shepherd: compatible-with-previous
+//	-- shepherd: release v1.4
+//
+// The first says that binaries of the previous schema version may keep
+// running on this one (an expand step); without it, the migration is a
+// contract step, and such binaries refuse to start on it. The second names
+// the release that brings the migration, for the refusal's message.
+// 'shepherd migrate up' records both in the database, where binaries older
+// than the migration, which do not embed it, read them at start.
+//
+// 0001 has no previous version; 0008 (binaries before it would take
+// machines that asked to be checked again later) and 0011 (due-time
+// sourcing, which binaries before it do not register for) are not declared
+// compatible. The declarations of migrations up to 0015 only document: the
+// binaries before 0015 cannot read them, and refuse any newer schema.
 package migrations
 
 import "embed"
