@@ -132,8 +132,21 @@ const (
 	maxBackoff = 90 * 24 * time.Hour
 )
 
+// DefaultBackoffJitter is the backoff jitter of a process whose
+// definition sets none: each backoff ends up to a tenth of its interval
+// later, at random. Without it, the machines of a fleet-wide failure (a
+// switch, a database outage, a bad agent build) are all retried in the same
+// second, again and again, and the retries fail for the load they make.
+// The persisted interval, and so the sequence of intervals, stays exact. A
+// process's -<p>_backoff_jitter=0 turns it off.
+const DefaultBackoffJitter = 0.1
+
 // DefaultConfig is the configuration of a process before flags.
 func DefaultConfig(info Info) Config {
+	backoff := info.DefaultBackoff
+	if backoff.Jitter == 0 {
+		backoff.Jitter = DefaultBackoffJitter
+	}
 	return Config{
 		Parallelism: 4,
 		QueryRate:   Rate{Interval: 250 * time.Millisecond, Burst: 8},
@@ -141,7 +154,7 @@ func DefaultConfig(info Info) Config {
 		SafetyPoll:  10 * time.Second,
 
 		ReconcileInterval: 10 * time.Minute,
-		Backoff:           info.DefaultBackoff,
+		Backoff:           backoff,
 		Session:           bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
 		ShutdownGrace:     10 * time.Second,
 		MetricsRefresh:    30 * time.Second,

@@ -27,15 +27,24 @@ type Config struct {
 	Machines int
 	// CheckFailureRate is the probability that a firmware check fails.
 	CheckFailureRate float64
+	// HeartbeatLossRate is the simulated agents' probability per minute of
+	// dying (sim.Config.HeartbeatLossRate). An agent that dies before its
+	// first heartbeat leaves its machine without a heartbeat until
+	// Recovery's agent-start timeout, so FirmwareCheck cannot see it until
+	// then; tests that need every machine checked set it to 0.
+	HeartbeatLossRate float64
 }
 
 // DefaultConfig is the flags' defaults.
-func DefaultConfig() Config { return Config{Machines: 20, CheckFailureRate: 0.1} }
+func DefaultConfig() Config {
+	return Config{Machines: 20, CheckFailureRate: 0.1, HeartbeatLossRate: sim.DefaultConfig().HeartbeatLossRate}
+}
 
 // RegisterFlags registers the -simfirmware_* flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Machines, Name+"_machines", c.Machines, "number of simulated machines")
 	fs.Float64Var(&c.CheckFailureRate, Name+"_check_failure_rate", c.CheckFailureRate, "probability that a simulated firmware check fails (0..1)")
+	fs.Float64Var(&c.HeartbeatLossRate, Name+"_heartbeat_loss_rate", c.HeartbeatLossRate, "probability per minute that a running simulated agent dies and stops heartbeating (0..1)")
 }
 
 // Check validates the flags; its errors name the flag.
@@ -45,6 +54,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("-%s_machines %d: must not be negative", Name, c.Machines)
 	case !(c.CheckFailureRate >= 0 && c.CheckFailureRate <= 1):
 		return fmt.Errorf("-%s_check_failure_rate %g: must be between 0 and 1", Name, c.CheckFailureRate)
+	case !(c.HeartbeatLossRate >= 0 && c.HeartbeatLossRate <= 1):
+		return fmt.Errorf("-%s_heartbeat_loss_rate %g: must be between 0 and 1", Name, c.HeartbeatLossRate)
 	}
 	return nil
 }
@@ -60,6 +71,7 @@ type Provider struct {
 func New(db *bmdb.DB, cfg Config) *Provider {
 	sc := sim.DefaultConfig()
 	sc.Machines = cfg.Machines
+	sc.HeartbeatLossRate = cfg.HeartbeatLossRate
 	return &Provider{Provider: sim.New(db, sc), cfg: cfg}
 }
 
