@@ -447,6 +447,14 @@ type errorPage struct {
 // Content-Security-Policy allows nothing but the page's own inline style,
 // the refresh script (by its hash) and requests to the page's own origin,
 // which is what "no external assets" means to a browser.
+//
+// html/template escapes markup but passes control characters and
+// bidirectional overrides through, and the page's strings come from the
+// BMDB, where machines, BMCs and providers put them: a U+202E in a
+// provider id reverses it on screen. The templates hold none of those
+// characters, so every one in the rendered page came from data, and
+// escaping the whole page (untrusted.Visible: \x1b, \x9b, \u202e) covers
+// every field, including ones added later.
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var b strings.Builder
 	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
@@ -461,7 +469,7 @@ func (h *handler) render(w http.ResponseWriter, status int, name string, data an
 	hdr.Set("Referrer-Policy", "no-referrer")
 	hdr.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	fmt.Fprint(w, b.String())
+	fmt.Fprint(w, untrusted.Visible(b.String()))
 }
 
 // ago says how long before now t was, coarsely, as an operator reads it.
