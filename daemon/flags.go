@@ -47,7 +47,8 @@ type daemonConfig struct {
 	listen          string
 	statusTokenFile string
 	// heartbeatRefusalRate and heartbeatRefusalBurst are each source's
-	// bucket of refused heartbeat requests (heartbeat.Options).
+	// bucket of agent key lookups that find no valid key
+	// (heartbeat.Options.SourceRate).
 	heartbeatRefusalRate  float64
 	heartbeatRefusalBurst int
 	statusToken           string // read from statusTokenFile by check
@@ -128,7 +129,7 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
 	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
 	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
-	fs.Float64Var(&c.heartbeatRefusalRate, "agent_refusals_per_second", 20, "refused heartbeat requests (forged, unknown machine, malformed, stale) a source address may make per second before it is answered 429; accepted heartbeats are never limited, however many agents share an address")
+	fs.Float64Var(&c.heartbeatRefusalRate, "agent_refusals_per_second", 20, "agent key lookups that find no valid key (heartbeats of unknown machines, forgeries) a source address may cause per second; beyond them its requests that need a lookup are answered 429. Heartbeats of machines whose key is cached are never limited, however many agents share an address and whatever else it sends")
 	fs.IntVar(&c.heartbeatRefusalBurst, "agent_refusals_burst", 40, "burst of -agent_refusals_per_second")
 
 	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)

@@ -35,7 +35,8 @@ type keyLoader struct {
 	pending []*keyRequest
 	running int // reads in flight, or handed to a request about to read; pending is empty unless running == slots
 
-	reads atomic.Int64 // statements run, for tests
+	reads   atomic.Int64 // statements run, for tests
+	lookups atomic.Int64 // keys asked for (calls of load), for tests
 }
 
 type keyRequest struct {
@@ -55,6 +56,7 @@ type keyResult struct {
 // the machine has no recorded agent. A request still waiting for a batch
 // when ctx is done gives up.
 func (l *keyLoader) load(ctx context.Context, machine uuid.UUID) ([]byte, error) {
+	l.lookups.Add(1)
 	req := &keyRequest{machine: machine, done: make(chan keyResult, 1)}
 	l.mu.Lock()
 	lead := l.running < l.slots

@@ -16,10 +16,13 @@ import (
 // load balancer every request comes from the proxy: set SourceKey to read
 // the client address the proxy forwards, from a header only that proxy can
 // set.
-func RemoteIPKey(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+func RemoteIPKey(r *http.Request) string { return addrKey(r.RemoteAddr) }
+
+// addrKey is RemoteIPKey of a remote address (host:port).
+func addrKey(remoteAddr string) string {
+	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
-		host = r.RemoteAddr
+		host = remoteAddr
 	}
 	addr, err := netip.ParseAddr(host)
 	if err != nil {
@@ -34,22 +37,29 @@ func RemoteIPKey(r *http.Request) string {
 	return addr.String()
 }
 
-// sourceLimiters holds a token bucket per source, in a bounded map.
+// sourceLimiters holds a token bucket per source, in a bounded map. A
+// token pays for one key lookup in the BMDB: take takes it before the
+// lookup, so that concurrent requests of one source cannot run more lookups
+// than its bucket holds, and refund gives it back when the request turns
+// out to be accepted (or the database failed it), so that only lookups that
+// found no valid key are paid for.
 type sourceLimiters struct {
 	limit rate.Limit
-	burst int
+	burst float64
 	max   int
 	// idle is how long an unused bucket takes to refill: after that it is
 	// indistinguishable from a new one and can be forgotten.
 	idle time.Duration
 
 	mu        sync.Mutex
-	sources   map[string]*sourceLimiter
+	sources   map[string]*bucket
 	lastSweep time.Time
 }
 
-type sourceLimiter struct {
-	lim      *rate.Limiter
+// bucket is a source's token bucket: tokens as of last.
+type bucket struct {
+	tokens   float64
+	last     time.Time
 	lastSeen time.Time
 }
 
@@ -58,37 +68,53 @@ func newSourceLimiters(limit rate.Limit, burst, max int) *sourceLimiters {
 	if limit > 0 && limit != rate.Inf {
 		idle = time.Duration(float64(burst)/float64(limit)*float64(time.Second)) + time.Second
 	}
-	return &sourceLimiters{limit: limit, burst: burst, max: max, idle: idle, sources: make(map[string]*sourceLimiter)}
+	return &sourceLimiters{limit: limit, burst: float64(burst), max: max, idle: idle, sources: make(map[string]*bucket)}
 }
 
-// exhausted reports whether source has spent its bucket: its requests are
-// refused at once until it refills. It takes no token, so that a source
-// whose requests are all accepted never runs out.
-func (l *sourceLimiters) exhausted(source string, now time.Time) bool {
+// take takes a token from source's bucket and reports whether it had one.
+func (l *sourceLimiters) take(source string, now time.Time) bool {
+	if l.limit == rate.Inf {
+		return true
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s, ok := l.sources[source]
-	return ok && s.lim.TokensAt(now) < 1
-}
-
-// charge takes a token from source's bucket, for a request that cost the
-// server work and was refused.
-func (l *sourceLimiters) charge(source string, now time.Time) { l.allow(source, now) }
-
-// allow takes a token from source's bucket.
-func (l *sourceLimiters) allow(source string, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s, ok := l.sources[source]
+	b, ok := l.sources[source]
 	if !ok {
 		if len(l.sources) >= l.max {
 			l.makeRoom(now)
 		}
-		s = &sourceLimiter{lim: rate.NewLimiter(l.limit, l.burst)}
-		l.sources[source] = s
+		b = &bucket{tokens: l.burst, last: now}
+		l.sources[source] = b
 	}
-	s.lastSeen = now
-	return s.lim.AllowN(now, 1)
+	l.refill(b, now)
+	b.lastSeen = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// refund gives back a token that take took, up to the burst. A bucket
+// forgotten meanwhile is new again, and full: there is nothing to give back.
+func (l *sourceLimiters) refund(source string, now time.Time) {
+	if l.limit == rate.Inf {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b, ok := l.sources[source]; ok {
+		l.refill(b, now)
+		b.tokens = min(l.burst, b.tokens+1)
+	}
+}
+
+// refill adds the tokens earned since b.last. Callers hold l.mu.
+func (l *sourceLimiters) refill(b *bucket, now time.Time) {
+	if elapsed := now.Sub(b.last); elapsed > 0 {
+		b.tokens = min(l.burst, b.tokens+elapsed.Seconds()*float64(l.limit))
+		b.last = now
+	}
 }
 
 // makeRoom frees at least one slot. It forgets refilled buckets (at most
@@ -99,8 +125,8 @@ func (l *sourceLimiters) allow(source string, now time.Time) bool {
 func (l *sourceLimiters) makeRoom(now time.Time) {
 	if now.Sub(l.lastSweep) >= time.Second {
 		l.lastSweep = now
-		for k, s := range l.sources {
-			if now.Sub(s.lastSeen) >= l.idle {
+		for k, b := range l.sources {
+			if now.Sub(b.lastSeen) >= l.idle {
 				delete(l.sources, k)
 			}
 		}

@@ -23,7 +23,9 @@ const (
 	// ResultReplay: the timestamp is not newer than the last heartbeat this
 	// server accepted from the machine.
 	ResultReplay = "replay"
-	// ResultRateLimited: the source sent more than its rate allows.
+	// ResultRateLimited: the request needed a lookup of an agent key in
+	// the BMDB, and its source has spent its budget of lookups that found
+	// no valid key (Options.SourceRate).
 	ResultRateLimited = "rate_limited"
 	// ResultError: the BMDB failed or was too busy; the agent retries at its
 	// next interval.
@@ -41,6 +43,9 @@ var Results = []string{
 type Metrics struct {
 	heartbeats *prometheus.CounterVec
 	byResult   map[string]prometheus.Counter // the series of Results, resolved once
+	// connsRefused counts connections closed at once because their source
+	// had Options.MaxConnsPerSource open.
+	connsRefused prometheus.Counter
 }
 
 // NewMetrics creates the heartbeat metrics and registers them with reg.
@@ -57,8 +62,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range Results {
 		m.byResult[r] = m.heartbeats.WithLabelValues(r)
 	}
-	reg.MustRegister(m.heartbeats)
+	m.connsRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "shepherd_heartbeat_connections_refused_total",
+		Help: "Connections to the heartbeat endpoint closed at once because their source address already had the most it may open (heartbeat.Options.MaxConnsPerSource, default 4096).",
+	})
+	reg.MustRegister(m.heartbeats, m.connsRefused)
 	return m
+}
+
+func (m *Metrics) connRefused() {
+	if m != nil {
+		m.connsRefused.Inc()
+	}
 }
 
 func (m *Metrics) count(result string) {

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"golang.org/x/net/netutil"
 )
 
 // ListenAndServe listens on addr and serves Handler until ctx is done, then
@@ -23,12 +25,15 @@ func (s *Server) ListenAndServe(ctx context.Context, addr, certFile, keyFile str
 }
 
 // Serve is ListenAndServe on an existing listener, which it closes. Callers
-// that need the bound address (a :0 port) listen themselves.
+// that need the bound address (a :0 port) listen themselves. The
+// connections it serves are bounded by Options.MaxConns,
+// MaxConnsPerSource and IdleTimeout.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile string) error {
 	if (certFile == "") != (keyFile == "") {
 		ln.Close()
 		return errors.New("heartbeat endpoint: give both a certificate and a key file, or neither")
 	}
+	ln = netutil.LimitListener(newSourceConnLimiter(ln, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog), s.opts.MaxConns)
 	srv := &http.Server{
 		Handler: s.Handler(),
 		// Tight limits: legitimate requests are tiny and agents are close,
@@ -36,7 +41,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       s.opts.IdleTimeout,
 		MaxHeaderBytes:    8 << 10,
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12},
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },

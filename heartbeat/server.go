@@ -8,17 +8,26 @@
 // machine's agent answered AgentStart with, its timestamp is within
 // MaxClockSkew of this server's clock, and it is newer than the machine's
 // last accepted heartbeat. The checks run cheapest first, and a flood from
-// one source must not crowd out the agents:
+// one source must not crowd out the agents, not even those behind the same
+// address (a NAT, a source-NATing load balancer):
 //
-//  1. A token bucket per source address (Options.SourceRate, SourceBurst)
-//     rejects excess requests before their body is read.
+//  1. Connections are capped, in total and per source address, and idle
+//     ones closed soon (Options.MaxConns, MaxConnsPerSource, IdleTimeout;
+//     Serve only).
 //  2. The body is bounded (agentproto.MaxHeartbeatSize) and decoded
 //     strictly; then the timestamp window and the per-machine replay check
 //     run from memory.
 //  3. The agent's key comes from an in-memory cache, filled from the BMDB
 //     in batches (see keyLoader; at most Options.MaxKeyLookups reads at
 //     once): a flood of forged heartbeats for a known machine costs no
-//     database work.
+//     database work. A lookup (a cache miss, or a re-read after a
+//     signature failed) takes a token from the source's bucket first
+//     (Options.SourceRate, SourceBurst), and a source with none left is
+//     refused (429) instead; the token is given back when the heartbeat is
+//     accepted. Nothing else is limited per source: the checks of 2 and a
+//     signature checked against a cached key cost no more than a valid
+//     heartbeat does, so a source's refusals never make its valid
+//     heartbeats wait or fail.
 //  4. Verified heartbeats are written in batches by one writer (see
 //     recorder), conditionally on the key still being the machine's agent
 //     key, so that the cache can never make a replaced agent's heartbeat
@@ -64,14 +73,21 @@ type Options struct {
 	// that close to Shepherd's; it also bounds cross-replica replays (see
 	// the package documentation).
 	MaxClockSkew time.Duration
-	// SourceRate and SourceBurst are each source's token bucket of
-	// refused requests (default 20/s, burst 40): every refusal (bad
-	// request, bad signature, unknown machine, stale, replay) takes a
-	// token, and a source with none left is refused at once (429) until
-	// its bucket refills. Accepted heartbeats take none, so any number of
-	// healthy agents behind one NAT or load-balancer address are never
-	// limited; what is limited is what costs the daemon: forgeries and
-	// lookups of machines that have no agent.
+	// SourceRate and SourceBurst are each source's token bucket of agent
+	// key lookups in the BMDB that find no valid key (default 20/s, burst
+	// 40). A request that needs a lookup (its machine's key is not cached,
+	// or its signature failed with the cached key and KeyRefetchInterval
+	// allows a re-read) takes a token before the lookup, and is refused
+	// at once (429) if the source has none; the token is given back if
+	// the heartbeat is then accepted (or the database fails). So the
+	// source's concurrent lookups are bounded by the burst, and it pays
+	// only for lookups of machines that have no agent and for forgeries.
+	// Requests that need no lookup are never limited: valid heartbeats of
+	// machines whose key is cached are accepted, and malformed, stale,
+	// replayed ones and forgeries refused by the cached key get their own
+	// refusal, however many of them share the source. Healthy agents
+	// behind one NAT or load-balancer address keep being accepted beside
+	// a noisy neighbour.
 	SourceRate  rate.Limit
 	SourceBurst int
 	// MaxSources bounds how many sources' buckets are kept (default
@@ -120,6 +136,30 @@ type Options struct {
 	// DBTimeout bounds each BMDB operation, including the wait for a
 	// lookup slot (default 5 s).
 	DBTimeout time.Duration
+
+	// MaxConns, MaxConnsPerSource and IdleTimeout bound the connections
+	// of Serve and ListenAndServe (Handler leaves that to its server).
+	// Every connection costs a file descriptor and tens of KiB of memory
+	// (more with TLS) while it is open, idle or not.
+	//
+	// MaxConns bounds the open connections (default 10000): beyond it,
+	// new ones wait in the kernel's accept queue until one closes. Keep it
+	// below the process's file descriptor limit, with room for the rest
+	// of the daemon.
+	MaxConns int
+	// MaxConnsPerSource bounds the open connections of one source
+	// address, as RemoteIPKey names it (default 4096): beyond it, new
+	// ones are closed at once and counted in
+	// shepherd_heartbeat_connections_refused_total. An agent holds one
+	// (keep-alive) connection, so this must exceed the agents behind the
+	// largest NAT or load balancer that sends to this endpoint.
+	MaxConnsPerSource int
+	// IdleTimeout closes a keep-alive connection that carried no request
+	// for this long (default 15 s: three of the agents' default 5 s
+	// interval, so that an agent keeps its connection through a missed
+	// beat and never races the close at its next one, while idle
+	// connections nobody uses go within seconds).
+	IdleTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -164,6 +204,15 @@ func (o Options) withDefaults() Options {
 	if o.DBTimeout <= 0 {
 		o.DBTimeout = 5 * time.Second
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 10000
+	}
+	if o.MaxConnsPerSource <= 0 {
+		o.MaxConnsPerSource = 4096
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 15 * time.Second
+	}
 	return o
 }
 
@@ -177,6 +226,7 @@ type Server struct {
 	recorder *recorder
 	verifier *verifier
 	errLog   rateLimitedLog
+	connLog  rateLimitedLog // connections refused by MaxConnsPerSource
 
 	// epoch is when the server was made: machineState's times are
 	// durations since then, on the monotonic clock.
@@ -228,17 +278,7 @@ func (s *Server) Handler() http.Handler {
 // refusal has a status (400, 403, 405, 413, 429, 503) and a one-line
 // plain-text reason, which the agent logs.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	source := s.opts.SourceKey(r)
-	var result, reason string
-	var status int
-	if s.limiters.exhausted(source, time.Now()) {
-		result, status, reason = ResultRateLimited, http.StatusTooManyRequests, "too many refused requests from this source"
-	} else {
-		result, status, reason = s.handle(w, r)
-		if refusal(result) {
-			s.limiters.charge(source, time.Now())
-		}
-	}
+	result, status, reason := s.handle(w, r, s.opts.SourceKey(r))
 	s.opts.Metrics.count(result)
 	if result != ResultAccepted && result != ResultRateLimited && klog.V(2).Enabled() {
 		klog.InfoS("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
@@ -257,8 +297,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // handle runs the checks in order of cost and returns the result label, the
-// HTTP status and a reason for the client.
-func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, status int, reason string) {
+// HTTP status and a reason for the client. A key lookup in the BMDB takes a
+// token of source's bucket first (see Options.SourceRate).
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (result string, status int, reason string) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
@@ -287,6 +328,16 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
 	}
 
+	// A token taken for a lookup is given back if the heartbeat is
+	// accepted, or the server failed it: the source pays only for lookups
+	// that found no valid key.
+	charged := false
+	defer func() {
+		if charged && (result == ResultAccepted || result == ResultError) {
+			s.limiters.refund(source, time.Now())
+		}
+	}()
+	const lookupsSpent = "this source's key lookups that found no valid key exceed its rate; heartbeats of machines whose key is cached are still accepted"
 	keyLookupFailed := func(err error) (string, int, string) {
 		if errors.Is(err, bmdb.ErrNotFound) {
 			return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
@@ -294,19 +345,37 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (result string, 
 		s.logError(r, "Looking up an agent key failed", err)
 		return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
 	}
-	key, fetched, err := s.agentKey(r.Context(), hb.MachineID, false)
-	if err != nil {
-		return keyLookupFailed(err)
+	key, cached := s.cachedKey(hb.MachineID, now)
+	if !cached {
+		if !s.limiters.take(source, now) {
+			return ResultRateLimited, http.StatusTooManyRequests, lookupsSpent
+		}
+		charged = true
+		if key, err = s.fetchKey(r.Context(), hb.MachineID); err != nil {
+			return keyLookupFailed(err)
+		}
 	}
 	if !s.verifier.verify(hb, key) {
 		// The agent may have been restarted with a new key since the key
-		// was cached: read it again, but not on every forgery.
+		// was cached: read it again, but not on every forgery. The
+		// machine's re-read is claimed only once the source has paid for
+		// it, so that a spent source cannot use it up for others.
 		valid := false
-		if !fetched && s.mayRefetch(hb.MachineID, now) {
-			if key, _, err = s.agentKey(r.Context(), hb.MachineID, true); err != nil {
-				return keyLookupFailed(err)
+		if cached && s.refetchDue(hb.MachineID, now) {
+			if !s.limiters.take(source, now) {
+				return ResultRateLimited, http.StatusTooManyRequests, lookupsSpent
 			}
-			valid = hb.Verify(key) == nil
+			charged = true
+			if s.mayRefetch(hb.MachineID, now) {
+				if key, err = s.fetchKey(r.Context(), hb.MachineID); err != nil {
+					return keyLookupFailed(err)
+				}
+				valid = hb.Verify(key) == nil
+			} else {
+				// Another request claimed the re-read meanwhile.
+				charged = false
+				s.limiters.refund(source, now)
+			}
 		}
 		if !valid {
 			return ResultBadSignature, http.StatusForbidden, "signature does not verify with the machine's agent key"
@@ -359,17 +428,6 @@ func readBody(r io.Reader, buf []byte) ([]byte, error) {
 	}
 }
 
-// refusal reports whether result refuses a request for what the client
-// sent (as opposed to accepting it, or failing on the server's side): what
-// a source's bucket is charged for.
-func refusal(result string) bool {
-	switch result {
-	case ResultBadRequest, ResultBadSignature, ResultUnknownMachine, ResultStale, ResultReplay:
-		return true
-	}
-	return false
-}
-
 // replayed reports whether hb is not newer than the last heartbeat accepted
 // for its machine. It is a cheap early check, before any key lookup; advance
 // decides for good.
@@ -398,24 +456,24 @@ func (s *Server) advance(hb agentproto.Heartbeat, now time.Time) bool {
 	return true
 }
 
-// agentKey returns machine's agent key, from the cache unless refetch, and
-// whether it was read from the BMDB now. Errors wrap bmdb.ErrNotFound when
-// the machine has no recorded agent.
-func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) (ed25519.PublicKey, bool, error) {
-	now := time.Now()
-	if !refetch {
-		s.mu.Lock()
-		m, ok := s.machines[machine]
-		if ok && m.hasKey {
-			m.lastUsed = s.since(now)
-			s.machines[machine] = m
-			s.mu.Unlock()
-			key := m.key
-			return key[:], false, nil
-		}
-		s.mu.Unlock()
+// cachedKey returns machine's agent key if it is cached.
+func (s *Server) cachedKey(machine uuid.UUID, now time.Time) (ed25519.PublicKey, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[machine]
+	if !ok || !m.hasKey {
+		return nil, false
 	}
+	m.lastUsed = s.since(now)
+	s.machines[machine] = m
+	key := m.key
+	return key[:], true
+}
 
+// fetchKey reads machine's agent key from the BMDB and caches it. Errors
+// wrap bmdb.ErrNotFound when the machine has no recorded agent.
+func (s *Server) fetchKey(ctx context.Context, machine uuid.UUID) (ed25519.PublicKey, error) {
+	now := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DBTimeout)
 	defer cancel()
 	key, err := s.keys.load(ctx, machine)
@@ -423,7 +481,7 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 		if errors.Is(err, bmdb.ErrNotFound) {
 			s.forgetKey(machine)
 		}
-		return nil, false, err
+		return nil, err
 	}
 	// Only keys that exist are cached: caching absences would let anyone
 	// fill the cache with random machine ids, and would delay a newly
@@ -436,7 +494,16 @@ func (s *Server) agentKey(ctx context.Context, machine uuid.UUID, refetch bool) 
 	m.keyFetched, m.lastUsed = s.since(now), s.since(now)
 	s.machines[machine] = m
 	s.mu.Unlock()
-	return key, true, nil
+	return key, nil
+}
+
+// refetchDue reports whether machine's key may be read again after a
+// verification failure, without claiming the read (mayRefetch does).
+func (s *Server) refetchDue(machine uuid.UUID, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[machine]
+	return ok && s.since(now)-m.keyFetched >= s.opts.KeyRefetchInterval
 }
 
 // mayRefetch reports whether machine's key may be read again after a

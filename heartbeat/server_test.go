@@ -123,15 +123,18 @@ func TestMetricsStartAtZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(families) != 1 || families[0].GetName() != "shepherd_heartbeats_total" {
+	// Gather sorts the families by name.
+	if len(families) != 2 || families[0].GetName() != "shepherd_heartbeat_connections_refused_total" || families[1].GetName() != "shepherd_heartbeats_total" {
 		t.Fatalf("registered %v", families)
 	}
-	if n := len(families[0].GetMetric()); n != len(Results) {
+	if n := len(families[1].GetMetric()); n != len(Results) {
 		t.Fatalf("%d series, want one per result (%d)", n, len(Results))
 	}
-	for _, m := range families[0].GetMetric() {
-		if v := m.GetCounter().GetValue(); v != 0 {
-			t.Errorf("%v starts at %v", m.GetLabel(), v)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("%s %v starts at %v", f.GetName(), m.GetLabel(), v)
+			}
 		}
 	}
 }
@@ -485,17 +488,28 @@ func TestSourceLimitersBounded(t *testing.T) {
 	l := newSourceLimiters(1, 2, 100)
 	now := time.Now()
 	for i := range 1000 {
-		l.allow(fmt.Sprint(i), now)
+		l.take(fmt.Sprint(i), now)
 		if len(l.sources) > 100 {
 			t.Fatalf("%d sources kept, limit 100", len(l.sources))
 		}
 	}
 	// Three calls in a row, each taking a token: the third finds none.
-	if first, second, third := l.allow("a", now), l.allow("a", now), l.allow("a", now); !first || !second || third {
+	if first, second, third := l.take("a", now), l.take("a", now), l.take("a", now); !first || !second || third {
 		t.Error("burst of 2 not enforced")
 	}
-	if !l.allow("a", now.Add(time.Second)) {
+	// A refund gives one back, and no more than the burst.
+	l.refund("a", now)
+	if !l.take("a", now) || l.take("a", now) {
+		t.Error("a refund did not give back exactly one token")
+	}
+	if !l.take("a", now.Add(time.Second)) {
 		t.Error("bucket did not refill")
+	}
+	for range 5 {
+		l.refund("a", now.Add(time.Second))
+	}
+	if first, second, third := l.take("a", now.Add(time.Second)), l.take("a", now.Add(time.Second)), l.take("a", now.Add(time.Second)); !first || !second || third {
+		t.Error("refunds filled the bucket beyond its burst")
 	}
 }
 
