@@ -46,6 +46,10 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		dsn, err = cfg.dsn.resolve()
 	}
+	// An unknown -provider is cfg.check's to report.
+	if err == nil && dsn == "" && slices.Contains(cfg.providerNames(), cfg.provider) && !d.demoProvider(cfg.provider) {
+		err = usagef("-provider %s: no database given (-bmdb_dsn, -bmdb_dsn_file or $%s), and demo mode runs only with a simulated fleet (-provider sim): its private database is shared with no other replica, and its timeouts are a demo's; give the BMDB's DSN", cfg.provider, envDSN)
+	}
 	if err == nil && dsn == "" {
 		var demoErr error
 		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes); demoErr != nil {
@@ -161,7 +165,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
-		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.demoDefaults, statusURL(cfg.listen), exts)
+		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.provider, cfg.demoDefaults, statusURL(cfg.listen), exts)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
+	"github.com/shepherd-fleet/shepherd/internal/secretfile"
 )
 
 // demoDatabase names the database demo mode creates in its cluster.
@@ -74,26 +77,48 @@ group:
 	return applied, nil
 }
 
+// demoProvider reports whether demo mode may run with the provider named
+// name: the simulator, or a registered provider that declares itself a
+// simulation (Provider.Demo). Never the static inventory, whose machines
+// are real.
+func (d *Daemon) demoProvider(name string) bool {
+	if name == providerSim {
+		return true
+	}
+	for _, p := range d.providers {
+		if p.Name == name {
+			return p.Demo
+		}
+	}
+	return false
+}
+
 // startDemo provides the database of demo mode: a private PostgreSQL
 // cluster in stateDir (created on first use, reused afterwards, so that the
 // simulated fleet and its history survive restarts), with a migrated
 // database. The caller stops the cluster after the loops have stopped.
 //
 // Demo mode exists so that one command, with nothing provisioned, shows the
-// whole system working; it is never how a fleet is run.
-func startDemo(ctx context.Context, stateDir string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
+// whole system working; it is never how a fleet is run. Its server runs for
+// as long as the visitor likes on a host others may use, so it requires a
+// password (new at every start, known only through the owner-only
+// demo.dsn): without one, any local user would connect as superuser and
+// run commands as the server's OS user. As root, the operator's directories
+// above -state_dir are opened to the postgres user only while a PostgreSQL
+// command runs, never for good.
+func startDemo(ctx context.Context, stateDir, provider string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
 	}
-	klog.InfoS("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $"+envDSN+"), so shepherd runs a private PostgreSQL and a simulated fleet (-provider sim)", "dir", abs)
+	klog.InfoS("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $"+envDSN+"), so shepherd runs a private PostgreSQL and a simulated fleet", "provider", provider, "dir", abs)
 	klog.InfoS("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $" + envDSN + ")")
 
 	if len(changedDefaults) > 0 {
 		klog.InfoS("DEMO MODE: flag defaults changed so that the loops show work within a minute or two (give a flag to override)", "flags", strings.Join(changedDefaults, " "))
 	}
 
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Logf: func(format string, args ...any) {
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Password: true, TemporarySearch: true, Logf: func(format string, args ...any) {
 		klog.InfoS("DEMO MODE: PostgreSQL", "msg", fmt.Sprintf(format, args...))
 	}})
 	if err != nil {
@@ -131,15 +156,32 @@ func startDemo(ctx context.Context, stateDir string, changedDefaults []string, s
 const defaultStateDir = ".shepherd"
 
 // demoDSNFile is the file in -state_dir through which a running demo tells
-// the operator commands how to reach its database: the port changes every
-// run and the DSN (no TLS, user postgres) is not one an operator guesses.
+// the operator commands how to reach its database: the port and the
+// superuser's password change every run, and the DSN (no TLS, user
+// postgres) is not one an operator guesses.
 const demoDSNFile = "demo.dsn"
 
-// writeDemoDSN publishes a running demo's DSN in its state directory; only
-// the owner may read it, like the cluster's data beside it.
+// maxDemoDSN bounds demo.dsn: a DSN is a line.
+const maxDemoDSN = 4 << 10
+
+// writeDemoDSN publishes a running demo's DSN, password included, in its
+// state directory; only the owner may read it. A file already there (a
+// killed demo's) is replaced, not written through: it could be a link.
 func writeDemoDSN(stateDir, dsn string) error {
 	path := filepath.Join(stateDir, demoDSNFile)
-	if err := os.WriteFile(path, []byte(dsn+"\n"), 0o600); err != nil {
+	tmp, err := os.CreateTemp(stateDir, demoDSNFile+".*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // fails once renamed
+	_, err = tmp.WriteString(dsn + "\n")
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
@@ -149,17 +191,43 @@ func writeDemoDSN(stateDir, dsn string) error {
 // none is: the file is written once the demo's database is ready and
 // removed when the demo stops (a demo killed with SIGKILL leaves it, and
 // connecting then fails with a message that says so).
+//
+// The file must be one the demo wrote for us: a regular file (not a link),
+// owner-only, owned by us or root (see secretfile.CheckInfo). Anyone else's
+// demo.dsn, say in a shared directory the command runs in, would point our
+// commands (and the pause reasons or operator names they write) at a
+// database of that user's choosing.
 func runningDemoDSN(stateDir string) (dsn, abs string, err error) {
 	abs, err = filepath.Abs(stateDir)
 	if err != nil {
 		return "", "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
 	}
-	raw, err := os.ReadFile(filepath.Join(abs, demoDSNFile))
+	path := filepath.Join(abs, demoDSNFile)
+	// O_NONBLOCK: a FIFO planted there must not hang the command.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", abs, nil
 	}
+	if errors.Is(err, syscall.ELOOP) {
+		return "", abs, fmt.Errorf("the demo's DSN: %s is a symbolic link, which no demo writes: not used", path)
+	}
 	if err != nil {
 		return "", abs, fmt.Errorf("reading the demo's DSN: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return "", abs, fmt.Errorf("reading the demo's DSN: %w", err)
+	}
+	if err := secretfile.CheckInfo(path, info); err != nil {
+		return "", abs, fmt.Errorf("the demo's DSN: %w; not used", err)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxDemoDSN+1))
+	if err != nil {
+		return "", abs, fmt.Errorf("reading the demo's DSN: %w", err)
+	}
+	if len(raw) > maxDemoDSN {
+		return "", abs, fmt.Errorf("the demo's DSN: %s is larger than %d bytes, which no demo writes: not used", path, maxDemoDSN)
 	}
 	return strings.TrimSpace(string(raw)), abs, nil
 }

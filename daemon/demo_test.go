@@ -2,14 +2,21 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
@@ -130,5 +137,95 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	_, errOut = shepherd(2, "machines")
 	if !strings.Contains(errOut, "no database") || !strings.Contains(errOut, "run the demo") {
 		t.Errorf("machines without a running demo:\n%s", errOut)
+	}
+}
+
+// The demo's database admits only its owner: demo.dsn (owner-only) holds a
+// password, without which, or with a wrong one, the server refuses
+// (another OS user's psql too, as root); and a root demo leaves the modes of
+// the directories above -state_dir as they were, while it runs and after.
+func TestDemoDatabaseIsPrivate(t *testing.T) {
+	t.Parallel()
+	home := filepath.Join(t.TempDir(), "home")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(home, "state")
+	t.Cleanup(func() { killPostgres(t, filepath.Join(stateDir, "data")) })
+	homeMode := func() os.FileMode {
+		st, err := os.Stat(home)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+
+	d := replicatest.Start(t, shepherdBinary, "demo", replicatest.EnvWithoutDSN(), "-listen=127.0.0.1:0", "-state_dir="+stateDir, "-sim_machines=5")
+	bmdbtest.WaitFor(t, 60*time.Second, "the demo to be ready", func() (bool, string) {
+		code, body, err := d.Get("/readyz")
+		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %q %v", code, body, err)
+	})
+	if m := homeMode(); m != 0o700 {
+		t.Errorf("while the demo runs, the mode of the directory above -state_dir is %#o, want 0700", m)
+	}
+	dsnFile := filepath.Join(stateDir, demoDSNFile)
+	st, err := os.Stat(dsnFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %#o, want 0600", dsnFile, st.Mode().Perm())
+	}
+	dsn, _, err := runningDemoDSN(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if password, ok := u.User.Password(); !ok || len(password) < 32 {
+		t.Fatalf("the demo's DSN has no long random password (%d characters)", len(password))
+	}
+	owner, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("the owner's DSN: %v", err)
+	}
+	var machines int
+	if err := owner.QueryRow(context.Background(), "SELECT count(*) FROM machines").Scan(&machines); err != nil {
+		t.Errorf("the owner's DSN: %v", err)
+	}
+	owner.Close(context.Background())
+	for name, userinfo := range map[string]*url.Userinfo{
+		"no password":    url.User("postgres"),
+		"wrong password": url.UserPassword("postgres", "postgres"),
+	} {
+		v := *u
+		v.User = userinfo
+		conn, err := pgx.Connect(context.Background(), v.String())
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			conn.Close(context.Background())
+			t.Errorf("%s: connected to the demo's database", name)
+		case !errors.As(err, &pgErr) || pgErr.Code != "28P01":
+			t.Errorf("%s: %v, want refused with 28P01 (invalid password)", name, err)
+		}
+	}
+	if psql, err := exec.LookPath("psql"); err == nil && os.Geteuid() == 0 {
+		cmd := exec.Command("runuser", "-u", "nobody", "--", psql, "-w", "-h", u.Hostname(), "-p", u.Port(), "-U", "postgres", "-d", demoDatabase, "-c", "SELECT 1")
+		cmd.Dir = "/"
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "LC_ALL=C"}
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "password") {
+			t.Errorf("user nobody's psql: %v, want refused for want of a password:\n%s", err, out)
+		}
+	}
+
+	d.StopClean(30 * time.Second)
+	if m := homeMode(); m != 0o700 {
+		t.Errorf("after the demo, the mode of the directory above -state_dir is %#o, want 0700", m)
+	}
+	if _, err := os.Stat(dsnFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after the demo stopped: %v, want it removed", dsnFile, err)
 	}
 }

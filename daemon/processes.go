@@ -139,6 +139,11 @@ type Provider struct {
 	// yet connected: New must not query it. The provider may also implement
 	// ProviderPreparer, ProviderRunner and ProviderReloader. Required.
 	New func(env ProviderEnv) (providers.Provider, error)
+	// Demo lets demo mode (no database given) run with this provider. Set
+	// it only for a simulation that touches no real machine: demo mode's
+	// database is private, coordinated with no other replica, and its
+	// timeouts are shortened.
+	Demo bool
 }
 
 // ProviderEnv is what a provider is built with.

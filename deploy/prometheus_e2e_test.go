@@ -20,6 +20,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/internal/freeport"
 	"github.com/shepherd-fleet/shepherd/internal/proctest"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // logTail collects a process's output for the failure message.
@@ -62,7 +63,7 @@ func (l *logTail) contains(re *regexp.Regexp) bool {
 func startProcess(t *testing.T, name string, args ...string) *logTail {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), "SHEPHERD_BMDB_DSN=")
+	cmd.Env = replicatest.EnvWithoutDSN()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

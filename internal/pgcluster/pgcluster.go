@@ -9,14 +9,18 @@
 // single, tested way of finding the binaries, dropping root privileges and
 // reporting why a server did not come up.
 //
-// The cluster only listens on 127.0.0.1 and trusts every local connection
-// (initdb -A trust): it is a private, throwaway server, never a production
-// database.
+// The cluster only listens on 127.0.0.1. By default it trusts every local
+// connection (initdb -A trust), which is right for a throwaway test server
+// but lets any user of the machine in as superuser; Options.Password makes
+// every connection log in with a random password instead, for a server that
+// runs on a shared host for longer (the demo).
 package pgcluster
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -87,6 +91,22 @@ type Options struct {
 	// Logf, if set, receives progress messages (binaries found, initdb,
 	// start, stop). Tests pass t.Logf, the daemon its logger.
 	Logf func(format string, args ...any)
+	// Password makes the server refuse every connection, TCP or Unix
+	// socket, that does not log in with the superuser's password (SCRAM):
+	// without it, any user of the machine connects as superuser and, through
+	// COPY ... TO PROGRAM, runs commands as the server's OS user. Start sets
+	// a new random password on every start, before the server listens, and
+	// DSN carries it; a cluster created without Password (pg_hba.conf with
+	// trust) is converted on its first start with it.
+	Password bool
+	// TemporarySearch, when running as root, lets the postgres user search
+	// the ancestors of Dir only while a PostgreSQL command (initdb, pg_ctl)
+	// runs, restoring their modes after it, instead of adding o+x to them
+	// for good: the operator's directories (root's home, say) stay as they
+	// were. The running server needs no path through them (it works in its
+	// data directory and is reached over TCP), except to reload its
+	// configuration files, which it then cannot.
+	TemporarySearch bool
 }
 
 // Cluster is a running (or stopped) private PostgreSQL server started by
@@ -109,6 +129,10 @@ type Cluster struct {
 	logf      func(format string, args ...any)
 	runAs     *runAs // nil when we are not root
 	socketDir string // "" disables the Unix socket
+	// password is the superuser's password, "" when the server trusts
+	// every connection (Options.Password unset).
+	password        string
+	temporarySearch bool
 
 	mu sync.Mutex
 }
@@ -154,6 +178,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		fast:     opts.Fast,
 		settings: slices.Clone(opts.Settings),
 		logf:     logf,
+
+		temporarySearch: opts.TemporarySearch,
 	}
 	if len(dir) <= maxSocketDirLen {
 		c.socketDir = dir
@@ -185,6 +211,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := c.stopLeftover(ctx); err != nil {
 		return nil, err
 	}
+	if opts.Password {
+		if err := c.requirePassword(ctx); err != nil {
+			return nil, err
+		}
+	}
 
 	port := opts.Port
 	for attempt := 0; ; attempt++ {
@@ -212,11 +243,16 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 // DSN returns a URL connecting to database dbname of the cluster as the
-// superuser, over TCP, without TLS (the server has none).
+// superuser, over TCP, without TLS (the server has none). With
+// Options.Password it holds the password: treat it as a secret.
 func (c *Cluster) DSN(dbname string) string {
+	userinfo := url.User(superuser)
+	if c.password != "" {
+		userinfo = url.UserPassword(superuser, c.password)
+	}
 	u := url.URL{
 		Scheme:   "postgres",
-		User:     url.User(superuser),
+		User:     userinfo,
 		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port)),
 		Path:     "/" + dbname,
 		RawQuery: "sslmode=disable",
@@ -371,9 +407,8 @@ func lookupRunAs() (*runAs, error) {
 
 // handOver gives Dir to the postgres user and makes sure that user can reach
 // it: PostgreSQL runs as postgres and must read and write everything in Dir,
-// and every ancestor must be searchable by it. An ancestor that is not (such
-// as a 0700 directory from os.MkdirTemp) gets the search bit for others, and
-// only that: its listing stays private.
+// and every ancestor must be searchable by it (with TemporarySearch, only
+// while a command runs: see run).
 func (c *Cluster) handOver() error {
 	err := filepath.WalkDir(c.Dir, func(path string, _ fs.DirEntry, err error) error {
 		if err != nil {
@@ -384,10 +419,31 @@ func (c *Cluster) handOver() error {
 	if err != nil {
 		return fmt.Errorf("handing %s over to user %s: %w", c.Dir, c.runAs.name, err)
 	}
+	if c.temporarySearch {
+		return nil
+	}
+	_, err = c.makeSearchable()
+	return err
+}
+
+// widened is an ancestor of Dir that makeSearchable gave o+x, with its mode
+// before.
+type widened struct {
+	path string
+	mode fs.FileMode
+}
+
+// makeSearchable gives o+x, and only that (a listing stays private), to each
+// ancestor of Dir that the postgres user cannot search (such as a 0700
+// directory from os.MkdirTemp, or root's home), and returns those it
+// changed. On error, it has restored what it changed.
+func (c *Cluster) makeSearchable() ([]widened, error) {
+	var changed []widened
 	for p := filepath.Dir(c.Dir); ; p = filepath.Dir(p) {
 		st, err := os.Stat(p)
 		if err != nil {
-			return fmt.Errorf("checking %s: %w", p, err)
+			c.restoreModes(changed)
+			return nil, fmt.Errorf("checking %s: %w", p, err)
 		}
 		searchable := st.Mode().Perm()&0o001 != 0
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
@@ -399,13 +455,32 @@ func (c *Cluster) handOver() error {
 			}
 		}
 		if !searchable {
-			c.logf("pgcluster: making %s searchable (o+x) so that user %s can reach %s", p, c.runAs.name, c.Dir)
-			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
-				return fmt.Errorf("making %s searchable for user %s: %w", p, c.runAs.name, err)
+			if !c.temporarySearch {
+				c.logf("pgcluster: making %s searchable (o+x) so that user %s can reach %s", p, c.runAs.name, c.Dir)
 			}
+			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
+				c.restoreModes(changed)
+				return nil, fmt.Errorf("making %s searchable for user %s: %w", p, c.runAs.name, err)
+			}
+			changed = append(changed, widened{path: p, mode: st.Mode().Perm()})
 		}
 		if p == filepath.Dir(p) {
-			return nil
+			return changed, nil
+		}
+	}
+}
+
+// restoreModes undoes makeSearchable, innermost directory first. It only
+// clears the o+x it added, so that another change to a mode made
+// meanwhile stays.
+func (c *Cluster) restoreModes(changed []widened) {
+	for _, w := range changed {
+		st, err := os.Stat(w.path)
+		if err == nil {
+			err = os.Chmod(w.path, st.Mode().Perm()&^0o001|w.mode&0o001)
+		}
+		if err != nil {
+			c.logf("pgcluster: restoring the mode of %s: %v", w.path, err)
 		}
 	}
 }
@@ -430,6 +505,55 @@ func (c *Cluster) initdbIfNeeded(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pgcluster: initdb in %s: %w\n%s", c.DataDir, err, out)
 	}
+	return nil
+}
+
+// hbaConf is pg_hba.conf with Options.Password: the superuser's password
+// (SCRAM) for every connection. No line trusts, not even the Unix socket's
+// (in Dir, 0700): root would still pass, as the server's user would.
+const hbaConf = `# Written by shepherd's pgcluster (Options.Password), over what initdb wrote:
+# every connection must log in with a password, so that no other user of
+# this machine can connect. Rewritten on every start.
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+`
+
+// requirePassword makes the stopped cluster require a password: it writes
+// pg_hba.conf and sets a new random password for the superuser in
+// single-user mode, so that no server ever listens meanwhile with the
+// trust that initdb (or an older cluster) left. Callers hold c.mu.
+func (c *Cluster) requirePassword(ctx context.Context) error {
+	hba := filepath.Join(c.DataDir, "pg_hba.conf")
+	// Rewritten in place: the file keeps its owner, the server's user.
+	f, err := os.OpenFile(hba, os.O_WRONLY|os.O_TRUNC, 0)
+	if err == nil {
+		_, err = f.WriteString(hbaConf)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgcluster: writing %s: %w", hba, err)
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("pgcluster: generating a password: %w", err)
+	}
+	password := hex.EncodeToString(b)
+	// One statement a line; hex needs no quoting. The password goes through
+	// stdin, never a command line others could see in ps.
+	sql := "SET password_encryption = 'scram-sha-256'\nALTER ROLE " + superuser + " PASSWORD '" + password + "'\n"
+	out, err := c.runInput(ctx, strings.NewReader(sql), filepath.Join(c.BinDir, "postgres"), "--single", "-D", c.DataDir, "postgres")
+	if err == nil && bytes.Contains(out, []byte("ERROR:")) {
+		err = errors.New("the statement failed")
+	}
+	if err != nil {
+		out = bytes.ReplaceAll(out, []byte(password), []byte("***"))
+		return fmt.Errorf("pgcluster: setting the superuser's password in %s: %w\n%s", c.DataDir, err, bytes.TrimSpace(out))
+	}
+	c.password = password
+	c.logf("pgcluster: the server in %s requires a password (a new one, set in single-user mode)", c.DataDir)
 	return nil
 }
 
@@ -543,6 +667,20 @@ func (c *Cluster) pgctl(ctx context.Context, args ...string) ([]byte, error) {
 // PGPORT or PGDATA of the caller must not redirect our commands) and gets the
 // C locale, so that messages we look for are in English.
 func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return c.runInput(ctx, nil, name, args...)
+}
+
+// runInput is run with stdin read from input (nil: none). With
+// TemporarySearch, the postgres user may search Dir's ancestors only while
+// the command runs.
+func (c *Cluster) runInput(ctx context.Context, input io.Reader, name string, args ...string) ([]byte, error) {
+	if c.runAs != nil && c.temporarySearch {
+		changed, err := c.makeSearchable()
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+		defer c.restoreModes(changed)
+	}
 	var cmd *exec.Cmd
 	switch {
 	case c.runAs == nil:
@@ -567,6 +705,7 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 	}
 	cmd.Env = append(env, "LC_ALL=C", "LANG=C")
 	var out bytes.Buffer
+	cmd.Stdin = input
 	cmd.Stdout = &out
 	cmd.Stderr = &out
 	// pg_ctl start sends the server's output to the log file, so nothing

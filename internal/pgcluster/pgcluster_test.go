@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // These tests need the real server binaries and fail, rather than skip, when
@@ -292,5 +296,146 @@ func TestFindBinDirNotFound(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), `apt-get install -y postgresql`) {
 		t.Errorf("error does not say what to install: %v", err)
+	}
+}
+
+// refused reports whether connecting with dsn fails authentication.
+func refused(ctx context.Context, dsn string) (bool, string) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err == nil {
+		conn.Close(ctx)
+		return false, "connected"
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "28P01", err.Error()
+}
+
+// With Password, only the DSN's password gets in: no password, a wrong one,
+// and (as root) another OS user's psql over TCP and over the Unix socket
+// are refused, and no pg_hba.conf line trusts. A cluster created without
+// Password (trust) is closed by its first start with it, and every start
+// sets a new password.
+func TestPassword(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	trusting := startCluster(t, Options{Dir: dir})
+	connect(t, ctx, trusting.DSN("postgres"))
+	if err := trusting.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	c := startCluster(t, Options{Dir: dir, Password: true})
+	conn := connect(t, ctx, c.DSN("postgres"))
+	if n := queryInt(t, ctx, conn, "SELECT 1"); n != 1 {
+		t.Fatalf("SELECT 1 = %d", n)
+	}
+	u, err := url.Parse(c.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, _ := u.User.Password()
+	if len(password) < 32 {
+		t.Fatalf("the DSN's password %q is not a long random one", password)
+	}
+	for name, userinfo := range map[string]*url.Userinfo{
+		"no password":    url.User("postgres"),
+		"wrong password": url.UserPassword("postgres", "postgres"),
+	} {
+		v := *u
+		v.User = userinfo
+		if ok, msg := refused(ctx, v.String()); !ok {
+			t.Errorf("%s: want refused (28P01), got %s", name, msg)
+		}
+	}
+	hba, err := os.ReadFile(filepath.Join(c.DataDir, "pg_hba.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(hba), "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 && !strings.HasPrefix(fields[0], "#") && fields[len(fields)-1] != "scram-sha-256" {
+			t.Errorf("pg_hba.conf line %q does not require a password", line)
+		}
+	}
+
+	if os.Geteuid() == 0 {
+		psql := filepath.Join(c.BinDir, "psql")
+		for _, host := range []string{"127.0.0.1", c.Dir} {
+			cmd := exec.CommandContext(ctx, "runuser", "-u", "nobody", "--", psql, "-w", "-h", host, "-p", strconv.Itoa(c.Port), "-U", "postgres", "-d", "postgres", "-c", "SELECT 1")
+			cmd.Dir = "/"
+			cmd.Env = []string{"PATH=/usr/bin:/bin", "LC_ALL=C"}
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Errorf("user nobody connected through %s:\n%s", host, out)
+			} else {
+				t.Logf("user nobody through %s: %v: %s", host, err, strings.TrimSpace(string(out)))
+			}
+		}
+	} else {
+		t.Log("not root: another OS user's connection is not tried")
+	}
+
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startCluster(t, Options{Dir: dir, Password: true})
+	connect(t, ctx, again.DSN("postgres"))
+	if ok, msg := refused(ctx, withPort(t, c.DSN("postgres"), again.Port)); !ok {
+		t.Errorf("the previous start's password: want refused, got %s", msg)
+	}
+}
+
+// withPort returns the URL dsn with its port replaced.
+func withPort(t *testing.T, dsn string, port int) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(port))
+	return u.String()
+}
+
+// As root with TemporarySearch, the ancestors of Dir keep their modes while
+// the server runs and after it stops; without it, a 0700 ancestor gets o+x.
+func TestTemporarySearch(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the postgres user needs a way into Dir only when we run as root")
+	}
+	ctx := testContext(t)
+	for _, temporary := range []bool{true, false} {
+		parent := filepath.Join(t.TempDir(), "private")
+		if err := os.Mkdir(parent, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		mode := func() os.FileMode {
+			st, err := os.Stat(parent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Mode().Perm()
+		}
+		c := startCluster(t, Options{Dir: filepath.Join(parent, "pg"), TemporarySearch: temporary, Password: true})
+		connect(t, ctx, c.DSN("postgres"))
+		running := mode()
+		if err := c.CreateDatabase(ctx, "x", ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Restart(ctx, "fast"); err != nil {
+			t.Fatalf("Restart: %v", err)
+		}
+		connect(t, ctx, c.DSN("x"))
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := ServerPID(c.DataDir); ok {
+			t.Errorf("TemporarySearch %v: the server still runs after Stop", temporary)
+		}
+		stopped := mode()
+		switch {
+		case temporary && (running != 0o700 || stopped != 0o700):
+			t.Errorf("TemporarySearch: the parent's mode is %#o while running, %#o after Stop; want 0700", running, stopped)
+		case !temporary && stopped != 0o701:
+			t.Errorf("without TemporarySearch: the parent's mode is %#o, want 0701", stopped)
+		}
 	}
 }

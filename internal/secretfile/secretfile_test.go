@@ -47,3 +47,26 @@ func TestRead(t *testing.T) {
 		}
 	}
 }
+
+// A file that another user owns is refused even with mode 0600: as root,
+// one owned by nobody; a file of ours (or root's) is read.
+func TestReadRefusesAnotherOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can give a file to another user")
+	}
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(p, 64); err != nil {
+		t.Fatalf("Read of root's own 0600 file: %v", err)
+	}
+	const nobody = 65534
+	if err := os.Chown(p, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Read(p, 64)
+	if err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("Read of nobody's 0600 file: %v, want refused as owned by uid 65534", err)
+	}
+}
