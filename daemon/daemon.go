@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -242,11 +243,27 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	stallWindow := 2 * cfg.sessionInterval
 	checks = append(checks, func() string { return db.Stalled(stallWindow) })
 	ready.running(db, runners, checks...)
-	go watchReplication(ctx, db, replicationCheckInterval)
 	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
 	defer stopReady()
-	defer cfg.retention.start(ctx, db)()
-	return runLoops(ctx, f, runners, hup)
+
+	// The background parts (the replication watch, history retention) run
+	// as long as the loops, not as long as ctx: a loop that refuses to run
+	// (ErrUnwatchedTable) ends runLoops while ctx goes on, and a part
+	// waited for on ctx would hang the daemon instead of letting it exit
+	// with that error. They are stopped and waited for before the
+	// database closes.
+	partsCtx, stopParts := context.WithCancel(ctx)
+	var parts sync.WaitGroup
+	parts.Go(func() { watchReplication(partsCtx, db, replicationCheckInterval) })
+	waitRetention := cfg.retention.start(partsCtx, db)
+	err = runLoops(ctx, f, runners, hup)
+	if err != nil {
+		ready.set("stopping: " + err.Error())
+	}
+	stopParts()
+	waitRetention()
+	parts.Wait()
+	return err
 }
 
 // buildLoops prepares a runner for every enabled process.
