@@ -19,6 +19,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // A thousand healthy agents behind one source address (a NAT, a load
@@ -30,10 +32,7 @@ import (
 func TestManyAgentsBehindOneAddress(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, Options{})
-	agents := make([]agent, 1000)
-	for i := range agents {
-		agents[i] = e.addMachine(true)
-	}
+	agents := e.addAgents(1000)
 	client := clientFrom("127.0.0.3")
 	for round := range 2 {
 		accepted := sendRound(t, client, e.url, agents, func(agent) time.Duration { return 0 }, 16)
@@ -99,10 +98,7 @@ func TestNoisyNeighbourBehindOneAddress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Options{})
-			agents := make([]agent, healthy+tc.skewed)
-			for i := range agents {
-				agents[i] = e.addMachine(true)
-			}
+			agents := e.addAgents(healthy + tc.skewed)
 			skewed := make(map[uuid.UUID]bool, tc.skewed)
 			for _, a := range agents[healthy:] {
 				skewed[a.machine] = true
@@ -265,6 +261,37 @@ func TestConcurrentLookupsWithinBudget(t *testing.T) {
 	if status, body := post(t, client, e.url, known.heartbeat(t, time.Now())); status != http.StatusNoContent {
 		t.Errorf("the machine's agent after the forgeries: %d %q", status, body)
 	}
+}
+
+// addAgents adds n machines with recorded agents, in one transaction.
+func (e *env) addAgents(n int) []agent {
+	e.t.Helper()
+	agents := make([]agent, n)
+	pubs := make([]ed25519.PublicKey, n)
+	for i := range agents {
+		pub, key, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		agents[i].key, pubs[i] = key, pub
+	}
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		for i := range agents {
+			id, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: uuid.NewString()})
+			if err != nil {
+				return err
+			}
+			if err := tx.SetAgentStarted(ctx, id, pubs[i]); err != nil {
+				return err
+			}
+			agents[i].machine = id
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return agents
 }
 
 // sendRound sends a heartbeat of each agent, its clock off by skew(a),
