@@ -260,10 +260,10 @@ func (c *guardConn) Read(p []byte) (int, error) {
 // socket, to close it when the action ends whether or not the library
 // did. The library calls Dial once per session.
 type guardDialer struct {
-	ctx      context.Context
-	endpoint string
-	g        *guard
-	unsafe   bool // tests only: no checks, to reach the library's panics
+	ctx       context.Context
+	endpoint  string
+	g         *guard
+	unchecked bool // tests only: no checks, to reach the library's panics
 
 	mu   sync.Mutex
 	conn net.Conn
@@ -276,7 +276,7 @@ func (d *guardDialer) Dial(network, _ string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !d.unsafe {
+	if !d.unchecked {
 		conn = &guardConn{Conn: conn, g: d.g}
 	}
 	d.mu.Lock()

@@ -196,7 +196,7 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 	if err != nil {
 		return fail(err)
 	}
-	dialer := &guardDialer{ctx: ctx, endpoint: t.Endpoint(), g: guard, unsafe: c.unguarded}
+	dialer := &guardDialer{ctx: ctx, endpoint: t.Endpoint(), g: guard, unchecked: c.unguarded}
 	cl, err := client.NewClient(t.Address, port, creds.Username, creds.Password)
 	if err != nil {
 		return fail(err)
