@@ -102,8 +102,7 @@ func Definition() daemon.Provider {
 	return daemon.Provider{
 		Name:  Name,
 		Usage: "the simulated fleet, with firmware versions",
-		// A simulation: demo mode (no database given) may run with it.
-		Demo: true,
+		Demo:  true, // a simulation: demo mode (no database given) may run with it
 		Flags: cfg.RegisterFlags,
 		Check: cfg.Check,
 		New: func(env daemon.ProviderEnv) (providers.Provider, error) {
