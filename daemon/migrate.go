@@ -201,13 +201,17 @@ func migrateUp(ctx context.Context, dsn, target string, exts []*bmdb.Extension, 
 	if err != nil {
 		return errors.Join(migrateErr, err)
 	}
-	if from[0] == to[0] {
+	if from[0] == to[0] && to[0] > bmdb.LatestVersion() {
+		fmt.Fprintf(stdout, "%s: schema at version %d, newer than this binary's %d, and every newer migration lets this binary run on it: nothing to do\n", target, to[0], bmdb.LatestVersion())
+	} else if from[0] == to[0] {
 		fmt.Fprintf(stdout, "%s: schema already at version %d, nothing to do\n", target, to[0])
 	} else {
 		fmt.Fprintf(stdout, "%s: migrated schema from version %d to %d\n", target, from[0], to[0])
 	}
 	for i, e := range exts {
-		if from[i+1] == to[i+1] {
+		if from[i+1] == to[i+1] && to[i+1] > e.Latest() {
+			fmt.Fprintf(stdout, "%s: extension %s at version %d, newer than this binary's %d, and every newer migration lets this binary run on it: nothing to do\n", target, e.Name, to[i+1], e.Latest())
+		} else if from[i+1] == to[i+1] {
 			fmt.Fprintf(stdout, "%s: extension %s already at version %d, nothing to do\n", target, e.Name, to[i+1])
 		} else {
 			fmt.Fprintf(stdout, "%s: migrated extension %s from version %d to %d\n", target, e.Name, from[i+1], to[i+1])
@@ -242,15 +246,30 @@ func migrateVersion(ctx context.Context, dsn, target string, exts []*bmdb.Extens
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d\n", target, v, dirtyText(v, dirty, ""), bmdb.LatestVersion())
+	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d%s\n", target, v, dirtyText(v, dirty, ""), bmdb.LatestVersion(),
+		newerText(ctx, dsn, v, dirty, bmdb.LatestVersion(), nil))
 	for _, e := range exts {
 		v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, e)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: extension %s version %d (%s); this binary knows up to %d\n", target, e.Name, v, dirtyText(v, dirty, e.Name), e.Latest())
+		fmt.Fprintf(stdout, "%s: extension %s version %d (%s); this binary knows up to %d%s\n", target, e.Name, v, dirtyText(v, dirty, e.Name), e.Latest(),
+			newerText(ctx, dsn, v, dirty, e.Latest(), e))
 	}
 	return nil
+}
+
+// newerText says, for a clean schema version newer than the binary's
+// latest, whether the binary runs on it (its newer migrations are all
+// declared compatible), and if not, what to run instead.
+func newerText(ctx context.Context, dsn string, version uint, dirty bool, latest uint, ext *bmdb.Extension) string {
+	if dirty || version <= latest {
+		return ""
+	}
+	if err := bmdb.CheckNewerSchema(ctx, dsn, ext); err != nil {
+		return "; this binary does not run on it: " + strings.TrimPrefix(err.Error(), bmdb.ErrSchema.Error()+": ")
+	}
+	return "; this binary runs on it: every newer migration is declared compatible with the binaries before it"
 }
 
 func dirtyText(version uint, dirty bool, extension string) string {
