@@ -138,7 +138,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	var ready readiness
 	var status statusPage
 	ready.set("starting")
-	stopHTTP, err := serveHTTP(cfg.listen, newHandler(reg, &ready, &status, cfg.statusToken))
+	stopHTTP, err := serveHTTP(cfg.listen, reg, newHandler(reg, &ready, &status, cfg.statusToken))
 	if err != nil {
 		return err
 	}

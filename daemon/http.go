@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -105,8 +104,9 @@ const (
 	// maxHeaderBytes bounds a request's headers: probes, scrapes and
 	// browsers send well under 8 KiB.
 	maxHeaderBytes = 16 << 10
-	// maxHTTPConnections bounds concurrent connections: Prometheus, the
-	// probes and a few operators need a handful.
+	// maxHTTPConnections bounds concurrent connections (beyond it, a few
+	// for the probes only: httpConnLimits): Prometheus, the probes and a
+	// few operators need a handful.
 	maxHTTPConnections = 256
 )
 
@@ -135,8 +135,18 @@ func requireToken(token string, h http.Handler) http.Handler {
 }
 
 // serveHTTP listens on addr (a port of 0 picks a free one, logged) and
-// serves h until stop is called.
-func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
+// serves h until stop is called; the listener's metrics go to reg.
+func serveHTTP(addr string, reg prometheus.Registerer, h http.Handler) (stop func(), err error) {
+	limited := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shepherd_http_connections_limited_total",
+		Help: "Connections to -listen the connection limits acted on: closed_idle (an idle keep-alive closed to make room), probe_only (admitted to the probes' reserve), refused (closed at once, no room).",
+	}, []string{"action"})
+	for _, a := range []string{limitClosedIdle, limitProbeOnly, limitRefused} {
+		limited.WithLabelValues(a)
+	}
+	if err := reg.Register(limited); err != nil {
+		return nil, fmt.Errorf("registering the -listen metrics: %w", err)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-listen %s: %w", addr, err)
@@ -144,16 +154,20 @@ func serveHTTP(addr string, h http.Handler) (stop func(), err error) {
 	// Bounded in every dimension a client controls: a client trickling
 	// headers, sending a slow body, holding idle keep-alives or opening
 	// thousands of connections costs a bounded amount of memory and no
-	// goroutine forever.
+	// goroutine forever, and cannot keep the probes from being answered
+	// (limitListener).
+	ll := newLimitListener(l, httpConnLimits(), limited)
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           probeOnlyGuard(h),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
+		ConnState:         ll.trackConnState,
+		ConnContext:       connContext,
 	}
-	l = netutil.LimitListener(l, maxHTTPConnections)
+	l = ll
 	klog.InfoS("Serving /metrics, /healthz and /readyz", "url", "http://"+l.Addr().String())
 	done := make(chan struct{})
 	go func() {
