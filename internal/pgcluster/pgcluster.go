@@ -458,16 +458,23 @@ func (c *Cluster) makeSearchable() ([]widened, error) {
 			if !c.temporarySearch {
 				c.logf("pgcluster: making %s searchable (o+x) so that user %s can reach %s", p, c.runAs.name, c.Dir)
 			}
-			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
+			if err := os.Chmod(p, chmodBits(st.Mode())|0o001); err != nil {
 				c.restoreModes(changed)
 				return nil, fmt.Errorf("making %s searchable for user %s: %w", p, c.runAs.name, err)
 			}
-			changed = append(changed, widened{path: p, mode: st.Mode().Perm()})
+			changed = append(changed, widened{path: p, mode: chmodBits(st.Mode())})
 		}
 		if p == filepath.Dir(p) {
 			return changed, nil
 		}
 	}
+}
+
+// chmodBits is the part of mode that os.Chmod sets: the permissions and the
+// setuid, setgid and sticky bits, which a chmod of the permissions alone
+// would clear (a setgid directory would stop passing on its group).
+func chmodBits(mode fs.FileMode) fs.FileMode {
+	return mode & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
 }
 
 // restoreModes undoes makeSearchable, innermost directory first. It only
@@ -477,7 +484,7 @@ func (c *Cluster) restoreModes(changed []widened) {
 	for _, w := range changed {
 		st, err := os.Stat(w.path)
 		if err == nil {
-			err = os.Chmod(w.path, st.Mode().Perm()&^0o001|w.mode&0o001)
+			err = os.Chmod(w.path, chmodBits(st.Mode())&^0o001|w.mode&0o001)
 		}
 		if err != nil {
 			c.logf("pgcluster: restoring the mode of %s: %v", w.path, err)

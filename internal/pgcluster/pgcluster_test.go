@@ -407,12 +407,16 @@ func TestTemporarySearch(t *testing.T) {
 		if err := os.Mkdir(parent, 0o700); err != nil {
 			t.Fatal(err)
 		}
+		// A setgid directory keeps the bit through the change and back.
+		if err := os.Chmod(parent, 0o700|os.ModeSetgid); err != nil {
+			t.Fatal(err)
+		}
 		mode := func() os.FileMode {
 			st, err := os.Stat(parent)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return st.Mode().Perm()
+			return st.Mode() & (os.ModePerm | os.ModeSetgid)
 		}
 		c := startCluster(t, Options{Dir: filepath.Join(parent, "pg"), TemporarySearch: temporary, Password: true})
 		connect(t, ctx, c.DSN("postgres"))
@@ -432,10 +436,10 @@ func TestTemporarySearch(t *testing.T) {
 		}
 		stopped := mode()
 		switch {
-		case temporary && (running != 0o700 || stopped != 0o700):
-			t.Errorf("TemporarySearch: the parent's mode is %#o while running, %#o after Stop; want 0700", running, stopped)
-		case !temporary && stopped != 0o701:
-			t.Errorf("without TemporarySearch: the parent's mode is %#o, want 0701", stopped)
+		case temporary && (running != 0o700|os.ModeSetgid || stopped != 0o700|os.ModeSetgid):
+			t.Errorf("TemporarySearch: the parent's mode is %v while running, %v after Stop; want %v", running, stopped, 0o700|os.ModeSetgid)
+		case !temporary && stopped != 0o701|os.ModeSetgid:
+			t.Errorf("without TemporarySearch: the parent's mode is %v, want %v", stopped, 0o701|os.ModeSetgid)
 		}
 	}
 }
