@@ -20,7 +20,10 @@ import (
 const migrateUsage = `Usage: shepherd migrate [flags] up|down|version|force N
 
   up        apply every migration the database lacks (no-op when current):
-            Shepherd's, then those of the binary's processes (extensions)
+            Shepherd's, then those of the binary's processes (extensions),
+            and record what each declares about the binaries before it;
+            on a newer schema, succeed doing nothing if this binary may run
+            on it (docs/upgrading.md), fail naming the release to run if not
   down      revert every migration, the extensions' first: DROPS ALL
             SHEPHERD TABLES AND DATA; refuses to run without -yes
   version   print the schema versions, and whether they are dirty
