@@ -41,6 +41,19 @@ func (c Candidates) Arg(name string) (any, bool) {
 	return v, ok
 }
 
+// SQL is the condition's text, for tools that show it next to the one a
+// registry row holds (RegisteredCondition).
+func (c Candidates) SQL() string { return c.condition }
+
+// Due is the text of the condition's due time, "" when time alone never
+// makes it true.
+func (c Candidates) Due() string {
+	if c.due == noDue {
+		return ""
+	}
+	return c.due
+}
+
 const (
 	// condAgentStart: provided machines without a started agent.
 	condAgentStart = `
@@ -137,8 +150,9 @@ func (c Candidates) query(template string, args pgx.NamedArgs) (string, pgx.Name
 	if due == "" {
 		due = noDue
 	}
-	query := strings.ReplaceAll(template, "/*CONDITION*/", c.condition)
-	return strings.ReplaceAll(query, "/*DUE*/", due), merged
+	// One pass: a marker inside the spliced condition (in a string
+	// literal, where checkBalanced allows it) is text, not replaced.
+	return strings.NewReplacer("/*CONDITION*/", c.condition, "/*DUE*/", due).Replace(template), merged
 }
 
 // Condition is a process's domain condition, declared by its author: which
@@ -222,14 +236,37 @@ func NewCandidates(c Condition) (Candidates, error) {
 // into: parentheses that close more than they opened (`true) OR (true`),
 // statement separators, comments (which could swallow the rest of the
 // template) and dollar quoting. String literals and quoted identifiers are
-// skipped.
+// skipped, so it must find where each ends exactly where PostgreSQL does.
+// It therefore refuses the literals whose end depends on escapes or on a
+// server setting rather than on doubled quotes alone: E'...' strings (\'
+// does not end them) and any backslash in a plain string (with
+// standard_conforming_strings off, \' does not end one either); and, as
+// no condition needs them, U&'...' strings and U&"..." identifiers, whose
+// escapes a reader of the condition would have to decode. A condition
+// that needs such a value takes it as an @argument.
 func checkBalanced(sql string) error {
 	depth := 0
-	for i := 0; i < len(sql); i++ {
-		switch ch := sql[i]; ch {
-		case '\'', '"':
+	for i := 0; i < len(sql); {
+		ch := sql[i]
+		switch {
+		case isWordByte(ch):
+			// A whole word, so that a letter ending an identifier
+			// (date'2024-01-01') is not taken for a prefix.
+			j := i
+			for j < len(sql) && isWordByte(sql[j]) {
+				j++
+			}
+			if err := checkPrefix(sql[i:j], sql[j:]); err != nil {
+				return err
+			}
+			i = j
+			continue
+		case ch == '\'' || ch == '"':
 			j := i + 1
 			for ; j < len(sql); j++ {
+				if sql[j] == '\\' && ch == '\'' {
+					return errors.New("a backslash in a string literal is not allowed: PostgreSQL reads it as an escape when standard_conforming_strings is off; pass the value as an @argument")
+				}
 				if sql[j] == ch {
 					if j+1 < len(sql) && sql[j+1] == ch { // doubled quote
 						j++
@@ -242,29 +279,61 @@ func checkBalanced(sql string) error {
 				return errors.New("unterminated quote")
 			}
 			i = j
-		case '(':
+		case ch == '(':
 			depth++
-		case ')':
+		case ch == ')':
 			depth--
 			if depth < 0 {
 				return errors.New("a ')' closes more than the condition opened")
 			}
-		case ';':
+		case ch == ';':
 			return errors.New("';' is not allowed: a condition is one expression")
-		case '$':
+		case ch == '$':
 			return errors.New("'$' is not allowed: use named @arguments, not positional ones or dollar quoting")
-		case '-':
+		case ch == '-':
 			if i+1 < len(sql) && sql[i+1] == '-' {
 				return errors.New("comments (--) are not allowed")
 			}
-		case '/':
+		case ch == '/':
 			if i+1 < len(sql) && sql[i+1] == '*' {
 				return errors.New("comments (/*) are not allowed")
 			}
+		case ch == 0:
+			return errors.New("a NUL byte is not allowed")
 		}
+		i++
 	}
 	if depth != 0 {
 		return errors.New("unbalanced parentheses")
+	}
+	return nil
+}
+
+// isWordByte reports whether b continues a keyword, identifier or number
+// (PostgreSQL's ident_cont without '$', which checkBalanced refuses, and
+// with every byte of a multi-byte UTF-8 letter).
+func isWordByte(b byte) bool {
+	return b == '_' || b >= 0x80 || ('a' <= b && b <= 'z') || ('A' <= b && b <= 'Z') || ('0' <= b && b <= '9')
+}
+
+// checkPrefix refuses a word that PostgreSQL would read as the prefix of
+// an escape string (E'...') or of a Unicode-escape string or identifier
+// (U&'...', U&"..."), given the text that follows it. PostgreSQL starts
+// such a literal at a lone E or U, and also at the E or U ending a number
+// (1e'...' lexes as 1 followed by e'...'), so both are refused.
+func checkPrefix(word, rest string) error {
+	if rest == "" {
+		return nil
+	}
+	last := word[len(word)-1]
+	if len(word) > 1 && !('0' <= word[0] && word[0] <= '9') {
+		return nil // an identifier or keyword: date'...' is a typed literal
+	}
+	switch {
+	case (last == 'e' || last == 'E') && rest[0] == '\'':
+		return errors.New("escape strings (E'...') are not allowed: a backslash-escaped quote does not end them, so where they end is not where quotes alone say; pass the value as an @argument")
+	case (last == 'u' || last == 'U') && len(rest) > 1 && rest[0] == '&' && (rest[1] == '\'' || rest[1] == '"'):
+		return errors.New("unicode-escape quoting (U&'...', U&\"...\") is not allowed; pass the value as an @argument")
 	}
 	return nil
 }

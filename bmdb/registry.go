@@ -105,12 +105,23 @@ var ErrNotRegistered = errors.New("process not registered in the BMDB (no runner
 
 // RegisteredCondition is a process's condition as the BMDB recorded it,
 // and what the live replicas running it say.
+//
+// Its SQL is data, not code: whoever can write process_registry can put
+// any text there, and a tool runs its statements with the operator's
+// role. So nothing here runs it: Candidates evaluates the condition
+// compiled into the caller, with the recorded parameters (bound as
+// values), and only when the recorded text is the caller's own.
 type RegisteredCondition struct {
-	// Candidates evaluates the recorded condition with its recorded
-	// parameters: what the process's due rows were built from.
-	Candidates Candidates
+	// Name, SQL and Due are the condition's text as recorded (Due ""
+	// when time alone never makes it true), to compare and to show,
+	// escaped: never to run.
+	Name, SQL, Due string
 	// Args are the recorded parameters as text, for operators.
 	Args map[string]string
+	// args are the recorded parameters as the daemons bind them;
+	// argsErr says why they could not be read.
+	args    pgx.NamedArgs
+	argsErr error
 	// By and At say which runner registered it last, and when.
 	By string
 	At time.Time
@@ -126,6 +137,38 @@ type RegisteredCondition struct {
 	// recorded condition.
 	Registrants []Registrant
 	Disagree    bool
+}
+
+// ErrConditionDiffers is returned by RegisteredCondition.Candidates when
+// the condition recorded in the BMDB is not the caller's own: another
+// release registered it, or the row was changed in the database.
+var ErrConditionDiffers = errors.New("the condition recorded in the BMDB differs from this binary's")
+
+// Candidates is own, the caller's compiled-in condition of the process,
+// bound to the recorded parameters: eligibility as the daemons evaluate
+// it, running only SQL of the caller's binary. It fails with
+// ErrConditionDiffers when the recorded name, SQL or due time is not
+// own's, or the recorded parameters are not own's parameters; and with a
+// descriptive error when a recorded parameter has a type the registry
+// cannot carry.
+func (rc RegisteredCondition) Candidates(own Candidates) (Candidates, error) {
+	switch {
+	case rc.Name != own.name:
+		return Candidates{}, fmt.Errorf("%w: it is named %q, this binary's %q", ErrConditionDiffers, rc.Name, own.name)
+	case rc.SQL != own.condition:
+		return Candidates{}, fmt.Errorf("%w: its SQL text is not this binary's", ErrConditionDiffers)
+	case rc.Due != own.Due():
+		return Candidates{}, fmt.Errorf("%w: its due time's SQL text is not this binary's", ErrConditionDiffers)
+	case rc.argsErr != nil:
+		return Candidates{}, rc.argsErr
+	}
+	recorded := slices.Sorted(maps.Keys(rc.args))
+	if !slices.Equal(recorded, slices.Sorted(maps.Keys(own.args))) {
+		return Candidates{}, fmt.Errorf("%w: its parameters are %s, this binary's %s", ErrConditionDiffers, strings.Join(recorded, ", "), strings.Join(slices.Sorted(maps.Keys(own.args)), ", "))
+	}
+	bound := own
+	bound.args = maps.Clone(rc.args)
+	return bound, nil
 }
 
 // Registrant is one live session's view of a process's condition.
@@ -148,20 +191,18 @@ func ArgsText(args map[string]string) string {
 
 // RegisteredCondition reads the condition process was last registered
 // with, and its live registrants. Tools use it so that they evaluate what
-// the running daemons evaluate, not their own defaults. It fails with
-// ErrNotRegistered when no runner has registered the process, and with a
-// descriptive error when a recorded parameter has a type the registry
-// cannot carry.
+// the running daemons evaluate, not their own defaults; they evaluate it
+// through Candidates. It fails with ErrNotRegistered when no runner has
+// registered the process.
 func (db *DB) RegisteredCondition(ctx context.Context, process Process) (RegisteredCondition, error) {
 	var (
-		rc              RegisteredCondition
-		name, cond, due string
-		rawArgs         []byte
-		registrants     []Registrant
+		rc          RegisteredCondition
+		rawArgs     []byte
+		registrants []Registrant
 	)
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		registrants = registrants[:0]
-		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&name, &cond, &due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At, &rc.DueBuilt)
+		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&rc.Name, &rc.SQL, &rc.Due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At, &rc.DueBuilt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotRegistered
 		}
@@ -193,19 +234,13 @@ func (db *DB) RegisteredCondition(ctx context.Context, process Process) (Registe
 			rc.Disagree = true
 		}
 	}
-	args, text, err := decodeArgs(rawArgs)
-	rc.Args = text
-	if err != nil {
-		return rc, fmt.Errorf("the registered condition of %s (%s): %w", process.Name, name, err)
+	rc.args, rc.Args, rc.argsErr = decodeArgs(rawArgs)
+	if rc.argsErr != nil {
+		rc.argsErr = fmt.Errorf("the registered condition of %s (%s): %w", process.Name, rc.Name, rc.argsErr)
 	}
-	if due == noDue {
-		due = ""
+	if rc.Due == noDue {
+		rc.Due = ""
 	}
-	c, err := NewCandidates(Condition{Name: name, SQL: cond, Due: due, Args: args})
-	if err != nil {
-		return rc, fmt.Errorf("the registered condition of %s: %w", process.Name, err)
-	}
-	rc.Candidates = c
 	return rc, nil
 }
 

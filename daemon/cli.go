@@ -59,6 +59,10 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       pinned SSH host keys, with fingerprints
   shepherd tags MACHINE
       the machine's tags of the binary's processes (their own tables)
+  shepherd condition PROCESS
+      the process's condition as this binary defines it and as the BMDB
+      records it, and whether they are the same (machines evaluates
+      eligibility only when they are: it never runs SQL read from the BMDB)
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -113,7 +117,8 @@ var cliCommands = map[string]cliCommand{
 		reasonFlag(fs, o)
 		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
 	}, run: (*cli).hostKey},
-	"tags": {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
+	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
+	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -430,7 +435,7 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			}
 		}
 		if c.opts.state == bmdb.StateEligible && p.candidates == nil {
-			return usagef("-state eligible: neither this binary nor the BMDB's registry knows what makes a machine eligible for %s", p.process.Name)
+			return usagef("-state eligible: eligibility of %s is unknown: this binary does not define it, and it does not run condition SQL read from the BMDB (shepherd condition %s shows it)", p.process.Name, p.process.Name)
 		}
 		procs = []cliProcess{p}
 	} else {
