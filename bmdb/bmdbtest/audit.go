@@ -19,7 +19,9 @@ type LeaseAudit struct {
 	// Leases is the number of leases (Started events) checked.
 	Leases int
 	// Overlaps lists every Started on a machine while another lease of its
-	// exclusion group was held there.
+	// exclusion group was held there, every removal of a machine (Removed)
+	// while any lease was held on it, and every Started on a machine after
+	// its removal.
 	Overlaps []string
 	// Orphans lists every end (Finished, Rescheduled, Failed, Canceled,
 	// Lost) that ends no open lease of its process and session: a second
@@ -63,8 +65,22 @@ func AuditLeases(history []bmdb.HistoryEntry, groups map[string]string) (LeaseAu
 	// one only after an overlap, which keeps later events matched to their
 	// own lease so that one fault is not reported many times.
 	open := map[key][]bmdb.HistoryEntry{}
+	removed := map[uuid.UUID]int64{} // machine: the id of its Removed
 	for _, e := range history {
 		res.Events[e.Event]++
+		if e.Event == bmdb.EventRemoved {
+			for k, held := range open {
+				for _, h := range held {
+					if k.machine == e.Machine {
+						res.Overlaps = append(res.Overlaps, fmt.Sprintf(
+							"history id %d: %s removed while %s held it since id %d (session %s)",
+							e.ID, e.Machine, h.Process, h.ID, h.Session))
+					}
+				}
+			}
+			removed[e.Machine] = e.ID
+			continue
+		}
 		if slices.Contains(operatorEvents, e.Event) {
 			continue
 		}
@@ -77,6 +93,10 @@ func AuditLeases(history []bmdb.HistoryEntry, groups map[string]string) (LeaseAu
 		switch {
 		case e.Event == bmdb.EventStarted:
 			res.Leases++
+			if id, ok := removed[e.Machine]; ok {
+				res.Overlaps = append(res.Overlaps, fmt.Sprintf(
+					"history id %d: %s started on %s, removed at id %d", e.ID, e.Process, e.Machine, id))
+			}
 			for _, h := range held {
 				res.Overlaps = append(res.Overlaps, fmt.Sprintf(
 					"history id %d: %s started on %s (session %s) while %s held it since id %d (session %s)",

@@ -58,6 +58,16 @@ func TestAuditLeases(t *testing.T) {
 		{name: "ended by another session", h: []bmdb.HistoryEntry{
 			ev(1, m1, "A", "Started", s1), ev(2, m1, "A", "Finished", s2),
 		}, orphans: 1, open: 1, wantLeases: 1},
+		{name: "removed when idle", h: []bmdb.HistoryEntry{
+			ev(1, m1, "A", "Started", s1), ev(2, m2, "C", "Started", s1), ev(3, m1, "A", "Finished", s1),
+			ev(4, m1, "", bmdb.EventRemoved, uuid.Nil), ev(5, m2, "C", "Finished", s1),
+		}, wantLeases: 2},
+		{name: "removed while leased", h: []bmdb.HistoryEntry{
+			ev(1, m1, "C", "Started", s1), ev(2, m1, "", bmdb.EventRemoved, uuid.Nil), ev(3, m1, "C", "Finished", s1),
+		}, overlaps: 1, wantLeases: 1},
+		{name: "started after removal", h: []bmdb.HistoryEntry{
+			ev(1, m1, "", bmdb.EventRemoved, uuid.Nil), ev(2, m1, "A", "Started", s1), ev(3, m1, "A", "Finished", s1),
+		}, overlaps: 1, wantLeases: 1},
 		{name: "unknown process", h: []bmdb.HistoryEntry{ev(1, m1, "X", "Started", s1)}, wantErr: "unknown process"},
 		{name: "unknown event", h: []bmdb.HistoryEntry{ev(1, m1, "A", "Teleported", s1)}, wantErr: "unknown event"},
 	} {

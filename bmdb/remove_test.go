@@ -1,0 +1,216 @@
+package bmdb_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+)
+
+// remove removes machine in a transaction of its own.
+func (e *env) remove(machine uuid.UUID, reason string) error {
+	return e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.RemoveMachine(ctx, machine, reason)
+	})
+}
+
+// auditRemovals checks e's whole history: no lease overlaps, no orphan
+// end, and no machine removed while leased.
+func (e *env) auditRemovals() bmdbtest.LeaseAudit {
+	e.t.Helper()
+	h, err := e.db.HistoryAfter(context.Background(), 0, 100000)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return bmdbtest.CheckExclusion(e.t, h, bmdbtest.GroupsOf(agentStart, recovery))
+}
+
+// An idle machine is removed with its tags and due rows; its history stays
+// readable, ends with Removed (actor provider:NAME, role the session's
+// database role, cause naming the provider id), and a claim no longer
+// finds it.
+func TestRemoveMachine(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e, s, m := newEnvWithMachine(t)
+	w := claim(t, s, agentStart)
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var providerID string
+	if err := e.raw.QueryRow(ctx, `SELECT provider_id FROM machine_provided WHERE machine_id = $1`, m).Scan(&providerID); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := e.remove(m, "gone from the CMDB"); err != nil {
+		t.Fatalf("RemoveMachine: %v", err)
+	}
+	for _, table := range []string{"machines", "machine_provided", "work_due", "work_backoff"} {
+		var n int
+		if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE machine_id = $1`, m).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%s still has %d rows of the removed machine", table, n)
+		}
+	}
+	d, err := e.db.Machine(ctx, m, 0)
+	if err != nil {
+		t.Fatalf("Machine of a removed machine: %v, want its history", err)
+	}
+	if d.Exists || len(d.History) != 3 {
+		t.Fatalf("removed machine: exists %v, history %+v; want gone with Started, Finished, Removed", d.Exists, d.History)
+	}
+	last := d.History[2]
+	if last.Event != bmdb.EventRemoved || last.Process != "" || last.Cause != "test/"+providerID+": gone from the CMDB" {
+		t.Errorf("last event %+v, want Removed of process '' with the provider id and reason", last)
+	}
+	var actor, role string
+	if err := e.raw.QueryRow(ctx, `SELECT actor, actor_role FROM work_history WHERE id = $1`, last.ID).Scan(&actor, &role); err != nil {
+		t.Fatal(err)
+	}
+	var user string
+	if err := e.raw.QueryRow(ctx, `SELECT session_user`).Scan(&user); err != nil {
+		t.Fatal(err)
+	}
+	if actor != "provider:test" || role != user {
+		t.Errorf("Removed recorded actor %q role %q, want provider:test and %q", actor, role, user)
+	}
+	expectNothing(t, s, agentStart)
+
+	if err := e.remove(m, "again"); !errors.Is(err, bmdb.ErrNotFound) {
+		t.Errorf("removing a removed machine: %v, want ErrNotFound", err)
+	}
+	if err := e.remove(uuid.New(), "never was"); !errors.Is(err, bmdb.ErrNotFound) {
+		t.Errorf("removing an unknown machine: %v, want ErrNotFound", err)
+	}
+	e.auditRemovals()
+}
+
+// A leased machine is not removed: RemoveMachine returns ErrLeased and
+// changes nothing, the lease ends normally, and the removal then succeeds.
+func TestRemoveMachineLeased(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e, s, m := newEnvWithMachine(t)
+	w := claim(t, s, agentStart)
+
+	err := e.remove(m, "decommissioned")
+	if !errors.Is(err, bmdb.ErrLeased) {
+		t.Fatalf("removing a leased machine: %v, want ErrLeased", err)
+	}
+	d, err := e.db.Machine(ctx, m, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Exists || d.Provided == nil || len(d.Leases) != 1 {
+		t.Fatalf("after a refused removal: exists %v, provided %v, leases %v; want all kept", d.Exists, d.Provided, d.Leases)
+	}
+	for _, h := range d.History {
+		if h.Event == bmdb.EventRemoved {
+			t.Fatalf("a refused removal recorded %+v", h)
+		}
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatalf("Finish after a refused removal: %v", err)
+	}
+	if err := e.remove(m, "decommissioned"); err != nil {
+		t.Fatalf("removing after the lease ended: %v", err)
+	}
+	if a := e.auditRemovals(); a.Events[bmdb.EventRemoved] != 1 || a.Leases != 1 {
+		t.Errorf("audit: %+v, want one lease and one removal", a)
+	}
+}
+
+// Claims and removals racing on the same machines: every machine ends up
+// either leased (its removal refused with ErrLeased) or removed (never
+// leased), neither side sees any other error, and the history shows no
+// removal while a lease was held. Repeated so that the claims' due-row
+// locks and the removals' meet in every order.
+func TestRemoveMachineRacesClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	expectNothing(t, s, agentStart) // registers the process: its due rows are built
+	for round := range 5 {
+		machines := e.addMachines(40)
+		var (
+			wg      sync.WaitGroup
+			leases  []*bmdb.Lease
+			claimed = map[uuid.UUID]bool{}
+			refused = map[uuid.UUID]bool{}
+			removed = map[uuid.UUID]bool{}
+		)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for {
+				ws, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 4)
+				var nd *bmdb.NothingDue
+				switch {
+				case errors.As(err, &nd):
+					// Rows the remover holds locked leave Next in
+					// the past: claim until no due row is left.
+					if !nd.More && nd.Next.IsZero() {
+						return
+					}
+					continue
+				case err != nil:
+					t.Errorf("round %d: claim: %v", round, err)
+					return
+				}
+				for _, w := range ws {
+					leases = append(leases, w)
+					claimed[w.Machine] = true
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			// Every other machine, from the end, so that removals and
+			// claims cross in the middle.
+			for i := len(machines) - 1; i >= 0; i -= 2 {
+				err := e.remove(machines[i], "race")
+				switch {
+				case err == nil:
+					removed[machines[i]] = true
+				case errors.Is(err, bmdb.ErrLeased):
+					refused[machines[i]] = true
+				default:
+					t.Errorf("round %d: RemoveMachine: %v", round, err)
+				}
+			}
+		}()
+		wg.Wait()
+		for m := range removed {
+			if claimed[m] {
+				t.Errorf("round %d: %s was both leased and removed", round, m)
+			}
+		}
+		for m := range refused {
+			if !claimed[m] {
+				t.Errorf("round %d: removal of %s was refused, but no lease of it was returned", round, m)
+			}
+		}
+		for _, w := range leases {
+			if err := w.Finish(ctx, nil); err != nil {
+				t.Fatalf("round %d: Finish: %v", round, err)
+			}
+		}
+		for m := range refused {
+			if err := e.remove(m, "after the lease"); err != nil {
+				t.Errorf("round %d: removing %s after its lease: %v", round, m, err)
+			}
+		}
+		t.Logf("round %d: %d leased, %d removed, %d refused then removed", round, len(leases), len(removed), len(refused))
+	}
+	if a := e.auditRemovals(); len(a.Open) > 0 {
+		t.Errorf("leases left open: %v", a.Open)
+	}
+}
