@@ -48,6 +48,9 @@ type leaseEnd struct {
 	// later is a Rescheduled end's seconds before the process may lease
 	// the machine again.
 	later float64
+	// note is the cleaned Lease.Note of a Finished or Rescheduled end
+	// ("" for none), recorded as its history cause.
+	note string
 }
 
 // endRequest is one lease end waiting for, or carried by, a shared
@@ -227,10 +230,11 @@ func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*lease
 	machines, processes := leaseColumns(ends)
 	events := make([]string, len(ends))
 	later := make([]float64, len(ends))
+	notes := make([]string, len(ends))
 	for i, e := range ends {
-		events[i], later[i] = e.event, e.later
+		events[i], later[i], notes[i] = e.event, e.later, e.note
 	}
-	rows, err := tx.Query(ctx, qEndLeases, session, machines, processes, events, later)
+	rows, err := tx.Query(ctx, qEndLeases, session, machines, processes, events, later, notes)
 	if err != nil {
 		return nil, err
 	}

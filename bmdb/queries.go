@@ -116,8 +116,9 @@ FROM sessions ORDER BY session_created_at`
 	// qEndLeases records the ends of leases of session $1, one row per
 	// lease: machines $2, processes $3, events $4 (Finished, Rescheduled or
 	// Canceled) and, for Rescheduled, the seconds $5 before the process may
-	// lease the machine again. Each lease that is still held goes and its
-	// event is recorded; Finished and Rescheduled, successes, delete the
+	// lease the machine again, and notes $6 (a Finished or Rescheduled
+	// end's Lease.Note, '' for none) recorded as the event's cause. Each
+	// lease that is still held goes and its event is recorded; Finished and Rescheduled, successes, delete the
 	// process's backoff on the machine; Finished deletes its "check again
 	// later", Rescheduled sets it; Canceled keeps both. It returns the
 	// leases (machine, process) that were held: a lease of a lost session (the reaper
@@ -131,11 +132,11 @@ FROM sessions ORDER BY session_created_at`
 	// by it reads them all, dead ones included.
 	qEndLeases = `
 WITH ends AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[]) AS e(machine_id, process, event, later)
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::text[]) AS e(machine_id, process, event, later, note)
 ), lease AS (
     DELETE FROM work w USING ends e
     WHERE w.machine_id = e.machine_id AND w.process = e.process AND w.session_id IS NOT DISTINCT FROM $1
-    RETURNING e.machine_id, e.process, e.event, e.later
+    RETURNING e.machine_id, e.process, e.event, e.later, e.note
 ), cleared AS (
     DELETE FROM work_backoff b USING lease l
     WHERE b.machine_id = l.machine_id AND b.process = l.process AND l.event <> 'Canceled'
@@ -152,7 +153,8 @@ WITH ends AS (
     INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
     SELECT machine_id, process, event, $1,
            CASE WHEN event = 'Rescheduled' THEN
-               'check again after ' || to_char((now() + make_interval(secs => later)) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+               concat_ws('; ', NULLIF(note, ''), 'check again after ' || to_char((now() + make_interval(secs => later)) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
+           WHEN event = 'Finished' THEN NULLIF(note, '')
            END
     FROM lease ORDER BY machine_id
 )

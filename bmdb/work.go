@@ -50,6 +50,11 @@ type Lease struct {
 	// ProviderID is the machine's id at its provider, the name operators
 	// know it by (empty for a machine no provider lists), for logs.
 	ProviderID string
+	// Note, if set before Finish or Reschedule, is recorded as the cause
+	// of their history event: what the process saw and did ("power was
+	// off; powered on"). It is text from the world, cleaned as a failure's
+	// cause is.
+	Note string
 
 	s    *Session
 	mu   sync.Mutex
@@ -233,7 +238,7 @@ func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Cont
 // records Finished, and runs fn to record the outcome (tags). If the lease
 // is no longer held, or fn fails, nothing is committed.
 func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	if err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished}, fn); err != nil {
+	if err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}, fn); err != nil {
 		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
@@ -245,7 +250,7 @@ func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 // not Finished; it is no failure and sets no backoff (it deletes one, as
 // Finish does).
 func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
-	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1)}
+	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1), note: w.note()}
 	if err := w.end(ctx, rec, fn); err != nil {
 		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
@@ -287,6 +292,14 @@ func (w *Lease) Cancel(ctx context.Context) error {
 		return fmt.Errorf("cancelling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}
 	return nil
+}
+
+// note is the lease's Note, made storable ("" when unset).
+func (w *Lease) note() string {
+	if w.Note == "" {
+		return ""
+	}
+	return cleanCause(w.Note)
 }
 
 // cleanCause makes a failure cause storable: causes carry text from

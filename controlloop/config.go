@@ -1,6 +1,7 @@
 package controlloop
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -118,6 +119,14 @@ type Config struct {
 	EndRetry time.Duration
 	// EndAttempt bounds one attempt to record the end of a lease.
 	EndAttempt time.Duration
+	// RunTimeout bounds one Run: its context's deadline. A Run that
+	// returns after it (or does not return within RunGrace more) fails
+	// with "run timed out after RunTimeout".
+	RunTimeout time.Duration
+	// RunGrace is how long past RunTimeout the worker waits for a Run
+	// that ignores its context before it fails the lease and abandons
+	// the Run's goroutine (runner.go, runBounded).
+	RunGrace time.Duration
 
 	backoffInitialSet, backoffMaximumSet, backoffExponentSet bool
 }
@@ -161,8 +170,18 @@ func DefaultConfig(info Info) Config {
 		Limits:            DefaultLimits(),
 		EndRetry:          2 * time.Minute,
 		EndAttempt:        30 * time.Second,
+		RunTimeout:        cmp.Or(info.DefaultRunTimeout, DefaultRunTimeout),
+		RunGrace:          5 * time.Second,
 	}
 }
+
+// DefaultRunTimeout is the bound on one Run of a process whose Info
+// declares none: generous, since it only catches a Run that hangs.
+const DefaultRunTimeout = 15 * time.Minute
+
+// maxRunTimeout bounds -<p>_run_timeout: a lease held longer than a day
+// by one Run is a hang, not work.
+const maxRunTimeout = 24 * time.Hour
 
 // durationFlag records whether it was set, so that Check can tell an
 // explicit bad value from a default.
@@ -227,6 +246,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.Var(durationFlag{&c.Backoff.Initial, &c.backoffInitialSet}, p+"backoff_initial", "first backoff after a "+prefix+" failure (at least 1s)")
 	fs.Var(durationFlag{&c.Backoff.Maximum, &c.backoffMaximumSet}, p+"backoff_maximum", "longest backoff after repeated "+prefix+" failures (at least the initial backoff)")
 	fs.Var(floatFlag{f: &c.Backoff.Exponent, set: &c.backoffExponentSet, want: "a number"}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
+	fs.DurationVar(&c.RunTimeout, p+"run_timeout", c.RunTimeout, "bound on one "+prefix+" run (its context's deadline); a run past it fails with \"run timed out after D\"")
 	fs.Float64Var(&c.Backoff.Jitter, p+"backoff_jitter", c.Backoff.Jitter, "fraction of the backoff added at random to its end, so that a fleet-wide failure does not return in one wave (0..1)")
 	c.Limits.registerFlags(fs, prefix)
 }
@@ -259,6 +279,8 @@ func (c *Config) Check(prefix string) error {
 		return fmt.Errorf("%sbackoff_initial %s: must be at least 1s", p, c.Backoff.Initial)
 	case c.Backoff.Maximum < c.Backoff.Initial:
 		return fmt.Errorf("%sbackoff_maximum %s: must not be below %sbackoff_initial %s", p, c.Backoff.Maximum, p, c.Backoff.Initial)
+	case c.RunTimeout <= 0 || c.RunTimeout > maxRunTimeout:
+		return fmt.Errorf("%srun_timeout %s: must be positive and at most %s", p, c.RunTimeout, maxRunTimeout)
 	case c.Backoff.Jitter < 0 || c.Backoff.Jitter > 1:
 		return fmt.Errorf("%sbackoff_jitter %g: must be between 0 and 1", p, c.Backoff.Jitter)
 	}

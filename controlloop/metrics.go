@@ -17,9 +17,12 @@ const (
 	// ResultRescheduled: finished with a time before which the machine is
 	// not a candidate again (Task.CheckAgainAfter); not a failure.
 	ResultRescheduled = "rescheduled"
+	// ResultTimeout: Run did not return within -<p>_run_timeout; the work
+	// failed (backed off) with the cause "run timed out after D".
+	ResultTimeout = "timeout"
 )
 
-var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultCanceled, ResultLost}
+var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultTimeout, ResultCanceled, ResultLost}
 
 // Metrics are the runner's Prometheus metrics, shared by all processes of a
 // daemon and labelled by process. Names follow controller-runtime's
@@ -42,6 +45,7 @@ type Metrics struct {
 	listening     *prometheus.GaugeVec
 	wakeups       *prometheus.CounterVec
 	drift         *prometheus.CounterVec
+	abandoned     *prometheus.GaugeVec
 	limits        *limitMetrics
 }
 
@@ -51,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		started: metric.CounterVec(reg, "shepherd_work_started_total",
 			"Work leases taken by this replica.", "process"),
 		finished: metric.CounterVec(reg, "shepherd_work_finished_total",
-			"Work ended by this replica, by result: finished, failed (backed off), canceled, lost (lease gone with its session).", "process", "result"),
+			"Work ended by this replica, by result: finished, rescheduled, failed (backed off), timeout (failed: Run exceeded -<p>_run_timeout), canceled, lost (lease gone with its session).", "process", "result"),
 		duration: metric.HistogramVec(reg, "shepherd_work_duration_seconds",
 			"Time from lease to end of work, by result.",
 			[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}, "process", "result"),
@@ -84,6 +88,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		drift: metric.CounterVec(reg, "shepherd_due_drift_total",
 			"Machines the reconcile pass found a claim would lease but that had no due row (a write the due triggers did not see); each was made due.", "process"),
 	}
+	m.abandoned = metric.GaugeVec(reg, "shepherd_work_abandoned_runs",
+		"Runs that ignored their context past -<p>_run_timeout and its grace: their lease was failed and their worker went on, while they still run (a provider that does not honour its context).", "process")
 	m.limits = newLimitMetrics(reg)
 	return m
 }
@@ -102,6 +108,7 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.wakeups.WithLabelValues(label, "timer")
 	m.wakeups.WithLabelValues(label, "lease_ended")
 	m.drift.WithLabelValues(label)
+	m.abandoned.WithLabelValues(label)
 	m.backoffs.WithLabelValues(label)
 	m.leases.WithLabelValues(label)
 	m.workersActive.WithLabelValues(label)

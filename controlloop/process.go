@@ -31,6 +31,10 @@ type Info struct {
 	// DefaultBackoff applies to failures unless flags override it or the
 	// process replaces it on a task.
 	DefaultBackoff bmdb.Backoff
+	// DefaultRunTimeout bounds one Run unless -<label>_run_timeout says
+	// otherwise (DefaultRunTimeout when zero): the longest a healthy Run
+	// takes, with room, since a Run past it is failed.
+	DefaultRunTimeout time.Duration
 }
 
 // Process is one control loop's domain logic.
@@ -68,6 +72,11 @@ type Task struct {
 	// index serves (enable_seqscan off): writes and reads of one machine's
 	// rows suit it, reports over a table do not.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
+	// Note, if set by a successful Run, is recorded as the cause of its
+	// Finished (or Rescheduled) history event: what the process saw and
+	// did ("power was off; powered on"), for an operator reading the
+	// machine's history.
+	Note string
 
 	work       *bmdb.Lease
 	checkAgain time.Duration

@@ -402,13 +402,89 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 		"process", label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
 	workCtx = klog.NewContext(workCtx, logger)
 	ctx, cancel := t.work.Session().Bind(workCtx)
-	runErr := r.run(ctx, t)
-	stopped := ctx.Err() != nil
+	runErr, timedOut := r.runBounded(ctx, t)
+	stopped := ctx.Err() != nil && !timedOut
 	cancel()
 	// Ending the lease must work after the grace period cancelled workCtx;
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
 	return func() { r.endWork(context.WithoutCancel(workCtx), t, runErr, stopped) }, runErr == nil && !stopped
+}
+
+// errRunTimeout is the cause of a run context that reached RunTimeout.
+var errRunTimeout = errors.New("run timed out")
+
+// timeoutError is the failure of a Run that did not end within
+// RunTimeout, whatever it returned (a provider's "context deadline
+// exceeded", or nothing yet). Its backoff is the task's as it was before
+// Run started: an abandoned Run may still write the task.
+type timeoutError struct {
+	after   time.Duration
+	backoff bmdb.Backoff
+}
+
+func (e *timeoutError) Error() string { return fmt.Sprintf("run timed out after %s", e.after) }
+
+// runBounded runs the process with a deadline of RunTimeout. A Run that
+// honours its context returns soon after the deadline and its work fails
+// as timed out. A Run that does not (a provider blocked in a call that
+// ignores ctx) is waited for RunGrace more, then abandoned: the worker
+// fails the lease and goes on, and the Run's goroutine runs on, counted in
+// shepherd_work_abandoned_runs until it returns; what it returns then is
+// dropped, and its Commit never runs.
+//
+// Why abandoning is safe enough: the lease is failed, not finished, so
+// nothing the abandoned Run would record is committed; the failure's
+// backoff keeps this process off the machine for at least the backoff's
+// initial interval; and the Run's context is cancelled, so any call that
+// does honour it stops. What is not prevented: a provider call that
+// ignores its context may still act on the machine after the lease ended
+// (a BMC command sent late), possibly while another process of the
+// exclusion group holds it. A provider must honour its context for that
+// not to happen; the gauge and the log line name the process so that one
+// that does not can be found. Waiting instead would hold the lease, and
+// the worker, for as long as the call hangs: forever, for a call without
+// a deadline.
+func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut bool) {
+	timeout := r.cfg.RunTimeout
+	if timeout <= 0 {
+		return r.run(ctx, t), false
+	}
+	backoff := t.Backoff
+	runCtx, cancel := context.WithTimeoutCause(ctx, timeout, errRunTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.run(runCtx, t) }()
+	select {
+	case err = <-done:
+	case <-runCtx.Done():
+		if context.Cause(runCtx) != errRunTimeout {
+			// Shutdown, session lost or a cancel request: the Run was
+			// told to stop, and is waited for as before.
+			return <-done, false
+		}
+		wait := time.NewTimer(r.cfg.RunGrace)
+		defer wait.Stop()
+		select {
+		case err = <-done:
+		case <-wait.C:
+			label := r.info.Label
+			r.metrics.abandoned.WithLabelValues(label).Inc()
+			klog.FromContext(ctx).Error(nil, "run ignored its context past the run timeout and the grace; its lease fails and its goroutine is abandoned",
+				"run_timeout", timeout, "grace", r.cfg.RunGrace)
+			go func() {
+				<-done
+				r.metrics.abandoned.WithLabelValues(label).Dec()
+			}()
+			return &timeoutError{after: timeout, backoff: backoff}, true
+		}
+	}
+	// A Run that succeeded at its deadline did its work: only a failure
+	// past the deadline is the deadline's.
+	if err != nil && context.Cause(runCtx) == errRunTimeout && ctx.Err() == nil {
+		return &timeoutError{after: timeout, backoff: backoff}, true
+	}
+	return err, false
 }
 
 // endWork records the outcome of t's run (runErr; stopped when the run's
@@ -424,6 +500,7 @@ func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped 
 		// would only repeat. Failing instead releases the lease and puts
 		// the failure in history.
 		finishCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
+		t.work.Note = t.Note
 		if t.checkAgain > 0 {
 			result = ResultRescheduled
 			err = t.work.Reschedule(finishCtx, r.guardCommit(t), t.checkAgain)
@@ -444,8 +521,13 @@ func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped 
 		err = r.endLease(endCtx, t, t.work.Cancel)
 	default:
 		result = ResultFailed
+		var backoff bmdb.Backoff
+		if te, ok := runErr.(*timeoutError); ok {
+			result, backoff = ResultTimeout, te.backoff
+		} else {
+			backoff = t.backoffFor(runErr)
+		}
 		logger.Info("work failed", "result", result, "cause", untrusted.Line(runErr.Error(), 0))
-		backoff := t.backoffFor(runErr)
 		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, backoff, runErr.Error()) })
 	}
 	if err != nil {
@@ -455,7 +537,7 @@ func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped 
 		result = ResultLost
 	}
 	logger.V(2).Info("work ended", "result", result)
-	if result == ResultFailed {
+	if result == ResultFailed || result == ResultTimeout {
 		breakerCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
 		r.checkBreaker(breakerCtx)
 		cancel()

@@ -7,6 +7,7 @@ package providers
 
 import (
 	"context"
+	"errors"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
@@ -25,4 +26,53 @@ type Provider interface {
 	StartAgent(ctx context.Context, m bmdb.Provided) (publicKey []byte, err error)
 	// Reboot power-cycles or reboots the machine.
 	Reboot(ctx context.Context, m bmdb.Provided) error
+}
+
+// Power is a machine's power state as its BMC reports it.
+type Power string
+
+// The power states. Unknown is what a BMC that answered without a usable
+// state (Redfish's PoweringOn, an empty PowerState) reports; a BMC that
+// did not answer is an error of PowerState, not Unknown.
+const (
+	PowerOn      Power = "on"
+	PowerOff     Power = "off"
+	PowerUnknown Power = "unknown"
+)
+
+// PowerState is what a read of a machine's power found.
+type PowerState struct {
+	Power Power
+	// Cause says why the state is Unknown (what the BMC said instead),
+	// or where an On or Off came from ("ipmi chassis status"); it is shown
+	// to operators beside the state.
+	Cause string
+}
+
+// ErrPowerUnsupported is wrapped by the errors of PowerState and PowerOn
+// for a machine that has no way to read or switch its power (a machine of
+// the static provider rebooted over SSH): the caller then acts as it would
+// without power truth, and says so.
+var ErrPowerUnsupported = errors.New("cannot read or switch this machine's power (no BMC)")
+
+// PowerReader is implemented by providers that can read a machine's power
+// state, so that Recovery powers on a machine that is off instead of
+// "power cycling" it, which most BMCs ignore for a chassis that is off
+// while reporting success. A provider that cannot (for some machines)
+// returns ErrPowerUnsupported.
+type PowerReader interface {
+	PowerState(ctx context.Context, m bmdb.Provided) (PowerState, error)
+}
+
+// PowerOner is implemented by providers that can power a machine on. It
+// returns once the BMC accepted the command, like Reboot.
+type PowerOner interface {
+	PowerOn(ctx context.Context, m bmdb.Provided) error
+}
+
+// ResetDescriber is implemented by providers that can say how Reboot
+// resets a machine ("ipmi power_cycle", "redfish ForceRestart", "ssh
+// reboot"), for the history cause of Recovery.
+type ResetDescriber interface {
+	ResetDescription(m bmdb.Provided) string
 }

@@ -122,3 +122,18 @@ func (s *Sim) signal(t testing.TB, sig syscall.Signal) {
 
 // Kill kills the simulator (SIGKILL), as a BMC that dies mid-session.
 func (s *Sim) Kill(t testing.TB) { t.Helper(); s.signal(t, syscall.SIGKILL) }
+
+// SetPower writes what the simulated chassis reports as its power state,
+// as a machine that tripped its PSU (off) or was switched on by hand: the
+// BMC's log does not record it, so that the log holds only what a client
+// asked for.
+func (s *Sim) SetPower(t testing.TB, on bool) {
+	t.Helper()
+	v := "0\n"
+	if on {
+		v = "1\n"
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "chassis", "power"), []byte(v), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -35,6 +35,11 @@ type Options struct {
 	// OnReset, if set, runs (in the request's goroutine, before the
 	// response) for each accepted reset.
 	OnReset func(resetType string)
+	// PowerState is the system's PowerState at start (default "On"). An
+	// accepted reset On powers it on, ForceOff off; the others leave it
+	// as it is (as a BMC whose restart of a machine that is off does
+	// nothing). SetPowerState changes it.
+	PowerState string
 
 	// Hostile behaviours, for tests of a client's bounds.
 
@@ -78,7 +83,23 @@ type Server struct {
 	sent     int64 // bytes of response bodies written
 	requests []Request
 	resets   []Reset
+	power    string
 	notify   chan struct{}
+}
+
+// SetPowerState sets the system's PowerState ("On", "Off", or anything a
+// BMC might say, such as "PoweringOn"), as a machine whose PSU tripped.
+func (s *Server) SetPowerState(state string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.power = state
+}
+
+// PowerState is the system's PowerState now.
+func (s *Server) PowerState() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.power
 }
 
 // Start starts a server; it stops when t ends.
@@ -96,7 +117,10 @@ func Start(t testing.TB, opts Options) *Server {
 	if opts.AllowedResetTypes == nil {
 		opts.AllowedResetTypes = []string{"On", "ForceOff", "ForceRestart", "GracefulRestart", "PowerCycle"}
 	}
-	s := &Server{opts: opts, notify: make(chan struct{}, 1)}
+	if opts.PowerState == "" {
+		opts.PowerState = "On"
+	}
+	s := &Server{opts: opts, power: opts.PowerState, notify: make(chan struct{}, 1)}
 	if opts.TLS {
 		s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
 	} else {
@@ -235,7 +259,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
 			"Id":          s.opts.SystemID,
 			"Name":        "Test System",
-			"PowerState":  "On",
+			"PowerState":  s.PowerState(),
 			"Actions": map[string]any{
 				"#ComputerSystem.Reset": map[string]any{
 					"target":                            s.resetTarget(),
@@ -266,6 +290,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Lock()
 		s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
+		switch body.ResetType {
+		case "On":
+			s.power = "On"
+		case "ForceOff":
+			s.power = "Off"
+		}
 		s.mu.Unlock()
 		select {
 		case s.notify <- struct{}{}:

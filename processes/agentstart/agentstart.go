@@ -41,6 +41,9 @@ func (*AgentStart) Info() controlloop.Info {
 		Process:        Process,
 		Label:          Label,
 		DefaultBackoff: bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2},
+		// An SSH login, the agent's upload over a slow link and its
+		// start: minutes at worst.
+		DefaultRunTimeout: 10 * time.Minute,
 	}
 }
 

@@ -89,6 +89,9 @@ func (*Recovery) Info() controlloop.Info {
 		Process:        Process,
 		Label:          Label,
 		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2},
+		// A power read and one action, each bounded by -ipmi_timeout or
+		// -redfish_timeout (30 s at most by default): 5 minutes is a hang.
+		DefaultRunTimeout: 5 * time.Minute,
 	}
 }
 
@@ -99,8 +102,9 @@ func (r *Recovery) Candidates() bmdb.Candidates {
 	return bmdb.RecoveryCandidates(r.cfg.StartTimeout, r.cfg.HeartbeatTimeout)
 }
 
-// Run implements controlloop.Process: it reboots the machine through the
-// provider and, when the work finishes, deletes its agent tags, which makes
+// Run implements controlloop.Process: it reads the machine's power and
+// powers it on or resets it (powerAct), records what it read and did, and,
+// when the work finishes, deletes its agent tags, which makes
 // it an AgentStart candidate again. A provider error carrying a
 // controlloop.BackoffError sets the task's backoff.
 func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
@@ -108,9 +112,12 @@ func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
 	if err != nil {
 		return err
 	}
-	if err := r.provider.Reboot(ctx, m); err != nil {
-		return fmt.Errorf("rebooting %s/%s: %w", m.Provider, m.ProviderID, err)
+	seen, err := r.powerAct(ctx, m)
+	r.recordPower(ctx, t, seen)
+	if err != nil {
+		return err
 	}
+	t.Note = seen.Done
 	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.DeleteAgentTags(ctx, t.Machine)
 	}

@@ -141,7 +141,19 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 	})
 }
 
-// PowerStatus reports whether the machine behind t is powered on.
+// PowerOn powers the machine behind t on (chassis control "power up"):
+// what a machine that is off needs, since most BMCs ignore a power cycle
+// of a chassis that is off and still answer that they did it. It returns
+// once the BMC accepted the command.
+func (c *Client) PowerOn(ctx context.Context, t Target) error {
+	return c.do(ctx, t, "powering on", func(ctx context.Context, cl *client.Client) error {
+		_, err := cl.ChassisControl(ctx, chassis.ChassisControlPowerUp)
+		return err
+	})
+}
+
+// PowerStatus reports whether the machine behind t is powered on, from
+// the BMC's chassis status.
 func (c *Client) PowerStatus(ctx context.Context, t Target) (on bool, err error) {
 	err = c.do(ctx, t, "reading power status", func(ctx context.Context, cl *client.Client) error {
 		st, err := cl.GetChassisStatus(ctx)

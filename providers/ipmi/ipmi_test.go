@@ -119,3 +119,28 @@ func TestBMCKilledMidSession(t *testing.T) {
 		t.Fatal("Reset did not return 10 s after the BMC died")
 	}
 }
+
+// A chassis that is off (a tripped PSU) reads as off, and PowerOn powers it
+// on: the BMC is asked for "power 1" and never for "power 0", a power on
+// and not a cycle.
+func TestPowerOnAChassisThatIsOff(t *testing.T) {
+	t.Parallel()
+	sim := ipmisimtest.Start(t)
+	c := New(DefaultConfig())
+	target := simTarget(t, sim, "")
+	ctx := context.Background()
+	sim.SetPower(t, false)
+	if on, err := c.PowerStatus(ctx, target); err != nil || on {
+		t.Fatalf("PowerStatus of a chassis that is off = %v, %v; want off", on, err)
+	}
+	if err := c.PowerOn(ctx, target); err != nil {
+		t.Fatalf("PowerOn: %v", err)
+	}
+	if on, err := c.PowerStatus(ctx, target); err != nil || !on {
+		t.Fatalf("PowerStatus after PowerOn = %v, %v; want on", on, err)
+	}
+	log := sim.Log(t)
+	if !strings.Contains(log, "power 1") || strings.Contains(log, "power 0") {
+		t.Errorf("the BMC's log shows no power on, or a power off:\n%s", log)
+	}
+}

@@ -154,6 +154,58 @@ func New(cfg Config) *Client { return &Client{cfg: cfg} }
 // Reset resets the machine behind t with its configured reset type. It
 // returns once the BMC accepted the reset, not when the machine is back.
 func (c *Client) Reset(ctx context.Context, t Target) error {
+	resetType := t.ResetType
+	if resetType == "" {
+		resetType = DefaultResetType
+	}
+	if !ValidResetType(resetType) {
+		return fmt.Errorf("redfish reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", "))
+	}
+	return c.reset(ctx, t, resetType)
+}
+
+// PowerOn powers the machine behind t on (ResetType On): what a machine
+// that is off needs, since a restart of a system that is off does nothing
+// on many BMCs. It returns once the BMC accepted the action.
+func (c *Client) PowerOn(ctx context.Context, t Target) error {
+	return c.reset(ctx, t, string(schemas.OnResetType))
+}
+
+// Power states of a ComputerSystem that PowerState reports as on or off;
+// the others (PoweringOn, PoweringOff, Paused, a missing or unknown value)
+// are neither.
+const (
+	PowerStateOn  = "On"
+	PowerStateOff = "Off"
+)
+
+// PowerState reads the PowerState of the system behind t, as the BMC
+// reports it ("On", "Off", "PoweringOn", ...; "" when it reports none).
+func (c *Client) PowerState(ctx context.Context, t Target) (string, error) {
+	var state string
+	err := c.withSystem(ctx, t, func(system *schemas.ComputerSystem, _ string, _ *conversation) error {
+		state = string(system.PowerState)
+		return nil
+	})
+	return state, err
+}
+
+// reset posts the system's Reset action with resetType.
+func (c *Client) reset(ctx context.Context, t Target, resetType string) error {
+	return c.withSystem(ctx, t, func(system *schemas.ComputerSystem, endpoint string, conv *conversation) error {
+		// A BMC that answers 202 hands back a task monitor; the reset is
+		// then under way, which is all Reset promises.
+		if _, err := system.Reset(schemas.ResetType(resetType)); err != nil {
+			return fmt.Errorf("resetting system %s at %s (%s): %w", short(system.ID), endpoint, resetType, conv.cause(ctx, err))
+		}
+		return nil
+	})
+}
+
+// withSystem finds the system behind t in one conversation with its BMC,
+// bounded by the configured timeout, and runs action on it within the
+// same conversation (and so the same bounds).
+func (c *Client) withSystem(ctx context.Context, t Target, action func(system *schemas.ComputerSystem, endpoint string, conv *conversation) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	endpoint, err := ParseEndpoint(t.Endpoint)
@@ -162,13 +214,6 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 	}
 	if strings.HasPrefix(endpoint, "http://") && !t.AllowHTTP {
 		return fmt.Errorf("redfish endpoint %s: %w", endpoint, ErrCleartext)
-	}
-	resetType := t.ResetType
-	if resetType == "" {
-		resetType = DefaultResetType
-	}
-	if !ValidResetType(resetType) {
-		return fmt.Errorf("redfish reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", "))
 	}
 	creds, err := ReadCredentials(t.CredentialsFile)
 	if err != nil {
@@ -198,9 +243,9 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		Username:  creds.Username,
 		Password:  creds.Password,
 		BasicAuth: true,
-		// ctx bounds the whole reset; the client's own timeout, a little
+		// ctx bounds the whole action; the client's own timeout, a little
 		// longer, only backs it up for calls that do not carry ctx, so that
-		// an expired reset reports the deadline, not a transport timeout.
+		// an expired action reports the deadline, not a transport timeout.
 		HTTPClient: &http.Client{Transport: conv, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: checkRedirect},
 	})
 	if err != nil {
@@ -211,12 +256,7 @@ func (c *Client) Reset(ctx context.Context, t Target) error {
 		//lint:ignore ST1005 Redfish is a proper noun.
 		return fmt.Errorf("Redfish service at %s: %w", endpoint, conv.cause(ctx, err))
 	}
-	// A BMC that answers 202 hands back a task monitor; the reset is
-	// then under way, which is all Reset promises.
-	if _, err := system.Reset(schemas.ResetType(resetType)); err != nil {
-		return fmt.Errorf("resetting system %s at %s (%s): %w", short(system.ID), endpoint, resetType, conv.cause(ctx, err))
-	}
-	return nil
+	return action(system, endpoint, conv)
 }
 
 // maxSystems bounds the members of a Systems collection: a BMC manages one

@@ -183,3 +183,28 @@ func TestParseCredentials(t *testing.T) {
 		}
 	}
 }
+
+// PowerState reads the system's PowerState, and PowerOn posts the Reset
+// action with On, which powers a system that is off on.
+func TestPowerStateAndPowerOn(t *testing.T) {
+	srv := redfishtest.Start(t, redfishtest.Options{PowerState: "Off"})
+	c := New(DefaultConfig())
+	target := Target{Endpoint: srv.URL, CredentialsFile: srv.WriteCredentials(t, t.TempDir()), AllowHTTP: true}
+	ctx := context.Background()
+	if state, err := c.PowerState(ctx, target); err != nil || state != PowerStateOff {
+		t.Fatalf("PowerState = %q, %v; want Off", state, err)
+	}
+	if err := c.PowerOn(ctx, target); err != nil {
+		t.Fatalf("PowerOn: %v", err)
+	}
+	if resets := srv.Resets(); len(resets) != 1 || resets[0].ResetType != "On" {
+		t.Fatalf("resets = %+v, want one On", resets)
+	}
+	if state, err := c.PowerState(ctx, target); err != nil || state != PowerStateOn {
+		t.Fatalf("PowerState after PowerOn = %q, %v; want On", state, err)
+	}
+	srv.SetPowerState("PoweringOn")
+	if state, err := c.PowerState(ctx, target); err != nil || state != "PoweringOn" {
+		t.Fatalf("PowerState = %q, %v; want PoweringOn as the BMC said it", state, err)
+	}
+}

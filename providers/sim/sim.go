@@ -34,6 +34,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // Name is the provider's name in machine_provided.provider.
@@ -53,6 +54,10 @@ type Config struct {
 	ActionTime time.Duration
 	// HeartbeatInterval is how often running agents heartbeat.
 	HeartbeatInterval time.Duration
+	// StayOffRate is the probability that a reboot leaves the machine
+	// off (a PSU that trips, a board that does not come back): its power
+	// reads off, and its agent cannot be started until it is powered on.
+	StayOffRate float64
 }
 
 // DefaultConfig returns the flag defaults.
@@ -74,6 +79,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.HeartbeatLossRate, "sim_heartbeat_loss_rate", c.HeartbeatLossRate, "probability per minute that a running simulated agent dies and stops heartbeating (0..1)")
 	fs.DurationVar(&c.ActionTime, "sim_action_time", c.ActionTime, "simulated duration of an agent start or reboot (jittered by ±50%)")
 	fs.DurationVar(&c.HeartbeatInterval, "sim_heartbeat_interval", c.HeartbeatInterval, "how often running simulated agents heartbeat")
+	fs.Float64Var(&c.StayOffRate, "sim_stay_off_rate", c.StayOffRate, "probability that a simulated reboot leaves the machine powered off until it is powered on (0..1)")
 }
 
 // Check validates the configuration; its errors name the flag.
@@ -87,6 +93,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("-sim_heartbeat_loss_rate %g: must be between 0 and 1", c.HeartbeatLossRate)
 	case c.ActionTime < 0:
 		return fmt.Errorf("-sim_action_time %s: must not be negative", c.ActionTime)
+	case !(c.StayOffRate >= 0 && c.StayOffRate <= 1):
+		return fmt.Errorf("-sim_stay_off_rate %g: must be between 0 and 1", c.StayOffRate)
 	case c.HeartbeatInterval <= 0:
 		return fmt.Errorf("-sim_heartbeat_interval %s: must be positive", c.HeartbeatInterval)
 	}
@@ -115,6 +123,10 @@ type Provider struct {
 	mu     sync.Mutex
 	rng    *rand.Rand
 	agents map[uuid.UUID]*agent // running agents started by this replica
+	// off holds the machines this replica saw left off by a reboot (or
+	// turned off by SetPower). Like the agents, the power state lives in
+	// this replica's memory: another replica sees every machine on.
+	off map[uuid.UUID]bool
 }
 
 // New returns a simulated provider over db; cfg must have passed Check.
@@ -124,6 +136,7 @@ func New(db *bmdb.DB, cfg Config) *Provider {
 		cfg:    cfg,
 		rng:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		agents: map[uuid.UUID]*agent{},
+		off:    map[uuid.UUID]bool{},
 	}
 }
 
@@ -225,6 +238,10 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.off[m.Machine] {
+		delete(p.agents, m.Machine)
+		return nil, errors.New("sim: agent start failed: ssh: connect: no route to host (the machine is powered off)")
+	}
 	if p.rng.Float64() < p.cfg.AgentStartFailureRate {
 		delete(p.agents, m.Machine)
 		return nil, errors.New("sim: agent start failed: ssh: connection reset by peer")
@@ -238,7 +255,9 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 }
 
 // Reboot implements providers.Provider: after a simulated delay, the
-// machine's agent (if this replica runs one) is gone.
+// machine's agent (if this replica runs one) is gone, and with probability
+// StayOffRate the machine is left off. A machine that is off stays off, as
+// with a BMC that ignores a power cycle of a chassis that is off.
 func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := p.check(m); err != nil {
 		return err
@@ -249,7 +268,61 @@ func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.agents, m.Machine)
+	if p.rng.Float64() < p.cfg.StayOffRate {
+		p.off[m.Machine] = true
+	}
 	return nil
+}
+
+var (
+	_ providers.PowerReader = (*Provider)(nil)
+	_ providers.PowerOner   = (*Provider)(nil)
+)
+
+// PowerState implements providers.PowerReader: after a simulated delay (a
+// BMC's answer), off if this replica saw the machine left off, else on.
+func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
+	if err := p.check(m); err != nil {
+		return providers.PowerState{}, err
+	}
+	if err := p.act(ctx); err != nil {
+		return providers.PowerState{}, fmt.Errorf("sim: reading the power of %s: %w", m.ProviderID, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.off[m.Machine] {
+		return providers.PowerState{Power: providers.PowerOff, Cause: "simulated"}, nil
+	}
+	return providers.PowerState{Power: providers.PowerOn, Cause: "simulated"}, nil
+}
+
+// PowerOn implements providers.PowerOner: after a simulated delay the
+// machine is on (with no agent running).
+func (p *Provider) PowerOn(ctx context.Context, m bmdb.Provided) error {
+	if err := p.check(m); err != nil {
+		return err
+	}
+	if err := p.act(ctx); err != nil {
+		return fmt.Errorf("sim: powering on %s: %w", m.ProviderID, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.off, m.Machine)
+	delete(p.agents, m.Machine)
+	return nil
+}
+
+// SetPower switches the simulated machine off (its agent dies with it) or
+// on, as a tripped PSU or a hand on the power button would.
+func (p *Provider) SetPower(machine uuid.UUID, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on {
+		delete(p.off, machine)
+		return
+	}
+	p.off[machine] = true
+	delete(p.agents, machine)
 }
 
 // Running reports how many agents this replica runs now.

@@ -39,6 +39,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/sshagent"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Name is the provider's name in machine_provided.provider.
@@ -296,6 +297,102 @@ func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	return err
 }
 
+var (
+	_ providers.PowerReader = (*Provider)(nil)
+	_ providers.PowerOner   = (*Provider)(nil)
+)
+
+// PowerState implements providers.PowerReader through the machine's BMC,
+// as its inventory entry says: IPMI's chassis status or the Redfish
+// system's PowerState. A machine rebooted over SSH has no BMC: its error
+// wraps providers.ErrPowerUnsupported, and Recovery reboots it as it
+// would without power truth.
+func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
+	e, err := p.lookup(m)
+	if err != nil {
+		return providers.PowerState{}, err
+	}
+	switch e.Power {
+	case PowerIPMI:
+		on, err := p.ipmi.PowerStatus(ctx, *e.IPMI)
+		if err != nil {
+			p.metrics.resets.WithLabelValues(e.Power, "failure").Inc()
+			return providers.PowerState{}, err
+		}
+		if on {
+			return providers.PowerState{Power: providers.PowerOn, Cause: "ipmi chassis status"}, nil
+		}
+		return providers.PowerState{Power: providers.PowerOff, Cause: "ipmi chassis status"}, nil
+	case PowerRedfish:
+		state, err := p.redfish.PowerState(ctx, *e.Redfish)
+		if err != nil {
+			p.metrics.resets.WithLabelValues(e.Power, "failure").Inc()
+			return providers.PowerState{}, fmt.Errorf("via redfish at %s: %w", e.Redfish.Endpoint, err)
+		}
+		switch state {
+		case redfish.PowerStateOn:
+			return providers.PowerState{Power: providers.PowerOn, Cause: "redfish PowerState On"}, nil
+		case redfish.PowerStateOff:
+			return providers.PowerState{Power: providers.PowerOff, Cause: "redfish PowerState Off"}, nil
+		case "":
+			return providers.PowerState{Power: providers.PowerUnknown, Cause: "redfish system reports no PowerState"}, nil
+		}
+		return providers.PowerState{Power: providers.PowerUnknown, Cause: "redfish PowerState " + untrusted.Line(state, 64)}, nil
+	}
+	return providers.PowerState{}, fmt.Errorf("%s (power: ssh): %w", e.ID, providers.ErrPowerUnsupported)
+}
+
+// PowerOn implements providers.PowerOner through the machine's BMC (IPMI
+// chassis power up, Redfish Reset On). A machine without a BMC cannot be
+// powered on: its error wraps providers.ErrPowerUnsupported.
+func (p *Provider) PowerOn(ctx context.Context, m bmdb.Provided) error {
+	e, err := p.lookup(m)
+	if err != nil {
+		return err
+	}
+	switch e.Power {
+	case PowerIPMI:
+		err = p.ipmi.PowerOn(ctx, *e.IPMI)
+	case PowerRedfish:
+		if err = p.redfish.PowerOn(ctx, *e.Redfish); err != nil {
+			err = fmt.Errorf("via redfish at %s: %w", e.Redfish.Endpoint, err)
+		}
+	default:
+		return fmt.Errorf("%s (power: ssh): %w", e.ID, providers.ErrPowerUnsupported)
+	}
+	result := "success"
+	if err != nil {
+		result = "failure"
+	}
+	p.metrics.resets.WithLabelValues(e.Power, result).Inc()
+	return err
+}
+
+var _ providers.ResetDescriber = (*Provider)(nil)
+
+// ResetDescription implements providers.ResetDescriber: the method and
+// reset type of m's inventory entry ("ipmi power_cycle", "redfish
+// ForceRestart", "ssh reboot"), "" when the inventory no longer lists it.
+func (p *Provider) ResetDescription(m bmdb.Provided) string {
+	e, ok := p.Inventory().Machine(m.ProviderID)
+	if !ok || m.Provider != Name {
+		return ""
+	}
+	switch e.Power {
+	case PowerIPMI:
+		if e.IPMI.ResetType == "" {
+			return PowerIPMI + " " + ipmi.ResetPowerCycle
+		}
+		return PowerIPMI + " " + e.IPMI.ResetType
+	case PowerRedfish:
+		if e.Redfish.ResetType == "" {
+			return PowerRedfish + " " + redfish.DefaultResetType
+		}
+		return PowerRedfish + " " + e.Redfish.ResetType
+	}
+	return PowerSSH + " reboot"
+}
+
 // metrics are the inventory's gauges and counters.
 type metrics struct {
 	machines   prometheus.Gauge
@@ -316,7 +413,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reloads: metric.CounterVec(reg, "shepherd_inventory_reloads_total",
 			"Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).", "result"),
 		resets: metric.CounterVec(reg, "shepherd_provider_resets_total",
-			"Reboots the static provider attempted, by method (redfish, ipmi, ssh) and result (success, failure).", "method", "result"),
+			"Reboots the static provider attempted (a reset of a machine that is on, a power-on of one that is off), by method (redfish, ipmi, ssh) and result (success, failure; a power read that failed, which stops the reboot, counts as a failure).", "method", "result"),
 		lastReload: metric.Gauge(reg, "shepherd_inventory_last_reload_successful",
 			"1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force)."),
 	}
@@ -326,6 +423,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.resets.WithLabelValues(method, "success")
 		m.resets.WithLabelValues(method, "failure")
 	}
+
 	return m
 }
 
