@@ -44,13 +44,15 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 	if err != nil {
 		return fail(err)
 	}
-	query, args := candidates.query(explainPrefix+claimDueTemplate, pgx.NamedArgs{
+	named := pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
 		"session": s.id,
 		"limit":   limit,
 		"ids":     ids,
-	})
+	}
+	MachineBudget{}.args(named)
+	query, args := candidates.query(explainPrefix+claimDueTemplate, named)
 	claimPlan, err := explainLines(ctx, tx, query, args)
 	if err != nil {
 		return fail(err)

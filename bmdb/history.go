@@ -23,13 +23,19 @@ type HistoryEntry struct {
 	Cause string
 	// Session is the session that held the lease (uuid.Nil when none).
 	Session uuid.UUID
+	// Actor is who took an operator action (Held, Released, Retried, ...):
+	// zero for the events of workers, and for operator events recorded
+	// before schema 0016.
+	Actor Actor
 }
 
 func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
 	var e HistoryEntry
 	var cause *string
 	var session *uuid.UUID
-	err := row.Scan(&e.ID, &e.Machine, &e.Process, &e.Event, &e.Timestamp, &cause, &session)
+	var actor, role *string
+	err := row.Scan(&e.ID, &e.Machine, &e.Process, &e.Event, &e.Timestamp, &cause, &session, &actor, &role)
+	e.Actor = Actor{Name: deref(actor), Role: deref(role)}
 	if cause != nil {
 		e.Cause = *cause
 	}

@@ -19,9 +19,17 @@ type Limits struct {
 	// MaxPerHour bounds the leases the process takes in any sliding hour
 	// (counted from Started events in history); 0 = no bound.
 	MaxPerHour int
+	// MachineBudget bounds the leases the process takes of one machine
+	// within a window (holds.go); unset = no bound. It takes no lock: the
+	// claim judges it per machine, under the machine's due-row lock.
+	MachineBudget MachineBudget
+	// Escalated, when set, is called after the commit of a claim for each
+	// machine the claim held for human attention instead of leasing it,
+	// its budget used up (for the runner's counter and log).
+	Escalated func(Escalation)
 }
 
-// set reports whether any limit applies.
+// set reports whether any limit that takes the claim lock applies.
 func (l Limits) set() bool { return l.MaxInFlight > 0 || l.MaxPerHour > 0 }
 
 // budget returns how many machines a claim of process may lease now: limit,
@@ -102,10 +110,13 @@ type LimitStatus struct {
 	// OldestLease is how long the process's oldest lease (of any replica)
 	// has been held; 0 without leases.
 	OldestLease time.Duration
+	// Held counts the machines held for the process (its holds and holds
+	// of every process), which its claims pass over.
+	Held int64
 }
 
-// LimitStatus reads the pause and the oldest lease of process in one query,
-// for the runner's gauges.
+// LimitStatus reads the pause, the oldest lease and the held machines of
+// process in one query, for the runner's gauges.
 func (db *DB) LimitStatus(ctx context.Context, process string) (LimitStatus, error) {
 	st, err := scanLimitStatus(db.pool.QueryRow(ctx, qLimitGauges, process))
 	if err != nil {
@@ -118,10 +129,10 @@ func (db *DB) LimitStatus(ctx context.Context, process string) (LimitStatus, err
 func scanLimitStatus(row pgx.Row) (LimitStatus, error) {
 	var source, reason *string
 	var oldest *float64
-	if err := row.Scan(&source, &reason, &oldest); err != nil {
+	var st LimitStatus
+	if err := row.Scan(&source, &reason, &oldest, &st.Held); err != nil {
 		return LimitStatus{}, err
 	}
-	var st LimitStatus
 	if source != nil {
 		st.PausedBy, st.PauseReason = *source, *reason
 	}

@@ -22,21 +22,23 @@ const (
 )
 
 // States are the machine states, in the order listings show them.
-var States = []string{StateEligible, StateLeased, StateBackoff}
+var States = []string{StateEligible, StateLeased, StateBackoff, StateHeld}
 
 // MachineState is one machine in one state of one process.
 type MachineState struct {
 	Machine uuid.UUID
 	Process string
-	// State is StateEligible, StateLeased or StateBackoff.
+	// State is StateEligible, StateLeased, StateBackoff or StateHeld.
 	State string
 	// Session and Since describe a lease.
 	Session uuid.UUID
 	Since   time.Time
-	// Until, Cause and LastInterval describe a backoff.
+	// Until, Cause and LastInterval describe a backoff; Until (zero:
+	// until released), Cause (the reason), Since and Actor a hold.
 	Until        time.Time
 	Cause        string
 	LastInterval time.Duration
+	Actor        Actor
 }
 
 // MachineQuery selects the machines of one process in one state.
@@ -100,6 +102,13 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 		scan = func(row pgx.CollectableRow) (MachineState, error) {
 			ms := MachineState{Process: name, State: StateEligible}
 			return ms, row.Scan(&ms.Machine)
+		}
+	case StateHeld:
+		sql, args = qHoldsList, []any{name, q.Limit}
+		scan = func(row pgx.CollectableRow) (MachineState, error) {
+			h, err := scanHold(row)
+			return MachineState{Machine: h.Machine, Process: name, State: StateHeld, Since: h.HeldAt,
+				Until: h.Until, Cause: h.Reason, Actor: h.Actor}, err
 		}
 	default:
 		return nil, fmt.Errorf("unknown machine state %q: want one of %v", q.State, States)

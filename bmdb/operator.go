@@ -47,8 +47,9 @@ type ClearedBackoff struct {
 
 // ClearBackoff deletes the backoffs of machine, of process or of every
 // process when process is "", and records each as BackoffCleared with the
-// operator's reason. The process may then act on the machine as soon as its
-// condition holds, and a new failure backs off Initial again. It returns an
+// operator's reason and the actor of ctx (WithActor). The process may
+// then act on the machine as soon as its condition holds, and a new failure
+// backs off Initial again. It returns an
 // error wrapping ErrNotFound when there was no backoff to clear.
 func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reason string) ([]ClearedBackoff, error) {
 	var processArg *string
@@ -64,7 +65,7 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 	var cleared []ClearedBackoff
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason)
+		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason, ActorFrom(ctx).arg())
 		return err
 	})
 	what := "backoffs of " + machine.String()
@@ -92,9 +93,10 @@ type RetryResult struct {
 // Retry makes machine eligible now for process, on an operator's word: it
 // ends the process's active backoff on the machine (keeping its interval,
 // so that a new failure backs off longer, as it would have), and records
-// Retried with the reason. The process acts on the machine at its next
-// claim if its condition holds. Unlike ClearBackoff it is recorded even
-// when there was no backoff: the operator's intent is part of the story.
+// Retried with the reason and the actor of ctx (WithActor). The process
+// acts on the machine at its next claim if its condition holds. Unlike
+// ClearBackoff it is recorded even when there was no backoff: the
+// operator's intent is part of the story.
 // It returns an error wrapping ErrNotFound when the machine does not exist.
 func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason string) (RetryResult, error) {
 	if err := checkProcessName(process); err != nil {
@@ -106,7 +108,7 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 	var res RetryResult
 	var exists bool
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason).Scan(&exists, &res.BackoffEnded, &res.Leased)
+		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.Leased)
 	})
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retrying %s on %s: %w", process, machine, err)

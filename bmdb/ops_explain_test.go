@@ -70,6 +70,10 @@ func seedFleet(t *testing.T, e *env, n int) (machine uuid.UUID, session uuid.UUI
 		// A periodic process of a user's checks every machine once a day.
 		`INSERT INTO work_not_before (machine_id, process, until)
 		 SELECT machine_id, 'UserFirmwareCheck', now() + make_interval(secs => random() * 86400) FROM machines`,
+		`INSERT INTO machine_hold (machine_id, process, reason, until, actor, source)
+		 SELECT machine_id, (ARRAY['ShepherdRecovery', '', 'UserFirmwareCheck', 'UserFirmwareCheck', 'UserBurnIn'])[1 + floor(random() * 5)::int],
+		        'seeded', CASE WHEN random() < 0.5 THEN now() + interval '1 hour' END, 'seed', 'operator'
+		 FROM machines WHERE random() < 0.02`,
 		`INSERT INTO process_pause (process, reason, source, paused_at, resumed_at)
 		 VALUES ('ShepherdRecovery', 'seeded', 'operator', now() - interval '2 hours', now() - interval '1 hour')`,
 	} {
@@ -153,7 +157,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 	// The counts of the status page count eligible machines, which is a
 	// scan of the fleet by definition (as the runner's gauge is); their
 	// history counts must still use the index.
-	fleetScan := []string{"process_pause", "machines", "machine_provided", "machine_agent_started", "machine_agent_heartbeat", "work", "work_backoff"}
+	fleetScan := []string{"process_pause", "machines", "machine_provided", "machine_agent_started", "machine_agent_heartbeat", "work", "work_backoff", "machine_hold"}
 
 	type tc struct {
 		name      string
@@ -166,10 +170,10 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		{"pause", bmdb.OpsQueries["pause"], []any{"ShepherdRecovery", "why"}, tiny, ""},
 		{"resume", bmdb.OpsQueries["resume"], []any{"ShepherdRecovery"}, tiny, ""},
 		{"breaker", bmdb.OpsQueries["breaker"], []any{"ShepherdAgentStart", 100, 0.5}, tiny, "work_history_process_event_idx"},
-		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, tiny, "work_process_idx"},
-		{"backoffClear", bmdb.OpsQueries["backoffClear"], []any{machine, "ShepherdAgentStart", "why"}, tiny, "work_backoff_pkey"},
-		{"backoffClearAll", bmdb.OpsQueries["backoffClear"], []any{machine, nil, "why"}, tiny, "work_backoff_pkey"},
-		{"retry", bmdb.OpsQueries["retry"], []any{machine, "ShepherdAgentStart", "why"}, tiny, "machines_pkey"},
+		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, []string{"process_pause", "machine_hold"}, "work_process_idx"},
+		{"backoffClear", bmdb.OpsQueries["backoffClear"], []any{machine, "ShepherdAgentStart", "why", "alice"}, tiny, "work_backoff_pkey"},
+		{"backoffClearAll", bmdb.OpsQueries["backoffClear"], []any{machine, nil, "why", "alice"}, tiny, "work_backoff_pkey"},
+		{"retry", bmdb.OpsQueries["retry"], []any{machine, "ShepherdAgentStart", "why", nil}, tiny, "machines_pkey"},
 		// Leases are bounded by the replicas' parallelism, not by the
 		// fleet, and here every one of them is the listed process's: the
 		// planner rightly reads the small table whole.
@@ -210,6 +214,19 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 	// small work table whole; the history must come from the index.
 	cases = append(cases, tc{"claimBudget", bmdb.OpsQueries["claimBudget"], []any{"ShepherdRecovery", 20, 200},
 		[]string{"process_pause", "work"}, "work_history_process_event_idx"})
+	// Holds and budgets (queries_holds.go): by machine. The counts and
+	// lists of one process's holds read a good part of machine_hold (a
+	// row per held machine) and may read it whole.
+	ids := []uuid.UUID{machine, session}
+	holds := append([]string{"machine_hold"}, tiny...)
+	cases = append(cases,
+		tc{"hold", bmdb.HoldQueries["hold"], []any{ids, "ShepherdRecovery", "why", 3600.0, "alice"}, []string{"process_pause", "process_registry"}, "machines_pkey"},
+		tc{"release", bmdb.HoldQueries["release"], []any{ids, nil, "why", "alice"}, tiny, "machine_hold_pkey"},
+		tc{"holdsOf", bmdb.HoldQueries["holdsOf"], []any{machine}, tiny, "machine_hold_pkey"},
+		tc{"holdsList", bmdb.HoldQueries["holdsList"], []any{"ShepherdRecovery", 1000}, holds, ""},
+		tc{"heldCount", bmdb.HoldQueries["heldCount"], []any{"ShepherdRecovery"}, holds, ""},
+		tc{"budgetUsed", bmdb.HoldQueries["budgetUsed"], []any{pgx.NamedArgs{"machine": machine, "process": "ShepherdRecovery", "budget_window": 86400.0}}, tiny, "work_history_machine_idx"},
+	)
 	// The status page's reads.
 	stmts, files, err := bmdb.SQLStatements()
 	if err != nil {

@@ -99,7 +99,8 @@ FROM sessions ORDER BY session_created_at`
 	// eligibleFilter is the condition, over machines m, of a machine a
 	// process could lease now: the process's candidate condition (spliced
 	// in for /*CONDITION*/), no lease of the process's exclusion group, no
-	// active backoff of the process. Claims, counts and listings share it, so
+	// active backoff of the process, no active hold of it or of every
+	// process (machine_hold, holds.go). Claims, counts and listings share it, so
 	// that what the gauges and the status page call eligible is what a claim
 	// would take.
 	eligibleFilter = `(/*CONDITION*/)
@@ -111,7 +112,11 @@ FROM sessions ORDER BY session_created_at`
         WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now())
       AND NOT EXISTS (
         SELECT 1 FROM work_not_before nb
-        WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())`
+        WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())
+      AND NOT EXISTS (
+        SELECT 1 FROM machine_hold h
+        WHERE h.machine_id = m.machine_id AND h.process IN (@process::text, '')
+          AND (h.until IS NULL OR h.until > now()))`
 
 	// qEndLeases records the ends of leases of session $1, one row per
 	// lease: machines $2, processes $3, events $4 (Finished, Rescheduled or
@@ -200,11 +205,11 @@ FROM work_backoff WHERE machine_id = $1 AND process = $2`
 	// History.
 
 	qHistoryOfMachine = `
-SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role
 FROM work_history WHERE machine_id = $1 ORDER BY id`
 
 	qHistoryAll = `
-SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role
 FROM work_history WHERE id > $1 ORDER BY id LIMIT $2`
 
 	// Machines and tags.

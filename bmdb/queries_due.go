@@ -45,7 +45,10 @@ due AS (
                (SELECT b.until FROM work_backoff b
                 WHERE b.machine_id = m.machine_id AND b.process = @process AND b.until > now()),
                (SELECT nb.until FROM work_not_before nb
-                WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now())) AS held_until,
+                WHERE nb.machine_id = m.machine_id AND nb.process = @process AND nb.until > now()),
+               (SELECT max(COALESCE(h.until, 'infinity'::timestamptz)) FROM machine_hold h
+                WHERE h.machine_id = m.machine_id AND h.process IN (@process::text, '')
+                  AND (h.until IS NULL OR h.until > now()))) AS held_until,
            (/*DUE*/)::timestamptz AS due_at
     FROM unnest(@ids::uuid[]) WITH ORDINALITY AS d(machine_id, ord)
     JOIN machines m ON m.machine_id = d.machine_id
@@ -57,19 +60,42 @@ due AS (
 	// a machine that another process of the group holds, or that the
 	// condition does not want and time will not make wanted, leaves the
 	// table (the lease's end or a watched write brings it back); one held
-	// by a backoff or "check again later" comes due when that ends; one
-	// the condition does not want yet comes due at its due time. Eligible
-	// machines beyond @limit stay due. A lease taken a moment ago by a
-	// concurrent claimer of the group makes ON CONFLICT skip the machine,
-	// whose row then leaves the table as a leased one's does. The settle
-	// steps name their rows as "machine_id = ANY (ARRAY(...))", so that
-	// work_due is probed by key for the few locked rows whatever the
-	// planner's estimate of the CTE: a join on due let it hash every due
-	// row of the process into each claim.
+	// by a backoff, a "check again later" or a hold with an end comes due
+	// when that ends; one held until released leaves the table (the
+	// release brings it back, migration 0017); one the condition does not
+	// want yet comes due at its due time. Eligible machines beyond @limit
+	// stay due. A lease taken a moment ago by a concurrent claimer of the
+	// group makes ON CONFLICT skip the machine, whose row then leaves the
+	// table as a leased one's does. The settle steps name their rows as
+	// "machine_id = ANY (ARRAY(...))", so that work_due is probed by key
+	// for the few locked rows whatever the planner's estimate of the CTE:
+	// a join on due let it hash every due row of the process into each
+	// claim.
+	//
+	// The per-machine budget (@budget leases in @budget_window seconds, 0 =
+	// none; holds.go) is judged for the machines that would be leased
+	// otherwise: their Started events in the window since the last
+	// release (budgetCounted), read from
+	// work_history_machine_idx from the first event of the window on (one
+	// probe of the timestamp index per statement, with a margin for
+	// transactions that commit out of order), at most @budget of them. A
+	// machine that used its budget is not leased: it is held for the
+	// process (source budget), Escalated is recorded with the count and the
+	// last failure causes, its due row leaves the table, and the statement
+	// returns it with escalated set.
 	claimDueTemplate = `
-WITH ` + dueFacts + `, chosen AS (
-    SELECT machine_id FROM due
-    WHERE wanted AND NOT leased AND held_until IS NULL
+WITH ` + dueFacts + `, judged AS (
+    SELECT due.*,
+           CASE WHEN @budget::int > 0 AND wanted AND NOT leased AND held_until IS NULL
+                THEN (SELECT count(*) FROM (
+                          SELECT 1 FROM work_history h
+                          WHERE h.machine_id = due.machine_id AND ` + budgetCounted + `
+                          LIMIT @budget::int) used) >= @budget::int
+                ELSE false END AS exhausted
+    FROM due
+), chosen AS (
+    SELECT machine_id FROM judged
+    WHERE wanted AND NOT leased AND held_until IS NULL AND NOT exhausted
     ORDER BY ord LIMIT @limit
 ), leased AS (
     INSERT INTO work (machine_id, exclusion_group, process, session_id)
@@ -79,13 +105,38 @@ WITH ` + dueFacts + `, chosen AS (
 ), started AS (
     INSERT INTO work_history (machine_id, process, event, session_id)
     SELECT machine_id, @process, 'Started', @session FROM leased
+), escalated AS (
+    INSERT INTO machine_hold AS mh (machine_id, process, reason, until, actor, source)
+    SELECT machine_id, @process, 'budget exhausted', NULL, 'budget', 'budget'
+    FROM judged WHERE exhausted
+    ORDER BY machine_id
+    ON CONFLICT (machine_id, process) DO UPDATE
+    SET reason = excluded.reason, until = NULL, held_at = now(), actor = excluded.actor,
+        actor_role = excluded.actor_role, source = excluded.source
+    RETURNING mh.machine_id
+), escalation AS (
+    INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
+    SELECT e.machine_id, @process, 'Escalated',
+           format('budget exhausted: %s leases within %s; held until an operator releases it; last causes: %s',
+                  @budget::int, @budget_text::text,
+                  COALESCE((SELECT string_agg(c.failed_cause, ' | ' ORDER BY c.id DESC) FROM (
+                                SELECT h.id, h.failed_cause FROM work_history h
+                                WHERE h.machine_id = e.machine_id
+                                  AND h.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
+                                  AND h.process = @process AND h.event IN ('Failed', 'Lost')
+                                  AND h.failed_cause IS NOT NULL
+                                ORDER BY h.id DESC LIMIT 3) c), 'none recorded')),
+           'budget', session_user
+    FROM escalated e
 ), settled AS (
     DELETE FROM work_due wd
     WHERE wd.process = @process
       AND wd.machine_id = ANY (ARRAY(
-          SELECT machine_id FROM due
+          SELECT machine_id FROM judged
           WHERE machine_id IN (SELECT machine_id FROM chosen)
              OR leased
+             OR exhausted
+             OR (wanted AND held_until = 'infinity')
              OR (NOT wanted AND due_at IS NULL)))
 ), moved AS (
     SELECT machine_id,
@@ -94,7 +145,8 @@ WITH ` + dueFacts + `, chosen AS (
                 ELSE now() + interval '1 second' END AS due_at
     FROM due
     WHERE NOT leased
-      AND ((wanted AND held_until IS NOT NULL) OR (NOT wanted AND due_at IS NOT NULL))
+      AND ((wanted AND held_until IS NOT NULL AND held_until <> 'infinity')
+           OR (NOT wanted AND due_at IS NOT NULL))
 ), rescheduled AS (
     UPDATE work_due wd
     SET due_at = moved.due_at
@@ -102,8 +154,33 @@ WITH ` + dueFacts + `, chosen AS (
     WHERE wd.process = @process AND wd.machine_id = moved.machine_id
       AND wd.machine_id = ANY (ARRAY(SELECT machine_id FROM moved))
 )
-SELECT l.machine_id, mp.provider_id
-FROM leased l LEFT JOIN machine_provided mp ON mp.machine_id = l.machine_id`
+SELECT l.machine_id, mp.provider_id, false
+FROM leased l LEFT JOIN machine_provided mp ON mp.machine_id = l.machine_id
+UNION ALL
+SELECT e.machine_id, mp.provider_id, true
+FROM escalated e LEFT JOIN machine_provided mp ON mp.machine_id = e.machine_id`
+
+	// budgetCounted is the condition on a machine's history h of the
+	// leases its budget counts: Started events of @process within the
+	// window and after the last release of a hold of the machine for the
+	// process (or for all), so that an operator's release gives the
+	// machine its whole budget again.
+	budgetCounted = `h.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
+                            AND h.id > COALESCE((SELECT max(r.id) FROM work_history r
+                                                 WHERE r.machine_id = h.machine_id
+                                                   AND r.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
+                                                   AND r.event = 'Released' AND r.process IN (@process::text, '')), 0)
+                            AND h.process = @process AND h.event = 'Started'
+                            AND h."timestamp" > now() - make_interval(secs => @budget_window::float8)`
+
+	// budgetWindowStart is the id from which a machine's history is read
+	// for its budget: that of the first event of the window, less a
+	// margin of five minutes, as an event's timestamp is its
+	// transaction's start and its id is taken later. Uncorrelated, it is
+	// computed once per statement, and only when a budget is judged.
+	budgetWindowStart = `SELECT w0.id FROM work_history w0
+         WHERE w0."timestamp" > now() - make_interval(secs => @budget_window::float8) - interval '5 minutes'
+         ORDER BY w0."timestamp" LIMIT 1`
 
 	// qDueChunkEnd is the last machine of the next chunk of a due-row
 	// build: up to $2 machines after $1 in machine_id order (NULL: none

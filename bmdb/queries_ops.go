@@ -106,10 +106,12 @@ SELECT CASE WHEN $2::bigint IS NOT NULL
 
 	// qLimitGauges reads what the runner exports about a process's limits:
 	// who paused it and why (NULL when running) and since when its oldest
-	// lease has been held (NULL without leases), by work_process_idx.
+	// lease has been held (NULL without leases), by work_process_idx, and
+	// how many machines are held for it (machine_hold_process_idx).
 	qLimitGauges = `
 SELECT p.source, p.reason,
-       EXTRACT(EPOCH FROM now() - (SELECT min(work_started_at) FROM work WHERE process = $1))::float8
+       EXTRACT(EPOCH FROM now() - (SELECT min(work_started_at) FROM work WHERE process = $1))::float8,
+       (SELECT count(DISTINCT machine_id) FROM machine_hold WHERE process IN ($1::text, '') AND (until IS NULL OR until > now()))
 FROM (SELECT 1) one
 LEFT JOIN process_pause p ON p.process = $1 AND p.resumed_at IS NULL`
 
@@ -117,16 +119,17 @@ LEFT JOIN process_pause p ON p.process = $1 AND p.resumed_at IS NULL`
 
 	// qBackoffClear deletes the backoffs of a machine, of one process ($2)
 	// or of all (NULL), and records each as BackoffCleared with the
-	// operator's reason. Deleting the row also restarts the backoff sequence
-	// at Initial, which is what an operator who fixed the cause wants.
+	// operator's reason and name ($4, NULL if none given) and role.
+	// Deleting the row also restarts the backoff sequence at Initial,
+	// which is what an operator who fixed the cause wants.
 	qBackoffClear = `
 WITH cleared AS (
     DELETE FROM work_backoff
     WHERE machine_id = $1 AND ($2::text IS NULL OR process = $2::text)
     RETURNING machine_id, process, until, cause, last_interval_seconds
 ), recorded AS (
-    INSERT INTO work_history (machine_id, process, event, failed_cause)
-    SELECT machine_id, process, 'BackoffCleared', $3 FROM cleared
+    INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
+    SELECT machine_id, process, 'BackoffCleared', $3, $4::text, session_user FROM cleared
 )
 SELECT process, until, cause, last_interval_seconds, until > now() FROM cleared ORDER BY process`
 
@@ -135,7 +138,8 @@ SELECT process, until, cause, last_interval_seconds, until > now() FROM cleared 
 	// time, but keeps the backoff row's interval, so
 	// that if the retry fails too the backoff grows on from where it was:
 	// unlike a cleared backoff, a retry does not claim the cause is fixed.
-	// It records Retried with the operator's reason ($3), and returns
+	// It records Retried with the operator's reason ($3), name ($4) and
+	// role, and returns
 	// whether the machine exists, whether a backoff was ended and whether a
 	// lease of the process is running (the retry then takes effect after
 	// it).
@@ -151,8 +155,8 @@ WITH m AS (
     FROM m WHERE nb.machine_id = m.machine_id AND nb.process = $2 AND nb.until > now()
     RETURNING nb.machine_id
 ), recorded AS (
-    INSERT INTO work_history (machine_id, process, event, failed_cause)
-    SELECT machine_id, $2, 'Retried', $3 FROM m
+    INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
+    SELECT machine_id, $2, 'Retried', $3, $4::text, session_user FROM m
 )
 SELECT EXISTS (SELECT 1 FROM m),
        EXISTS (SELECT 1 FROM expired) OR EXISTS (SELECT 1 FROM rescheduled),
@@ -227,7 +231,7 @@ ORDER BY process`
 	// qRecentFailures lists a process's newest failures, newest first, by
 	// work_history_process_event_idx.
 	qRecentFailures = `
-SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id FROM work_history
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role FROM work_history
 WHERE process = $1 AND event = 'Failed'
 ORDER BY "timestamp" DESC, id DESC LIMIT $2`
 
@@ -260,7 +264,7 @@ FROM work_backoff WHERE machine_id = $1 ORDER BY process`
 	// machine (newest first; the caller reverses them into causal order),
 	// by work_history_machine_idx.
 	qMachineRecentHistory = `
-SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role
 FROM work_history WHERE machine_id = $1 ORDER BY id DESC LIMIT $2`
 
 	// qMachinesByProviderID finds the machines a provider id names, across

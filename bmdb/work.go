@@ -110,6 +110,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		"process": process.Name,
 		"session": s.id,
 	})
+	limits.MachineBudget.args(args)
 	for round := 0; round < maxClaimRounds; round++ {
 		if round > 0 {
 			scan = max(scan, dueScan)
@@ -117,12 +118,13 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		lockArgs := pgx.NamedArgs{"process": process.Name, "scan": scan}
 		var leased []uuid.UUID
 		var providerIDs []string
+		var escalated []Escalation
 		var locked int
 		var blocked bool
 		var next *time.Time
 		registered := true
 		err := s.db.transact(ctx, s, s.db.probeBegin, func(ctx context.Context, tx *Tx) error {
-			leased, providerIDs, locked, blocked, next, registered = leased[:0], providerIDs[:0], 0, false, nil, true
+			leased, providerIDs, escalated, locked, blocked, next, registered = leased[:0], providerIDs[:0], escalated[:0], 0, false, nil, true
 			n, err := limits.budget(ctx, tx, process.Name, limit)
 			if err != nil {
 				return err
@@ -146,13 +148,24 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			}
 			var id uuid.UUID
 			var providerID *string
-			_, err = pgx.ForEachRow(rows, []any{&id, &providerID}, func() error {
+			var overBudget bool
+			_, err = pgx.ForEachRow(rows, []any{&id, &providerID, &overBudget}, func() error {
+				if overBudget {
+					escalated = append(escalated, Escalation{Machine: id, ProviderID: untrusted.Line(deref(providerID), 0),
+						Process: process.Name, Budget: limits.MachineBudget})
+					return nil
+				}
 				leased = append(leased, id)
 				providerIDs = append(providerIDs, untrusted.Line(deref(providerID), 0))
 				return nil
 			})
 			return err
 		})
+		if err == nil && limits.Escalated != nil {
+			for _, e := range escalated {
+				limits.Escalated(e)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, err)
 		}

@@ -167,7 +167,7 @@ func DefaultConfig(info Info) Config {
 		Session:           bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
 		ShutdownGrace:     10 * time.Second,
 		MetricsRefresh:    30 * time.Second,
-		Limits:            DefaultLimits(),
+		Limits:            defaultLimits(info),
 		EndRetry:          2 * time.Minute,
 		EndAttempt:        30 * time.Second,
 		RunTimeout:        cmp.Or(info.DefaultRunTimeout, DefaultRunTimeout),

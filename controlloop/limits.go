@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +48,12 @@ type Limits struct {
 	// BreakerThreshold is the failure ratio of the window above which the
 	// breaker trips, in [0, 1).
 	BreakerThreshold float64
+	// MachineBudget bounds the leases the process takes of one machine
+	// within a window (-<p>_machine_budget N/DURATION): the claim that
+	// finds a machine over it holds the machine for the process and
+	// records Escalated instead of acting (bmdb.MachineBudget). Zero is no
+	// budget.
+	MachineBudget bmdb.MachineBudget
 	// ExpectedDuration is how long one piece of work should take at most.
 	// It is exported as shepherd_work_expected_duration_seconds, which the
 	// ShepherdWorkOverdue alert compares with the age of the oldest lease.
@@ -58,6 +66,62 @@ func DefaultLimits() Limits {
 	return Limits{BreakerThreshold: 0.5, ExpectedDuration: 15 * time.Minute}
 }
 
+// defaultLimits are DefaultLimits with the process's default per-machine
+// budget.
+func defaultLimits(info Info) Limits {
+	l := DefaultLimits()
+	l.MachineBudget = info.DefaultMachineBudget
+	return l
+}
+
+// ParseMachineBudget parses the -<p>_machine_budget form N/DURATION
+// ("3/24h"); "0" and "none" are no budget.
+func ParseMachineBudget(s string) (bmdb.MachineBudget, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" || s == "none" {
+		return bmdb.MachineBudget{}, nil
+	}
+	n, w, ok := strings.Cut(s, "/")
+	if !ok {
+		return bmdb.MachineBudget{}, fmt.Errorf("machine budget %q: want N/DURATION (e.g. 3/24h), or none", s)
+	}
+	count, err := strconv.Atoi(strings.TrimSpace(n))
+	if err != nil || count < 1 {
+		return bmdb.MachineBudget{}, fmt.Errorf("machine budget %q: N must be a whole number of at least 1", s)
+	}
+	window, err := time.ParseDuration(strings.TrimSpace(w))
+	if err != nil {
+		return bmdb.MachineBudget{}, fmt.Errorf("machine budget %q: duration: %w", s, err)
+	}
+	if window < time.Second || window > maxBudgetWindow {
+		return bmdb.MachineBudget{}, fmt.Errorf("machine budget %q: duration must be between 1s and %s", s, maxBudgetWindow)
+	}
+	return bmdb.MachineBudget{N: count, Window: window}, nil
+}
+
+// maxBudgetWindow bounds a budget's window: history older than the
+// retention is gone anyway, and a longer window reads more of it.
+const maxBudgetWindow = 90 * 24 * time.Hour
+
+// budgetValue adapts a *bmdb.MachineBudget to flag.Value.
+type budgetValue struct{ b *bmdb.MachineBudget }
+
+func (v budgetValue) String() string {
+	if v.b == nil {
+		return ""
+	}
+	return v.b.String()
+}
+
+func (v budgetValue) Set(s string) error {
+	b, err := ParseMachineBudget(s)
+	if err != nil {
+		return err
+	}
+	*v.b = b
+	return nil
+}
+
 // registerFlags registers the limits' flags as <prefix>_<name>.
 func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
 	p := prefix + "_"
@@ -65,6 +129,7 @@ func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&l.MaxPerHour, p+"max_per_hour", l.MaxPerHour, "most machines "+prefix+" starts work on in any hour, across all replicas (0 = no limit)")
 	fs.IntVar(&l.BreakerWindow, p+"breaker_window", l.BreakerWindow, "circuit breaker: number of recent "+prefix+" attempts judged, across all replicas (0 = no breaker)")
 	fs.Var(floatFlag{f: &l.BreakerThreshold, want: "a ratio between 0 and 1, e.g. 0.5"}, p+"breaker_threshold", "circuit breaker: failure ratio of the window above which "+prefix+" pauses itself until 'shepherd resume' (0..1)")
+	fs.Var(budgetValue{&l.MachineBudget}, p+"machine_budget", "per-machine budget N/DURATION: after N "+prefix+" leases of one machine within DURATION, the next claim holds the machine for "+prefix+" and records Escalated instead of acting, until 'shepherd release' (none = no budget)")
 	fs.DurationVar(&l.ExpectedDuration, p+"expected_work_duration", l.ExpectedDuration, "how long one "+prefix+" action should take at most; a lease held longer raises the ShepherdWorkOverdue alert")
 }
 
@@ -88,7 +153,24 @@ func (l *Limits) check(prefix string) error {
 
 // lease is what the claim enforces.
 func (l Limits) lease() bmdb.Limits {
-	return bmdb.Limits{MaxInFlight: l.MaxInFlight, MaxPerHour: l.MaxPerHour}
+	return bmdb.Limits{MaxInFlight: l.MaxInFlight, MaxPerHour: l.MaxPerHour, MachineBudget: l.MachineBudget}
+}
+
+// leaseLimits are the limits the runner's claims enforce, with the
+// runner's record of escalations.
+func (r *Runner) leaseLimits() bmdb.Limits {
+	l := r.cfg.Limits.lease()
+	l.Escalated = r.escalated
+	return l
+}
+
+// escalated counts and logs a machine a claim held because it used up the
+// process's per-machine budget.
+func (r *Runner) escalated(e bmdb.Escalation) {
+	r.metrics.limits.escalated.WithLabelValues(r.info.Label).Inc()
+	klog.ErrorS(nil, "Machine escalated: it used up the process's per-machine budget and is held for a human",
+		"process", r.info.Label, "machine", e.Machine, "provider_id", e.ProviderID, "budget", e.Budget.String(),
+		"see", "shepherd history "+e.Machine.String(), "release_with", "shepherd release "+e.Machine.String()+" -process "+r.info.Label+" -reason R")
 }
 
 // limitMetrics are the runner's metrics about limits, labelled by process.
@@ -98,6 +180,8 @@ type limitMetrics struct {
 	expected     *prometheus.GaugeVec
 	limit        *prometheus.GaugeVec
 	breakerTrips *prometheus.CounterVec
+	held         *prometheus.GaugeVec
+	escalated    *prometheus.CounterVec
 }
 
 // pauseReasons are the values of shepherd_process_paused's reason label.
@@ -112,9 +196,13 @@ func newLimitMetrics(reg prometheus.Registerer) *limitMetrics {
 		expected: metric.GaugeVec(reg, "shepherd_work_expected_duration_seconds",
 			"How long one piece of the process's work should take at most (-<process>_expected_work_duration).", "process"),
 		limit: metric.GaugeVec(reg, "shepherd_work_limit",
-			"The process's configured safety limits, by limit: max_in_flight (compare with shepherd_work_leases), max_per_hour; 0 means no limit.", "process", "limit"),
+			"The process's configured safety limits, by limit: max_in_flight (compare with shepherd_work_leases), max_per_hour, machine_budget and machine_budget_window_seconds (-<process>_machine_budget); 0 means no limit.", "process", "limit"),
 		breakerTrips: metric.CounterVec(reg, "shepherd_breaker_trips_total",
 			"Times this replica's check tripped the process's circuit breaker (and paused the process).", "process"),
+		held: metric.GaugeVec(reg, "shepherd_machines_held",
+			"Machines held for the process (its holds and holds of every process: shepherd hold, or its per-machine budget), which its claims pass over; refreshed periodically.", "process"),
+		escalated: metric.CounterVec(reg, "shepherd_machines_escalated_total",
+			"Machines this replica's claims held for a human because they used up the process's per-machine budget (-<process>_machine_budget), recorded Escalated.", "process"),
 	}
 }
 
@@ -127,6 +215,10 @@ func (m *limitMetrics) initProcess(label string, l Limits) {
 	m.limit.WithLabelValues(label, "max_in_flight").Set(float64(l.MaxInFlight))
 	m.limit.WithLabelValues(label, "max_per_hour").Set(float64(l.MaxPerHour))
 	m.breakerTrips.WithLabelValues(label)
+	m.held.WithLabelValues(label)
+	m.escalated.WithLabelValues(label)
+	m.limit.WithLabelValues(label, "machine_budget").Set(float64(l.MachineBudget.N))
+	m.limit.WithLabelValues(label, "machine_budget_window_seconds").Set(l.MachineBudget.Window.Seconds())
 }
 
 // Candidates is the process's candidate condition, as the runner claims
@@ -173,6 +265,7 @@ func (r *Runner) showLimitStatus(st bmdb.LimitStatus) {
 		r.metrics.limits.paused.WithLabelValues(label, reason).Set(v)
 	}
 	r.metrics.limits.oldestLease.WithLabelValues(label).Set(st.OldestLease.Seconds())
+	r.metrics.limits.held.WithLabelValues(label).Set(float64(st.Held))
 	if seen := &r.limitState; !seen.refreshed || seen.pausedBy != st.PausedBy {
 		switch {
 		case st.PausedBy != "":

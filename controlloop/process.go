@@ -31,6 +31,9 @@ type Info struct {
 	// DefaultBackoff applies to failures unless flags override it or the
 	// process replaces it on a task.
 	DefaultBackoff bmdb.Backoff
+	// DefaultMachineBudget is the process's per-machine budget unless
+	// -<label>_machine_budget says otherwise (none when zero).
+	DefaultMachineBudget bmdb.MachineBudget
 	// DefaultRunTimeout bounds one Run unless -<label>_run_timeout says
 	// otherwise (DefaultRunTimeout when zero): the longest a healthy Run
 	// takes, with room, since a Run past it is failed.

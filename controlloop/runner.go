@@ -296,7 +296,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		// database mid-claim gives up at its local deadline instead of
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
-		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits.lease())
+		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.leaseLimits())
 		cancelClaim()
 		switch {
 		case err == nil:

@@ -37,6 +37,10 @@ type LeaseAudit struct {
 // end.
 var operatorEvents = []string{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten}
 
+// holdEvents are recorded by holds and per-machine budgets (bmdb's
+// holds.go): they neither start nor end a lease either.
+var holdEvents = []string{bmdb.EventHeld, bmdb.EventReleased, bmdb.EventEscalated}
+
 // GroupsOf maps processes to their exclusion groups as the BMDB does (a
 // process without one is its own group), for AuditLeases.
 func GroupsOf(processes ...bmdb.Process) map[string]string {
@@ -81,7 +85,7 @@ func AuditLeases(history []bmdb.HistoryEntry, groups map[string]string) (LeaseAu
 			removed[e.Machine] = e.ID
 			continue
 		}
-		if slices.Contains(operatorEvents, e.Event) {
+		if slices.Contains(operatorEvents, e.Event) || slices.Contains(holdEvents, e.Event) {
 			continue
 		}
 		g, ok := groups[e.Process]

@@ -89,6 +89,9 @@ func (*Recovery) Info() controlloop.Info {
 		Process:        Process,
 		Label:          Label,
 		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2},
+		// A machine rebooted three times in a day without staying healthy
+		// needs a human (docs/real-fleet.md, "A machine escalated").
+		DefaultMachineBudget: DefaultMachineBudget,
 		// A power read and one action, each bounded by -ipmi_timeout or
 		// -redfish_timeout (30 s at most by default): 5 minutes is a hang.
 		DefaultRunTimeout: 5 * time.Minute,

@@ -1,0 +1,301 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Holds (migration 0017): an operator keeps one process, or every process,
+// off a machine (a technician swapping a DIMM), and a process's per-machine
+// budget hands a machine that keeps needing it to a human. A hold is a row
+// of machine_hold that a claim checks per machine it re-checks, as it
+// checks a backoff, so it reaches every replica at its next claim and costs
+// a claim one key probe per machine, never a read of every hold.
+
+// History events of holds and budgets.
+const (
+	// EventHeld records that a machine was held for a process ("" for
+	// every process), with the reason and the actor.
+	EventHeld = "Held"
+	// EventReleased records that a hold was released.
+	EventReleased = "Released"
+	// EventEscalated records that a machine used up a process's
+	// per-machine budget and was held for a human.
+	EventEscalated = "Escalated"
+)
+
+// Sources of a hold.
+const (
+	// HoldByOperator: shepherd hold (or cancel -hold).
+	HoldByOperator = "operator"
+	// HoldByBudget: the process's per-machine budget was used up.
+	HoldByBudget = "budget"
+)
+
+// BudgetActor is the actor recorded on the holds and Escalated events of
+// a per-machine budget.
+const BudgetActor = "budget"
+
+// ErrTooManyMachines is returned by Hold and Release given more machines
+// than one transaction takes (MaxHoldBatch).
+var ErrTooManyMachines = errors.New("too many machines for one command")
+
+// MaxHoldBatch is the most machines one Hold or Release takes: its
+// statements hold the rows of that many machines locked until the commit,
+// which claims and lease ends of the same machines wait for.
+const MaxHoldBatch = 10000
+
+// Actor is who took an operator action: Name as the operator's command
+// gives it (shepherd -as, $SHEPHERD_OPERATOR, or the OS user and host),
+// Role the database role of the writing session (session_user), which the
+// BMDB fills in itself, so that a role per operator gives an identity
+// the command line cannot forge.
+type Actor struct {
+	Name string
+	Role string
+}
+
+type actorKey struct{}
+
+// WithActor returns ctx carrying actor, which the operator actions that take
+// no Actor argument (Retry, ClearBackoff) record on their history events.
+func WithActor(ctx context.Context, actor Actor) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// ActorFrom returns the actor WithActor put in ctx (zero when none).
+func ActorFrom(ctx context.Context) Actor {
+	a, _ := ctx.Value(actorKey{}).(Actor)
+	return a
+}
+
+// actorArg is the name to record, NULL when none was given.
+func (a Actor) arg() *string {
+	if a.Name == "" {
+		return nil
+	}
+	return &a.Name
+}
+
+// Hold is one hold of a machine.
+type Hold struct {
+	Machine uuid.UUID
+	// ProviderID is the machine's id at its provider ("" if none).
+	ProviderID string
+	// Process is the held process, "" for every process.
+	Process string
+	Reason  string
+	// Until is when the hold ends by itself; zero: when released.
+	Until  time.Time
+	HeldAt time.Time
+	Actor  Actor
+	// Source is HoldByOperator or HoldByBudget.
+	Source string
+}
+
+// Active reports whether the hold keeps its process off the machine at now.
+func (h Hold) Active(now time.Time) bool { return h.Until.IsZero() || h.Until.After(now) }
+
+func scanHold(row pgx.CollectableRow) (Hold, error) {
+	var h Hold
+	var until *time.Time
+	var providerID *string
+	err := row.Scan(&h.Machine, &providerID, &h.Process, &h.Reason, &until, &h.HeldAt, &h.Actor.Name, &h.Actor.Role, &h.Source)
+	if until != nil {
+		h.Until = *until
+	}
+	h.ProviderID = deref(providerID)
+	return h, err
+}
+
+// checkHoldArgs checks what Hold and Release are given.
+func checkHoldArgs(machines []uuid.UUID, process, reason string) error {
+	if process != "" {
+		if err := checkProcessName(process); err != nil {
+			return err
+		}
+	}
+	if strings.TrimSpace(reason) == "" {
+		return ErrReasonRequired
+	}
+	if len(machines) > MaxHoldBatch {
+		return fmt.Errorf("%d machines: %w (at most %d)", len(machines), ErrTooManyMachines, MaxHoldBatch)
+	}
+	return nil
+}
+
+// Hold holds machines for process ("" = every process) with reason, for
+// the duration d (0: until released), on actor's word, and records Held
+// for each. A claim that starts after the commit does not lease a held
+// machine for the process, on any replica; a lease already taken runs to
+// its end. Holding a machine again replaces its hold (its reason, end and
+// actor). A hold with an end makes the machine due then, so that it is
+// claimed again without an operator and without a scan. Machines that do
+// not exist are skipped; the holds made are returned.
+func (t *Tx) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor Actor) ([]Hold, error) {
+	if err := checkHoldArgs(machines, process, reason); err != nil {
+		return nil, err
+	}
+	if d < 0 {
+		return nil, fmt.Errorf("holding for %s: a negative duration", d)
+	}
+	if actor.Name == "" {
+		return nil, errors.New("holding machines: no actor")
+	}
+	var secs *float64
+	if d > 0 {
+		s := d.Seconds()
+		secs = &s
+	}
+	held, err := queryRows(ctx, t.tx, scanHold, qHold, uuidArray(machines), process, reason, secs, actor.Name)
+	if err != nil {
+		return nil, fmt.Errorf("holding %d machines: %w", len(machines), err)
+	}
+	return held, nil
+}
+
+// Release deletes the holds of machines for process (every hold of the
+// machines, budget holds included, when process is ""), on actor's word,
+// and records Released with reason for each. A released machine is due
+// for the processes it was held for at once. It returns the holds it
+// deleted, ended ones included.
+func (t *Tx) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor Actor) ([]Hold, error) {
+	if err := checkHoldArgs(machines, process, reason); err != nil {
+		return nil, err
+	}
+	if actor.Name == "" {
+		return nil, errors.New("releasing machines: no actor")
+	}
+	var processArg *string
+	if process != "" {
+		processArg = &process
+	}
+	released, err := queryRows(ctx, t.tx, scanHold, qRelease, uuidArray(machines), processArg, reason, actor.Name)
+	if err != nil {
+		return nil, fmt.Errorf("releasing %d machines: %w", len(machines), err)
+	}
+	return released, nil
+}
+
+// Hold is Tx.Hold in a transaction of its own.
+func (db *DB) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor Actor) ([]Hold, error) {
+	var held []Hold
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		var err error
+		held, err = tx.Hold(ctx, machines, process, reason, d, actor)
+		return err
+	})
+	return held, err
+}
+
+// Release is Tx.Release in a transaction of its own.
+func (db *DB) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor Actor) ([]Hold, error) {
+	var released []Hold
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		var err error
+		released, err = tx.Release(ctx, machines, process, reason, actor)
+		return err
+	})
+	return released, err
+}
+
+// HoldsOf returns the active holds of machine, for every process.
+func (db *DB) HoldsOf(ctx context.Context, machine uuid.UUID) ([]Hold, error) {
+	h, err := queryRows(ctx, db.pool, scanHold, qHoldsOf, machine)
+	if err != nil {
+		return nil, fmt.Errorf("reading the holds of %s: %w", machine, err)
+	}
+	return h, nil
+}
+
+// Holds returns up to limit active holds, of process (with the holds of
+// every process) or of all when process is "", newest first.
+func (db *DB) Holds(ctx context.Context, process string, limit int) ([]Hold, error) {
+	var processArg *string
+	if process != "" {
+		if err := checkProcessName(process); err != nil {
+			return nil, err
+		}
+		processArg = &process
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	h, err := queryRows(ctx, db.pool, scanHold, qHoldsList, processArg, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing holds: %w", err)
+	}
+	return h, nil
+}
+
+// HeldCount counts the machines held for process, by its own holds or
+// holds of every process: what its claims pass over.
+func (db *DB) HeldCount(ctx context.Context, process string) (int64, error) {
+	var n int64
+	if err := db.pool.QueryRow(ctx, qHeldCount, process).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the machines held for %s: %w", process, err)
+	}
+	return n, nil
+}
+
+// MachineBudget is a process's per-machine budget: at most N leases of one
+// machine within Window. A claim that finds a machine whose budget is
+// used does not lease it: it holds the machine for the process (source
+// budget) and records Escalated, for a human to look at. The zero value is
+// no budget.
+type MachineBudget struct {
+	N      int
+	Window time.Duration
+}
+
+// Set reports whether the budget applies.
+func (b MachineBudget) Set() bool { return b.N > 0 && b.Window > 0 }
+
+// String is the budget as its flag spells it ("3/24h0m0s"), "none" when
+// unset.
+func (b MachineBudget) String() string {
+	if !b.Set() {
+		return "none"
+	}
+	return fmt.Sprintf("%d/%s", b.N, b.Window)
+}
+
+// args are the claim's parameters of the budget.
+func (b MachineBudget) args(named pgx.NamedArgs) {
+	if !b.Set() {
+		named["budget"], named["budget_window"], named["budget_text"] = 0, float64(0), ""
+		return
+	}
+	named["budget"], named["budget_window"], named["budget_text"] = b.N, b.Window.Seconds(), b.Window.String()
+}
+
+// Escalation is a machine a claim found over its process's budget, held
+// and recorded Escalated instead of leased.
+type Escalation struct {
+	Machine    uuid.UUID
+	ProviderID string
+	Process    string
+	Budget     MachineBudget
+}
+
+// BudgetUsed counts the leases process took of machine within window
+// (Started events) since the last release of a hold of the machine for
+// it, the measure of a per-machine budget: a release gives the machine its
+// whole budget again. It reads the machine's history from the window's
+// start, by index.
+func (db *DB) BudgetUsed(ctx context.Context, machine uuid.UUID, process string, window time.Duration) (int64, error) {
+	if err := checkProcessName(process); err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := db.pool.QueryRow(ctx, qBudgetUsed, pgx.NamedArgs{"machine": machine, "process": process, "budget_window": window.Seconds()}).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the leases of %s on %s: %w", process, machine, err)
+	}
+	return n, nil
+}

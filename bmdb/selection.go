@@ -1,0 +1,101 @@
+package bmdb
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// StateHeld: the machine is held for the process (holds.go); listed by
+// Machines and selectable by Selector.
+const StateHeld = "held"
+
+// SelectableStates are the states a Selector takes.
+var SelectableStates = []string{StateLeased, StateBackoff, StateHeld}
+
+// Selector picks machines for an operator command that acts on many
+// (shepherd hold, release, retry, backoff clear, cancel) instead of naming
+// them. Every field set narrows the selection; at least one must be set.
+type Selector struct {
+	// Location is a prefix of the machine's location at its provider
+	// ("dc1/rack07/").
+	Location string
+	// Process and State select the machines in that state of the process
+	// (SelectableStates); State needs Process.
+	Process string
+	State   string
+	// Cause is a substring (case-insensitive) of the last failure cause:
+	// of the process's backoff on the machine when Process is set, of any
+	// process's otherwise.
+	Cause string
+	// Limit bounds the machines returned (default MaxHoldBatch); a
+	// selection that reaches it is reported as such by the caller.
+	Limit int
+}
+
+// Empty reports whether the selector selects nothing by itself.
+func (s Selector) Empty() bool { return s.Location == "" && s.State == "" && s.Cause == "" }
+
+// SelectedMachine is one machine a Selector picked.
+type SelectedMachine struct {
+	Machine    uuid.UUID
+	ProviderID string
+	Location   string
+}
+
+// SelectMachines returns the machines sel picks, by provider id. It reads
+// the selected process's index (leases, backoffs, holds) or, for a
+// location or cause alone, the fleet's provider rows: an operator's
+// command, not a hot path.
+func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachine, error) {
+	if sel.Empty() {
+		return nil, fmt.Errorf("selecting machines: give a location, a process's state or a cause")
+	}
+	if sel.State != "" {
+		if sel.Process == "" {
+			return nil, fmt.Errorf("selecting machines in state %q: of which process?", sel.State)
+		}
+		if !slices.Contains(SelectableStates, sel.State) {
+			return nil, fmt.Errorf("selecting machines in state %q: want one of %s", sel.State, strings.Join(SelectableStates, ", "))
+		}
+	}
+	var process *string
+	if sel.Process != "" {
+		if err := checkProcessName(sel.Process); err != nil {
+			return nil, err
+		}
+		process = &sel.Process
+	}
+	if sel.Limit <= 0 {
+		sel.Limit = MaxHoldBatch
+	}
+	args := pgx.NamedArgs{
+		"location": nullIfEmpty(sel.Location),
+		"process":  process,
+		"state":    nullIfEmpty(sel.State),
+		"cause":    nullIfEmpty(sel.Cause),
+		"limit":    sel.Limit,
+	}
+	out, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (SelectedMachine, error) {
+		var m SelectedMachine
+		var providerID, location *string
+		err := row.Scan(&m.Machine, &providerID, &location)
+		m.ProviderID, m.Location = deref(providerID), deref(location)
+		return m, err
+	}, qSelectMachines, args)
+	if err != nil {
+		return nil, fmt.Errorf("selecting machines: %w", err)
+	}
+	return out, nil
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
