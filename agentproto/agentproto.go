@@ -35,11 +35,22 @@ import (
 	"unicode/utf8"
 )
 
-// Version is the protocol version this package speaks, carried by every
-// message. Any change to a message's fields, their encoding or the signed
-// bytes of a heartbeat makes a new version: the decoders reject unknown
-// fields, so even an added optional field would break an older peer.
+// Version is the version of the Init and Answer messages, carried by
+// each. Any change to a message's fields, their encoding or the signed
+// bytes of a heartbeat makes a new version of that message: the decoders
+// reject unknown fields, so even an added optional field would break an
+// older peer.
 const Version = 1
+
+// HeartbeatVersion is the version of the heartbeats this package sends:
+// version 2 adds the boot identity and the agent's build digest to the
+// signed bytes, so that Shepherd can tell a rebooted machine from one
+// whose agent was merely restarted. Decoders still accept version 1, the
+// heartbeats of agents built before it (HeartbeatV1).
+const HeartbeatVersion = 2
+
+// HeartbeatV1 is the version of heartbeats without a boot identity.
+const HeartbeatV1 = 1
 
 // Size limits, checked before any parsing. They bound what a peer (or
 // anyone who can reach the heartbeat endpoint) can make the other side
@@ -93,13 +104,19 @@ func encodeLimited(v any, limit int, what string) ([]byte, error) {
 // accepts invalid UTF-8. Two parsers could then read one message
 // differently, which for a signed message is a classic way in.
 func decodeStrict(data []byte, limit int, what string, s shape, v any) error {
+	return decodeStrictVersions(data, limit, what, s, v, Version, Version)
+}
+
+// decodeStrictVersions is decodeStrict for a message whose versions from
+// oldest to newest are accepted.
+func decodeStrictVersions(data []byte, limit int, what string, s shape, v any, oldest, newest int) error {
 	if len(data) > limit {
 		return invalidf("%s is %d bytes, more than the limit of %d", what, len(data), limit)
 	}
 	if !utf8.Valid(data) {
 		return invalidf("%s is not valid UTF-8", what)
 	}
-	if err := checkVersion(data, what); err != nil {
+	if err := checkVersion(data, what, oldest, newest); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -121,7 +138,7 @@ func decodeStrict(data []byte, limit int, what string, s shape, v any) error {
 // checkVersion rejects a message of another protocol version before the
 // strict checks, so that a peer speaking a newer version learns that
 // rather than "unknown field".
-func checkVersion(data []byte, what string) error {
+func checkVersion(data []byte, what string, oldest, newest int) error {
 	var probe struct {
 		Version json.RawMessage `json:"version"`
 	}
@@ -132,8 +149,12 @@ func checkVersion(data []byte, what string) error {
 	if json.Unmarshal(probe.Version, &v) != nil {
 		return invalidf("%s: version %s is not an integer", what, probe.Version)
 	}
-	if v != Version {
-		return fmt.Errorf("%w: %w: %s has version %d, this implementation speaks version %d", ErrInvalid, ErrUnsupportedVersion, what, v, Version)
+	switch {
+	case v >= oldest && v <= newest:
+	case oldest == newest:
+		return fmt.Errorf("%w: %w: %s has version %d, this implementation speaks version %d", ErrInvalid, ErrUnsupportedVersion, what, v, newest)
+	default:
+		return fmt.Errorf("%w: %w: %s has version %d, this implementation speaks versions %d to %d", ErrInvalid, ErrUnsupportedVersion, what, v, oldest, newest)
 	}
 	return nil
 }

@@ -312,7 +312,7 @@ func TestHeartbeatVerify(t *testing.T) {
 	pub, key, _ := ed25519.GenerateKey(rand.Reader)
 	otherPub, _, _ := ed25519.GenerateKey(rand.Reader)
 	now := time.Now()
-	h, err := NewHeartbeat(testMachine, now, key)
+	h, err := NewHeartbeat(testMachine, now, testBoot, testDigest, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,11 +339,11 @@ func TestHeartbeatVerify(t *testing.T) {
 			t.Errorf("%s changed: %v, want ErrBadSignature", name, err)
 		}
 	}
-	h2, _ := NewHeartbeat(testMachine, now, key)
+	h2, _ := NewHeartbeat(testMachine, now, testBoot, testDigest, key)
 	if h2.Nonce == h.Nonce {
 		t.Error("nonce repeated")
 	}
-	if _, err := NewHeartbeat(testMachine, time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), key); err == nil {
+	if _, err := NewHeartbeat(testMachine, time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), testBoot, testDigest, key); err == nil {
 		t.Error("timestamp before 1970 signed")
 	}
 }
@@ -374,7 +374,7 @@ func TestDecodeHeartbeatStrict(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, msg, want string }{
 		{"no version", build(map[string]string{"version": "-"}), "version is missing"},
-		{"version 2", build(map[string]string{"version": "2"}), "version 2"},
+		{"version 3", build(map[string]string{"version": "3"}), "version 3"},
 		{"no machine", build(map[string]string{"machine_id": "-"}), "machine_id is missing"},
 		{"no timestamp", build(map[string]string{"timestamp": "-"}), "timestamp is missing"},
 		{"unix timestamp", build(map[string]string{"timestamp": `1735787045`}), "cannot unmarshal"},
@@ -422,7 +422,7 @@ func TestBatchVerifierAgreesWithVerify(t *testing.T) {
 			hbs := make([]Heartbeat, size)
 			hbKeys := make([]ed25519.PublicKey, size)
 			for i := range size {
-				h, err := NewHeartbeat(uuid.New(), now, keys[i%agents])
+				h, err := NewHeartbeat(uuid.New(), now, testBoot, testDigest, keys[i%agents])
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -10,11 +10,12 @@ import (
 )
 
 // Heartbeat keys in the order of fastFields' slots.
-var fastKeys = [...]string{"version", "machine_id", "timestamp", "nonce", "signature"}
+var fastKeys = [...]string{"version", "machine_id", "timestamp", "nonce", "signature", "boot_id", "agent_digest"}
 
 // decodeHeartbeatFast decodes the heartbeats every agent sends: one JSON
-// object of the five keys, in any order, with JSON whitespace anywhere
-// between tokens, version the literal 1, and the other values strings of
+// object of the five keys of version 1, or the seven of version 2, in any
+// order, with JSON whitespace anywhere between tokens, version the literal
+// 1 or 2, and the other values strings of
 // printable ASCII without escapes. It reports false for anything else,
 // valid or not, and for any field that fails its check; DecodeHeartbeat
 // then runs the strict decoder, which accepts or refuses the message and
@@ -33,6 +34,7 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 	p++
 	var values [len(fastKeys)][]byte
 	var seen [len(fastKeys)]bool
+	version := 0
 	for {
 		p = skipSpace(data, p)
 		key, q, ok := plainString(data, p)
@@ -56,11 +58,12 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 		}
 		p = skipSpace(data, p+1)
 		if slot == 0 {
-			// The number 1 and nothing else: "10", "1.0", "1e0" go the
-			// strict way.
-			if p+1 >= len(data) || data[p] != '1' || !endsValue(data[p+1]) {
+			// The number 1 or 2 and nothing else: "10", "1.0", "1e0"
+			// go the strict way.
+			if p+1 >= len(data) || (data[p] != '1' && data[p] != '2') || !endsValue(data[p+1]) {
 				return Heartbeat{}, false
 			}
+			version = int(data[p] - '0')
 			p++
 		} else {
 			if values[slot], p, ok = plainString(data, p); !ok {
@@ -83,12 +86,13 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 	if skipSpace(data, p) != len(data) {
 		return Heartbeat{}, false
 	}
-	for _, s := range seen {
-		if !s {
+	// Version 1 has the first five keys, version 2 all seven.
+	for i, s := range seen {
+		if s != (i < 5 || version == HeartbeatVersion) {
 			return Heartbeat{}, false
 		}
 	}
-	var h Heartbeat
+	h := Heartbeat{Version: version}
 	var ok bool
 	if h.MachineID, ok = canonicalUUID(values[1]); !ok {
 		return Heartbeat{}, false
@@ -108,6 +112,16 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 	var sig [(ed25519.SignatureSize + 2) / 3 * 3]byte
 	if !canonicalBase64(sig[:], values[4], ed25519.SignatureSize) {
 		return Heartbeat{}, false
+	}
+	if version == HeartbeatVersion {
+		if h.BootID, ok = canonicalUUID(values[5]); !ok {
+			return Heartbeat{}, false
+		}
+		var digest [(DigestSize + 2) / 3 * 3]byte
+		if !canonicalBase64(digest[:], values[6], DigestSize) {
+			return Heartbeat{}, false
+		}
+		copy(h.AgentDigest[:], digest[:DigestSize])
 	}
 	h.Signature = append([]byte(nil), sig[:ed25519.SignatureSize]...)
 	return h, true

@@ -17,15 +17,12 @@ func FuzzHeartbeatFastPath(f *testing.F) {
 		if !ok {
 			return
 		}
-		var w heartbeatWire
-		if err := decodeStrict(data, MaxHeartbeatSize, "heartbeat", heartbeatShape, &w); err != nil {
-			t.Fatalf("fast path accepted %q, the strict decoder refuses it: %v", data, err)
-		}
 		strict, err := decodeHeartbeatStrict(data)
 		if err != nil {
 			t.Fatalf("fast path accepted %q, the strict decoder refuses it: %v", data, err)
 		}
-		if fast.MachineID != strict.MachineID || !fast.Timestamp.Equal(strict.Timestamp) || fast.Timestamp.Location() != strict.Timestamp.Location() ||
+		if fast.Version != strict.Version || fast.BootID != strict.BootID || fast.AgentDigest != strict.AgentDigest ||
+			fast.MachineID != strict.MachineID || !fast.Timestamp.Equal(strict.Timestamp) || fast.Timestamp.Location() != strict.Timestamp.Location() ||
 			fast.Nonce != strict.Nonce || !bytes.Equal(fast.Signature, strict.Signature) {
 			t.Fatalf("%q: fast path %+v, strict %+v", data, fast, strict)
 		}
@@ -35,7 +32,7 @@ func FuzzHeartbeatFastPath(f *testing.F) {
 // decodeHeartbeatStrict is DecodeHeartbeat without the fast path.
 func decodeHeartbeatStrict(data []byte) (Heartbeat, error) {
 	var w heartbeatWire
-	if err := decodeStrict(data, MaxHeartbeatSize, "heartbeat", heartbeatShape, &w); err != nil {
+	if err := decodeStrictVersions(data, MaxHeartbeatSize, "heartbeat", heartbeatShape, &w, HeartbeatV1, HeartbeatVersion); err != nil {
 		return Heartbeat{}, err
 	}
 	return heartbeatFromWire(w)
@@ -43,7 +40,15 @@ func decodeHeartbeatStrict(data []byte) (Heartbeat, error) {
 
 func fastPathCases(t testing.TB) []string {
 	valid := string(signedHeartbeat(t))
+	v2 := string(signedHeartbeatV2(t))
 	return []string{
+		v2,
+		strings.Replace(v2, `"version":2`, `"version":1`, 1),
+		strings.Replace(v2, `"boot_id"`, `"boot_ID"`, 1),
+		strings.Replace(v2, testBoot.String(), strings.ToUpper(testBoot.String()), 1),
+		strings.Replace(v2, testBoot.String(), "00000000-0000-0000-0000-000000000000", 1),
+		strings.Replace(valid, `"version":1`, `"version":2`, 1),
+		strings.Replace(valid, `}`, `,"boot_id":"`+testBoot.String()+`"}`, 1),
 		valid,
 		" \n" + valid + "\r\n",
 		strings.ReplaceAll(valid, ",", " ,\t"),
@@ -65,7 +70,7 @@ func fastPathCases(t testing.TB) []string {
 // the strict decoder's verdict.
 func TestHeartbeatFastPath(t *testing.T) {
 	cases := fastPathCases(t)
-	wantFast := map[int]bool{0: true, 1: true, 2: true, 4: true, 13: true}
+	wantFast := map[int]bool{0: true, 7: true, 8: true, 9: true, 11: true, 20: true}
 	for i, c := range cases {
 		_, fast := decodeHeartbeatFast([]byte(c))
 		if fast != wantFast[i] {

@@ -305,7 +305,8 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions,
 			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
 		}
 	}
-	if err := fn(ctx, &Tx{tx: tx}); err != nil {
+	t := &Tx{tx: tx, metrics: db.metrics}
+	if err := fn(ctx, t); err != nil {
 		if s != nil && isForeignKeyOn(err, "work_session_id_fkey") {
 			s.markExpired()
 			return ErrSessionExpired
@@ -325,6 +326,9 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions,
 	defer cancel()
 	if err := tx.Commit(commitCtx); err != nil {
 		return fmt.Errorf("committing BMDB transaction: %w", err)
+	}
+	for _, f := range t.committed {
+		f()
 	}
 	return nil
 }

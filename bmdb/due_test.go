@@ -225,7 +225,7 @@ func (e *env) mutate(rng *rand.Rand, id uuid.UUID) {
 	e.t.Helper()
 	ctx := context.Background()
 	var err error
-	switch rng.IntN(7) {
+	switch rng.IntN(9) {
 	case 0: // deprovisioned
 		e.exec(`DELETE FROM machine_provided WHERE machine_id = $1`, id)
 	case 1: // provided (again)
@@ -245,6 +245,14 @@ func (e *env) mutate(rng *rand.Rand, id uuid.UUID) {
 		        ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`, id)
 	case 6:
 		e.exec(`DELETE FROM machine_agent_heartbeat WHERE machine_id = $1`, id)
+	case 7: // Recovery's commit: a reset to verify within a few steps
+		verify := time.Duration(1+rng.IntN(4))*dueStep + 7*time.Second // off the grid, as the timeouts are
+		err = e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			_, err := tx.RecordReset(ctx, id, "ShepherdRecovery", verify)
+			return err
+		})
+	case 8: // back: a heartbeat with a new boot identity deletes the reset
+		e.exec(`DELETE FROM machine_reset WHERE machine_id = $1`, id)
 	}
 	if err != nil {
 		e.t.Fatalf("mutating %s: %v", id, err)
@@ -269,6 +277,7 @@ func (e *env) shiftClock(d time.Duration) {
 		`UPDATE work_backoff SET until = until - $1::interval`,
 		`UPDATE work_not_before SET until = until - $1::interval`,
 		`UPDATE work_due SET due_at = due_at - $1::interval`,
+		`UPDATE machine_reset SET reset_at = reset_at - $1::interval, verify_by = verify_by - $1::interval`,
 	} {
 		var args []any
 		if q[0] == 'U' {

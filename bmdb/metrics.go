@@ -19,6 +19,8 @@ type Metrics struct {
 	endsPerCommit   prometheus.Histogram
 	prepared        prometheus.Gauge
 	ha              *haMetrics
+	// recovery: verified reboots (recovery.go).
+	recovery *recoveryMetrics
 }
 
 // TransactionResults are the values of the result label of
@@ -51,6 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.transactions.WithLabelValues(r)
 	}
 	m.ha = newHAMetrics(reg)
+	m.recovery = newRecoveryMetrics(reg)
 	return m
 }
 

@@ -259,37 +259,65 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 
 	// qHeartbeatAgents records heartbeats of many agents at once ($1
 	// machines, $2 their agents' public keys, $3 the agents' signed
-	// timestamps or NULL, element-wise), only for machines whose recorded
-	// agent has that key, and only when the timestamp is newer than the one
-	// recorded (a replay to another replica, or after a restart, is not).
-	// It returns every machine whose key matched and whether its heartbeat
-	// was recorded. FOR SHARE holds the agent_started rows until commit: a
-	// concurrent change of the agent (SetAgentStarted, DeleteAgentTags)
-	// either waits for this statement and then deletes its heartbeat, or
-	// commits first and this statement, re-checking the row, skips the
-	// machine. ORDER BY takes the locks in one order. The last line is an
-	// IN over written, not a LEFT JOIN: PostgreSQL joins two CTE scans by
-	// a nested loop, quadratic in the batch (at 2000 heartbeats, 4 million
-	// comparisons and 90 % of the statement's 440 ms), while IN hashes
-	// written once (44 ms). written holds each machine once, and no NULL,
-	// so the result is the same.
+	// timestamps or NULL, $4 their boot identities or NULL, element-wise),
+	// only for machines whose recorded agent has that key, and only when
+	// the timestamp is newer than the one recorded (a replay to another
+	// replica, or after a restart, is not). It returns every machine whose
+	// key matched, whether its heartbeat was recorded, and, for a machine
+	// that a Recovery reset and that is now back (recovered), how many
+	// seconds that took. FOR SHARE holds the agent_started rows until
+	// commit: a concurrent change of the agent (SetAgentStarted,
+	// DeleteAgentTags, RecordReset) either waits for this statement and
+	// then deletes its heartbeat, or commits first and this statement,
+	// re-checking the row, skips the machine. ORDER BY takes the locks in
+	// one order. The last line is an IN over written, not a LEFT JOIN:
+	// PostgreSQL joins two CTE scans by a nested loop, quadratic in the
+	// batch (at 2000 heartbeats, 4 million comparisons and 90 % of the
+	// statement's 440 ms), while IN hashes written once (44 ms). written
+	// holds each machine once, and no NULL, so the result is the same.
+	//
+	// The boot identity rides in the same HOT update of the row as the
+	// timestamps. back deletes the machine_reset row (issue 29) of a
+	// recorded machine whose boot identity is not the one from before the
+	// reset (or none was known): the machine rebooted and its agent runs
+	// again, recorded as Recovered with the time it took. A heartbeat of
+	// version 1 (no boot identity) deletes the row too, recording nothing:
+	// the agent is alive, and whether the machine rebooted cannot be known
+	// (open loop, as before version 2). machine_reset holds the few
+	// machines reset in the last minutes, so back costs a probe of a
+	// nearly empty table, and no trigger fires on its deletes.
 	qHeartbeatAgents = `
 WITH matched AS (
-    SELECT s.machine_id, a.ts
+    SELECT s.machine_id, a.ts, a.boot_id
     FROM machine_agent_started s
-    JOIN unnest($1::uuid[], $2::bytea[], $3::timestamptz[]) AS a(machine_id, agent_public_key, ts)
+    JOIN unnest($1::uuid[], $2::bytea[], $3::timestamptz[], $4::uuid[]) AS a(machine_id, agent_public_key, ts, boot_id)
       ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
     ORDER BY s.machine_id
     FOR SHARE OF s
 ), written AS (
-    INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp)
-    SELECT machine_id, now(), ts FROM matched
+    INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp, boot_id)
+    SELECT machine_id, now(), ts, boot_id FROM matched
     ON CONFLICT (machine_id) DO UPDATE
-    SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp
+    SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp, boot_id = excluded.boot_id
     WHERE excluded.agent_timestamp IS NULL OR h.agent_timestamp IS NULL OR excluded.agent_timestamp > h.agent_timestamp
-    RETURNING machine_id
+    RETURNING machine_id, boot_id
+), back AS (
+    DELETE FROM machine_reset r USING written w
+    WHERE r.machine_id = w.machine_id
+      AND (w.boot_id IS NULL OR r.boot_id_before IS NULL OR w.boot_id <> r.boot_id_before)
+    RETURNING r.machine_id, r.process, r.reset_at, w.boot_id IS NOT NULL AS verified
+), recovered AS (
+    INSERT INTO work_history (machine_id, process, event, failed_cause, took_seconds)
+    SELECT machine_id, process, 'Recovered',
+           'reset at ' || to_char(reset_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+             || ', back after ' || round(extract(epoch FROM now() - reset_at))::bigint || ' s with a new boot identity',
+           extract(epoch FROM now() - reset_at)::float8
+    FROM back WHERE verified ORDER BY machine_id
+    RETURNING machine_id, took_seconds
 )
-SELECT m.machine_id, m.machine_id IN (SELECT machine_id FROM written) FROM matched m`
+SELECT m.machine_id, m.machine_id IN (SELECT machine_id FROM written),
+       (SELECT r.took_seconds FROM recovered r WHERE r.machine_id = m.machine_id)
+FROM matched m`
 
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )

@@ -24,7 +24,16 @@ import (
 // keep invariants only this package's statements maintain.
 type Tx struct {
 	tx pgx.Tx
+	// metrics and committed: what a method counts once the transaction
+	// committed (DB.Transact runs committed then; a lease end's
+	// transaction, whose Tx has none, counts nothing).
+	metrics   *Metrics
+	committed []func()
 }
+
+// afterCommit runs f once the transaction committed, if it is one of
+// DB.Transact (or a session's).
+func (t *Tx) afterCommit(f func()) { t.committed = append(t.committed, f) }
 
 // Exec runs sql with args in the transaction, as pgx.Tx.Exec does. Use
 // parameters ($1, or pgx.NamedArgs), never formatted values.
@@ -188,6 +197,10 @@ type AgentKey struct {
 	// Timestamp is the agent's signed timestamp of this heartbeat; zero
 	// when there is none (a simulated agent), which skips the replay check.
 	Timestamp time.Time
+	// BootID is the boot identity the heartbeat carries (agent protocol
+	// heartbeat version 2); uuid.Nil for an agent that sends none, whose
+	// machine's reboots cannot be verified.
+	BootID uuid.UUID
 }
 
 // HeartbeatAgents records, in one statement, a heartbeat for each of agents
@@ -196,8 +209,8 @@ type AgentKey struct {
 // were deleted by Recovery: its heartbeat must not make the machine look
 // alive, so the caller should stop heartbeating it.
 func (t *Tx) HeartbeatAgents(ctx context.Context, agents []AgentKey) ([]uuid.UUID, error) {
-	recorded, _, err := t.RecordHeartbeats(ctx, agents)
-	return recorded, err
+	res, err := t.RecordHeartbeatBatch(ctx, agents)
+	return res.Recorded, err
 }
 
 // RecordHeartbeats is HeartbeatAgents that also checks the agents' signed
@@ -206,37 +219,68 @@ func (t *Tx) HeartbeatAgents(ctx context.Context, agents []AgentKey) ([]uuid.UUI
 // not newer is not recorded, and its machine is returned in stale (a
 // replay). Machines whose key no longer matches are in neither list.
 func (t *Tx) RecordHeartbeats(ctx context.Context, agents []AgentKey) (recorded, stale []uuid.UUID, err error) {
+	res, err := t.RecordHeartbeatBatch(ctx, agents)
+	return res.Recorded, res.Stale, err
+}
+
+// HeartbeatBatch is what recording a batch of heartbeats did.
+type HeartbeatBatch struct {
+	// Recorded and Stale are RecordHeartbeats' lists.
+	Recorded, Stale []uuid.UUID
+	// Recovered are the machines a Recovery reset that came back with
+	// this batch: their agent heartbeated with a new boot identity. Their
+	// Recovered events are written, and their durations counted in
+	// shepherd_recovery_duration_seconds once the transaction (of
+	// DB.Transact) committed.
+	Recovered []Recovered
+}
+
+// RecordHeartbeatBatch is RecordHeartbeats that also records the boot
+// identities (AgentKey.BootID) and reports the machines that came back
+// from a reset (Recovered), in the same statement.
+func (t *Tx) RecordHeartbeatBatch(ctx context.Context, agents []AgentKey) (HeartbeatBatch, error) {
+	var res HeartbeatBatch
 	if len(agents) == 0 {
-		return nil, nil, nil
+		return res, nil
 	}
 	// pgtype.UUID, not uuid.UUID: see uuidArray.
 	machines := make([]pgtype.UUID, len(agents))
 	keys := make([][]byte, len(agents))
 	stamps := make([]*time.Time, len(agents))
+	boots := make([]pgtype.UUID, len(agents))
 	for i, a := range agents {
 		machines[i], keys[i] = pgtype.UUID{Bytes: a.Machine, Valid: true}, a.PublicKey
 		if !a.Timestamp.IsZero() {
 			stamps[i] = &agents[i].Timestamp
 		}
+		boots[i] = pgtype.UUID{Bytes: a.BootID, Valid: a.BootID != uuid.Nil}
 	}
-	rows, err := t.tx.Query(ctx, qHeartbeatAgents, machines, keys, stamps)
+	rows, err := t.tx.Query(ctx, qHeartbeatAgents, machines, keys, stamps, boots)
 	if err != nil {
-		return nil, nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+		return HeartbeatBatch{}, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
 	}
 	var id pgtype.UUID
 	var ok bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &ok}, func() error {
+	var took *float64
+	_, err = pgx.ForEachRow(rows, []any{&id, &ok, &took}, func() error {
 		if ok {
-			recorded = append(recorded, id.Bytes)
+			res.Recorded = append(res.Recorded, id.Bytes)
 		} else {
-			stale = append(stale, id.Bytes)
+			res.Stale = append(res.Stale, id.Bytes)
+		}
+		if took != nil {
+			res.Recovered = append(res.Recovered, Recovered{Machine: id.Bytes, Took: time.Duration(*took * float64(time.Second))})
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
+		return HeartbeatBatch{}, fmt.Errorf("recording heartbeats of %d agents: %w", len(agents), err)
 	}
-	return recorded, stale, nil
+	if len(res.Recovered) > 0 {
+		recovered := res.Recovered
+		t.afterCommit(func() { t.metrics.observeRecovered(recovered) })
+	}
+	return res, nil
 }
 
 // LastHeartbeat reads the last heartbeat of machine's agent.

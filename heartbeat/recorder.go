@@ -118,10 +118,11 @@ func (r *recorder) writeBatch() {
 		case key != string(req.agent.PublicKey):
 			deferred = append(deferred, req)
 		default:
-			// The same agent twice: its newest timestamp is the one to
-			// record (this replica accepts them only in increasing order).
+			// The same agent twice: its newest heartbeat is the one to
+			// record (this replica accepts them only in increasing order),
+			// with the boot identity it carries.
 			if a := &agents[index[req.agent.Machine]]; req.agent.Timestamp.After(a.Timestamp) {
-				a.Timestamp = req.agent.Timestamp
+				a.Timestamp, a.BootID = req.agent.Timestamp, req.agent.BootID
 			}
 		}
 	}

@@ -385,7 +385,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 		return ResultReplay, http.StatusForbidden, "timestamp not newer than the machine's last accepted heartbeat"
 	}
 
-	recorded, stale, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key, Timestamp: hb.Timestamp})
+	recorded, stale, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key, Timestamp: hb.Timestamp, BootID: hb.BootID})
 	switch {
 	case err != nil:
 		s.logError(r, "Recording heartbeats failed", err)

@@ -84,9 +84,23 @@ func (e *env) lastHeartbeat(machine uuid.UUID) time.Time {
 	return bmdbtest.LastHeartbeat(e.t, e.db, machine)
 }
 
+// heartbeat is a version 2 heartbeat of a at ts, in the machine's first
+// boot (firstBoot).
 func (a agent) heartbeat(t testing.TB, ts time.Time) []byte {
 	t.Helper()
-	h, err := agentproto.NewHeartbeat(a.machine, ts, a.key)
+	return a.heartbeatIn(t, ts, firstBoot(a.machine))
+}
+
+// firstBoot is the boot identity a test machine runs in until a test says
+// otherwise.
+func firstBoot(machine uuid.UUID) uuid.UUID {
+	return uuid.NewSHA1(uuid.NameSpaceOID, machine[:])
+}
+
+// heartbeatIn is a version 2 heartbeat of a at ts in boot.
+func (a agent) heartbeatIn(t testing.TB, ts time.Time, boot uuid.UUID) []byte {
+	t.Helper()
+	h, err := agentproto.NewHeartbeat(a.machine, ts, boot, [agentproto.DigestSize]byte{1}, a.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +221,7 @@ func TestRefused(t *testing.T) {
 		{"not json", "POST", []byte("hello"), 400, ResultBadRequest},
 		{"empty", "POST", nil, 400, ResultBadRequest},
 		{"extra field", "POST", bytes.Replace(valid, []byte(`{`), []byte(`{"extra":1,`), 1), 400, ResultBadRequest},
-		{"version 2", "POST", bytes.Replace(valid, []byte(`"version":1`), []byte(`"version":2`), 1), 400, ResultBadRequest},
+		{"version 3", "POST", bytes.Replace(valid, []byte(`"version":2`), []byte(`"version":3`), 1), 400, ResultBadRequest},
 		{"too large", "POST", append(append([]byte(nil), valid...), bytes.Repeat([]byte(" "), 2*agentproto.MaxHeartbeatSize)...), 413, ResultBadRequest},
 		{"GET", "GET", nil, 405, ResultBadRequest},
 	} {

@@ -25,7 +25,7 @@ func TestVerifierAnswersEachRequestOfABatch(t *testing.T) {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range requests {
-		hb, err := agentproto.NewHeartbeat(uuid.New(), time.Now(), key)
+		hb, err := agentproto.NewHeartbeat(uuid.New(), time.Now(), uuid.New(), [agentproto.DigestSize]byte{}, key)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -64,7 +64,7 @@ func TestRecoveryConfig(t *testing.T) {
 	if err := fs.Parse([]string{"-recovery_start_timeout=1m", "-recovery_heartbeat_timeout=20s"}); err != nil {
 		t.Fatal(err)
 	}
-	if cfg != (recovery.Config{StartTimeout: time.Minute, HeartbeatTimeout: 20 * time.Second}) {
+	if cfg != (recovery.Config{StartTimeout: time.Minute, HeartbeatTimeout: 20 * time.Second, VerifyTimeout: recovery.DefaultVerifyTimeout}) {
 		t.Errorf("parsed %+v", cfg)
 	}
 	if err := cfg.Check(); err != nil {

@@ -41,6 +41,11 @@ var operatorEvents = []string{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.
 // holds.go): they neither start nor end a lease either.
 var holdEvents = []string{bmdb.EventHeld, bmdb.EventReleased, bmdb.EventEscalated}
 
+// verifyEvents are recorded when a machine a process reset comes back
+// (Recovered, written by the heartbeat that proves it) or does not in time
+// (NotRecovered): they neither start nor end a lease.
+var verifyEvents = []string{bmdb.EventRecovered, bmdb.EventNotRecovered}
+
 // GroupsOf maps processes to their exclusion groups as the BMDB does (a
 // process without one is its own group), for AuditLeases.
 func GroupsOf(processes ...bmdb.Process) map[string]string {
@@ -85,7 +90,8 @@ func AuditLeases(history []bmdb.HistoryEntry, groups map[string]string) (LeaseAu
 			removed[e.Machine] = e.ID
 			continue
 		}
-		if slices.Contains(operatorEvents, e.Event) || slices.Contains(holdEvents, e.Event) {
+		if slices.Contains(operatorEvents, e.Event) || slices.Contains(holdEvents, e.Event) ||
+			slices.Contains(verifyEvents, e.Event) {
 			continue
 		}
 		g, ok := groups[e.Process]

@@ -13,6 +13,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/shepherd-fleet/shepherd/agentproto"
 )
 
@@ -23,6 +25,11 @@ type agent struct {
 	pidFile *os.File
 	answer  []byte
 	client  *http.Client
+	// boot and digest go in every heartbeat (version 2); boot is uuid.Nil
+	// when the boot identity could not be read, and the heartbeats are
+	// then of version 1.
+	boot   uuid.UUID
+	digest [agentproto.DigestSize]byte
 }
 
 // prepare does everything that can fail before the agent answers, so that
@@ -48,11 +55,21 @@ func prepare(cfg config, init agentproto.Init, logger *log.Logger) (*agent, erro
 	if err != nil {
 		return nil, err
 	}
+	boot, err := readBootID(cfg.bootIDFile)
+	if err != nil {
+		// Heartbeats still tell Shepherd the machine is up; only whether
+		// it rebooted is lost (Recovery is then open loop for it).
+		logger.Printf("no boot identity, heartbeats of protocol version 1: Shepherd cannot verify this machine's reboots: %v", err)
+	}
+	digest, err := executableDigest()
+	if err != nil {
+		logger.Printf("no build digest (heartbeats carry zeros): %v", err)
+	}
 	// The public key is logged so that an operator can match it with
 	// machine_agent_started; the private key never is.
-	logger.Printf("started: machine %s, heartbeat URL %s every %s, public key %s",
-		init.MachineID, init.HeartbeatURL, init.Interval(), base64.StdEncoding.EncodeToString(pub))
-	return &agent{init: init, key: key, pidFile: pidFile, answer: answer, client: client}, nil
+	logger.Printf("started: machine %s, heartbeat URL %s every %s, public key %s, boot %s, build sha256 %x",
+		init.MachineID, init.HeartbeatURL, init.Interval(), base64.StdEncoding.EncodeToString(pub), boot, digest)
+	return &agent{init: init, key: key, pidFile: pidFile, answer: answer, client: client, boot: boot, digest: digest}, nil
 }
 
 // release empties and unlocks the pid file: an empty file says no agent
@@ -126,7 +143,13 @@ func (a *agent) heartbeat(ctx context.Context, logger *log.Logger) error {
 
 // send POSTs one heartbeat.
 func (a *agent) send(ctx context.Context, ts time.Time) error {
-	hb, err := agentproto.NewHeartbeat(a.init.MachineID, ts, a.key)
+	var hb agentproto.Heartbeat
+	var err error
+	if a.boot == uuid.Nil {
+		hb, err = agentproto.NewHeartbeatV1(a.init.MachineID, ts, a.key)
+	} else {
+		hb, err = agentproto.NewHeartbeat(a.init.MachineID, ts, a.boot, a.digest, a.key)
+	}
 	if err != nil {
 		return err
 	}
@@ -139,7 +162,7 @@ func (a *agent) send(ctx context.Context, ts time.Time) error {
 		return fmt.Errorf("building the request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", fmt.Sprintf("shepherd-agent/%d", agentproto.Version))
+	req.Header.Set("User-Agent", fmt.Sprintf("shepherd-agent/%d", hb.Version))
 	resp, err := a.client.Do(req)
 	if err != nil {
 		return err

@@ -53,7 +53,7 @@ func detach(cfg config, init agentproto.Init) ([]byte, error) {
 	defer readyR.Close()
 
 	cmd := exec.Command(exe, "-daemon",
-		"-key_file="+cfg.keyFile, "-pid_file="+cfg.pidFile, "-log_file="+cfg.logFile)
+		"-key_file="+cfg.keyFile, "-pid_file="+cfg.pidFile, "-log_file="+cfg.logFile, "-boot_id_file="+cfg.bootIDFile)
 	cmd.Args[0] = "shepherd-agent"
 	cmd.Dir = "/"
 	cmd.Stdin = stdinR

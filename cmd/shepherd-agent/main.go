@@ -43,9 +43,14 @@ type config struct {
 	keyFile    string
 	pidFile    string
 	logFile    string
+	bootIDFile string
 	foreground bool
 	daemon     bool
 }
+
+// defaultBootIDFile is where Linux keeps the boot identity: a random UUID
+// the kernel draws at each boot.
+const defaultBootIDFile = "/proc/sys/kernel/random/boot_id"
 
 // readyFD is the descriptor on which a -daemon copy reports readiness: the
 // first of exec.Cmd.ExtraFiles.
@@ -57,6 +62,7 @@ func main() {
 	fs.StringVar(&cfg.keyFile, "key_file", "/var/lib/shepherd-agent/key", "the agent's ed25519 private key (PKCS#8 PEM); created, mode 0600, if missing")
 	fs.StringVar(&cfg.pidFile, "pid_file", "/var/lib/shepherd-agent/agent.pid", "file holding the running agent's pid, locked while it runs; empty: none")
 	fs.StringVar(&cfg.logFile, "log_file", "/var/lib/shepherd-agent/agent.log", "log of the running agent; empty: stderr with -foreground, nowhere otherwise")
+	fs.StringVar(&cfg.bootIDFile, "boot_id_file", defaultBootIDFile, "file holding the boot identity the heartbeats carry, so that Shepherd can tell a rebooted machine; unreadable: heartbeats of protocol version 1, without one")
 	fs.BoolVar(&cfg.foreground, "foreground", false, "run in this process instead of detaching (for tests and supervisors)")
 	fs.BoolVar(&cfg.daemon, "daemon", false, "internal: run as the detached copy started by the agent itself")
 	version := fs.Bool("version", false, "print the protocol version and exit")
@@ -64,7 +70,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *version {
-		fmt.Printf("shepherd-agent, agent protocol version %d\n", agentproto.Version)
+		fmt.Printf("shepherd-agent, agent protocol version %d (heartbeat version %d)\n", agentproto.Version, agentproto.HeartbeatVersion)
 		return
 	}
 	if fs.NArg() != 0 {

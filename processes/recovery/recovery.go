@@ -25,6 +25,14 @@ const Label = "recovery"
 const (
 	DefaultStartTimeout     = 30 * time.Minute
 	DefaultHeartbeatTimeout = 10 * time.Minute
+	// DefaultVerifyTimeout is how long a reset machine has to come back
+	// (its agent heartbeating with a new boot identity). Servers take 3
+	// to 10 minutes to POST and boot (memory training, RAID and NIC
+	// option ROMs); AgentStart then needs an SSH connection and a few
+	// seconds, or, after a failed first try, its backoff (5 min at
+	// first). 20 minutes covers a slow POST plus one AgentStart retry,
+	// and still acts again well within the hour on a machine that hangs.
+	DefaultVerifyTimeout = 20 * time.Minute
 )
 
 // Config says when an agent counts as dead.
@@ -35,11 +43,14 @@ type Config struct {
 	// HeartbeatTimeout is how old the last heartbeat of a running agent may
 	// get.
 	HeartbeatTimeout time.Duration
+	// VerifyTimeout is how long a reset machine may take to come back
+	// before Recovery records NotRecovered and acts on it again.
+	VerifyTimeout time.Duration
 }
 
 // DefaultConfig returns the default timeouts.
 func DefaultConfig() Config {
-	return Config{StartTimeout: DefaultStartTimeout, HeartbeatTimeout: DefaultHeartbeatTimeout}
+	return Config{StartTimeout: DefaultStartTimeout, HeartbeatTimeout: DefaultHeartbeatTimeout, VerifyTimeout: DefaultVerifyTimeout}
 }
 
 // RegisterFlags registers -recovery_start_timeout and
@@ -52,10 +63,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	if c.HeartbeatTimeout == 0 {
 		c.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if c.VerifyTimeout == 0 {
+		c.VerifyTimeout = DefaultVerifyTimeout
+	}
 	fs.DurationVar(&c.StartTimeout, Label+"_start_timeout", c.StartTimeout,
 		"reboot a machine whose agent was started this long ago and never heartbeated")
 	fs.DurationVar(&c.HeartbeatTimeout, Label+"_heartbeat_timeout", c.HeartbeatTimeout,
 		"reboot a machine whose agent's last heartbeat is this old")
+	fs.DurationVar(&c.VerifyTimeout, Label+"_verify_timeout", c.VerifyTimeout,
+		"act again on a reset machine whose agent has not heartbeated with a new boot identity after this long (servers take 3-10 min to POST and boot)")
 }
 
 // Check validates the configuration; its errors name the flag.
@@ -65,6 +81,9 @@ func (c *Config) Check() error {
 	}
 	if c.HeartbeatTimeout <= 0 {
 		return fmt.Errorf("-%s_heartbeat_timeout %s: must be positive", Label, c.HeartbeatTimeout)
+	}
+	if c.VerifyTimeout <= 0 {
+		return fmt.Errorf("-%s_verify_timeout %s: must be positive", Label, c.VerifyTimeout)
 	}
 	return nil
 }
@@ -76,8 +95,12 @@ type Recovery struct {
 }
 
 // New returns the Recovery process acting through p; cfg must have passed
-// Check.
+// Check, except that a zero VerifyTimeout (a Config written before it
+// existed) means DefaultVerifyTimeout.
 func New(p providers.Provider, cfg Config) *Recovery {
+	if cfg.VerifyTimeout == 0 {
+		cfg.VerifyTimeout = DefaultVerifyTimeout
+	}
 	return &Recovery{provider: p, cfg: cfg}
 }
 
@@ -100,7 +123,8 @@ func (*Recovery) Info() controlloop.Info {
 
 // Candidates implements controlloop.Process: machines whose agent never
 // heartbeated within StartTimeout or whose heartbeat is older than
-// HeartbeatTimeout.
+// HeartbeatTimeout, and machines a reset did not bring back within
+// VerifyTimeout (see verify.go).
 func (r *Recovery) Candidates() bmdb.Candidates {
 	return bmdb.RecoveryCandidates(r.cfg.StartTimeout, r.cfg.HeartbeatTimeout)
 }
@@ -115,14 +139,15 @@ func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
 	if err != nil {
 		return err
 	}
+	if err := noteNotRecovered(ctx, t); err != nil {
+		return err
+	}
 	seen, err := r.powerAct(ctx, m)
 	r.recordPower(ctx, t, seen)
 	if err != nil {
 		return err
 	}
 	t.Note = seen.Done
-	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
-		return tx.DeleteAgentTags(ctx, t.Machine)
-	}
+	t.Commit = r.commitReset(t.Machine)
 	return nil
 }

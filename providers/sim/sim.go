@@ -127,6 +127,14 @@ type Provider struct {
 	// turned off by SetPower). Like the agents, the power state lives in
 	// this replica's memory: another replica sees every machine on.
 	off map[uuid.UUID]bool
+	// boots holds each machine's simulated boot identity, which its
+	// agents' heartbeats carry; a reboot or power-on deletes it, and the
+	// next boot draws a new one, so that Recovery verifies simulated
+	// reboots as it does real ones. Like the agents, they live in this
+	// replica's memory: a reboot through another replica is seen here
+	// only once this replica restarts the agent after its own reboot, so
+	// with several replicas some simulated reboots end NotRecovered.
+	boots map[uuid.UUID]uuid.UUID
 }
 
 // New returns a simulated provider over db; cfg must have passed Check.
@@ -137,6 +145,7 @@ func New(db *bmdb.DB, cfg Config) *Provider {
 		rng:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		agents: map[uuid.UUID]*agent{},
 		off:    map[uuid.UUID]bool{},
+		boots:  map[uuid.UUID]uuid.UUID{},
 	}
 }
 
@@ -268,6 +277,7 @@ func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.agents, m.Machine)
+	delete(p.boots, m.Machine)
 	if p.rng.Float64() < p.cfg.StayOffRate {
 		p.off[m.Machine] = true
 	}
@@ -309,6 +319,7 @@ func (p *Provider) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	defer p.mu.Unlock()
 	delete(p.off, m.Machine)
 	delete(p.agents, m.Machine)
+	delete(p.boots, m.Machine)
 	return nil
 }
 
@@ -323,6 +334,17 @@ func (p *Provider) SetPower(machine uuid.UUID, on bool) {
 	}
 	p.off[machine] = true
 	delete(p.agents, machine)
+}
+
+// bootLocked returns machine's boot identity, drawing one for a machine
+// that booted since it was last asked (p.mu held).
+func (p *Provider) bootLocked(machine uuid.UUID) uuid.UUID {
+	b, ok := p.boots[machine]
+	if !ok {
+		b = uuid.New()
+		p.boots[machine] = b
+	}
+	return b
 }
 
 // Running reports how many agents this replica runs now.
@@ -392,7 +414,7 @@ func (p *Provider) heartbeat(ctx context.Context) error {
 			died++
 			continue
 		}
-		beating = append(beating, bmdb.AgentKey{Machine: id, PublicKey: a.key})
+		beating = append(beating, bmdb.AgentKey{Machine: id, PublicKey: a.key, BootID: p.bootLocked(id)})
 	}
 	p.mu.Unlock()
 	if died > 0 {
