@@ -301,10 +301,8 @@ func (f staticFleet) provider() providers.Provider { return f.Provider }
 
 func (f staticFleet) prepare(ctx context.Context) error { return f.Sync(ctx) }
 
-func (staticFleet) run(ctx context.Context) error {
-	<-ctx.Done()
-	return nil
-}
+// run removes the unlisted machines a lease kept, once their leases end.
+func (f staticFleet) run(ctx context.Context) error { return f.Run(ctx) }
 
 // reload reads the inventory again. A file that does not parse or validate
 // (or a BMDB that cannot be written) changes nothing: the last good

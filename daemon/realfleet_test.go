@@ -373,7 +373,7 @@ func staticProviderFiles(t *testing.T, body string) (dir, keyFile, agent string)
 // down (it waits, it does not exit), then edits the inventory and sends
 // SIGHUP: a new machine is added; a broken file is reported with its line
 // and field, and the last good inventory stays in force; a machine removed
-// from the file is reported and kept.
+// from the file is removed from the BMDB, its history kept.
 func TestStaticReload(t *testing.T) {
 	t.Parallel()
 	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\nexit 1\n")
@@ -452,16 +452,21 @@ func TestStaticReload(t *testing.T) {
 		t.Errorf("machine_provided changed by a rejected reload: %v", got)
 	}
 
-	// node1 removed from the file: reported, kept.
+	// node1 removed from the file: removed from the BMDB (no process
+	// leases it), its history kept.
+	node1 := staticMachines(t, db)["node1"].Machine
 	replaceFile(t, inventory, "defaults:\n  ssh:\n    user: root\nmachines:\n"+entry("node2", 2202))
 	d.Signal(syscall.SIGHUP)
-	bmdbtest.WaitFor(t, 20*time.Second, "node1 reported as removed", func() (bool, string) {
+	bmdbtest.WaitFor(t, 20*time.Second, "node1 removed", func() (bool, string) {
 		m, _ := d.Metrics()
-		v := m.Value("shepherd_inventory_removed_machines")
-		return v == 1 && d.LogCount("no longer listed and are kept") > 0, fmt.Sprintf("shepherd_inventory_removed_machines %g", v)
+		v := m.Value("shepherd_inventory_machines_removed_total")
+		return v == 1 && d.LogCount("no longer listed were removed from the BMDB") > 0, fmt.Sprintf("shepherd_inventory_machines_removed_total %g", v)
 	})
-	if got := staticMachines(t, db); len(got) != 2 {
-		t.Errorf("machine_provided after node1 was removed from the file: %v, want both kept", got)
+	if got := staticMachines(t, db); len(got) != 1 {
+		t.Errorf("machine_provided after node1 was removed from the file: %v, want node2 only", got)
+	}
+	if h, err := db.History(t.Context(), node1); err != nil || len(h) != 1 || h[0].Event != bmdb.EventRemoved {
+		t.Errorf("node1's history: %+v, %v; want its removal", h, err)
 	}
 	if m, _ := d.Metrics(); m.Value("shepherd_inventory_last_reload_successful") != 1 {
 		t.Errorf("shepherd_inventory_last_reload_successful is not 1 after a good reload")

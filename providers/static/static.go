@@ -5,10 +5,16 @@
 // The inventory (see Inventory for its format) is synced into
 // machine_provided at start and at every Reload (the daemon's SIGHUP): new
 // entries become machines, changed SSH addresses and locations are updated,
-// and machines the file no longer lists are reported in the log and in the
-// shepherd_inventory_removed_machines gauge, never deleted. A file that does
-// not parse or validate is rejected whole, with its problems' lines and
-// fields, and the last good inventory stays in force.
+// and machines the file no longer lists are removed from the BMDB
+// (bmdb.Tx.RemoveMachine: their history stays, ending with Removed). A
+// machine a process holds a lease on is not removed under it: it is kept
+// until the lease ends (its action fails with ErrNotInInventory) and
+// removed then, by Run. With -inventory_keep_unlisted they are all kept
+// instead, and their actions fail until they are listed again. Kept
+// machines are counted in the shepherd_inventory_removed_machines gauge. A
+// file that does not parse or validate is rejected whole, with its
+// problems' lines and fields, and the last good inventory stays in force:
+// a broken file removes nothing.
 //
 // Where machine data lives: machine_provided holds what every replica and
 // every operator query needs, the SSH address as host:port and the
@@ -50,8 +56,9 @@ const Name = "static"
 var ErrNotInInventory = errors.New("machine not in the inventory")
 
 // RemovedBackoff is the backoff of an action on a machine removed from the
-// inventory: nothing will change until an operator puts it back (or deletes
-// it from the BMDB).
+// inventory but still in the BMDB (kept while leased, or by
+// -inventory_keep_unlisted): nothing will change for it until an operator
+// lists it again, or it is removed.
 var RemovedBackoff = bmdb.Backoff{Initial: time.Hour, Maximum: 24 * time.Hour, Exponent: 2}
 
 // Config is the static provider's configuration.
@@ -64,7 +71,19 @@ type Config struct {
 	Redfish redfish.Config
 	// IPMI configures BMC reboots through IPMI.
 	IPMI ipmi.Config
+	// KeepUnlisted keeps the machines the inventory no longer lists in
+	// the BMDB instead of removing them (SyncOptions.KeepUnlisted).
+	KeepUnlisted bool
+	// RemoveRetry is how often Run tries again to remove the unlisted
+	// machines a lease kept (0: DefaultRemoveRetry).
+	RemoveRetry time.Duration
 }
+
+// DefaultRemoveRetry is how often Run tries again to remove a machine that
+// was leased when the inventory stopped listing it. The lease ends soon
+// (the action fails with ErrNotInInventory); each try costs one listing of
+// the provider's machines, and only while such a machine is left.
+const DefaultRemoveRetry = 10 * time.Second
 
 // DefaultConfig returns the configuration before flags.
 func DefaultConfig() Config {
@@ -74,6 +93,7 @@ func DefaultConfig() Config {
 // RegisterFlags registers -inventory and the SSH and Redfish flags on fs.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InventoryFile, "inventory", c.InventoryFile, "static provider: YAML or JSON file listing the machines (reloaded on SIGHUP)")
+	fs.BoolVar(&c.KeepUnlisted, "inventory_keep_unlisted", c.KeepUnlisted, "static provider: keep the machines the inventory no longer lists (their actions fail until listed again) instead of removing them from the BMDB")
 	c.SSH.RegisterFlags(fs)
 	c.Redfish.RegisterFlags(fs)
 	c.IPMI.RegisterFlags(fs)
@@ -109,6 +129,10 @@ type Provider struct {
 	reloadMu sync.Mutex // serializes Reload
 	mu       sync.RWMutex
 	inv      *Inventory
+	// kept is how many unlisted machines the last sync left in the BMDB
+	// because they were leased (guarded by reloadMu): Run retries while
+	// it is not zero.
+	kept int
 }
 
 var _ providers.Provider = (*Provider)(nil)
@@ -200,7 +224,7 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	var res SyncResult
 	var err error
 	for attempt := 1; ; attempt++ {
-		res, err = Sync(ctx, p.db, inv)
+		res, err = Sync(ctx, p.db, inv, SyncOptions{KeepUnlisted: p.cfg.KeepUnlisted})
 		if err == nil || attempt == 3 || ctx.Err() != nil {
 			break
 		}
@@ -218,17 +242,63 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	p.mu.Unlock()
 	p.metrics.reloaded(true)
 	p.metrics.machines.Set(float64(len(inv.Machines)))
-	p.metrics.removed.Set(float64(len(res.Removed)))
-	klog.InfoS("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated))
+	klog.InfoS("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated), "removed", len(res.Removed))
 	if len(res.Added) > 0 {
 		klog.V(1).InfoS("Inventory: machines added", "file", inv.File, "machines", res.Added)
 	}
 	if len(res.Updated) > 0 {
 		klog.InfoS("Inventory: address or location changed", "file", inv.File, "machines", res.Updated)
 	}
+	p.reportRemovals(inv, res)
+	return nil
+}
+
+// reportRemovals logs and counts what a sync removed and kept.
+func (p *Provider) reportRemovals(inv *Inventory, res SyncResult) {
+	p.metrics.removed.Set(float64(len(res.Kept)))
+	p.metrics.removals.Add(float64(len(res.Removed)))
+	if !p.cfg.KeepUnlisted {
+		p.kept = len(res.Kept)
+	}
 	if len(res.Removed) > 0 {
-		klog.InfoS("Inventory: machines in the BMDB are no longer listed and are kept (Shepherd never deletes machines; their actions fail until they are listed again)",
+		klog.InfoS("Inventory: machines no longer listed were removed from the BMDB (their history stays: shepherd history UUID)",
 			"file", inv.File, "count", len(res.Removed), "machines", clipList(res.Removed, 50))
+	}
+	switch {
+	case len(res.Kept) == 0:
+	case p.cfg.KeepUnlisted:
+		klog.InfoS("Inventory: machines in the BMDB are no longer listed and are kept (-inventory_keep_unlisted; their actions fail until they are listed again)",
+			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50))
+	default:
+		klog.InfoS("Inventory: machines no longer listed are leased, and kept until their lease ends; removal is tried again",
+			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50), "every", p.removeRetry())
+	}
+}
+
+func (p *Provider) removeRetry() time.Duration {
+	if p.cfg.RemoveRetry > 0 {
+		return p.cfg.RemoveRetry
+	}
+	return DefaultRemoveRetry
+}
+
+// Run removes, until ctx is done, the unlisted machines that a sync kept
+// because they were leased: every RemoveRetry while any is left, it syncs
+// the inventory in force again. A failed try is logged and tried again.
+// It returns nil when ctx is done.
+func (p *Provider) Run(ctx context.Context) error {
+	for sleep.For(ctx, p.removeRetry()) {
+		p.reloadMu.Lock()
+		if p.kept > 0 {
+			inv := p.Inventory()
+			res, err := Sync(ctx, p.db, inv, SyncOptions{KeepUnlisted: p.cfg.KeepUnlisted})
+			if err != nil {
+				klog.ErrorS(err, "Inventory: removing the machines no longer listed failed; trying again", "file", inv.File, "in", p.removeRetry())
+			} else {
+				p.reportRemovals(inv, res)
+			}
+		}
+		p.reloadMu.Unlock()
 	}
 	return nil
 }
@@ -248,7 +318,7 @@ func (p *Provider) lookup(m bmdb.Provided) (*Machine, error) {
 	inv := p.Inventory()
 	e, ok := inv.Machine(m.ProviderID)
 	if !ok {
-		return nil, controlloop.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or delete the machine", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
+		return nil, controlloop.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or let it be removed", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
 	}
 	return e, nil
 }
@@ -397,6 +467,7 @@ func (p *Provider) ResetDescription(m bmdb.Provided) string {
 type metrics struct {
 	machines   prometheus.Gauge
 	removed    prometheus.Gauge
+	removals   prometheus.Counter
 	reloads    *prometheus.CounterVec
 	lastReload prometheus.Gauge
 	resets     *prometheus.CounterVec
@@ -409,7 +480,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		machines: metric.Gauge(reg, "shepherd_inventory_machines",
 			"Machines listed by the static inventory in force."),
 		removed: metric.Gauge(reg, "shepherd_inventory_removed_machines",
-			"Machines of the static provider in the BMDB that the inventory in force no longer lists (kept, never deleted)."),
+			"Machines of the static provider in the BMDB that the inventory in force no longer lists: leased (removed when the lease ends), or kept by -inventory_keep_unlisted."),
+		removals: metric.Counter(reg, "shepherd_inventory_machines_removed_total",
+			"Machines the static provider removed from the BMDB because the inventory no longer lists them (each recorded as Removed in its history)."),
 		reloads: metric.CounterVec(reg, "shepherd_inventory_reloads_total",
 			"Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).", "result"),
 		resets: metric.CounterVec(reg, "shepherd_provider_resets_total",

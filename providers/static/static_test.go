@@ -3,6 +3,7 @@ package static
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -52,20 +54,37 @@ func provided(t *testing.T, db *bmdb.DB) map[string]bmdb.Provided {
 	return bmdbtest.ProvidedBy(t, db, Name)
 }
 
-func TestSyncAddsUpdatesAndReportsRemoved(t *testing.T) {
-	ctx := context.Background()
-	db := openDB(t)
-	dir := t.TempDir()
-	file := filepath.Join(dir, "inventory.yaml")
-	writeFiles(t, dir, map[string]string{"inventory.yaml": `
+// The three inventories of the sync tests: a, b and c; then b changed, c
+// gone and d new.
+const (
+	syncFirst = `
 defaults: {ssh: {user: root}}
 machines:
   - {id: a, ssh: {address: 10.0.0.1}, location: r1}
   - {id: b, ssh: {address: 10.0.0.2}}
   - {id: c, ssh: {address: 10.0.0.3}}
-`})
-	reg := prometheus.NewRegistry()
-	p, err := New(ctx, testConfig(t, file), db, reg)
+`
+	syncSecond = `
+defaults: {ssh: {user: root}}
+machines:
+  - {id: a, ssh: {address: 10.0.0.1}, location: r1}
+  - {id: b, ssh: {address: 10.0.0.20, port: 2222}, location: r2}
+  - {id: d, ssh: {address: 10.0.0.4}}
+`
+)
+
+// startSync starts a provider over syncFirst, checks what it synced, and
+// writes syncSecond for the test to reload.
+func startSync(t *testing.T, db *bmdb.DB, configure func(*Config)) (*Provider, map[string]bmdb.Provided) {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "inventory.yaml")
+	writeFiles(t, dir, map[string]string{"inventory.yaml": syncFirst})
+	cfg := testConfig(t, file)
+	if configure != nil {
+		configure(&cfg)
+	}
+	p, err := New(t.Context(), cfg, db, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -73,21 +92,17 @@ machines:
 	if len(first) != 3 || first["a"].Address != "10.0.0.1:22" || first["a"].Location != "r1" {
 		t.Fatalf("after start: %+v", first)
 	}
+	writeFiles(t, dir, map[string]string{"inventory.yaml": syncSecond})
+	return p, first
+}
 
-	// b changes address, c goes away, d comes.
-	writeFiles(t, dir, map[string]string{"inventory.yaml": `
-defaults: {ssh: {user: root}}
-machines:
-  - {id: a, ssh: {address: 10.0.0.1}, location: r1}
-  - {id: b, ssh: {address: 10.0.0.20, port: 2222}, location: r2}
-  - {id: d, ssh: {address: 10.0.0.4}}
-`})
-	if err := p.Reload(ctx); err != nil {
-		t.Fatalf("Reload: %v", err)
-	}
+// checkSecond checks the reload of syncSecond: a unchanged, b updated, d
+// added, and c present in the BMDB as wantC says.
+func checkSecond(t *testing.T, p *Provider, db *bmdb.DB, first map[string]bmdb.Provided, wantC bool) map[string]bmdb.Provided {
+	t.Helper()
 	second := provided(t, db)
-	if len(second) != 4 {
-		t.Fatalf("after reload: %d machines, want 4 (c kept): %+v", len(second), second)
+	if _, ok := second["c"]; ok != wantC || len(second) != 3+map[bool]int{true: 1}[wantC] {
+		t.Fatalf("after reload: %+v, want a, b, d and c: %v", second, wantC)
 	}
 	if second["a"] != first["a"] {
 		t.Errorf("a changed: %+v -> %+v", first["a"], second["a"])
@@ -95,34 +110,129 @@ machines:
 	if b := second["b"]; b.Machine != first["b"].Machine || b.Address != "10.0.0.20:2222" || b.Location != "r2" {
 		t.Errorf("b = %+v, want the same machine at 10.0.0.20:2222 in r2", b)
 	}
-	if second["c"] != first["c"] {
-		t.Errorf("removed c was changed: %+v", second["c"])
+	if wantC && second["c"] != first["c"] {
+		t.Errorf("kept c was changed: %+v", second["c"])
 	}
 	if _, ok := p.Inventory().Machine("c"); ok {
 		t.Error("c still in the inventory in force")
 	}
-	if got := value(t, p.metrics.removed); got != 1 {
-		t.Errorf("shepherd_inventory_removed_machines = %g, want 1", got)
-	}
 	if got := value(t, p.metrics.machines); got != 3 {
 		t.Errorf("shepherd_inventory_machines = %g, want 3", got)
 	}
+	return second
+}
 
-	// Syncing the same file again changes nothing.
-	res, err := Sync(ctx, db, p.Inventory())
-	if err != nil || len(res.Added)+len(res.Updated) != 0 || !slices.Equal(res.Removed, []string{"c"}) {
-		t.Fatalf("Sync again = %+v, %v; want only c removed", res, err)
+// checkRemoved checks that machine was removed and its history says so.
+func checkRemoved(t *testing.T, db *bmdb.DB, machine uuid.UUID, providerID string) {
+	t.Helper()
+	d, err := db.Machine(t.Context(), machine, 0)
+	if err != nil {
+		t.Fatalf("the removed %s's history: %v", providerID, err)
+	}
+	if d.Exists || len(d.History) == 0 {
+		t.Fatalf("%s: exists %v, history %+v; want removed with a history", providerID, d.Exists, d.History)
+	}
+	last := d.History[len(d.History)-1]
+	if last.Event != bmdb.EventRemoved || !strings.HasPrefix(last.Cause, "static/"+providerID+": no longer listed in the inventory ") {
+		t.Errorf("%s's last event: %+v, want Removed with the provider id and the file", providerID, last)
+	}
+}
+
+// A machine the inventory no longer lists is removed from the BMDB at the
+// reload, its history kept; syncing the same file again changes nothing.
+func TestSyncAddsUpdatesAndRemoves(t *testing.T) {
+	ctx := t.Context()
+	db := openDB(t)
+	p, first := startSync(t, db, nil)
+	if err := p.Reload(ctx); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	checkSecond(t, p, db, first, false)
+	checkRemoved(t, db, first["c"].Machine, "c")
+	if got := value(t, p.metrics.removals); got != 1 {
+		t.Errorf("shepherd_inventory_machines_removed_total = %g, want 1", got)
+	}
+	if got := value(t, p.metrics.removed); got != 0 {
+		t.Errorf("shepherd_inventory_removed_machines = %g, want 0", got)
+	}
+	res, err := Sync(ctx, db, p.Inventory(), SyncOptions{})
+	if err != nil || len(res.Added)+len(res.Updated)+len(res.Removed)+len(res.Kept) != 0 {
+		t.Fatalf("Sync again = %+v, %v; want no change", res, err)
+	}
+}
+
+// With -inventory_keep_unlisted, an unlisted machine is kept, counted, and
+// its actions fail with the long backoff.
+func TestSyncKeepsUnlisted(t *testing.T) {
+	ctx := t.Context()
+	db := openDB(t)
+	p, first := startSync(t, db, func(c *Config) { c.KeepUnlisted = true })
+	if err := p.Reload(ctx); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	second := checkSecond(t, p, db, first, true)
+	if got := value(t, p.metrics.removed); got != 1 {
+		t.Errorf("shepherd_inventory_removed_machines = %g, want 1", got)
+	}
+	res, err := Sync(ctx, db, p.Inventory(), SyncOptions{KeepUnlisted: true})
+	if err != nil || len(res.Added)+len(res.Updated)+len(res.Removed) != 0 || !slices.Equal(res.Kept, []string{"c"}) {
+		t.Fatalf("Sync again = %+v, %v; want only c kept", res, err)
 	}
 
-	// Actions on the removed machine fail with the long backoff.
+	// Actions on the unlisted machine fail with the long backoff.
 	_, err = p.StartAgent(ctx, second["c"])
 	var be *controlloop.BackoffError
 	if !errors.Is(err, ErrNotInInventory) || !errors.As(err, &be) || be.Backoff != RemovedBackoff {
-		t.Fatalf("StartAgent on a removed machine: %v, want ErrNotInInventory with RemovedBackoff", err)
+		t.Fatalf("StartAgent on an unlisted machine: %v, want ErrNotInInventory with RemovedBackoff", err)
 	}
 	if err := p.Reboot(ctx, second["c"]); !errors.Is(err, ErrNotInInventory) {
-		t.Fatalf("Reboot on a removed machine: %v", err)
+		t.Fatalf("Reboot on an unlisted machine: %v", err)
 	}
+}
+
+// An unlisted machine that a process holds a lease on is kept until the
+// lease ends, and Run removes it then.
+func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
+	ctx := t.Context()
+	db := openDB(t)
+	p, first := startSync(t, db, func(c *Config) { c.RemoveRetry = 50 * time.Millisecond })
+	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	process := bmdb.Process{Name: "Test"}
+	var lease *bmdb.Lease
+	for lease == nil || lease.Machine != first["c"].Machine {
+		if lease, err = s.Claim(ctx, process, bmdb.ProvidedCandidates()); err != nil {
+			t.Fatalf("claiming c: %v", err)
+		}
+	}
+	if err := p.Reload(ctx); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	checkSecond(t, p, db, first, true)
+	if got := value(t, p.metrics.removed); got != 1 {
+		t.Errorf("shepherd_inventory_removed_machines = %g while c is leased, want 1", got)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if err := lease.Finish(ctx, nil); err != nil {
+		t.Fatalf("Finish: %v", err)
+	}
+	bmdbtest.WaitFor(t, 20*time.Second, "c removed after its lease", func() (bool, string) {
+		got := provided(t, db)
+		_, ok := got["c"]
+		return !ok, fmt.Sprintf("machines: %v", got)
+	})
+	checkRemoved(t, db, first["c"].Machine, "c")
 }
 
 func TestReloadKeepsLastGoodInventory(t *testing.T) {

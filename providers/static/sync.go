@@ -2,6 +2,7 @@ package static
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -13,21 +14,40 @@ type SyncResult struct {
 	Added []string
 	// Updated are the provider ids whose address or location changed.
 	Updated []string
-	// Removed are the provider ids of machines in the BMDB that the
-	// inventory no longer lists. They are reported, never deleted: a
-	// machine that vanished from a file by mistake must not lose its
-	// history, and one really gone needs an operator's decision.
+	// Removed are the provider ids of machines the inventory no longer
+	// lists that this Sync removed from the BMDB (bmdb.Tx.RemoveMachine):
+	// their history stays, ending with a Removed event.
 	Removed []string
+	// Kept are the provider ids of machines the inventory no longer lists
+	// that are still in the BMDB: leased by a process (a later Sync
+	// removes them once the lease ended; Provider.Run tries every
+	// RemoveRetry), or all of them when SyncOptions.KeepUnlisted is set.
+	Kept []string
 }
 
-// Sync makes machine_provided match inv for the provider "static", in one
-// transaction: entries without a machine become machines, entries whose
-// address or location differ are updated, and machines the inventory no
-// longer lists are returned in Removed and left alone.
-func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory) (SyncResult, error) {
+// SyncOptions are Sync's choices.
+type SyncOptions struct {
+	// KeepUnlisted keeps the machines the inventory no longer lists,
+	// instead of removing them: their actions fail with ErrNotInInventory
+	// until they are listed again (-inventory_keep_unlisted).
+	KeepUnlisted bool
+}
+
+// Sync makes machine_provided match inv for the provider "static": entries
+// without a machine become machines and entries whose address or location
+// differ are updated, in one transaction; then each machine the inventory
+// no longer lists is removed in a transaction of its own (a removal waits
+// for the claims that hold the machine's due rows, and must not hold the
+// other machines' locks meanwhile). A machine some process holds a lease
+// on is not removed (bmdb.ErrLeased) but kept, and reported in Kept: the
+// process is acting on it, and its action fails soon with
+// ErrNotInInventory. A machine another replica removed first counts in
+// neither list.
+func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory, opts SyncOptions) (SyncResult, error) {
 	var res SyncResult
+	var unlisted []bmdb.Provided
 	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		res = SyncResult{} // the function may run again after a retry
+		res, unlisted = SyncResult{}, nil // the function may run again after a retry
 		existing, err := tx.ProvidedBy(ctx, Name)
 		if err != nil {
 			return err
@@ -55,13 +75,32 @@ func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory) (SyncResult, error) 
 		}
 		for _, p := range existing {
 			if _, gone := have[p.ProviderID]; gone {
-				res.Removed = append(res.Removed, p.ProviderID)
+				unlisted = append(unlisted, p)
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		return SyncResult{}, fmt.Errorf("syncing inventory %s into the BMDB: %w", inv.File, err)
+	}
+	for _, p := range unlisted {
+		if opts.KeepUnlisted {
+			res.Kept = append(res.Kept, p.ProviderID)
+			continue
+		}
+		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.RemoveMachine(ctx, p.Machine, "no longer listed in the inventory "+inv.File)
+		})
+		switch {
+		case err == nil:
+			res.Removed = append(res.Removed, p.ProviderID)
+		case errors.Is(err, bmdb.ErrLeased):
+			res.Kept = append(res.Kept, p.ProviderID)
+		case errors.Is(err, bmdb.ErrNotFound):
+			// Another replica, reloading the same file, was first.
+		default:
+			return res, fmt.Errorf("syncing inventory %s into the BMDB: %s: %w", inv.File, p.ProviderID, err)
+		}
 	}
 	return res, nil
 }
