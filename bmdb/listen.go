@@ -15,6 +15,10 @@ import (
 // payload is the name of the process whose machines became due.
 const dueChannel = "shepherd_due"
 
+// cancelChannel carries operators' cancel requests (RequestCancel); the
+// payload is the process whose lease is to be cancelled.
+const cancelChannel = "shepherd_cancel"
+
 // DueListener wakes a process's claimer when one of its machines becomes
 // due (a watched write, the end of a lease in its exclusion group, a
 // backoff ended by an operator), so that an idle claimer sleeps until then
@@ -24,10 +28,17 @@ const dueChannel = "shepherd_due"
 type DueListener struct {
 	wake      chan struct{}
 	listening chan bool
+	cancels   chan struct{}
 }
 
 // Wake receives when the process may have due work.
 func (l *DueListener) Wake() <-chan struct{} { return l.wake }
+
+// Cancels receives when an operator asked to cancel a lease of the
+// process (of some replica): the runner then checks its session's
+// requests (Session.CheckCancels). The same connection carries both
+// notifications; without it, the session's heartbeat finds the requests.
+func (l *DueListener) Cancels() <-chan struct{} { return l.cancels }
 
 // Listening receives whenever the listener starts or stops listening; the
 // first value says whether LISTEN works at all.
@@ -35,7 +46,7 @@ func (l *DueListener) Listening() <-chan bool { return l.listening }
 
 // NewDueListener returns a listener that ListenDue feeds.
 func NewDueListener() *DueListener {
-	return &DueListener{wake: make(chan struct{}, 1), listening: make(chan bool, 1)}
+	return &DueListener{wake: make(chan struct{}, 1), listening: make(chan bool, 1), cancels: make(chan struct{}, 1)}
 }
 
 // ListenDue listens for process's due notifications on a connection of its
@@ -93,6 +104,9 @@ func (db *DB) listenOnce(ctx context.Context, process string, l *DueListener, li
 	if _, err := conn.Exec(ctx, "LISTEN "+dueChannel); err != nil {
 		return err
 	}
+	if _, err := conn.Exec(ctx, "LISTEN "+cancelChannel); err != nil {
+		return err
+	}
 	listening()
 	// Something may have become due while the connection was down.
 	l.signal()
@@ -101,9 +115,17 @@ func (db *DB) listenOnce(ctx context.Context, process string, l *DueListener, li
 		if err != nil {
 			return err
 		}
-		if n.Payload == process {
-			l.signal()
+		if n.Payload != process {
+			continue
 		}
+		if n.Channel == cancelChannel {
+			select {
+			case l.cancels <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		l.signal()
 	}
 }
 

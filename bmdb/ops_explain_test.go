@@ -239,6 +239,27 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"hostKeys", stmts["qHostKeys"], []any{"seed", "", 1000}, tiny, "machine_provided_provider_provider_id_key"},
 		tc{"hostKeyForget", stmts["qHostKeyForget"], []any{machine, "why", "ssh-ed25519 AAAA"}, tiny, "machine_ssh_host_key_pkey"},
 	)
+	// Operator control of single machines (queries_control.go): each
+	// reads a few rows by key. Its request tables hold a row per pending
+	// operator request and the sessions table a row per process and
+	// replica: the planner rightly reads them whole. The seed has no due
+	// rows, so work_due is read whole too (its key is the statement's).
+	requests := append([]string{"work_forced", "work_cancel", "sessions", "work_due"}, tiny...)
+	cases = append(cases,
+		tc{"forcedRequest", stmts["qForcedRequest"], []any{machine, "ShepherdRecovery", "why", "alice"}, requests, "machines_pkey"},
+		tc{"forcedWithdraw", stmts["qForcedWithdraw"], []any{machine, "ShepherdRecovery"}, requests, ""},
+		tc{"cancelRequest", stmts["qCancelRequest"], []any{machine, "ShepherdRecovery", "why", "alice"}, requests, "work_machine_id_process_key"},
+		tc{"cancelsOfSession", stmts["qCancelsOfSession"], []any{session}, requests, ""},
+		tc{"workCancelOperator", stmts["qWorkCancelOperator"], []any{machine, "ShepherdRecovery", session, "why"}, requests, "work_machine_id_process_key"},
+		tc{"explainMachine", stmts["qExplainMachine"], []any{machine}, requests, "machines_pkey"},
+		// Its in-flight count reads the process's leases: here every
+		// seeded lease is Recovery's (as leasedOfProcess).
+		tc{"explainProcess", stmts["qExplainProcess"], []any{machine, "ShepherdRecovery", "Shepherd"}, append([]string{"work"}, requests...), "work_backoff_pkey"},
+		tc{"explainCondition", stmts["explainConditionTemplate"], []any{pgx.NamedArgs{
+			"machine": machine, "start_timeout": 30 * time.Minute, "heartbeat_timeout": 10 * time.Minute}},
+			// Recovery's reset table, empty in the seed.
+			append([]string{"machine_reset"}, tiny...), "machines_pkey"},
+	)
 	// Every statement of the operator and status files is explained
 	// above, or is here with the reason it may read the fleet: the list
 	// comes from the source, so a new statement cannot go unchecked.
@@ -246,9 +267,11 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		"qFleetTotals":    "counts the fleet by definition (index-only scans); the status page reads it at most every 30 s",
 		"qPausesList":     "reads the pause table, a row per pause of a process",
 		"qClaimLimitLock": "takes an advisory lock, reads no table",
+		"qNotifyProcess":  "sends a notification, reads no table",
+		"qNotifyCancel":   "sends a notification, reads no table",
 	}
 	for name, file := range files {
-		if file != "queries_ops.go" && file != "queries_status.go" {
+		if file != "queries_ops.go" && file != "queries_status.go" && file != "queries_control.go" {
 			continue
 		}
 		if _, ok := exempt[name]; ok {

@@ -22,10 +22,14 @@ VALUES ($1, $2, $3, $4::int, now() + make_interval(secs => $4::int))`
 	// reports whether any session has expired, so that the reap that
 	// releases their leases runs only when there is something to reap
 	// instead of on a timer of its own (a transaction saved per period).
+	// And it reports whether an operator asked to cancel one of the
+	// session's leases (a probe of an index of a table that is nearly
+	// always empty), for a replica that missed the notification.
 	qSessionPoke = `
 UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds)
 WHERE session_id = $1 AND session_deadline > now()
-RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now())`
+RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now()),
+          EXISTS (SELECT 1 FROM work_cancel c WHERE c.session_id = $1)`
 
 	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
 

@@ -37,7 +37,9 @@ SELECT (SELECT min(due_at) FROM work_due WHERE process = $1),
 	dueFacts = `
 due AS (
     SELECT m.machine_id, d.ord,
-           COALESCE((/*CONDITION*/), false) AS wanted,
+           (COALESCE((/*CONDITION*/), false)
+            OR EXISTS (SELECT 1 FROM work_forced f
+                       WHERE f.machine_id = m.machine_id AND f.process = @process)) AS wanted,
            EXISTS (SELECT 1 FROM work w
                    WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group
                    OFFSET 0) AS leased,
@@ -55,7 +57,9 @@ due AS (
 )`
 
 	// claimDueTemplate leases up to @limit of the locked due machines that
-	// are eligible, records Started, returns the leased machines with their
+	// are eligible (wanted: the condition holds, or an operator's run-now
+	// request is pending, which the lease consumes and records as Forced
+	// just before Started), records Started, returns the leased machines with their
 	// provider ids, and settles every other locked row:
 	// a machine that another process of the group holds, or that the
 	// condition does not want and time will not make wanted, leaves the
@@ -102,9 +106,17 @@ WITH ` + dueFacts + `, judged AS (
     SELECT machine_id, @group, @process, @session FROM chosen
     ON CONFLICT DO NOTHING
     RETURNING machine_id
+), forced AS (
+    DELETE FROM work_forced f
+    WHERE f.process = @process AND f.machine_id = ANY (ARRAY(SELECT machine_id FROM leased))
+    RETURNING f.machine_id, f.reason, f.actor, f.actor_role
 ), started AS (
-    INSERT INTO work_history (machine_id, process, event, session_id)
-    SELECT machine_id, @process, 'Started', @session FROM leased
+    INSERT INTO work_history (machine_id, process, event, session_id, failed_cause, actor, actor_role)
+    SELECT e.machine_id, @process, e.event, @session, e.cause, e.actor, e.actor_role
+    FROM (SELECT machine_id, 0 AS k, 'Forced' AS event, reason AS cause, actor, actor_role FROM forced
+          UNION ALL
+          SELECT machine_id, 1, 'Started', NULL, NULL, NULL FROM leased) e
+    ORDER BY e.machine_id, e.k
 ), escalated AS (
     INSERT INTO machine_hold AS mh (machine_id, process, reason, until, actor, source)
     SELECT machine_id, @process, 'budget exhausted', NULL, 'budget', 'budget'
@@ -197,8 +209,9 @@ SELECT (SELECT machine_id FROM (
 	qDueChunkClear = `DELETE FROM work_due WHERE process = $1 AND machine_id > $2 AND machine_id <= $3`
 
 	// fillDueChunkTemplate computes the due rows of the machines in
-	// (@after, @last] from the process's condition: the second statement
-	// of a chunk of a due-row build. A row a trigger wrote since the
+	// (@after, @last] from the process's condition and its pending
+	// run-now requests: the second statement of a chunk of a due-row
+	// build. A row a trigger wrote since the
 	// first statement's snapshot may be earlier than this statement
 	// computes from its own (the write may have committed after it):
 	// the earlier time stays. Rows are written in machine order, the
@@ -207,7 +220,10 @@ SELECT (SELECT machine_id FROM (
 	fillDueChunkTemplate = `
 INSERT INTO work_due (process, machine_id, due_at)
 SELECT @process, f.machine_id, CASE WHEN f.wanted THEN now() ELSE GREATEST(f.due_at, now()) END
-FROM (SELECT m.machine_id, COALESCE((/*CONDITION*/), false) AS wanted, (/*DUE*/)::timestamptz AS due_at
+FROM (SELECT m.machine_id,
+             COALESCE((/*CONDITION*/), false)
+             OR EXISTS (SELECT 1 FROM work_forced f WHERE f.machine_id = m.machine_id AND f.process = @process) AS wanted,
+             (/*DUE*/)::timestamptz AS due_at
       FROM machines m WHERE m.machine_id > @after AND m.machine_id <= @last) f
 WHERE f.wanted OR f.due_at IS NOT NULL
 ORDER BY f.machine_id

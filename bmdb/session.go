@@ -85,6 +85,9 @@ type Session struct {
 
 	// ends group-commits the ends of the session's concurrent leases.
 	ends endBatcher
+	// bound are the leases whose work runs under Lease.Bind, which an
+	// operator's cancel request reaches (control.go).
+	bound boundLeases
 }
 
 // StartSession creates a session and starts its heartbeat. ctx bounds only
@@ -262,7 +265,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			return
 		case <-poke.C:
 			sent := time.Now()
-			alive, othersExpired, err := s.poke(ctx, localDeadline)
+			alive, othersExpired, cancels, err := s.poke(ctx, localDeadline)
 			switch {
 			case ctx.Err() != nil:
 				// Silenced, halted or lost meanwhile: the next round sees which.
@@ -278,6 +281,11 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 				s.localDeadline.Store(&next)
 				deadline.Reset(time.Until(localDeadline))
 				poke.Reset(s.cfg.Interval / 2)
+				if cancels {
+					// An operator's cancel request whose notification
+					// this replica missed (or a stale one to forget).
+					s.checkCancelsAsync(ctx)
+				}
 				if othersExpired {
 					select {
 					case reapNow <- struct{}{}:
@@ -323,11 +331,12 @@ func (s *Session) reapWhenDue(ctx context.Context, reapNow <-chan struct{}, done
 }
 
 // poke extends the session's deadline; it reports false when the session
-// was already expired in the database, and whether any other session is.
-func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, othersExpired bool, err error) {
+// was already expired in the database, whether any other session is, and
+// whether an operator's cancel request names one of its leases.
+func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, othersExpired, cancels bool, err error) {
 	ctx, cancel := context.WithDeadline(ctx, localDeadline)
 	defer cancel()
-	err = s.db.pool.QueryRow(ctx, qSessionPoke, s.id).Scan(&othersExpired)
+	err = s.db.pool.QueryRow(ctx, qSessionPoke, s.id).Scan(&othersExpired, &cancels)
 	alive = err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
@@ -337,9 +346,9 @@ func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, oth
 		s.db.pokeResult(s.cfg.Component, err)
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("poking session: %w", err)
+		return false, false, false, fmt.Errorf("poking session: %w", err)
 	}
-	return alive, othersExpired, nil
+	return alive, othersExpired, cancels, nil
 }
 
 // Close ends the session: it stops the heartbeat, releases the leases still

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,6 +60,8 @@ type Lease struct {
 	s    *Session
 	mu   sync.Mutex
 	done bool
+	// canceledBy is set when an operator cancelled the lease (control.go).
+	canceledBy atomic.Pointer[CanceledByOperator]
 }
 
 // Claim leases one machine that satisfies candidates for process. It returns
@@ -299,8 +302,15 @@ func (w *Lease) Fail(ctx context.Context, backoff Backoff, cause string) error {
 
 // Cancel ends the lease without an outcome: it records Canceled and keeps any
 // backoff, so the machine is eligible again as soon as its backoff allows.
+// A lease an operator cancelled (RequestCancel) is recorded with their
+// actor and reason.
 func (w *Lease) Cancel(ctx context.Context) error {
-	err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventCanceled}, nil)
+	var err error
+	if c := w.canceledBy.Load(); c != nil {
+		err = w.cancelByOperator(ctx, c)
+	} else {
+		err = w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventCanceled}, nil)
+	}
 	if err != nil {
 		return fmt.Errorf("cancelling %s on %s: %w", w.Process.Name, w.Machine, err)
 	}

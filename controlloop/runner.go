@@ -160,6 +160,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	listener := bmdb.NewDueListener()
 	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
+	gauges.Go(func() error { r.watchCancels(gaugesCtx, listener); return nil })
 
 	r.claimLoop(ctx, tasks, idle, ended, listener)
 	close(tasks)
@@ -401,7 +402,9 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	logger := klog.LoggerWithValues(klog.FromContext(workCtx),
 		"process", label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
 	workCtx = klog.NewContext(workCtx, logger)
-	ctx, cancel := t.work.Session().Bind(workCtx)
+	// Bound to the lease: an operator's cancel request (shepherd cancel)
+	// cancels this context alone.
+	ctx, cancel := t.work.Bind(workCtx)
 	runErr, timedOut := r.runBounded(ctx, t)
 	stopped := ctx.Err() != nil && !timedOut
 	cancel()
@@ -679,6 +682,27 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+	}
+}
+
+// watchCancels checks the session's cancel requests whenever an operator
+// asks to cancel a lease of the process, until ctx is done. A replica
+// that misses the notification finds the request at its session's next
+// heartbeat (bmdb).
+func (r *Runner) watchCancels(ctx context.Context, listener *bmdb.DueListener) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-listener.Cancels():
+		}
+		s := r.session.Load()
+		if s == nil {
+			continue
+		}
+		if _, err := s.CheckCancels(ctx); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Checking cancel requests failed; the session's next heartbeat retries", "process", r.info.Label)
 		}
 	}
 }

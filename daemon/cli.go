@@ -63,6 +63,19 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       the process's condition as this binary defines it and as the BMDB
       records it, and whether they are the same (machines evaluates
       eligibility only when they are: it never runs SQL read from the BMDB)
+  shepherd run-now MACHINE PROCESS -reason R [-as NAME]
+      make PROCESS act on MACHINE once, at its next claim, even though its
+      condition does not hold (recovery: reboot now; agentstart: start the
+      agent again); still under exclusion, backoff, pause, limits and
+      holds: the request waits while one blocks it, and says which
+  shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
+      cancel PROCESS's lease on MACHINE: the replica holding it cancels the
+      work within seconds; it ends Canceled, adding no backoff; -hold also
+      holds the machine for PROCESS in the same transaction
+  shepherd explain MACHINE [-process P [-machine_budget N/D] [-max_in_flight N] [-max_per_hour N]]
+      for each process, whether it would act on MACHINE and every reason it
+      will not, in the order a claim checks them; the limits are the
+      daemons' flags, which the BMDB does not record: give them to judge
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -94,6 +107,7 @@ type cliOptions struct {
 	limit   int
 	reason  string
 	all     bool
+	ctl     controlOptions // run-now, cancel (cli_control.go)
 }
 
 var cliCommands = map[string]cliCommand{
@@ -119,6 +133,9 @@ var cliCommands = map[string]cliCommand{
 	}, run: (*cli).hostKey},
 	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},
+	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow},
+	"cancel":    {args: "MACHINE PROCESS", min: 2, max: 2, flags: cancelFlags, run: (*cli).cancel},
+	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -163,7 +180,7 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	}
 	// Eligibility (machines) depends on the processes' flags, such as
 	// Recovery's timeouts.
-	withProcessFlags := name == "machines"
+	withProcessFlags := name == "machines" || name == "explain" || name == "run-now"
 	processFlags := map[string]bool{}
 	if withProcessFlags {
 		before := map[string]bool{}
@@ -291,6 +308,8 @@ type cliProcess struct {
 	candidates *bmdb.Candidates
 	// tags reads the process's own tags of a machine; nil if it has none.
 	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+	// budget is the process's default per-machine budget (explain).
+	budget bmdb.MachineBudget
 }
 
 // knownProcesses are the binary's registered processes.
@@ -306,7 +325,7 @@ func buildProcesses(db *bmdb.DB, defs []Process) ([]cliProcess, error) {
 			return nil, fmt.Errorf("building %s: %w", def.Info.Label, err)
 		}
 		cand := p.Candidates()
-		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags})
+		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags, budget: def.Info.DefaultMachineBudget})
 	}
 	return out, nil
 }

@@ -364,6 +364,10 @@ type machinePage struct {
 	Timeline []bmdb.HistoryEntry
 	// ProcessTags are the tags the processes' Tags functions read.
 	ProcessTags []Tag
+	// Explain says, per process, whether it would act on the machine and
+	// every reason it will not (shepherd explain); nil when it could not
+	// be read.
+	Explain []bmdb.Explanation
 }
 
 func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
@@ -393,11 +397,28 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	page := machinePage{Generated: h.now(), MachineDetail: d}
 	if d.Exists {
 		page.ProcessTags = h.processTags(ctx, id)
+		page.Explain = h.explain(ctx, id)
 	}
 	for i := len(d.History) - 1; i >= 0; i-- {
 		page.Timeline = append(page.Timeline, d.History[i])
 	}
 	h.render(w, http.StatusOK, "machine.html", page)
+}
+
+// explain is the machine's explanation for the page's processes, from
+// their own conditions (as shepherd explain reads it); nil on error,
+// which is logged: the rest of the page is still worth showing.
+func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explanation {
+	ps := make([]bmdb.ExplainProcess, len(h.processes))
+	for i, p := range h.processes {
+		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates}
+	}
+	ex, err := h.db.ExplainMachine(ctx, machine, ps)
+	if err != nil {
+		klog.ErrorS(err, "Status page: explaining a machine failed", "machine", machine)
+		return nil
+	}
+	return ex.Processes
 }
 
 // ReadTags reads the tags of machine that read (a Process's Tags) finds, in
@@ -544,7 +565,7 @@ func eventClass(event string) string {
 		return "ok"
 	case bmdb.EventFailed, bmdb.EventLost:
 		return "bad"
-	case bmdb.EventBackoffCleared, bmdb.EventRetried:
+	case bmdb.EventBackoffCleared, bmdb.EventRetried, bmdb.EventForcedRun:
 		return "op"
 	default:
 		return ""

@@ -35,7 +35,8 @@ type LeaseAudit struct {
 // operatorEvents are recorded by operators' commands: they neither start
 // nor end a lease, even when they fall between a lease's Started and its
 // end.
-var operatorEvents = []string{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten}
+var operatorEvents = []string{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten,
+	bmdb.EventForcedRun}
 
 // holdEvents are recorded by holds and per-machine budgets (bmdb's
 // holds.go): they neither start nor end a lease either.

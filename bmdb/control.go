@@ -1,0 +1,264 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"k8s.io/klog/v2"
+)
+
+// Operator control of single machines (issue 28): run-now and cancel.
+// Both are requests written to the BMDB (migration 0018), so that they
+// hold across any number of replicas: a run-now request is consumed by
+// whichever replica's claim leases the machine, a cancel request by the
+// replica whose session holds the lease. Their SQL is in
+// queries_control.go.
+
+// EventForcedRun records, just before a lease's Started, that an operator
+// made the process act on the machine whether or not its condition held
+// (run-now): its cause is the operator's reason, its actor theirs.
+const EventForcedRun = "Forced"
+
+// ForceResult says what a run-now request found.
+type ForceResult struct {
+	// Replaced is set when a request of the same process on the machine
+	// was pending already: its reason and actor are replaced.
+	Replaced bool
+}
+
+// RequestRun asks process to lease machine once, at its next claim of it,
+// even though its condition does not hold (run-now). The request waits,
+// pending, while something else the claim checks blocks the machine: a
+// lease of the process's exclusion group, a backoff or "check again
+// later" time, a pause, the lease limits, a hold. ExplainMachine says
+// which. The claim that leases the machine consumes the request and
+// records Forced with reason and actor before the lease's Started (the
+// actor's database role is the transaction's session_user). It returns an error wrapping ErrNotFound when the machine
+// does not exist.
+func (db *DB) RequestRun(ctx context.Context, machine uuid.UUID, process, reason string, actor Actor) (ForceResult, error) {
+	if err := checkProcessName(process); err != nil {
+		return ForceResult{}, err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return ForceResult{}, ErrReasonRequired
+	}
+	reason = cleanCause(reason)
+	var res ForceResult
+	var exists bool
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.tx.QueryRow(ctx, qForcedRequest, machine, process, reason, actor.arg()).Scan(&exists, &res.Replaced); err != nil {
+			return err
+		}
+		if !exists {
+			return nil
+		}
+		_, err := tx.tx.Exec(ctx, qNotifyProcess, process)
+		return err
+	})
+	if err != nil {
+		return ForceResult{}, fmt.Errorf("requesting %s on %s now: %w", process, machine, err)
+	}
+	if !exists {
+		return ForceResult{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+	}
+	return res, nil
+}
+
+// WithdrawRun deletes a pending run-now request of process on machine.
+// It returns an error wrapping ErrNotFound when none was pending.
+func (db *DB) WithdrawRun(ctx context.Context, machine uuid.UUID, process string) error {
+	if err := checkProcessName(process); err != nil {
+		return err
+	}
+	tag, err := db.pool.Exec(ctx, qForcedWithdraw, machine, process)
+	if err != nil {
+		return fmt.Errorf("withdrawing the run-now request of %s on %s: %w", process, machine, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("no run-now request of %s on %s is pending: %w", process, machine, ErrNotFound)
+	}
+	return nil
+}
+
+// CancelResult names the lease a cancel request is for.
+type CancelResult struct {
+	// Session holds the lease; Replica is its runtime info (host, pid).
+	Session uuid.UUID
+	Replica string
+	// LeaseStarted is when the lease was taken (database clock).
+	LeaseStarted time.Time
+}
+
+// RequestCancel asks the replica holding process's lease on machine to
+// cancel the worker's context: the replica is woken by a notification and,
+// should it miss it, sees the request at its session's next heartbeat.
+// The lease then ends Canceled with the actor and reason, keeping any
+// backoff and adding none. also, if not nil, runs in the same transaction
+// (the CLI's -hold holds the machine there, so that it is not claimed
+// again at once). It returns an error wrapping ErrNotFound when process
+// holds no lease on machine.
+func (db *DB) RequestCancel(ctx context.Context, machine uuid.UUID, process, reason string, actor Actor, also func(ctx context.Context, tx *Tx) error) (CancelResult, error) {
+	if err := checkProcessName(process); err != nil {
+		return CancelResult{}, err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return CancelResult{}, ErrReasonRequired
+	}
+	reason = cleanCause(reason)
+	var res CancelResult
+	var found bool
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		found = false
+		err := tx.tx.QueryRow(ctx, qCancelRequest, machine, process, reason, actor.arg()).Scan(&res.Session, &res.Replica, &res.LeaseStarted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		if _, err := tx.tx.Exec(ctx, qNotifyCancel, process); err != nil {
+			return err
+		}
+		if also != nil {
+			return also(ctx, tx)
+		}
+		return nil
+	})
+	if err != nil {
+		return CancelResult{}, fmt.Errorf("cancelling %s on %s: %w", process, machine, err)
+	}
+	if !found {
+		return CancelResult{}, fmt.Errorf("%s holds no lease on %s: %w", process, machine, ErrNotFound)
+	}
+	return res, nil
+}
+
+// CanceledByOperator is the cause (context.Cause) of a lease's context
+// that an operator cancelled.
+type CanceledByOperator struct {
+	Actor, Reason string
+}
+
+func (c *CanceledByOperator) Error() string {
+	actor := c.Actor
+	if actor == "" {
+		actor = "an operator"
+	}
+	return fmt.Sprintf("canceled by %s: %s", actor, c.Reason)
+}
+
+// boundLeases are the leases of a session whose work runs under a context
+// from Lease.Bind: what a cancel request can reach.
+type boundLeases struct {
+	mu sync.Mutex
+	m  map[leaseKey]*boundLease
+	// checking is set while a check of cancel requests runs, so that
+	// heartbeats do not pile them up.
+	checking atomic.Bool
+}
+
+type boundLease struct {
+	w      *Lease
+	cancel context.CancelCauseFunc
+}
+
+// Bind returns a context for the lease's work: cancelled when the session
+// is lost (cause ErrSessionExpired), when parent is done, or when an
+// operator cancels the lease (cause *CanceledByOperator; Cancel then
+// records the operator's end). The returned function releases it.
+func (w *Lease) Bind(parent context.Context) (context.Context, context.CancelFunc) {
+	outer, cancelOuter := context.WithCancelCause(parent)
+	ctx, cancel := w.s.Bind(outer)
+	key := leaseKey{w.Machine, w.Process.Name}
+	b := &boundLease{w: w, cancel: cancelOuter}
+	reg := &w.s.bound
+	reg.mu.Lock()
+	if reg.m == nil {
+		reg.m = map[leaseKey]*boundLease{}
+	}
+	reg.m[key] = b
+	reg.mu.Unlock()
+	return ctx, func() {
+		reg.mu.Lock()
+		if reg.m[key] == b {
+			delete(reg.m, key)
+		}
+		reg.mu.Unlock()
+		cancel()
+		cancelOuter(context.Canceled)
+	}
+}
+
+// CheckCancels cancels the contexts of the session's bound leases that an
+// operator asked to cancel, and forgets requests whose lease has ended. It
+// returns how many it cancelled. The session's heartbeat calls it when a
+// poke finds requests; a runner calls it when notified.
+func (s *Session) CheckCancels(ctx context.Context) (int, error) {
+	type request struct {
+		machine     uuid.UUID
+		process     string
+		reason      string
+		actor       string
+		requestedAt time.Time
+	}
+	reqs, err := queryRows(ctx, s.db.pool, func(row pgx.CollectableRow) (request, error) {
+		var r request
+		err := row.Scan(&r.machine, &r.process, &r.reason, &r.actor, &r.requestedAt)
+		return r, err
+	}, qCancelsOfSession, s.id)
+	if err != nil {
+		return 0, fmt.Errorf("reading the cancel requests of session %s: %w", s.id, err)
+	}
+	n := 0
+	for _, r := range reqs {
+		s.bound.mu.Lock()
+		b := s.bound.m[leaseKey{r.machine, r.process}]
+		s.bound.mu.Unlock()
+		if b == nil {
+			// Not (or no longer) running under Bind here: its end
+			// follows, or the worker ends it without a context.
+			continue
+		}
+		cause := &CanceledByOperator{Actor: r.actor, Reason: r.reason}
+		if b.w.canceledBy.CompareAndSwap(nil, cause) {
+			klog.InfoS("lease cancelled by an operator", "process", r.process, "machine", r.machine, "actor", r.actor, "reason", r.reason, "session", s.id)
+			b.cancel(cause)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// checkCancelsAsync runs CheckCancels beside the heartbeat, one at a time.
+func (s *Session) checkCancelsAsync(ctx context.Context) {
+	if !s.bound.checking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer s.bound.checking.Store(false)
+		if _, err := s.CheckCancels(ctx); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "BMDB: checking cancel requests failed; the next heartbeat retries", "session", s.id)
+		}
+	}()
+}
+
+// cancelByOperator ends a lease an operator cancelled: Canceled with the
+// request's actor and reason, no backoff added.
+func (w *Lease) cancelByOperator(ctx context.Context, c *CanceledByOperator) error {
+	return w.end(ctx, nil, func(ctx context.Context, tx *Tx) error {
+		var id int64
+		err := tx.tx.QueryRow(ctx, qWorkCancelOperator, w.Machine, w.Process.Name, w.s.id, c.Reason).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost
+		}
+		return err
+	})
+}

@@ -1,0 +1,144 @@
+package bmdb
+
+// The SQL of operator control of single machines (control.go,
+// explain_machine.go; migration 0018): run-now requests, cancel requests
+// and a machine's explanation. Every statement reads a few rows by
+// primary key: one machine, or one session's requests.
+
+const (
+	// qForcedRequest records a run-now request of process $2 on machine
+	// $1 with reason $3 and actor $4 (the role is the writing
+	// transaction's session_user), replacing a pending one, and makes the
+	// machine due for the process now, so that its next claim considers
+	// it without a scan. It returns whether the machine exists and
+	// whether a request was pending already.
+	qForcedRequest = `
+WITH m AS (
+    SELECT machine_id FROM machines WHERE machine_id = $1
+), previous AS (
+    SELECT 1 FROM work_forced WHERE machine_id = $1 AND process = $2
+), requested AS (
+    INSERT INTO work_forced (machine_id, process, reason, actor, actor_role, requested_at)
+    SELECT machine_id, $2, $3, $4, session_user, now() FROM m
+    ON CONFLICT (machine_id, process) DO UPDATE
+    SET reason = excluded.reason, actor = excluded.actor, actor_role = excluded.actor_role,
+        requested_at = excluded.requested_at
+    RETURNING machine_id
+), due AS (
+    INSERT INTO work_due AS d (process, machine_id, due_at)
+    SELECT $2, machine_id, now() FROM requested
+    ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(d.due_at, excluded.due_at)
+)
+SELECT EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM previous)`
+
+	// qForcedWithdraw deletes a pending run-now request.
+	qForcedWithdraw = `
+DELETE FROM work_forced WHERE machine_id = $1 AND process = $2
+RETURNING reason, actor, requested_at`
+
+	// qNotifyProcess wakes the claimers of process $1 (qForcedRequest's
+	// due row is written by no watched table's trigger).
+	qNotifyProcess = `SELECT pg_notify('shepherd_due', $1)`
+
+	// qNotifyCancel wakes the replicas of process $1 to look for cancel
+	// requests of their sessions' leases.
+	qNotifyCancel = `SELECT pg_notify('shepherd_cancel', $1)`
+
+	// qCancelRequest records a request to cancel the lease of process $2
+	// on machine $1, by reason $3 and actor $4, naming the lease by its
+	// session and start. It returns the lease's session, its replica and its start; no row when
+	// the process holds no lease on the machine.
+	qCancelRequest = `
+WITH lease AS (
+    SELECT w.machine_id, w.process, w.session_id, w.work_started_at
+    FROM work w WHERE w.machine_id = $1 AND w.process = $2
+    FOR UPDATE OF w
+), requested AS (
+    INSERT INTO work_cancel (machine_id, process, session_id, work_started_at, reason, actor, actor_role)
+    SELECT machine_id, process, session_id, work_started_at, $3, $4, session_user FROM lease
+    ON CONFLICT (machine_id, process) DO UPDATE
+    SET session_id = excluded.session_id, work_started_at = excluded.work_started_at,
+        reason = excluded.reason, actor = excluded.actor, actor_role = excluded.actor_role,
+        requested_at = now()
+    RETURNING machine_id
+)
+SELECT l.session_id, COALESCE(s.session_runtime_info, ''), l.work_started_at
+FROM lease l LEFT JOIN sessions s ON s.session_id = l.session_id`
+
+	// qCancelsOfSession reads the cancel requests of session $1 whose
+	// lease it still holds, and deletes the stale ones (their lease ended
+	// before the request was seen).
+	qCancelsOfSession = `
+WITH stale AS (
+    DELETE FROM work_cancel c
+    WHERE c.session_id = $1
+      AND NOT EXISTS (SELECT 1 FROM work w
+                      WHERE w.machine_id = c.machine_id AND w.process = c.process
+                        AND w.session_id = c.session_id AND w.work_started_at = c.work_started_at)
+)
+SELECT c.machine_id, c.process, c.reason, COALESCE(c.actor, ''), c.requested_at
+FROM work_cancel c JOIN work w
+  ON w.machine_id = c.machine_id AND w.process = c.process
+ AND w.session_id = c.session_id AND w.work_started_at = c.work_started_at
+WHERE c.session_id = $1`
+
+	// qWorkCancelOperator ends a lease (machine $1, process $2, session
+	// $3) that an operator cancelled: it records Canceled with the
+	// request's actor and reason, deletes the request, and keeps any
+	// backoff (a cancel is no verdict on the machine, and adds none).
+	qWorkCancelOperator = `
+WITH req AS (
+    DELETE FROM work_cancel c WHERE c.machine_id = $1 AND c.process = $2 AND c.session_id = $3
+    RETURNING reason, actor, actor_role
+), lease AS (
+    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
+    RETURNING machine_id
+)
+INSERT INTO work_history (machine_id, process, event, session_id, failed_cause, actor, actor_role)
+SELECT l.machine_id, $2, 'Canceled', $3,
+       'canceled by ' || COALESCE(r.actor, 'an operator') || ': ' || COALESCE(r.reason, $4),
+       r.actor, r.actor_role
+FROM lease l LEFT JOIN req r ON true
+RETURNING id`
+
+	// qExplainMachine reads what every process's explanation of machine
+	// $1 shares: whether it exists, its agent's start and last heartbeat,
+	// and the database's clock.
+	qExplainMachine = `
+SELECT EXISTS (SELECT 1 FROM machines WHERE machine_id = $1),
+       (SELECT agent_started_at FROM machine_agent_started WHERE machine_id = $1),
+       (SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1),
+       now()`
+
+	// qExplainProcess reads the generic half of a claim of process $2
+	// (exclusion group $3) on machine $1, in the order a claim checks it:
+	// a lease of the group (with its session's replica), the backoff,
+	// "check again later", the pause, in-flight and hourly lease counts,
+	// a pending run-now request, a pending cancel and the due row.
+	qExplainProcess = `
+SELECT w.process, w.session_id, s.session_runtime_info, w.work_started_at,
+       b.until, b.cause, nb.until,
+       pp.reason, pp.source, pp.paused_at,
+       (SELECT count(*) FROM work WHERE process = $2),
+       (SELECT count(*) FROM work_history
+        WHERE process = $2 AND event = 'Started' AND "timestamp" > now() - interval '1 hour'),
+       f.reason, f.actor, f.requested_at,
+       c.reason, c.actor, c.requested_at,
+       d.due_at
+FROM (SELECT 1) one
+LEFT JOIN work w ON w.machine_id = $1 AND w.exclusion_group = $3
+LEFT JOIN sessions s ON s.session_id = w.session_id
+LEFT JOIN work_backoff b ON b.machine_id = $1 AND b.process = $2 AND b.until > now()
+LEFT JOIN work_not_before nb ON nb.machine_id = $1 AND nb.process = $2 AND nb.until > now()
+LEFT JOIN process_pause pp ON pp.process = $2 AND pp.resumed_at IS NULL
+LEFT JOIN work_forced f ON f.machine_id = $1 AND f.process = $2
+LEFT JOIN work_cancel c ON c.machine_id = $1 AND c.process = $2
+LEFT JOIN work_due d ON d.process = $2 AND d.machine_id = $1`
+
+	// explainConditionTemplate evaluates a process's condition and due
+	// time on machine @machine: the binary's own definition, spliced as a
+	// claim's is, never SQL read from the database.
+	explainConditionTemplate = `
+SELECT COALESCE((/*CONDITION*/), false), (/*DUE*/)::timestamptz
+FROM machines m WHERE m.machine_id = @machine`
+)
