@@ -45,6 +45,18 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
   shepherd retry MACHINE PROCESS -reason R
       make MACHINE eligible now for PROCESS: end its backoff, keeping its
       interval (a new failure backs off longer)
+  shepherd hold MACHINE... [-process P] -reason R [-for D]
+      keep P (default: every process) off the machines, on every replica,
+      from its next claim on; work in flight runs to its end. -for releases
+      the hold by itself after D
+  shepherd release MACHINE... [-process P] -reason R
+      end the holds of P (default: every hold, a budget's included)
+  Selections: hold, release, retry and backoff clear (and cancel) take,
+  instead of machines, -location PREFIX, -process P -state leased|backoff|held
+  or -cause TEXT (in the last failure cause); they list the machines
+  selected and act on more than one only with -yes, in one transaction (at
+  most 10000 machines). Operator actions record -as NAME (default
+  $SHEPHERD_OPERATOR, else user@host) and the database role.
   shepherd pause PROCESS -reason R
       stop every replica from leasing machines for PROCESS until resume
   shepherd resume PROCESS
@@ -107,6 +119,7 @@ type cliOptions struct {
 	limit   int
 	reason  string
 	all     bool
+	hold    holdOptions    // hold, release and selections (cli_holds.go)
 	ctl     controlOptions // run-now, cancel (cli_control.go)
 }
 
@@ -122,8 +135,10 @@ var cliCommands = map[string]cliCommand{
 	"history": {args: "MACHINE", min: 1, max: 1, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		fs.IntVar(&o.limit, "limit", 0, "only the newest N entries (0 = all)")
 	}, run: (*cli).history},
-	"backoff":  {args: "clear MACHINE [PROCESS]", min: 2, max: 3, flags: reasonFlag, run: (*cli).backoffClear},
-	"retry":    {args: "MACHINE PROCESS", min: 2, max: 2, flags: reasonFlag, run: (*cli).retry},
+	"backoff":  {args: "clear MACHINE [PROCESS] | clear SELECTION", min: 1, max: 3, flags: backoffFlags, run: (*cli).backoffCmd},
+	"retry":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: retryFlags, run: (*cli).retryCmd},
+	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
+	"release":  {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
 	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
 	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
@@ -426,6 +441,7 @@ type machineJSON struct {
 	Until               *time.Time `json:"until,omitempty"`
 	Cause               string     `json:"cause,omitempty"`
 	LastIntervalSeconds int64      `json:"last_interval_seconds,omitempty"`
+	Actor               string     `json:"actor,omitempty"`
 }
 
 func (c *cli) machines(ctx context.Context, args []string) error {
@@ -501,6 +517,12 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			if m.State == bmdb.StateBackoff {
 				j.Until = &m.Until
 			}
+			if m.State == bmdb.StateHeld {
+				j.Since, j.Actor = &m.Since, m.Actor.Name
+				if !m.Until.IsZero() {
+					j.Until = &m.Until
+				}
+			}
 			out = append(out, j)
 		}
 		return c.emitJSON(out)
@@ -514,7 +536,11 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if m.Session != uuid.Nil {
 			session = m.Session.String()
 		}
-		table = append(table, []string{m.Machine.String(), m.Process, m.State, when(m.Since), when(m.Until), interval, session, m.Cause})
+		cause := m.Cause
+		if m.State == bmdb.StateHeld {
+			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
+		}
+		table = append(table, []string{m.Machine.String(), m.Process, m.State, when(m.Since), when(m.Until), interval, session, cause})
 	}
 	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
 }
@@ -528,6 +554,8 @@ type historyJSON struct {
 	Timestamp time.Time  `json:"timestamp"`
 	Cause     string     `json:"cause,omitempty"`
 	Session   *uuid.UUID `json:"session,omitempty"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role,omitempty"`
 }
 
 func (c *cli) history(ctx context.Context, args []string) error {
@@ -556,7 +584,8 @@ func (c *cli) history(ctx context.Context, args []string) error {
 	if c.json {
 		out := make([]historyJSON, 0, len(h))
 		for _, e := range h {
-			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause}
+			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
+				Actor: e.Actor.Name, ActorRole: e.Actor.Role}
 			if e.Session != uuid.Nil {
 				j.Session = &e.Session
 			}
@@ -570,9 +599,13 @@ func (c *cli) history(ctx context.Context, args []string) error {
 		if e.Session != uuid.Nil {
 			session = e.Session.String()
 		}
-		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, e.Event, session, e.Cause})
+		var actor string
+		if e.Actor.Name != "" || e.Actor.Role != "" {
+			actor = e.Actor.Name + " (role " + e.Actor.Role + ")"
+		}
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, e.Event, session, actor, e.Cause})
 	}
-	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SESSION", "CAUSE"}, rows)
+	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SESSION", "ACTOR", "CAUSE"}, rows)
 }
 
 func (c *cli) backoffClear(ctx context.Context, args []string) error {
