@@ -20,6 +20,9 @@ type fleetJSON struct {
 	Address       string            `json:"address"`
 	Location      string            `json:"location,omitempty"`
 	Power         string            `json:"power,omitempty"`
+	PowerState    string            `json:"power_state,omitempty"`
+	PowerCause    string            `json:"power_cause,omitempty"`
+	PowerReadAt   *time.Time        `json:"power_read_at,omitempty"`
 	AgentStarted  *time.Time        `json:"agent_started,omitempty"`
 	LastHeartbeat *time.Time        `json:"last_heartbeat,omitempty"`
 	Processes     map[string]string `json:"processes"`
@@ -35,6 +38,11 @@ func (c *cli) fleet(ctx context.Context) error {
 	ids := make([]uuid.UUID, len(machines))
 	for i, m := range machines {
 		ids[i] = m.Machine
+	}
+	// The last power state Recovery read of each machine (machine_power).
+	powers, err := c.db.PowerReads(ctx, ids)
+	if err != nil {
+		return err
 	}
 	procs := slices.Clone(c.knownProcesses())
 	eligible := make(map[string]map[uuid.UUID]bool, len(procs))
@@ -84,6 +92,9 @@ func (c *cli) fleet(ctx context.Context) error {
 			if !m.LastHeartbeat.IsZero() {
 				j.LastHeartbeat = &m.LastHeartbeat
 			}
+			if p, ok := powers[m.Machine]; ok {
+				j.PowerState, j.PowerCause, j.PowerReadAt = p.State, p.Cause, &p.ReadAt
+			}
 			out = append(out, j)
 		}
 		return c.emitJSON(out)
@@ -95,7 +106,11 @@ func (c *cli) fleet(ctx context.Context) error {
 		for _, p := range slices.Sorted(maps.Keys(byProcess)) {
 			cells = append(cells, p+"="+byProcess[p])
 		}
-		rows = append(rows, []string{m.Machine.String(), m.Provider, m.ProviderID, m.Address, m.Location, m.Power, when(m.AgentStarted), when(m.LastHeartbeat), strings.Join(cells, " ")})
+		power, powerRead := "", ""
+		if p, ok := powers[m.Machine]; ok {
+			power, powerRead = p.State, when(p.ReadAt)
+		}
+		rows = append(rows, []string{m.Machine.String(), m.Provider, m.ProviderID, m.Address, m.Location, m.Power, power, powerRead, when(m.AgentStarted), when(m.LastHeartbeat), strings.Join(cells, " ")})
 	}
-	return c.table([]string{"MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "LOCATION", "REBOOT", "AGENT STARTED", "LAST HEARTBEAT", "PROCESSES"}, rows)
+	return c.table([]string{"MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "LOCATION", "REBOOT", "POWER", "POWER READ", "AGENT STARTED", "LAST HEARTBEAT", "PROCESSES"}, rows)
 }

@@ -76,3 +76,16 @@ type PowerOner interface {
 type ResetDescriber interface {
 	ResetDescription(m bmdb.Provided) string
 }
+
+// PowerRecoverer is implemented by providers that read a machine's power
+// and act on it in one conversation with its BMC: power on if it is off,
+// reset as configured if it is on, nothing if the state is neither. An
+// IPMI BMC then sees one login per recovery instead of two (BMCs have few
+// sessions, and count failed logins towards a lockout). RecoverPower
+// returns the state read; its Power is empty when the state could not be
+// read (err says why, and nothing was done). An error with a state read
+// is the action's. A machine without a BMC gives ErrPowerUnsupported.
+// Recovery prefers it to PowerReader and PowerOner.
+type PowerRecoverer interface {
+	RecoverPower(ctx context.Context, m bmdb.Provided) (PowerState, error)
+}

@@ -364,6 +364,9 @@ type machinePage struct {
 	Timeline []bmdb.HistoryEntry
 	// ProcessTags are the tags the processes' Tags functions read.
 	ProcessTags []Tag
+	// Power is the last power state Recovery read (nil: never read, or
+	// unreadable now).
+	Power *bmdb.PowerRead
 	// Explain says, per process, whether it would act on the machine and
 	// every reason it will not (shepherd explain); nil when it could not
 	// be read.
@@ -397,6 +400,7 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	page := machinePage{Generated: h.now(), MachineDetail: d}
 	if d.Exists {
 		page.ProcessTags = h.processTags(ctx, id)
+		page.Power = h.power(ctx, id)
 		page.Explain = h.explain(ctx, id)
 	}
 	for i := len(d.History) - 1; i >= 0; i-- {
@@ -419,6 +423,21 @@ func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explana
 		return nil
 	}
 	return ex.Processes
+}
+
+// power is the last power state read of machine, nil when none was read
+// or it cannot be read now (logged: the rest of the page is still worth
+// showing).
+func (h *handler) power(ctx context.Context, machine uuid.UUID) *bmdb.PowerRead {
+	reads, err := h.db.PowerReads(ctx, []uuid.UUID{machine})
+	if err != nil {
+		klog.ErrorS(err, "Status page: reading the power state failed", "machine", machine)
+		return nil
+	}
+	if p, ok := reads[machine]; ok {
+		return &p
+	}
+	return nil
 }
 
 // ReadTags reads the tags of machine that read (a Process's Tags) finds, in

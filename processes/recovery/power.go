@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"k8s.io/klog/v2"
 
@@ -12,15 +11,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
-
-// PowerUnknownBackoff is the backoff of a machine whose power could not be
-// read (its BMC did not answer, or answered with a state that is neither on
-// nor off). Recovery does not act blind on it: a reset sent to a BMC that
-// cannot say whether the machine is on is as likely lost as done. A BMC
-// that is down or rebooting is seldom back within a minute, and one whose
-// network is broken needs a person: it is asked again after 5 minutes, then
-// less and less often, up to every 4 hours.
-var PowerUnknownBackoff = bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 2, Jitter: controlloop.DefaultBackoffJitter}
 
 // Seen is what a run of Recovery read of a machine's power and what it did
 // about it.
@@ -39,10 +29,15 @@ type Seen struct {
 // is powered on (a power cycle of a chassis that is off does nothing on
 // most BMCs, which still report success), one that is on is reset as its
 // provider is configured to. A state that is neither, or a BMC that does
-// not answer, fails the run (PowerUnknownBackoff): the machine is not
-// acted on blind. A provider that cannot read power (or not for this
-// machine) reboots it as before power was read.
+// not answer, fails the run with the process's backoff, and the cause says
+// so: the machine is not acted on blind (a reset sent to a BMC that cannot
+// say whether the machine is on is as likely lost as done). A provider
+// that cannot read power (or not for this machine) reboots it as before
+// power was read, and the cause says that too.
 func (r *Recovery) powerAct(ctx context.Context, m bmdb.Provided) (Seen, error) {
+	if pr, ok := r.provider.(providers.PowerRecoverer); ok {
+		return r.recoverPower(ctx, pr, m)
+	}
 	reader, ok := r.provider.(providers.PowerReader)
 	if !ok {
 		if err := r.reboot(ctx, m); err != nil {
@@ -61,12 +56,7 @@ func (r *Recovery) powerAct(ctx context.Context, m bmdb.Provided) (Seen, error) 
 		seen.Done = "power not read (no BMC); " + r.resetName(m)
 		return seen, nil
 	case err != nil:
-		if ctx.Err() != nil {
-			// The run was stopped or timed out: no verdict on the BMC.
-			return Seen{}, fmt.Errorf("reading the power of %s/%s: %w", m.Provider, m.ProviderID, err)
-		}
-		seen.Power, seen.Cause = providers.PowerUnknown, "BMC unreachable: "+err.Error()
-		return seen, controlloop.WithBackoff(fmt.Errorf("power state unknown, not acted on: reading it failed: %w", err), PowerUnknownBackoff)
+		return r.unread(ctx, m, err)
 	}
 	switch st.Power {
 	case providers.PowerOff:
@@ -90,13 +80,57 @@ func (r *Recovery) powerAct(ctx context.Context, m bmdb.Provided) (Seen, error) 
 		seen.Done = "power was on; " + r.resetName(m)
 		return seen, nil
 	}
+	return unknown(seen, st)
+}
+
+// recoverPower is powerAct through a provider that reads and acts in one
+// conversation with the BMC.
+func (r *Recovery) recoverPower(ctx context.Context, pr providers.PowerRecoverer, m bmdb.Provided) (Seen, error) {
+	st, err := pr.RecoverPower(ctx, m)
+	seen := Seen{Power: st.Power, Cause: st.Cause}
+	switch {
+	case errors.Is(err, providers.ErrPowerUnsupported):
+		if err := r.reboot(ctx, m); err != nil {
+			return Seen{}, err
+		}
+		return Seen{Done: "power not read (no BMC); " + r.resetName(m)}, nil
+	case st.Power == "" && err != nil:
+		return r.unread(ctx, m, err)
+	case st.Power == providers.PowerOff && err != nil:
+		return seen, fmt.Errorf("power was off; powering on %s/%s: %w", m.Provider, m.ProviderID, err)
+	case st.Power == providers.PowerOn && err != nil:
+		return seen, fmt.Errorf("power was on; rebooting %s/%s: %w", m.Provider, m.ProviderID, err)
+	case st.Power == providers.PowerOff:
+		seen.Done = "power was off; powered on"
+		return seen, nil
+	case st.Power == providers.PowerOn:
+		seen.Done = "power was on; " + r.resetName(m)
+		return seen, nil
+	}
+	return unknown(seen, st)
+}
+
+// unread is the failure of a run that could not read the power: the
+// machine is not acted on blind. A run stopped or timed out says so
+// instead, and records no state.
+func (r *Recovery) unread(ctx context.Context, m bmdb.Provided, err error) (Seen, error) {
+	if ctx.Err() != nil {
+		return Seen{}, fmt.Errorf("reading the power of %s/%s: %w", m.Provider, m.ProviderID, err)
+	}
+	seen := Seen{Power: providers.PowerUnknown, Cause: "BMC unreachable: " + err.Error()}
+	return seen, fmt.Errorf("power state unknown, not acted on: reading it failed: %w", err)
+}
+
+// unknown is the failure of a run that read a state that is neither on
+// nor off (Redfish's PoweringOn): the machine is not acted on.
+func unknown(seen Seen, st providers.PowerState) (Seen, error) {
 	seen.Power = providers.PowerUnknown
 	cause := st.Cause
 	if cause == "" {
 		cause = "the BMC gave no state"
 	}
 	seen.Cause = cause
-	return seen, controlloop.WithBackoff(fmt.Errorf("power state unknown (%s), not acted on", cause), PowerUnknownBackoff)
+	return seen, fmt.Errorf("power state unknown (%s), not acted on", cause)
 }
 
 // reboot reboots the machine through the provider.

@@ -152,6 +152,37 @@ func (c *Client) PowerOn(ctx context.Context, t Target) error {
 	})
 }
 
+// Recover brings the machine behind t back in one session (one login):
+// it reads the chassis status and powers the chassis up if it is off, or
+// resets it as configured if it is on. Reading first matters because most
+// BMCs ignore a power cycle of a chassis that is off, and still answer
+// that they did it. read reports whether the status was read (when it is
+// false nothing was done, and err says why); wasOn what it said. It
+// returns once the BMC accepted the command.
+func (c *Client) Recover(ctx context.Context, t Target) (read, wasOn bool, err error) {
+	control := chassis.ChassisControlPowerCycle
+	switch t.ResetType {
+	case "", ResetPowerCycle:
+	case ResetHard:
+		control = chassis.ChassisControlHardReset
+	default:
+		return false, false, fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	}
+	err = c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
+		st, err := cl.GetChassisStatus(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the chassis status: %w", err)
+		}
+		read, wasOn = true, st.PowerIsOn
+		if !wasOn {
+			control = chassis.ChassisControlPowerUp
+		}
+		_, err = cl.ChassisControl(ctx, control)
+		return err
+	})
+	return read, wasOn, err
+}
+
 // PowerStatus reports whether the machine behind t is powered on, from
 // the BMC's chassis status.
 func (c *Client) PowerStatus(ctx context.Context, t Target) (on bool, err error) {

@@ -144,3 +144,36 @@ func TestPowerOnAChassisThatIsOff(t *testing.T) {
 		t.Errorf("the BMC's log shows no power on, or a power off:\n%s", log)
 	}
 }
+
+// Recover reads the chassis and acts in one session: a chassis that is off
+// is powered up (no "power 0" in the BMC's log), one that is on is power
+// cycled.
+func TestRecoverReadsThenActs(t *testing.T) {
+	t.Parallel()
+	sim := ipmisimtest.Start(t)
+	c := New(DefaultConfig())
+	target := simTarget(t, sim, "")
+	ctx := context.Background()
+	sim.SetPower(t, false)
+	if read, on, err := c.Recover(ctx, target); err != nil || !read || on {
+		t.Fatalf("Recover of a chassis that is off = read %v, on %v, %v; want read, off", read, on, err)
+	}
+	if log := sim.Log(t); !strings.Contains(log, "power 1") || strings.Contains(log, "power 0") {
+		t.Fatalf("the BMC's log shows no power on, or a power off:\n%s", log)
+	}
+	if read, on, err := c.Recover(ctx, target); err != nil || !read || !on {
+		t.Fatalf("Recover of a chassis that is on = read %v, on %v, %v; want read, on", read, on, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(sim.Log(t), "power 0") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the chassis that was on was not power cycled; the BMC's log:\n%s", sim.Log(t))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A wrong password: nothing read, nothing done.
+	bad := simTarget(t, sim, "not-the-password")
+	if read, _, err := c.Recover(ctx, bad); err == nil || read {
+		t.Errorf("Recover with a wrong password = read %v, %v; want an error and nothing read", read, err)
+	}
+}

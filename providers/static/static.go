@@ -412,6 +412,50 @@ func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.P
 	return providers.PowerState{}, fmt.Errorf("%s (power: ssh): %w", e.ID, providers.ErrPowerUnsupported)
 }
 
+var _ providers.PowerRecoverer = (*Provider)(nil)
+
+// RecoverPower implements providers.PowerRecoverer: through IPMI in one
+// session (chassis status, then power up or the configured reset); through
+// Redfish as PowerState, then PowerOn or Reboot (HTTP Basic has no login to
+// save). A machine rebooted over SSH has no BMC: its error wraps
+// providers.ErrPowerUnsupported. Every attempt that acted, or failed to
+// read the power, counts in shepherd_provider_resets_total.
+func (p *Provider) RecoverPower(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
+	e, err := p.lookup(m)
+	if err != nil {
+		return providers.PowerState{}, err
+	}
+	switch e.Power {
+	case PowerIPMI:
+		read, on, err := p.ipmi.Recover(ctx, *e.IPMI)
+		result := "success"
+		if err != nil {
+			result = "failure"
+		}
+		p.metrics.resets.WithLabelValues(e.Power, result).Inc()
+		switch {
+		case !read:
+			return providers.PowerState{}, err
+		case on:
+			return providers.PowerState{Power: providers.PowerOn, Cause: "ipmi chassis status"}, err
+		}
+		return providers.PowerState{Power: providers.PowerOff, Cause: "ipmi chassis status"}, err
+	case PowerRedfish:
+		st, err := p.PowerState(ctx, m)
+		if err != nil {
+			return st, err
+		}
+		switch st.Power {
+		case providers.PowerOff:
+			return st, p.PowerOn(ctx, m)
+		case providers.PowerOn:
+			return st, p.Reboot(ctx, m)
+		}
+		return st, nil
+	}
+	return providers.PowerState{}, fmt.Errorf("%s (power: ssh): %w", e.ID, providers.ErrPowerUnsupported)
+}
+
 // PowerOn implements providers.PowerOner through the machine's BMC (IPMI
 // chassis power up, Redfish Reset On). A machine without a BMC cannot be
 // powered on: its error wraps providers.ErrPowerUnsupported.
