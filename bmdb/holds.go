@@ -299,3 +299,16 @@ func (db *DB) BudgetUsed(ctx context.Context, machine uuid.UUID, process string,
 	}
 	return n, nil
 }
+
+// RecentEscalations returns the newest limit Escalated events of process,
+// newest first, for the status page.
+func (db *DB) RecentEscalations(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
+	if err := checkProcessName(process); err != nil {
+		return nil, err
+	}
+	h, err := queryRows(ctx, db.pool, scanHistory, qRecentEscalations, process, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the escalations of %s: %w", process, err)
+	}
+	return h, nil
+}

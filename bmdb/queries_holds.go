@@ -117,3 +117,10 @@ WHERE (@location::text IS NULL OR starts_with(mp.location, @location::text))
             AND strpos(lower(b.cause), lower(@cause::text)) > 0))
 ORDER BY mp.provider_id, m.machine_id
 LIMIT @limit`
+
+// qRecentEscalations lists the newest $2 Escalated events of process $1,
+// by work_history_process_event_idx.
+const qRecentEscalations = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role
+FROM work_history WHERE process = $1 AND event = 'Escalated'
+ORDER BY "timestamp" DESC, id DESC LIMIT $2`

@@ -190,6 +190,9 @@ type overview struct {
 	Processes []processView
 	// Names are the provider ids of the machines the page lists.
 	Names map[uuid.UUID]string
+	// Holds are the held machines and the last escalations (holds.go);
+	// nil when they could not be read.
+	Holds *holdsView
 	// OtherPauses are active pauses of processes this daemon does not run.
 	OtherPauses []bmdb.Pause
 	Sessions    []bmdb.SessionInfo
@@ -286,6 +289,8 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 			listed = append(listed, l.Machine)
 		}
 	}
+	ov.Holds = h.holds(ctx, fail)
+	listed = append(listed, ov.Holds.machines()...)
 	names, err := h.db.ProviderIDs(ctx, listed)
 	if err != nil {
 		fail(err)

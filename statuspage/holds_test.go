@@ -1,0 +1,65 @@
+package statuspage
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+)
+
+// The overview lists held machines with reason, actor and time, and the
+// escalations of a per-machine budget with their count and causes; text
+// from operators is shown as text.
+func TestHoldsAndEscalationsShown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFleet(t)
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	defer srv.Close()
+	if _, err := f.db.Hold(ctx, f.twins[:1], "", `DIMM swap <b>ticket</b> 4711`, 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Hold(ctx, f.twins[1:], agentstart.Process.Name, "quick look", time.Hour, bmdb.Actor{Name: "tech-ben"}); err != nil {
+		t.Fatal(err)
+	}
+	// The failed machine's backoff ends at once; a budget of one lease an
+	// hour, which it used, escalates it at the next claim.
+	if _, err := f.db.Retry(ctx, f.failed, agentstart.Process.Name, "try again"); err != nil {
+		t.Fatal(err)
+	}
+	var escalated []bmdb.Escalation
+	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}, Escalated: func(e bmdb.Escalation) { escalated = append(escalated, e) }}
+	for range 10 {
+		leases, err := f.session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits)
+		if err != nil {
+			break
+		}
+		for _, l := range leases {
+			if err := l.Cancel(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(escalated) > 0 {
+			break
+		}
+	}
+	if len(escalated) == 0 {
+		t.Fatal("no machine escalated")
+	}
+	_, _, body := get(t, srv, "/status")
+	for _, want := range []string{
+		`<section id="holds">`, "Held machines", "tech-anna", "DIMM swap &lt;b&gt;ticket&lt;/b&gt; 4711", "tech-ben", "quick look",
+		"<td class=\"mono\">all</td>", "Escalations", "budget exhausted: 1 leases within 1h0m0s", "shepherd release",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "<b>ticket</b>") {
+		t.Error("/status shows an operator's reason as markup")
+	}
+}
