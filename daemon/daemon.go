@@ -203,7 +203,11 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
 		// with 503; the agents send the next one at their next interval.
-		agents.serve(db, heartbeat.Options{Metrics: heartbeatMetrics, SourceRate: rate.Limit(cfg.heartbeatRefusalRate), SourceBurst: cfg.heartbeatRefusalBurst})
+		agents.serve(db, heartbeat.Options{
+			Metrics:    heartbeatMetrics,
+			SourceRate: rate.Limit(cfg.heartbeatRefusalRate), SourceBurst: cfg.heartbeatRefusalBurst,
+			MaxConns: cfg.agentMaxConns, MaxConnsPerSource: cfg.agentMaxConnsPerSource, IdleTimeout: cfg.agentIdleTimeout,
+		})
 		checks = append(checks, agents.check)
 	}
 

@@ -60,6 +60,13 @@ type daemonConfig struct {
 	// demoDefaults lists the flags demo mode changed, for its log.
 	demoDefaults []string
 
+	// agentMaxConns, agentMaxConnsPerSource and agentIdleTimeout bound the
+	// heartbeat endpoint's connections (heartbeat.Options.MaxConns,
+	// MaxConnsPerSource, IdleTimeout).
+	agentMaxConns          int
+	agentMaxConnsPerSource int
+	agentIdleTimeout       time.Duration
+
 	// agentListen is the address of the agents' heartbeat endpoint ("":
 	// none), served over TLS when agentTLSCert and agentTLSKey are given.
 	agentListen  string
@@ -131,6 +138,9 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
 	fs.Float64Var(&c.heartbeatRefusalRate, "agent_refusals_per_second", 20, "agent key lookups that find no valid key (heartbeats of unknown machines, forgeries) a source address may cause per second; beyond them its requests that need a lookup are answered 429. Heartbeats of machines whose key is cached are never limited, however many agents share an address and whatever else it sends")
 	fs.IntVar(&c.heartbeatRefusalBurst, "agent_refusals_burst", 40, "burst of -agent_refusals_per_second")
+	fs.IntVar(&c.agentMaxConns, "agent_max_conns", heartbeat.DefaultMaxConns, "connections the heartbeat endpoint keeps open, each costing a file descriptor and tens of KiB of memory (so this bounds the endpoint's memory); at the cap, a new connection closes the least recently used one that carries no request, or is closed at once. Keep it below the open files limit (ulimit -n)")
+	fs.IntVar(&c.agentMaxConnsPerSource, "agent_max_conns_per_source", heartbeat.DefaultMaxConnsPerSource, "connections one source address (IPv6: one /64) may keep open to the heartbeat endpoint; at the cap, a new one from that address closes the address's least recently used connection that carries no request, or is closed at once. More agents than this behind one NAT still report, each heartbeat on a new connection")
+	fs.DurationVar(&c.agentIdleTimeout, "agent_idle_timeout", heartbeat.DefaultIdleTimeout, "how long the heartbeat endpoint keeps a keep-alive connection that carries no request; longer than -agent_heartbeat_interval, so that agents reuse theirs")
 
 	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
 	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
@@ -197,6 +207,15 @@ func (c *daemonConfig) check() error {
 	}
 	if c.heartbeatRefusalBurst < 1 || c.heartbeatRefusalBurst > 1e6 {
 		return usagef("-agent_refusals_burst %d: must be between 1 and 1000000", c.heartbeatRefusalBurst)
+	}
+	if c.agentMaxConns < 1 || c.agentMaxConns > 1e6 {
+		return usagef("-agent_max_conns %d: must be between 1 and 1000000", c.agentMaxConns)
+	}
+	if c.agentMaxConnsPerSource < 1 || c.agentMaxConnsPerSource > c.agentMaxConns {
+		return usagef("-agent_max_conns_per_source %d: must be between 1 and -agent_max_conns (%d)", c.agentMaxConnsPerSource, c.agentMaxConns)
+	}
+	if c.agentIdleTimeout < time.Second || c.agentIdleTimeout > time.Hour {
+		return usagef("-agent_idle_timeout %s: must be between 1s and 1h", c.agentIdleTimeout)
 	}
 	if c.statusTokenFile != "" {
 		token, err := readSecretFile(c.statusTokenFile)

@@ -1,77 +1,207 @@
 package heartbeat
 
 import (
+	"container/list"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 )
 
-// sourceConnLimiter is a listener that keeps at most max connections of
-// each source address (as RemoteIPKey names it) open: a connection beyond
-// that is closed as soon as it is accepted, before any TLS handshake or
-// request is read, so that one address cannot hold the endpoint's memory
-// and file descriptors with idle connections. The total is bounded
-// elsewhere (netutil.LimitListener around it).
-type sourceConnLimiter struct {
+// connLimiter is a listener that keeps at most maxTotal connections open,
+// and at most maxPerSource of one source address (as RemoteIPKey names it),
+// so that nobody can hold the endpoint's memory and file descriptors with
+// idle connections.
+//
+// At a limit, a new connection does not simply wait or get closed: the
+// least recently used connection that carries no request (an idle
+// keep-alive, or one that has not sent a complete request header yet, its
+// TLS handshake included) is closed to admit it, of the same source if the
+// source is at its limit. HTTP lets a server close such a connection at
+// any time, and an agent whose connection was closed opens another at its
+// next heartbeat. So the agents behind a NAT with more of them than
+// MaxConnsPerSource still report (each heartbeat on a new connection),
+// and a neighbour behind the same address that opens connections and
+// sends nothing only closes its own oldest ones, or an agent's between
+// two heartbeats, never a request in progress. Only when every connection
+// of the source (or of the endpoint) carries a request is a new one closed
+// at once; requests are bounded by the server's read and write timeouts.
+type connLimiter struct {
 	net.Listener
-	max     int
-	metrics *Metrics
-	errLog  *rateLimitedLog
+	maxTotal, maxPerSource int
+	metrics                *Metrics
+	errLog                 *rateLimitedLog
 
-	mu    sync.Mutex
-	conns map[string]int // open connections by source; sources with none are deleted
+	mu      sync.Mutex
+	total   int
+	sources map[string]*sourceConns // sources with no connection are deleted
+	// evictable holds the connections that carry no request, least
+	// recently used first.
+	evictable list.List // of *limitedConn
 }
 
-func newSourceConnLimiter(ln net.Listener, max int, metrics *Metrics, errLog *rateLimitedLog) *sourceConnLimiter {
-	return &sourceConnLimiter{Listener: ln, max: max, metrics: metrics, errLog: errLog, conns: make(map[string]int)}
+// sourceConns is one source's open connections and the evictable ones
+// among them, least recently used first.
+type sourceConns struct {
+	open      int
+	evictable list.List // of *limitedConn
 }
 
-// Accept returns the next connection whose source is under its limit,
-// closing the others.
-func (l *sourceConnLimiter) Accept() (net.Conn, error) {
+func newConnLimiter(ln net.Listener, maxTotal, maxPerSource int, metrics *Metrics, errLog *rateLimitedLog) *connLimiter {
+	return &connLimiter{Listener: ln, maxTotal: maxTotal, maxPerSource: maxPerSource, metrics: metrics, errLog: errLog, sources: make(map[string]*sourceConns)}
+}
+
+// Accept returns the next connection there is room for, closing an
+// evictable one to make room if needed, and closes the others.
+func (l *connLimiter) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		source := addrKey(c.RemoteAddr().String())
-		l.mu.Lock()
-		n := l.conns[source]
-		if n < l.max {
-			l.conns[source] = n + 1
+		lc, victim, sourceFull := l.admit(c)
+		if victim != nil {
+			victim.Conn.Close()
+			l.metrics.connEvicted()
 		}
-		l.mu.Unlock()
-		if n < l.max {
-			return &sourceConn{Conn: c, l: l, source: source}, nil
+		if lc != nil {
+			return lc, nil
 		}
 		c.Close()
 		l.metrics.connRefused()
-		l.errLog.log("Heartbeat connection refused", fmt.Errorf("source %s already has %d connections open (Options.MaxConnsPerSource)", source, l.max))
+		what := fmt.Sprintf("the endpoint has %d connections open (Options.MaxConns)", l.maxTotal)
+		if sourceFull {
+			what = fmt.Sprintf("source %s has %d connections open (Options.MaxConnsPerSource)", addrKey(c.RemoteAddr().String()), l.maxPerSource)
+		}
+		l.errLog.log("Heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
 	}
 }
 
-// release notes that one of source's connections closed.
-func (l *sourceConnLimiter) release(source string) {
+// admit decides on c: the connection to serve (nil: refuse c, and
+// sourceFull says which limit refused it), and an evictable one to close
+// to make room for it, already forgotten.
+func (l *connLimiter) admit(c net.Conn) (admitted, victim *limitedConn, sourceFull bool) {
+	source := addrKey(c.RemoteAddr().String())
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conns[source] <= 1 {
-		delete(l.conns, source)
-	} else {
-		l.conns[source]--
+	s := l.sources[source]
+	if s == nil {
+		s = &sourceConns{}
+		l.sources[source] = s
+	}
+	sourceFull = s.open >= l.maxPerSource
+	switch {
+	case sourceFull:
+		victim = front(&s.evictable)
+	case l.total >= l.maxTotal:
+		victim = front(&l.evictable)
+	}
+	if victim != nil {
+		l.forget(victim)
+	} else if sourceFull || l.total >= l.maxTotal {
+		if s.open == 0 {
+			delete(l.sources, source)
+		}
+		return nil, nil, sourceFull
+	}
+	// Forgetting the victim may have deleted this source's entry (its
+	// last connection).
+	l.sources[source] = s
+	lc := &limitedConn{Conn: c, l: l, source: source}
+	s.open++
+	l.total++
+	l.markEvictable(lc, s)
+	return lc, victim, false
+}
+
+func front(ls *list.List) *limitedConn {
+	if e := ls.Front(); e != nil {
+		return e.Value.(*limitedConn)
+	}
+	return nil
+}
+
+// markEvictable puts c at the back of the evictable lists (most recently
+// used); the caller holds l.mu.
+func (l *connLimiter) markEvictable(c *limitedConn, s *sourceConns) {
+	l.unmarkEvictable(c, s)
+	c.all = l.evictable.PushBack(c)
+	c.ofSource = s.evictable.PushBack(c)
+}
+
+// unmarkEvictable takes c off the evictable lists; the caller holds l.mu.
+func (l *connLimiter) unmarkEvictable(c *limitedConn, s *sourceConns) {
+	if c.all != nil {
+		l.evictable.Remove(c.all)
+		s.evictable.Remove(c.ofSource)
+		c.all, c.ofSource = nil, nil
 	}
 }
 
-// sourceConn is a connection counted by its sourceConnLimiter until it is
-// closed (once, however often Close is called).
-type sourceConn struct {
-	net.Conn
-	l      *sourceConnLimiter
-	source string
-	once   sync.Once
+// forget drops c from the counts, once; the caller holds l.mu.
+func (l *connLimiter) forget(c *limitedConn) {
+	if c.released {
+		return
+	}
+	c.released = true
+	s := l.sources[c.source]
+	l.unmarkEvictable(c, s)
+	l.total--
+	if s.open--; s.open == 0 {
+		delete(l.sources, c.source)
+	}
 }
 
-func (c *sourceConn) Close() error {
+// trackConnState is the server's ConnState hook: a connection carrying a
+// request may not be evicted, one that went idle may again.
+func (l *connLimiter) trackConnState(c net.Conn, state http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, ok := c.(*limitedConn)
+	if !ok || (state != http.StateActive && state != http.StateIdle) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lc.released {
+		return
+	}
+	s := l.sources[lc.source]
+	if state == http.StateIdle {
+		l.markEvictable(lc, s)
+	} else {
+		l.unmarkEvictable(lc, s)
+	}
+}
+
+// evictableOf is how many of source's connections carry no request.
+func (l *connLimiter) evictableOf(source string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.sources[source]; s != nil {
+		return s.evictable.Len()
+	}
+	return 0
+}
+
+// limitedConn is a connection counted by its connLimiter until it is
+// closed (once, however often Close is called) or evicted.
+type limitedConn struct {
+	net.Conn
+	l      *connLimiter
+	source string
+	// Guarded by l.mu: the connection's elements in the evictable lists
+	// (nil when it carries a request), and whether it was forgotten.
+	all, ofSource *list.Element
+	released      bool
+}
+
+func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.release(c.source) })
+	c.l.mu.Lock()
+	c.l.forget(c)
+	c.l.mu.Unlock()
 	return err
 }

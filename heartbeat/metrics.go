@@ -43,9 +43,10 @@ var Results = []string{
 type Metrics struct {
 	heartbeats *prometheus.CounterVec
 	byResult   map[string]prometheus.Counter // the series of Results, resolved once
-	// connsRefused counts connections closed at once because their source
-	// had Options.MaxConnsPerSource open.
-	connsRefused prometheus.Counter
+	// connsRefused counts connections closed at once at a connection
+	// cap, connsEvicted connections that carried no request closed to
+	// make room for a new one (see Options.MaxConns).
+	connsRefused, connsEvicted prometheus.Counter
 }
 
 // NewMetrics creates the heartbeat metrics and registers them with reg.
@@ -64,15 +65,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.connsRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "shepherd_heartbeat_connections_refused_total",
-		Help: "Connections to the heartbeat endpoint closed at once because their source address already had the most it may open (heartbeat.Options.MaxConnsPerSource, default 4096).",
+		Help: "Connections to the heartbeat endpoint closed at once because the endpoint, or their source address, had the most connections it may open, each carrying a request (heartbeat.Options.MaxConns, MaxConnsPerSource).",
 	})
-	reg.MustRegister(m.heartbeats, m.connsRefused)
+	m.connsEvicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "shepherd_heartbeat_connections_evicted_total",
+		Help: "Connections to the heartbeat endpoint that carried no request (idle, or handshake or first request not complete), closed to admit a new one at the endpoint's or the source's connection cap.",
+	})
+	reg.MustRegister(m.heartbeats, m.connsRefused, m.connsEvicted)
 	return m
 }
 
 func (m *Metrics) connRefused() {
 	if m != nil {
 		m.connsRefused.Inc()
+	}
+}
+
+func (m *Metrics) connEvicted() {
+	if m != nil {
+		m.connsEvicted.Inc()
 	}
 }
 

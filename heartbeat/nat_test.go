@@ -31,7 +31,10 @@ import (
 // cached key get their own refusal.
 func TestManyAgentsBehindOneAddress(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, Options{})
+	// No re-read of a key after a failed signature becomes due during the
+	// test, however slowly it runs: a re-read is a lookup, which the spent
+	// address could not pay for.
+	e := newEnv(t, Options{KeyRefetchInterval: time.Hour})
 	agents := e.addAgents(1000)
 	client := clientFrom("127.0.0.3")
 	for round := range 2 {
@@ -403,96 +406,126 @@ func serve(t *testing.T, srv *Server) string {
 	return ln.Addr().String()
 }
 
-// TestConnectionLimits checks Serve's bounds on connections: one address
-// gets MaxConnsPerSource open connections and its next ones are closed at
-// once (counted), while another address is still served; beyond MaxConns
-// in total, a connection waits until another closes; a keep-alive
-// connection left idle is closed after IdleTimeout.
+// TestConnectionLimits checks Serve's bounds on connections: at
+// MaxConnsPerSource, a new connection of the address closes the address's
+// least recently used idle one (counted as evicted), and is closed at once
+// (counted as refused) only when every connection of the address carries a
+// request, while another address is still served; the same at MaxConns in
+// total; a keep-alive connection left idle is closed after IdleTimeout.
 func TestConnectionLimits(t *testing.T) {
 	e := newEnv(t, Options{})
 	a := e.addMachine(true)
 	const wait = 10 * time.Second // only ever waited for in full on failure
+	served := func(t *testing.T, c *rawConn) {
+		t.Helper()
+		if status, err := c.heartbeat(a.heartbeat(t, time.Now()), wait); status != http.StatusNoContent {
+			t.Fatalf("%d, %v", status, err)
+		}
+	}
+	counted := func(t *testing.T, c prometheus.Counter, before, want float64, what string) {
+		t.Helper()
+		if got := counterValue(t, c) - before; got != want {
+			t.Errorf("%g connections counted as %s, want %g", got, what, want)
+		}
+	}
 
-	t.Run("per source", func(t *testing.T) {
-		srv := New(e.db, Options{Metrics: e.metrics, MaxConnsPerSource: 3, MaxConns: 100})
-		addr := serve(t, srv)
-		refusedBefore := counterValue(t, e.metrics.connsRefused)
-		var held []*rawConn
-		for i := range 3 {
-			c := dialFrom(t, "127.0.0.7", addr)
-			if status, err := c.heartbeat(a.heartbeat(t, time.Now()), wait); status != http.StatusNoContent {
-				t.Fatalf("connection %d of 3: %d, %v", i, status, err)
+	for _, tc := range []struct {
+		name string
+		opts Options
+		// from names the source of each connection: the first three fill
+		// the limit, the fourth goes beyond it.
+		from [4]string
+	}{
+		{"per source", Options{MaxConnsPerSource: 3, MaxConns: 100}, [4]string{"127.0.0.7", "127.0.0.7", "127.0.0.7", "127.0.0.7"}},
+		{"total", Options{MaxConns: 3}, [4]string{"127.0.0.9", "127.0.0.10", "127.0.0.11", "127.0.0.12"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opts.Metrics = e.metrics
+			srv := New(e.db, tc.opts)
+			addr := serve(t, srv)
+			// idleNow waits until the server has seen the connections
+			// it answered go idle: the client reads a response before
+			// the server marks its connection so.
+			idleNow := func(want map[string]int) {
+				t.Helper()
+				deadline := time.Now().Add(wait)
+				for {
+					ok := true
+					for source, n := range want {
+						ok = ok && srv.conns.Load().evictableOf(source) == n
+					}
+					if ok {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the server did not see %v connections go idle", want)
+					}
+					time.Sleep(time.Millisecond)
+				}
 			}
-			held = append(held, c)
-		}
-		// The three stay open, idle: a fourth from the address is closed
-		// without an answer, however often it is tried.
-		for i := range 5 {
-			c := dialFrom(t, "127.0.0.7", addr)
-			if status, err := c.heartbeat(a.heartbeat(t, time.Now()), wait); err == nil {
-				t.Fatalf("extra connection %d answered %d", i, status)
-			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				t.Fatalf("extra connection %d neither answered nor closed: %v", i, err)
+			sources := func(conns int) map[string]int {
+				m := map[string]int{}
+				for _, ip := range tc.from[:conns] {
+					m[ip]++
+				}
+				return m
 			}
-		}
-		if got := counterValue(t, e.metrics.connsRefused) - refusedBefore; got != 5 {
-			t.Errorf("%g connections counted as refused, want 5", got)
-		}
-		// Another address is served.
-		if status, err := dialFrom(t, "127.0.0.8", addr).heartbeat(a.heartbeat(t, time.Now()), wait); status != http.StatusNoContent {
-			t.Errorf("another address: %d, %v", status, err)
-		}
-		// The held ones still work; once one closes, the address may
-		// open another (as soon as the server has seen the close).
-		if status, err := held[1].heartbeat(a.heartbeat(t, time.Now()), wait); status != http.StatusNoContent {
-			t.Errorf("held connection: %d, %v", status, err)
-		}
-		held[0].Close()
-		deadline := time.Now().Add(wait)
-		for {
-			status, err := dialFrom(t, "127.0.0.7", addr).heartbeat(a.heartbeat(t, time.Now()), wait)
-			if status == http.StatusNoContent {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no new connection served after one of three closed: %d, %v", status, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+			evicted, refused := counterValue(t, e.metrics.connsEvicted), counterValue(t, e.metrics.connsRefused)
 
-	t.Run("total", func(t *testing.T) {
-		srv := New(e.db, Options{Metrics: e.metrics, MaxConns: 2})
-		addr := serve(t, srv)
-		first, second := dialFrom(t, "127.0.0.9", addr), dialFrom(t, "127.0.0.10", addr)
-		for _, c := range []*rawConn{first, second} {
-			if status, err := c.heartbeat(a.heartbeat(t, time.Now()), wait); status != http.StatusNoContent {
-				t.Fatalf("%d, %v", status, err)
+			// Three idle keep-alive connections fill the limit: a fourth
+			// is served, and the least recently used idle one closed.
+			var idle []*rawConn
+			for i := range 3 {
+				c := dialFrom(t, tc.from[i], addr)
+				served(t, c)
+				idle = append(idle, c)
 			}
-		}
-		// The third waits, unanswered (a shorter wait only makes the
-		// check weaker, never wrong)...
-		third := dialFrom(t, "127.0.0.11", addr)
-		body := a.heartbeat(t, time.Now())
-		if _, err := fmt.Fprintf(third, "POST %s HTTP/1.1\r\nHost: shepherd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", Path, len(body), body); err != nil {
-			t.Fatal(err)
-		}
-		third.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		if _, err := third.r.Peek(1); err == nil {
-			t.Fatal("a third connection was answered beyond MaxConns 2")
-		}
-		// ...until one of the two closes.
-		first.Close()
-		third.SetReadDeadline(time.Now().Add(wait))
-		resp, err := http.ReadResponse(third.r, nil)
-		if err != nil {
-			t.Fatalf("third connection after one closed: %v", err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusNoContent {
-			t.Errorf("third connection: %d", resp.StatusCode)
-		}
-	})
+			served(t, idle[0]) // now the second is the least recently used
+			idleNow(sources(3))
+			served(t, dialFrom(t, tc.from[3], addr))
+			if !idle[1].closedByServer(wait) {
+				t.Fatal("the least recently used idle connection was not closed to admit a new one")
+			}
+			counted(t, e.metrics.connsEvicted, evicted, 1, "evicted")
+			served(t, idle[0])
+			idle3 := sources(3)
+			if tc.name == "total" {
+				idle3 = map[string]int{tc.from[0]: 1, tc.from[2]: 1, tc.from[3]: 1}
+			}
+			idleNow(idle3)
+
+			// Three connections each carrying a request (whose body the
+			// handler waits for: it has asked for it with 100 Continue)
+			// close the three idle ones and fill the limit: a fourth is
+			// closed at once, however often it is tried, and nothing more
+			// is evicted.
+			for i := range 3 {
+				c := dialFrom(t, tc.from[i], addr)
+				c.SetDeadline(time.Now().Add(wait))
+				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: shepherd\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n", Path)
+				resp, err := http.ReadResponse(c.r, nil)
+				if err != nil || resp.StatusCode != http.StatusContinue {
+					t.Fatalf("request %d: %v, %v", i, resp, err)
+				}
+			}
+			counted(t, e.metrics.connsEvicted, evicted, 4, "evicted")
+			evicted = counterValue(t, e.metrics.connsEvicted)
+			for i := range 5 {
+				c := dialFrom(t, tc.from[3], addr)
+				if status, err := c.heartbeat(a.heartbeat(t, time.Now()), wait); err == nil {
+					t.Fatalf("extra connection %d answered %d", i, status)
+				} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					t.Fatalf("extra connection %d neither answered nor closed: %v", i, err)
+				}
+			}
+			counted(t, e.metrics.connsRefused, refused, 5, "refused")
+			counted(t, e.metrics.connsEvicted, evicted, 0, "evicted")
+			if tc.name == "per source" {
+				// Another address is served.
+				served(t, dialFrom(t, "127.0.0.8", addr))
+			}
+		})
+	}
 
 	t.Run("idle", func(t *testing.T) {
 		srv := New(e.db, Options{Metrics: e.metrics, IdleTimeout: 100 * time.Millisecond})
@@ -510,7 +543,7 @@ func TestConnectionLimits(t *testing.T) {
 
 	t.Run("defaults", func(t *testing.T) {
 		o := Options{}.withDefaults()
-		if o.MaxConns != 10000 || o.MaxConnsPerSource != 4096 || o.IdleTimeout != 15*time.Second {
+		if o.MaxConns != 2048 || o.MaxConnsPerSource != 1024 || o.IdleTimeout != 15*time.Second {
 			t.Errorf("defaults: MaxConns %d, MaxConnsPerSource %d, IdleTimeout %s", o.MaxConns, o.MaxConnsPerSource, o.IdleTimeout)
 		}
 	})

@@ -5,11 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
+	"strings"
 	"time"
-
-	"golang.org/x/net/netutil"
 )
 
 // ListenAndServe listens on addr and serves Handler until ctx is done, then
@@ -33,7 +33,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		ln.Close()
 		return errors.New("heartbeat endpoint: give both a certificate and a key file, or neither")
 	}
-	ln = netutil.LimitListener(newSourceConnLimiter(ln, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog), s.opts.MaxConns)
+	limited := newConnLimiter(ln, s.opts.MaxConns, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog)
+	s.conns.Store(limited)
 	srv := &http.Server{
 		Handler: s.Handler(),
 		// Tight limits: legitimate requests are tiny and agents are close,
@@ -45,7 +46,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		MaxHeaderBytes:    8 << 10,
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12},
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnState:         limited.trackConnState,
+		// HTTP/1.1 only: the limiter learns from ConnState which
+		// connections carry a request, which HTTP/2 connections do not
+		// report, and agents send one small request at a time.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		// Every failed TLS handshake and broken connection would be a
+		// line: anyone who reaches the port could fill the log.
+		ErrorLog: log.New(&logWriter{msg: "Heartbeat connection failed"}, "", 0),
 	}
+	ln = limited
 	errc := make(chan error, 1)
 	go func() {
 		if certFile != "" {
@@ -68,4 +78,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		return fmt.Errorf("heartbeat endpoint: %w", err)
 	}
 	return nil
+}
+
+// logWriter is an http.Server's ErrorLog: a line a connection, at most one
+// every 10 seconds (rateLimitedLog).
+type logWriter struct {
+	msg string
+	log rateLimitedLog
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.log.log(w.msg, errors.New(strings.TrimSpace(string(p))))
+	return len(p), nil
 }

@@ -49,6 +49,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -63,6 +64,17 @@ import (
 // builds the agents' heartbeat_url from the endpoint's external address and
 // this path.
 const Path = "/agent/v1/heartbeat"
+
+// Defaults of Options' connection limits, exported for the flags that set
+// them. DefaultMaxConns keeps what a flood of idle TLS connections holds
+// well under the daemon's memory budget (256 MiB under any hostile peer);
+// DefaultMaxConnsPerSource leaves half of them to other addresses, and
+// still exceeds the agents that one NAT address commonly carries.
+const (
+	DefaultMaxConns          = 2048
+	DefaultMaxConnsPerSource = 1024
+	DefaultIdleTimeout       = 15 * time.Second
+)
 
 // Options tunes a Server. The zero value gives the documented defaults.
 type Options struct {
@@ -139,26 +151,42 @@ type Options struct {
 
 	// MaxConns, MaxConnsPerSource and IdleTimeout bound the connections
 	// of Serve and ListenAndServe (Handler leaves that to its server).
-	// Every connection costs a file descriptor and tens of KiB of memory
-	// (more with TLS) while it is open, idle or not.
+	// Every connection costs a file descriptor and memory while it is
+	// open, idle or not: a goroutine's stack, the server's buffers and,
+	// with TLS, the connection's state, tens of KiB in all (the README's
+	// table of bad input has the figure measured through the binary). The
+	// endpoint's memory is bounded by MaxConns times that, and what one
+	// source can make it hold by MaxConnsPerSource times that.
 	//
-	// MaxConns bounds the open connections (default 10000): beyond it,
-	// new ones wait in the kernel's accept queue until one closes. Keep it
-	// below the process's file descriptor limit, with room for the rest
-	// of the daemon.
+	// At either cap, the least recently used connection that carries no
+	// request (an idle keep-alive, or one whose TLS handshake or first
+	// request header is not complete) is closed to admit a new one, of
+	// the same source when that source is at its cap; only when every
+	// connection carries a request is the new one closed at once, and
+	// counted in shepherd_heartbeat_connections_refused_total (those
+	// closed to make room in ..._evicted_total). So the
+	// agents behind an address keep reporting however many they are,
+	// each heartbeat on a new connection beyond the cap, and a neighbour
+	// behind it that opens connections and sends nothing holds none for
+	// long.
+	//
+	// MaxConns bounds the open connections (default DefaultMaxConns).
+	// Keep it below the process's file descriptor limit, with room for
+	// the rest of the daemon.
 	MaxConns int
 	// MaxConnsPerSource bounds the open connections of one source
-	// address, as RemoteIPKey names it (default 4096): beyond it, new
-	// ones are closed at once and counted in
-	// shepherd_heartbeat_connections_refused_total. An agent holds one
-	// (keep-alive) connection, so this must exceed the agents behind the
-	// largest NAT or load balancer that sends to this endpoint.
+	// address, as RemoteIPKey names it (default
+	// DefaultMaxConnsPerSource). An agent holds one (keep-alive)
+	// connection; agents beyond this many behind one NAT or load
+	// balancer cost a TLS handshake per heartbeat.
 	MaxConnsPerSource int
 	// IdleTimeout closes a keep-alive connection that carried no request
-	// for this long (default 15 s: three of the agents' default 5 s
-	// interval, so that an agent keeps its connection through a missed
-	// beat and never races the close at its next one, while idle
-	// connections nobody uses go within seconds).
+	// for this long (default DefaultIdleTimeout: three of the agents'
+	// default 5 s interval, so that an agent keeps its connection through
+	// a missed beat and never races the close at its next one, while idle
+	// connections nobody uses go within seconds). A connection that has
+	// not completed its TLS handshake, or its first request header,
+	// within 5 s is closed too.
 	IdleTimeout time.Duration
 }
 
@@ -205,13 +233,16 @@ func (o Options) withDefaults() Options {
 		o.DBTimeout = 5 * time.Second
 	}
 	if o.MaxConns <= 0 {
-		o.MaxConns = 10000
+		o.MaxConns = DefaultMaxConns
 	}
 	if o.MaxConnsPerSource <= 0 {
-		o.MaxConnsPerSource = 4096
+		o.MaxConnsPerSource = DefaultMaxConnsPerSource
+	}
+	if o.MaxConnsPerSource > o.MaxConns {
+		o.MaxConnsPerSource = o.MaxConns
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = 15 * time.Second
+		o.IdleTimeout = DefaultIdleTimeout
 	}
 	return o
 }
@@ -226,7 +257,9 @@ type Server struct {
 	recorder *recorder
 	verifier *verifier
 	errLog   rateLimitedLog
-	connLog  rateLimitedLog // connections refused by MaxConnsPerSource
+	connLog  rateLimitedLog // connections refused by MaxConns, MaxConnsPerSource
+	// conns is the connection limiter of the last Serve, for tests.
+	conns atomic.Pointer[connLimiter]
 
 	// epoch is when the server was made: machineState's times are
 	// durations since then, on the monotonic clock.

@@ -138,10 +138,11 @@ func TestMetricsStartAtZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Gather sorts the families by name.
-	if len(families) != 2 || families[0].GetName() != "shepherd_heartbeat_connections_refused_total" || families[1].GetName() != "shepherd_heartbeats_total" {
+	if len(families) != 3 || families[0].GetName() != "shepherd_heartbeat_connections_evicted_total" ||
+		families[1].GetName() != "shepherd_heartbeat_connections_refused_total" || families[2].GetName() != "shepherd_heartbeats_total" {
 		t.Fatalf("registered %v", families)
 	}
-	if n := len(families[1].GetMetric()); n != len(Results) {
+	if n := len(families[2].GetMetric()); n != len(Results) {
 		t.Fatalf("%d series, want one per result (%d)", n, len(Results))
 	}
 	for _, f := range families {
