@@ -262,3 +262,40 @@ func (w *Lease) cancelByOperator(ctx context.Context, c *CanceledByOperator) err
 		return err
 	})
 }
+
+// PendingRequest is an operator's run-now or cancel request not yet
+// honoured.
+type PendingRequest struct {
+	// Kind is "run-now" or "cancel".
+	Kind        string
+	Machine     uuid.UUID
+	Process     string
+	Reason      string
+	Actor       Actor
+	RequestedAt time.Time
+}
+
+// PendingRequests lists up to limit pending run-now and cancel requests,
+// oldest first: one that stays pending is blocked (ExplainMachine says
+// by what) or its process runs on no replica.
+func (db *DB) PendingRequests(ctx context.Context, limit int) ([]PendingRequest, error) {
+	rs, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (PendingRequest, error) {
+		var r PendingRequest
+		err := row.Scan(&r.Kind, &r.Machine, &r.Process, &r.Reason, &r.Actor.Name, &r.Actor.Role, &r.RequestedAt)
+		return r, err
+	}, qPendingRequests, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing pending operator requests: %w", err)
+	}
+	return rs, nil
+}
+
+// RecentForced lists process's newest Forced events (run-now requests a
+// claim honoured), newest first.
+func (db *DB) RecentForced(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
+	h, err := queryRows(ctx, db.pool, scanHistory, qRecentForced, process, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the recent forced runs of %s: %w", process, err)
+	}
+	return h, nil
+}

@@ -101,6 +101,24 @@ SELECT l.machine_id, $2, 'Canceled', $3,
 FROM lease l LEFT JOIN req r ON true
 RETURNING id`
 
+	// qPendingRequests lists up to $1 pending run-now and cancel requests,
+	// oldest first: the status page's overview. Both tables hold a row
+	// per pending operator request.
+	qPendingRequests = `
+SELECT kind, machine_id, process, reason, COALESCE(actor, ''), COALESCE(actor_role, ''), requested_at FROM (
+    SELECT 'run-now' AS kind, machine_id, process, reason, actor, actor_role, requested_at FROM work_forced
+    UNION ALL
+    SELECT 'cancel', machine_id, process, reason, actor, actor_role, requested_at FROM work_cancel
+) r
+ORDER BY requested_at LIMIT $1`
+
+	// qRecentForced lists a process's newest Forced events, newest first,
+	// by work_history_process_event_idx.
+	qRecentForced = `
+SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role FROM work_history
+WHERE process = $1 AND event = 'Forced'
+ORDER BY "timestamp" DESC, id DESC LIMIT $2`
+
 	// qExplainMachine reads what every process's explanation of machine
 	// $1 shares: whether it exists, its agent's start and last heartbeat,
 	// and the database's clock.

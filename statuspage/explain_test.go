@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -40,5 +41,42 @@ func TestMachinePageExplains(t *testing.T) {
 	code, _, body = get(t, srv, MachinePath(f.failed))
 	if code != http.StatusOK || !strings.Contains(body, "condition recovery does not hold (no agent started)") {
 		t.Errorf("the failed machine's page: %d, want Recovery's condition and its facts among the reasons", code)
+	}
+}
+
+// The overview lists pending run-now requests and the forced runs claims
+// honoured, with reason, actor and time.
+func TestOverviewShowsOperatorRequests(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	ctx := context.Background()
+	alice := bmdb.Actor{Name: "alice"}
+	if _, err := f.db.RequestRun(ctx, f.leased, recovery.Process.Name, "waits for the lease", alice); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.RequestRun(ctx, f.finished, recovery.Process.Name, "INC-7: wedged <workload>", alice); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
+		t.Fatal(err)
+	}
+	w, err := f.session.Claim(ctx, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
+	if err != nil || w.Machine != f.finished {
+		t.Fatalf("the forced claim: %v, %v; want %s", w, err, f.finished)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	defer srv.Close()
+	_, _, body := get(t, srv, "/status")
+	for _, want := range []string{
+		"Operator requests", "<td>run-now</td>", "waits for the lease", // pending
+		"Forced runs", "INC-7: wedged &lt;workload&gt;", "<td>alice <span class=\"muted\">(", // honoured, with the role
+		`href="/status/machine/` + f.finished.String() + `"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
 	}
 }

@@ -193,6 +193,9 @@ type overview struct {
 	// Holds are the held machines and the last escalations (holds.go);
 	// nil when they could not be read.
 	Holds *holdsView
+	// Requests are the operators' pending and honoured run-now and cancel
+	// requests; nil when they could not be read.
+	Requests *requestsView
 	// OtherPauses are active pauses of processes this daemon does not run.
 	OtherPauses []bmdb.Pause
 	Sessions    []bmdb.SessionInfo
@@ -280,7 +283,8 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		}
 		ov.Processes = append(ov.Processes, pv)
 	}
-	var listed []uuid.UUID
+	ov.Requests = h.requests(ctx, fail)
+	listed := ov.Requests.machines()
 	for _, pv := range ov.Processes {
 		for _, f := range pv.Failures {
 			listed = append(listed, f.Machine)
