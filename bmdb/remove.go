@@ -99,7 +99,30 @@ func (t *Tx) RemoveMachine(ctx context.Context, machine uuid.UUID, reason string
 	return nil
 }
 
+// RemovedMachines returns the machines a provider removed (RemoveMachine)
+// whose provider id was providerID, at any provider, the latest removal
+// first: so that an operator who knows a machine by its provider id finds
+// its history after it is gone. It reads the Removed events alone (by the
+// history's process and event index), never the whole history.
+func (db *DB) RemovedMachines(ctx context.Context, providerID string) ([]uuid.UUID, error) {
+	ids, err := queryRows(ctx, db.pool, pgx.RowTo[uuid.UUID], qRemovedByProviderID, providerID)
+	if err != nil {
+		return nil, fmt.Errorf("looking up removed machines with provider id %q: %w", providerID, err)
+	}
+	return ids, nil
+}
+
 const (
+	// qRemovedByProviderID finds Removed events by the "PROVIDER/ID: "
+	// that starts their cause, PROVIDER from the actor "provider:NAME".
+	qRemovedByProviderID = `
+SELECT machine_id FROM (
+    SELECT machine_id, max(id) AS last FROM work_history
+    WHERE process = '' AND event = 'Removed' AND actor LIKE 'provider:%'
+      AND starts_with(failed_cause, substr(actor, length('provider:') + 1) || '/' || $1 || ': ')
+    GROUP BY machine_id
+) r ORDER BY last DESC LIMIT 100`
+
 	// qRemoveWaitBuilds takes, shared, the registration lock of every
 	// process whose due rows are being built (due.go). A chunk of a build
 	// reads machines with one snapshot and inserts their due rows after:

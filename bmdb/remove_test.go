@@ -82,6 +82,12 @@ func TestRemoveMachine(t *testing.T) {
 		t.Errorf("Removed recorded actor %q role %q, want provider:test and %q", actor, role, user)
 	}
 	expectNothing(t, s, agentStart)
+	if got, err := e.db.RemovedMachines(ctx, providerID); err != nil || len(got) != 1 || got[0] != m {
+		t.Errorf("RemovedMachines(%q) = %v, %v; want [%s]", providerID, got, err, m)
+	}
+	if got, err := e.db.RemovedMachines(ctx, providerID[:len(providerID)-1]); err != nil || len(got) != 0 {
+		t.Errorf("RemovedMachines of a prefix of the id = %v, %v; want none", got, err)
+	}
 
 	if err := e.remove(m, "again"); !errors.Is(err, bmdb.ErrNotFound) {
 		t.Errorf("removing a removed machine: %v, want ErrNotFound", err)

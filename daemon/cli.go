@@ -38,7 +38,8 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       every machine: provider, provider id, address, location, agent start
       and last heartbeat, and each process's state on it
   shepherd history MACHINE [-limit N]
-      the machine's work history, oldest first (with -limit, the newest N)
+      the machine's work history, oldest first (with -limit, the newest N);
+      a machine its provider removed by its UUID or the provider id it had
   shepherd backoff clear MACHINE [PROCESS] -reason R
       delete the backoff of PROCESS (default: every process) on MACHINE; the
       next failure backs off from the initial interval again
@@ -559,7 +560,7 @@ type historyJSON struct {
 }
 
 func (c *cli) history(ctx context.Context, args []string) error {
-	id, err := c.machine(ctx, args[0])
+	id, err := c.historyMachine(ctx, args[0])
 	if err != nil {
 		return err
 	}

@@ -82,8 +82,9 @@ func closedPort(t *testing.T) int {
 // stays stays listed. The inventory then loses idle and busy, and SIGHUP
 // reloads it: idle is removed at once; busy is kept while leased, and
 // removed by the provider once the lease ends. Both removals are Removed
-// events in the history, which 'shepherd history' and the status page
-// still show for the removed machines, and no removal fell inside a lease.
+// events in the history, which 'shepherd history' (by UUID or by the
+// provider id the machine had) and the status page still show for the
+// removed machines, and no removal fell inside a lease.
 func TestStaticRemovesMachines(t *testing.T) {
 	t.Parallel()
 	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\nexit 1\n")
@@ -181,6 +182,11 @@ func TestStaticRemovesMachines(t *testing.T) {
 		code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), "history", m.String(), "-bmdb_dsn", dsn)
 		if code != 0 || !strings.Contains(out, "Removed") || !strings.Contains(out, "ShepherdAgentStart") || !strings.Contains(out, "static/"+name) {
 			t.Errorf("shepherd history %s (%s): exit %d\n%s%s", m, name, code, out, errOut)
+		}
+		// By the provider id it had, too.
+		code, out, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "history", name, "-bmdb_dsn", dsn)
+		if code != 0 || !strings.Contains(out, "Removed") || !strings.Contains(out, "static/"+name) {
+			t.Errorf("shepherd history %s: exit %d\n%s%s", name, code, out, errOut)
 		}
 		status, body, err := d.Get("/status/machine/" + m.String())
 		if err != nil || status != http.StatusOK || !strings.Contains(body, "Removed") || !strings.Contains(body, "static/"+name) {
