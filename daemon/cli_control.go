@@ -231,8 +231,12 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	power, err := c.powerOf(ctx, id)
+	if err != nil {
+		return err
+	}
 	if c.json {
-		return c.emitJSON(ex)
+		return c.emitJSON(explainJSON{MachineExplanation: ex, Power: power})
 	}
 	fmt.Fprintf(c.out, "Machine %s at %s\n", id, when(ex.Now))
 	switch {
@@ -243,6 +247,7 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	default:
 		fmt.Fprintf(c.out, "  agent: started %s; last heartbeat %s (%s ago)\n", when(*ex.AgentStartedAt), when(*ex.LastHeartbeat), ex.Now.Sub(*ex.LastHeartbeat).Round(time.Second))
 	}
+	c.printPower(power, ex.Now)
 	for _, e := range ex.Processes {
 		verdict := "would act at its next claim"
 		if !e.WouldAct {

@@ -125,6 +125,14 @@ func TestRecoveryReadsPowerThroughTheBinary(t *testing.T) {
 			t.Errorf("machines -all -o json lacks %s:\n%s", s, out)
 		}
 	}
+	code, out, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "explain", machines["ipmi-off"].String(), "-bmdb_dsn="+dsn)
+	if code != 0 || !strings.Contains(out, "power: off, read ") || !strings.Contains(out, "ipmi chassis status") {
+		t.Errorf("explain: exit %d, want the power read (off, ipmi chassis status):\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "explain", machines["rf-unknown"].String(), "-o", "json", "-bmdb_dsn="+dsn)
+	if code != 0 || !strings.Contains(out, `"state": "unknown"`) || !strings.Contains(out, "PoweringOn") {
+		t.Errorf("explain -o json: exit %d, want the power read (unknown, PoweringOn):\n%s%s", code, out, errOut)
+	}
 }
 
 // A Run past -<p>_run_timeout fails with "run timed out after D" and counts
