@@ -57,7 +57,7 @@ func TestRecoveryReadsPowerThroughTheBinary(t *testing.T) {
 		host, port, _ := strings.Cut(ssh, ":")
 		inventory += fmt.Sprintf("  - id: %s\n    ssh: {address: %s, port: %s, user: root}\n    %s\n", name, host, port, power[name])
 	}
-	_, dsn, db, machines := unreachableFleet(t, dir, inventory,
+	d, dsn, db, machines := unreachableFleet(t, dir, inventory,
 		"-ipmi_timeout=5s", "-redfish_timeout=5s",
 		"-agentstart_backoff_initial=1h",
 		"-recovery_backoff_initial=1h", "-recovery_backoff_maximum=2h",
@@ -124,6 +124,10 @@ func TestRecoveryReadsPowerThroughTheBinary(t *testing.T) {
 		if !strings.Contains(out, s) {
 			t.Errorf("machines -all -o json lacks %s:\n%s", s, out)
 		}
+	}
+	if code, body, err := d.Get("/status/machine/" + machines["ipmi-off"].String()); err != nil || code != 200 ||
+		!strings.Contains(body, `<dt>Power</dt><dd><span class="power-off">off</span>`) || !strings.Contains(body, "ipmi chassis status") {
+		t.Errorf("the machine page does not show the power read (%d, %v)", code, err)
 	}
 	code, out, errOut = runShepherd(t, replicatest.EnvWithoutDSN(), "explain", machines["ipmi-off"].String(), "-bmdb_dsn="+dsn)
 	if code != 0 || !strings.Contains(out, "power: off, read ") || !strings.Contains(out, "ipmi chassis status") {
