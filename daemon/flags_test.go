@@ -44,6 +44,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-recovery_loop_parallelism=-3"}, "shepherd: -recovery_loop_parallelism -3: must be at least 1"},
 		{[]string{"-recovery_db_query_rate=fast"}, `shepherd: invalid value "fast" for flag -recovery_db_query_rate: rate "fast": want interval,burst (e.g. 250ms,8)`},
 		{[]string{"-agentstart_db_query_rate=250ms,0"}, `shepherd: invalid value "250ms,0" for flag -agentstart_db_query_rate: rate "250ms,0": burst must be at least 1`},
+		{[]string{"-recovery_machine_budget=3"}, `shepherd: invalid value "3" for flag -recovery_machine_budget: machine budget "3": want N/DURATION (e.g. 3/24h), or none`},
+		{[]string{"-agentstart_machine_budget=0/1h"}, `machine budget "0/1h": N must be a whole number of at least 1`},
 		{[]string{"-agentstart_db_query_rate=soon,8"}, `invalid value "soon,8" for flag -agentstart_db_query_rate: rate "soon,8": interval:`},
 		{[]string{"-processes=agentstart,reboot"}, `shepherd: -processes "agentstart,reboot": unknown process "reboot" (known: agentstart, recovery)`},
 		{[]string{"-processes="}, `shepherd: -processes "": name at least one process (known: agentstart, recovery)`},
