@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +146,20 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		t.Errorf("Recovery acted %d times on the healthy machine", n)
 	}
 
+	// The status page shows the last hour's recoveries.
+	recoveredRE := regexp.MustCompile(`<b class="ok">(\d+)</b><span>recovered</span>`)
+	bmdbtest.WaitFor(t, 30*time.Second, "the status page to show the recovery", func() (bool, string) {
+		code, body, err := d.Get("/status")
+		if err != nil || code != 200 {
+			return false, fmt.Sprintf("GET /status: %d %v", code, err)
+		}
+		sub := recoveredRE.FindStringSubmatch(body)
+		if sub == nil {
+			return false, "no Reboots section"
+		}
+		n, _ := strconv.Atoi(sub[1])
+		return n >= 1 && strings.Contains(body, "median time to recover"), fmt.Sprintf("%d recovered", n)
+	})
 	m, _ := d.Metrics()
 	if v := m.Value("shepherd_recovery_duration_seconds"); v < 1 {
 		t.Errorf("shepherd_recovery_duration_seconds has %g samples, want at least 1", v)

@@ -185,8 +185,11 @@ type overview struct {
 	RefreshSeconds int
 	// Totals are the fleet's counts, read at most every totalsTTL; nil
 	// when they could not be read.
-	Totals    *bmdb.FleetTotals
-	TotalsAt  time.Time
+	Totals   *bmdb.FleetTotals
+	TotalsAt time.Time
+	// Reboots are the last hour's verified reboots; nil when they could
+	// not be read.
+	Reboots   *rebootsView
 	Processes []processView
 	// Names are the provider ids of the machines the page lists.
 	Names map[uuid.UUID]string
@@ -311,6 +314,7 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		}
 	}
 	ov.Totals, ov.TotalsAt = h.totals, h.totalsAt
+	ov.Reboots = h.reboots(ctx, fail)
 	for _, p := range pauses {
 		if p.Active() && !running[p.Process] {
 			ov.OtherPauses = append(ov.OtherPauses, p)
@@ -589,9 +593,9 @@ func fingerprint(key []byte) string {
 // eventClass colours history events.
 func eventClass(event string) string {
 	switch event {
-	case bmdb.EventFinished:
+	case bmdb.EventFinished, bmdb.EventRecovered:
 		return "ok"
-	case bmdb.EventFailed, bmdb.EventLost:
+	case bmdb.EventFailed, bmdb.EventLost, bmdb.EventNotRecovered:
 		return "bad"
 	case bmdb.EventBackoffCleared, bmdb.EventRetried, bmdb.EventForcedRun:
 		return "op"
