@@ -288,8 +288,8 @@ func TestLinksToAnotherHostRefused(t *testing.T) {
 		}
 	})
 	for name, link := range map[string]string{
-		"member":         "@" + otherHost + "/redfish/v1/Systems/1",
-		"systems":        "@" + otherHost + "/redfish/v1/Systems",
+		"member":  "@" + otherHost + "/redfish/v1/Systems/1",
+		"systems": "@" + otherHost + "/redfish/v1/Systems",
 	} {
 		t.Run(name, func(t *testing.T) {
 			systems := "/redfish/v1/Systems"
