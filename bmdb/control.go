@@ -141,6 +141,64 @@ func (db *DB) RequestCancel(ctx context.Context, machine uuid.UUID, process, rea
 	return res, nil
 }
 
+// CancelOutcome is a cancel request of a selection: the lease it names,
+// or none (Requested false) when the process held no lease on the machine.
+type CancelOutcome struct {
+	Machine   uuid.UUID
+	Requested bool
+	CancelResult
+}
+
+// RequestCancels is RequestCancel for many machines (a selection), in one
+// transaction: each machine whose process holds a lease gets a request;
+// the others are reported as not requested. also, if not nil, runs in the
+// same transaction with the machines that got one (the CLI's -hold). At
+// most MaxHoldBatch machines.
+func (db *DB) RequestCancels(ctx context.Context, machines []uuid.UUID, process, reason string, actor Actor, also func(ctx context.Context, tx *Tx, requested []uuid.UUID) error) ([]CancelOutcome, error) {
+	if err := checkProcessName(process); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return nil, ErrReasonRequired
+	}
+	if len(machines) > MaxHoldBatch {
+		return nil, fmt.Errorf("%d machines: %w (at most %d)", len(machines), ErrTooManyMachines, MaxHoldBatch)
+	}
+	reason = cleanCause(reason)
+	var out []CancelOutcome
+	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+		out = out[:0]
+		var requested []uuid.UUID
+		for _, m := range machines {
+			o := CancelOutcome{Machine: m}
+			err := tx.tx.QueryRow(ctx, qCancelRequest, m, process, reason, actor.arg()).Scan(&o.Session, &o.Replica, &o.LeaseStarted)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return err
+			default:
+				o.Requested = true
+				requested = append(requested, m)
+			}
+			out = append(out, o)
+		}
+		if len(requested) == 0 {
+			return nil
+		}
+		if _, err := tx.tx.Exec(ctx, qNotifyCancel, process); err != nil {
+			return err
+		}
+		if also != nil {
+			return also(ctx, tx, requested)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cancelling %s on %d machines: %w", process, len(machines), err)
+	}
+	return out, nil
+}
+
 // CanceledByOperator is the cause (context.Cause) of a lease's context
 // that an operator cancelled.
 type CanceledByOperator struct {

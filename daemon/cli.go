@@ -82,9 +82,11 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       agent again); still under exclusion, backoff, pause, limits and
       holds: the request waits while one blocks it, and says which
   shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
-      cancel PROCESS's lease on MACHINE: the replica holding it cancels the
-      work within seconds; it ends Canceled, adding no backoff; -hold also
-      holds the machine for PROCESS in the same transaction
+  shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-hold] [-yes]
+      cancel PROCESS's lease on MACHINE (or on each selected machine, in one
+      transaction): the replica holding it cancels the work within seconds;
+      it ends Canceled, adding no backoff; -hold also holds the machine for
+      PROCESS in the same transaction
   shepherd explain MACHINE [-process P [-machine_budget N/D] [-max_in_flight N] [-max_per_hour N]]
       for each process, whether it would act on MACHINE and every reason it
       will not, in the order a claim checks them; the limits are the
@@ -150,7 +152,7 @@ var cliCommands = map[string]cliCommand{
 	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},
 	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow},
-	"cancel":    {args: "MACHINE PROCESS", min: 2, max: 2, flags: cancelFlags, run: (*cli).cancel},
+	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
 	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
 }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"os/user"
 	"strings"
 	"time"
 
@@ -20,22 +18,18 @@ import (
 // 28). The requests are rows in the BMDB (bmdb/control.go), so that
 // whichever replica claims or holds the machine honours them.
 
-// controlOptions are the flags of run-now and cancel.
+// controlOptions are the flags of run-now, cancel and explain (-as and
+// the selections are cli_holds.go's).
 type controlOptions struct {
-	as   string
 	hold bool
 	// explain's view of the daemons' settings of the -process it names.
 	budget                  string
 	maxInFlight, maxPerHour int
 }
 
-func actorFlag(fs *flag.FlagSet, o *cliOptions) {
-	fs.StringVar(&o.ctl.as, "as", "", "who is acting, recorded with the action (default $SHEPHERD_OPERATOR, else the OS user@host); the database role is recorded too")
-}
-
 func runNowFlags(fs *flag.FlagSet, o *cliOptions) {
 	reasonFlag(fs, o)
-	actorFlag(fs, o)
+	asFlag(fs, o)
 }
 
 func explainFlags(fs *flag.FlagSet, o *cliOptions) {
@@ -47,27 +41,14 @@ func explainFlags(fs *flag.FlagSet, o *cliOptions) {
 
 func cancelFlags(fs *flag.FlagSet, o *cliOptions) {
 	reasonFlag(fs, o)
-	actorFlag(fs, o)
+	fs.StringVar(&o.process, "process", "", "with a selection: the process whose leases to cancel (label or BMDB name)")
+	selectionFlags(fs, o) // -as among them
 	fs.BoolVar(&o.ctl.hold, "hold", false, "also hold the machine for the process, in the same transaction, so that it is not claimed again at once (shepherd release undoes it)")
 }
 
-// actor is who runs the command: -as, else $SHEPHERD_OPERATOR, else the
-// OS user and host. The BMDB adds the database role itself.
-func (c *cli) actor() bmdb.Actor {
-	name := strings.TrimSpace(c.opts.ctl.as)
-	if name == "" {
-		name = strings.TrimSpace(os.Getenv("SHEPHERD_OPERATOR"))
-	}
-	if name == "" {
-		u := "unknown"
-		if cur, err := user.Current(); err == nil {
-			u = cur.Username
-		}
-		host, _ := os.Hostname()
-		name = u + "@" + host
-	}
-	return bmdb.Actor{Name: untrusted.Line(name, 200)}
-}
+// actor is who runs the command (operatorActor: -as, else
+// $SHEPHERD_OPERATOR, else the OS user and host).
+func (c *cli) actor() bmdb.Actor { return operatorActor(c.opts.hold.as) }
 
 // explainProcesses are the binary's processes, for ExplainMachine; with
 // only, the one named.
@@ -155,8 +136,17 @@ func blockingReasons(e bmdb.Explanation) []string {
 	return out
 }
 
-// cancel asks the replica holding a lease to cancel its work.
+// cancel asks the replica holding a lease to cancel its work: MACHINE
+// PROCESS, or -process P and a selection.
 func (c *cli) cancel(ctx context.Context, args []string) error {
+	switch {
+	case len(args) == 0:
+		return c.cancelSelection(ctx)
+	case len(args) != 2:
+		return usagef("usage: shepherd cancel MACHINE PROCESS -reason R, or shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-yes]")
+	case !c.selector("").Empty() || c.opts.process != "":
+		return usagef("cancel: give MACHINE PROCESS or -process P with a selection, not both")
+	}
 	id, err := c.machine(ctx, args[0])
 	if err != nil {
 		return err
@@ -178,14 +168,8 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 		return err
 	}
 	if c.json {
-		return c.emitJSON(struct {
-			Machine      uuid.UUID `json:"machine"`
-			Process      string    `json:"process"`
-			Session      uuid.UUID `json:"session"`
-			Replica      string    `json:"replica"`
-			LeaseStarted time.Time `json:"lease_started"`
-			Held         bool      `json:"held"`
-		}{id, p.process.Name, res.Session, res.Replica, res.LeaseStarted, c.opts.ctl.hold})
+		return c.emitJSON(cancelJSON{Machine: id, Process: p.process.Name, Requested: true, Session: res.Session,
+			Replica: res.Replica, LeaseStarted: res.LeaseStarted, Held: c.opts.ctl.hold})
 	}
 	fmt.Fprintf(c.out, "Asked the replica holding %s's lease on %s (session %s, %s, since %s) to cancel it: it ends Canceled within seconds, with no backoff added\n",
 		p.process.Name, id, res.Session, untrusted.Line(res.Replica, 0), when(res.LeaseStarted))
@@ -193,6 +177,70 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "Held %s for %s until released: shepherd release %s -process %s -reason R\n", id, p.process.Name, args[0], args[1])
 	}
 	return nil
+}
+
+// cancelSelection cancels the leases of -process on the selected
+// machines, in one transaction; machines it holds no lease on are listed
+// and skipped.
+func (c *cli) cancelSelection(ctx context.Context) error {
+	process, err := c.processFlag()
+	if err != nil {
+		return err
+	}
+	if process == "" {
+		return usagef("cancel: give MACHINE PROCESS, or -process P with a selection (-location, -state, -cause)")
+	}
+	ms, err := c.selectMachines(ctx, nil, process, "cancel")
+	if err != nil {
+		return err
+	}
+	actor := c.actor()
+	var also func(ctx context.Context, tx *bmdb.Tx, requested []uuid.UUID) error
+	if c.opts.ctl.hold {
+		also = func(ctx context.Context, tx *bmdb.Tx, requested []uuid.UUID) error {
+			_, err := tx.Hold(ctx, requested, process, c.opts.reason, 0, actor)
+			return err
+		}
+	}
+	outs, err := c.db.RequestCancels(ctx, machineIDs(ms), process, c.opts.reason, actor, also)
+	if err != nil {
+		return err
+	}
+	names := map[uuid.UUID]string{}
+	for _, m := range ms {
+		names[m.Machine] = machineName(m)
+	}
+	if c.json {
+		return c.emitJSON(jsonList(outs, func(o bmdb.CancelOutcome) cancelJSON {
+			return cancelJSON{Machine: o.Machine, Process: process, Requested: o.Requested, Session: o.Session,
+				Replica: o.Replica, LeaseStarted: o.LeaseStarted, Held: o.Requested && c.opts.ctl.hold}
+		}))
+	}
+	n := 0
+	for _, o := range outs {
+		if !o.Requested {
+			fmt.Fprintf(c.out, "%s: %s holds no lease on it; nothing to cancel\n", names[o.Machine], process)
+			continue
+		}
+		n++
+		fmt.Fprintf(c.out, "%s: asked session %s (%s) to cancel its lease\n", names[o.Machine], o.Session, untrusted.Line(o.Replica, 0))
+	}
+	fmt.Fprintf(c.out, "Asked to cancel %d lease(s) of %s; each ends Canceled within seconds, with no backoff added\n", n, process)
+	if c.opts.ctl.hold && n > 0 {
+		fmt.Fprintf(c.out, "Held those %d machine(s) for %s until released\n", n, process)
+	}
+	return nil
+}
+
+// cancelJSON is a cancel request in JSON.
+type cancelJSON struct {
+	Machine      uuid.UUID `json:"machine"`
+	Process      string    `json:"process"`
+	Requested    bool      `json:"requested"`
+	Session      uuid.UUID `json:"session"`
+	Replica      string    `json:"replica"`
+	LeaseStarted time.Time `json:"lease_started"`
+	Held         bool      `json:"held"`
 }
 
 // explain says, per process, whether it would act on a machine and why not.

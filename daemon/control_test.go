@@ -29,7 +29,9 @@ import (
 //   - cancel -hold of AgentStart's lease, held by one of the replicas,
 //     ends it Canceled with the actor and reason within 5 s, adding no
 //     backoff, and holds the machine for AgentStart;
-//   - Recovery then acts once, Forced (actor, reason) before its Started.
+//   - Recovery then acts once, Forced (actor, reason) before its Started;
+//   - cancel of a selection (-process agentstart -state leased) ends the
+//     other machine's lease the same way.
 //
 // The audit of the whole history finds no overlapping lease.
 func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
@@ -191,6 +193,24 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 		}
 		return false, "no Forced then Started yet"
 	})
+	// A selection: AgentStart's lease on the other machine, by state.
+	other := leases[1].machine
+	out = cli(exitOK, "cancel", "-process", "agentstart", "-state", "leased", "-reason", "rack work", "-as", "carol", "-yes")
+	if !strings.Contains(out, "Selected 1 machine(s)") || !strings.Contains(out, "Asked to cancel 1 lease(s)") {
+		t.Errorf("cancel of a selection printed:\n%s", out)
+	}
+	bmdbtest.WaitFor(t, 30*time.Second, "the selected lease to end Canceled", func() (bool, string) {
+		h, err := db.History(ctx, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range h {
+			if e.Event == bmdb.EventCanceled && e.Actor.Name == "carol" && e.Cause == "canceled by carol: rack work" {
+				return true, ""
+			}
+		}
+		return false, "no Canceled by carol yet"
+	})
 	for _, r := range replicas {
 		r.Stop(30 * time.Second)
 	}
@@ -230,6 +250,9 @@ func TestCLIControlBadInput(t *testing.T) {
 		{[]string{"cancel", f.failed.String(), "agentstart", "-reason", "x"}, exitNotFound, "ShepherdAgentStart holds no lease on"},
 		{[]string{"cancel", f.leased.String(), "recovery", "-reason", "x"}, exitNotFound, "ShepherdRecovery holds no lease on"},
 		{[]string{"explain", unknown}, exitNotFound, "not found"},
+		{[]string{"cancel", "-state", "leased", "-reason", "x"}, exitUsage, "give MACHINE PROCESS, or -process P"},
+		{[]string{"cancel", f.leased.String(), "agentstart", "-location", "dc1/", "-reason", "x"}, exitUsage, "not both"},
+		{[]string{"cancel", "-process", "agentstart", "-location", "nowhere/", "-reason", "x"}, exitNotFound, "no machine matches"},
 		{[]string{"explain", f.leased.String(), "-o", "yaml"}, exitUsage, "want text or json"},
 		{[]string{"explain", f.leased.String(), "-max_in_flight", "3"}, exitUsage, "give -process too"},
 		{[]string{"explain", f.leased.String(), "-process", "recovery", "-machine_budget", "3/forever"}, exitUsage, "-machine_budget"},
