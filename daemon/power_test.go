@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -167,4 +168,44 @@ func TestRunTimeoutThroughTheBinary(t *testing.T) {
 		return v == 2, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
 	})
 	bmdbtest.CheckExclusion(t, bmdbtest.History(t, db), map[string]string{"ShepherdAgentStart": "Shepherd", "ShepherdRecovery": "Shepherd"})
+}
+
+// A machine without a BMC keeps the behaviour from before power was read,
+// through the binary against a real OpenSSH server and the real agent:
+// Recovery reboots it over SSH (-ssh_reboot_command), says that it read no
+// power, records none, and AgentStart starts the agent again.
+func TestRecoveryWithoutBMCThroughTheBinary(t *testing.T) {
+	t.Parallel()
+	f := newRealFleet(t)
+	writeFile(t, f.inventory, fmt.Sprintf(`machines:
+  - id: node1
+    ssh:
+      address: 127.0.0.1
+      port: %d
+      user: %s
+`, f.machine.sshd.Port, f.machine.sshd.User))
+	d := f.start("-ssh_reboot_command=true")
+	machine := f.machineID("node1")
+	f.waitHeartbeating(machine, time.Time{}, 90*time.Second)
+	pid := f.agentPID()
+	killedAt := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	bmdbtest.WaitFor(t, 60*time.Second, "Recovery to reboot the machine over SSH", func() (bool, string) {
+		last := lastRecovery(historyOf(t, f.db, machine))
+		return last.Event != "", "no Recovery end yet"
+	})
+	if last := lastRecovery(historyOf(t, f.db, machine)); last.Event != bmdb.EventFinished || last.Cause != "power not read (no BMC); reset (ssh reboot)" {
+		t.Errorf("Recovery ended %s %q, want Finished \"power not read (no BMC); reset (ssh reboot)\"", last.Event, last.Cause)
+	}
+	f.waitHeartbeating(machine, killedAt, 60*time.Second)
+	code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), "machines", "-all", "-o", "json", "-bmdb_dsn="+f.dsn)
+	if code != 0 || strings.Contains(out, `"power_state"`) {
+		t.Errorf("machines -all: exit %d, want no power state for a machine without a BMC:\n%s%s", code, out, errOut)
+	}
+	if len(f.machine.bmc.Resets()) != 0 {
+		t.Error("the BMC the inventory no longer names was reset")
+	}
+	d.StopClean(20 * time.Second)
 }
