@@ -261,7 +261,7 @@ func (p *Provider) reportRemovals(inv *Inventory, res SyncResult) {
 		p.kept = len(res.Kept)
 	}
 	if len(res.Removed) > 0 {
-		klog.InfoS("Inventory: machines no longer listed were removed from the BMDB (their history stays: shepherd history UUID)",
+		klog.InfoS("Inventory: machines no longer listed were removed from the BMDB (their history stays: shepherd history ID)",
 			"file", inv.File, "count", len(res.Removed), "machines", clipList(res.Removed, 50))
 	}
 	switch {
