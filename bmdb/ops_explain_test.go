@@ -238,7 +238,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"recovered", stmts["qRecovered"], []any{[]int64{1, 2}, []uuid.UUID{machine, session}, []string{"ShepherdAgentStart", "ShepherdAgentStart"}}, tiny, "work_history_machine_idx"},
 		tc{"activity", stmts["qActivity"], []any{"ShepherdAgentStart", 300.0, 12}, tiny, "work_history_process_event_idx"},
 		tc{"hostKeys", stmts["qHostKeys"], []any{"seed", "", 1000}, tiny, "machine_provided_provider_provider_id_key"},
-		tc{"hostKeyForget", stmts["qHostKeyForget"], []any{machine, "why", "ssh-ed25519 AAAA"}, tiny, "machine_ssh_host_key_pkey"},
+		tc{"hostKeyForget", stmts["qHostKeyForget"], []any{machine, "why", "ssh-ed25519 AAAA", "alice"}, tiny, "machine_ssh_host_key_pkey"},
 	)
 	// Operator control of single machines (queries_control.go): each
 	// reads a few rows by key. Its request tables hold a row per pending

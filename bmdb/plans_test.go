@@ -93,7 +93,9 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	defer s.Close(ctx)
 
 	provided := bmdb.ProvidedCandidates()
-	limits := bmdb.Limits{MaxInFlight: 100, MaxPerHour: 1000}
+	// With a per-machine budget, so that its reads of the machines'
+	// history run too (a budget no machine here uses up).
+	limits := bmdb.Limits{MaxInFlight: 100, MaxPerHour: 1000, MachineBudget: bmdb.MachineBudget{N: 50, Window: time.Hour}}
 	p := bmdb.Process{Name: "PlansTest"}
 	leases, err := s.ClaimBatchLimited(ctx, p, provided, 12, limits)
 	if err != nil || len(leases) != 12 {
@@ -170,7 +172,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines`); err != nil {
+	if _, err := conn.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines, machine_hold, work_history`); err != nil {
 		t.Fatal(err)
 	}
 	plans, err := bmdb.GenericPlans(ctx, db, statements)

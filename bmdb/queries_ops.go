@@ -164,14 +164,15 @@ SELECT EXISTS (SELECT 1 FROM m),
 
 	// qHostKeyForget forgets machine $1's pinned SSH host key and records
 	// HostKeyForgotten with the operator's reason and the key's fingerprint
-	// ($2, computed by the caller from the key it read) in one statement.
+	// ($2, computed by the caller from the key it read), the operator's name
+	// ($4, NULL if none given) and role, in one statement.
 	qHostKeyForget = `
 WITH forgotten AS (
     DELETE FROM machine_ssh_host_key WHERE machine_id = $1 AND host_key = $3
     RETURNING machine_id, host_key, pinned_at
 ), recorded AS (
-    INSERT INTO work_history (machine_id, process, event, failed_cause)
-    SELECT machine_id, '', 'HostKeyForgotten', $2 FROM forgotten
+    INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
+    SELECT machine_id, '', 'HostKeyForgotten', $2, $4::text, session_user FROM forgotten
 )
 SELECT host_key, pinned_at FROM forgotten`
 

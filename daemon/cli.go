@@ -148,6 +148,7 @@ var cliCommands = map[string]cliCommand{
 	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		reasonFlag(fs, o)
 		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
+		asFlag(fs, o)
 	}, run: (*cli).hostKey},
 	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},

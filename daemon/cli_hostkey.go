@@ -41,7 +41,7 @@ func (c *cli) hostKey(ctx context.Context, args []string) error {
 		if strings.TrimSpace(c.opts.reason) == "" {
 			return usagef("hostkey forget needs -reason: it is recorded for whoever looks at this next")
 		}
-		return c.hostKeyForget(ctx, args[1])
+		return c.hostKeyForget(bmdb.WithActor(ctx, operatorActor(c.opts.hold.as)), args[1])
 	}
 	return usagef("usage: shepherd hostkey forget MACHINE -reason R | shepherd hostkey list")
 }

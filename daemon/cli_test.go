@@ -424,7 +424,7 @@ func TestCLIHostKey(t *testing.T) {
 	}
 	f.expect(t, exitUsage, "hostkey", "forget", f.failed.String())
 	f.expect(t, exitUsage, "hostkey", "frob", f.failed.String(), "-reason", "x")
-	out, _ = f.expect(t, exitOK, "hostkey", "forget", f.failed.String(), "-reason", "reinstalled by ticket 42")
+	out, _ = f.expect(t, exitOK, "hostkey", "forget", f.failed.String(), "-reason", "reinstalled by ticket 42", "-as", "tech-dora")
 	if !strings.Contains(out, want) {
 		t.Errorf("forget does not name the key it forgot:\n%s", out)
 	}
@@ -440,6 +440,9 @@ func TestCLIHostKey(t *testing.T) {
 	last := h[len(h)-1]
 	if last.Event != bmdb.EventHostKeyForgotten || !strings.Contains(last.Cause, "reinstalled by ticket 42") || !strings.Contains(last.Cause, want) {
 		t.Errorf("last history entry %+v, want HostKeyForgotten with the reason and %s", last, want)
+	}
+	if last.Actor != "tech-dora" || last.ActorRole == "" {
+		t.Errorf("HostKeyForgotten records actor %q, role %q; want tech-dora and the database role", last.Actor, last.ActorRole)
 	}
 }
 
