@@ -34,6 +34,7 @@ const (
 		"000102030405060708090a0b0c0d0e0f" +
 		"0b5c7e9a3f214c8d9e6a7d1f2a3b4c5d" +
 		"a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf"
+	vectorV2Body = `{"version":2,"machine_id":"6f0c4d0e-8c1a-4b9e-9a53-2f5b1f3c7d10","timestamp":"2025-01-02T03:04:05.123456789Z","nonce":"AAECAwQFBgcICQoLDA0ODw==","boot_id":"0b5c7e9a-3f21-4c8d-9e6a-7d1f2a3b4c5d","agent_digest":"oKGio6SlpqeoqaqrrK2ur7CxsrO0tba3uLm6u7y9vr8=","signature":"zxMOU5Vhf73x9CjXyS+TULrQHTaAnJ7LevUv0AH7HvUUgtYI5wAgPgLsh9fMTEuDoIY/1/EHjRRkdZOuZ4pLAg=="}`
 )
 
 // signedHeartbeatV2 is a version 2 heartbeat of testMachine signed with
@@ -69,7 +70,9 @@ func TestHeartbeatVectorV2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("version 2 vector body: %s", body)
+	if string(body) != vectorV2Body {
+		t.Fatalf("body\n got %s\nwant %s", body, vectorV2Body)
+	}
 	d, err := DecodeHeartbeat(body)
 	if err != nil {
 		t.Fatal(err)

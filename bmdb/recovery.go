@@ -68,8 +68,11 @@ func newRecoveryMetrics(reg prometheus.Registerer) *recoveryMetrics {
 // ResetVerification is what RecordReset recorded.
 type ResetVerification struct {
 	// Verified is false when the machine's agent is known to send no boot
-	// identity (agent protocol heartbeat version 1): its reboot cannot be
-	// verified, and nothing is recorded (open loop).
+	// identity (agent protocol heartbeat version 1): whether it rebooted
+	// cannot be verified. The reset is still recorded, and the agent's
+	// next heartbeat (any, since none carries a boot identity) ends it
+	// without Recovered: a machine that does not come back at all is
+	// still NotRecovered in time.
 	Verified bool
 	// BootBefore is the boot identity the reboot must change (uuid.Nil:
 	// none known, and any boot identity counts).
@@ -87,8 +90,9 @@ type ResetVerification struct {
 // agent's row committed), or, when there is none (the agent never
 // heartbeated since the last reset), the one kept from that reset. A
 // machine whose last heartbeat carried no boot identity runs an agent of
-// protocol version 1: nothing is recorded, and Recovery is open loop for
-// it, as before version 2.
+// protocol version 1: its reset is recorded all the same, so that a
+// machine that does not come back is not dropped, but the agent's next
+// heartbeat ends it whichever boot it runs in (Verified false).
 func (t *Tx) RecordReset(ctx context.Context, machine uuid.UUID, process string, verifyTimeout time.Duration) (ResetVerification, error) {
 	if _, err := t.tx.Exec(ctx, qAgentStartedDelete, machine); err != nil {
 		return ResetVerification{}, fmt.Errorf("deleting agent tags of %s: %w", machine, err)
@@ -99,19 +103,13 @@ func (t *Tx) RecordReset(ctx context.Context, machine uuid.UUID, process string,
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return ResetVerification{}, fmt.Errorf("deleting agent tags of %s: %w", machine, err)
 	}
-	if hadHeartbeat && !boot.Valid {
-		// A version 1 agent: no reset row, and none left from before.
-		if _, err := t.tx.Exec(ctx, qResetDelete, machine); err != nil {
-			return ResetVerification{}, fmt.Errorf("recording the reset of %s: %w", machine, err)
-		}
-		return ResetVerification{}, nil
-	}
+	version1 := hadHeartbeat && !boot.Valid
 	var before pgtype.UUID
 	if err := t.tx.QueryRow(ctx, qResetRecord, machine, process, boot, verifyTimeout).Scan(&before); err != nil {
 		return ResetVerification{}, fmt.Errorf("recording the reset of %s: %w", machine, err)
 	}
-	v := ResetVerification{Verified: true}
-	if before.Valid {
+	v := ResetVerification{Verified: !version1}
+	if before.Valid && !version1 {
 		v.BootBefore = before.Bytes
 	}
 	return v, nil
@@ -235,8 +233,6 @@ const (
 	// identity of the deleted heartbeat (see qHeartbeatDelete for why it
 	// runs after the agent_started row's delete).
 	qHeartbeatDeleteBoot = `DELETE FROM machine_agent_heartbeat WHERE machine_id = $1 RETURNING boot_id`
-
-	qResetDelete = `DELETE FROM machine_reset WHERE machine_id = $1`
 
 	// qResetRecord records a reset of machine $1 by process $2, from boot
 	// $3 (NULL: unknown, keep what an earlier reset knew), to be verified

@@ -177,9 +177,8 @@ func pendingReset(t *testing.T, db *bmdb.DB, machine uuid.UUID) (bmdb.ResetState
 
 // An agent of today's protocol (heartbeat version 1, no boot identity)
 // still heartbeats and is accepted. Its machine's reboots cannot be
-// verified: a reset of it records nothing to verify (open loop), and a
-// reset pending from before (the agent never heartbeated before it) ends
-// silently at its first heartbeat.
+// verified: its first heartbeat after a reset ends the reset, whichever
+// boot it runs in, and records no Recovered.
 func TestVersion1AgentAccepted(t *testing.T) {
 	t.Parallel()
 	e, _ := bootEnv(t)
@@ -219,16 +218,24 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	if n := len(events(t, e.db, a.machine, bmdb.EventRecovered)); n != 0 {
 		t.Errorf("%d Recovered from a version 1 heartbeat, which cannot prove a reboot", n)
 	}
-	// A reset of a machine whose agent is known to speak version 1 is not
-	// verified.
+	// A reset of a machine whose agent is known to speak version 1 cannot
+	// be verified, but it is awaited: a machine that does not come back
+	// at all is not dropped. Any heartbeat of the agent ends it, without
+	// Recovered.
 	if v := reset(t, e.db, a, time.Hour); v.Verified {
-		t.Errorf("reset of a version 1 agent's machine recorded for verification: %+v", v)
+		t.Errorf("reset of a version 1 agent's machine said verifiable: %+v", v)
 	}
-	if _, err := pendingReset(t, e.db, a.machine); err == nil {
-		t.Error("a reset of a version 1 agent's machine is pending")
+	if _, err := pendingReset(t, e.db, a.machine); err != nil {
+		t.Errorf("a reset of a version 1 agent's machine is not awaited: %v", err)
 	}
 	if status, resp := post(t, client, e.url, v1()); status != http.StatusNoContent {
 		t.Errorf("version 1 heartbeat after the reset: %d %q", status, resp)
+	}
+	if _, err := pendingReset(t, e.db, a.machine); err == nil {
+		t.Error("the version 1 agent's heartbeat left the reset pending")
+	}
+	if n := len(events(t, e.db, a.machine, bmdb.EventRecovered)); n != 0 {
+		t.Errorf("%d Recovered from version 1 heartbeats", n)
 	}
 }
 

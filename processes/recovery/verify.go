@@ -27,9 +27,10 @@ import (
 //     and Recovery, as it acts, records NotRecovered with the cause "reset
 //     at T, not back after D" (noteNotRecovered), then acts again.
 //
-// An agent of heartbeat version 1 sends no boot identity: for its machine
-// nothing is recorded, and a reset is done when the provider accepted it,
-// as before version 2 (open loop).
+// An agent of heartbeat version 1 sends no boot identity, so whether its
+// machine rebooted cannot be verified: its first heartbeat after the reset
+// ends the wait, whichever boot it runs in, and records no Recovered. A
+// machine that does not come back at all is still NotRecovered in time.
 
 // commitReset is Recovery's Commit: in the transaction that ends the
 // work, it records the reset for verification and deletes the machine's
