@@ -137,7 +137,7 @@ func TestStaticRemovesMachines(t *testing.T) {
 	bmdbtest.WaitFor(t, 20*time.Second, "idle removed, busy kept while leased", func() (bool, string) {
 		m, _ := d.Metrics()
 		removed, kept := m.Value("shepherd_inventory_machines_removed_total"), m.Value("shepherd_inventory_removed_machines")
-		return removed == 1 && kept == 1 && d.LogCount("are leased, and kept until their lease ends") > 0,
+		return removed == 1 && kept == 1 && d.LogCount("are kept while leased") > 0,
 			fmt.Sprintf("removed_total %g, removed_machines %g", removed, kept)
 	})
 	got := staticMachines(t, db)

@@ -270,7 +270,7 @@ func (p *Provider) reportRemovals(inv *Inventory, res SyncResult) {
 		klog.InfoS("Inventory: machines in the BMDB are no longer listed and are kept (-inventory_keep_unlisted; their actions fail until they are listed again)",
 			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50))
 	default:
-		klog.InfoS("Inventory: machines no longer listed are leased, and kept until their lease ends; removal is tried again",
+		klog.InfoS("Inventory: machines no longer listed are kept while leased (or while their removal fails), and removed after; removal is tried again",
 			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50), "every", p.removeRetry())
 	}
 }

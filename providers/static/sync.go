@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"k8s.io/klog/v2"
+
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
@@ -19,9 +21,9 @@ type SyncResult struct {
 	// their history stays, ending with a Removed event.
 	Removed []string
 	// Kept are the provider ids of machines the inventory no longer lists
-	// that are still in the BMDB: leased by a process (a later Sync
-	// removes them once the lease ended; Provider.Run tries every
-	// RemoveRetry), or all of them when SyncOptions.KeepUnlisted is set.
+	// that are still in the BMDB: leased by a process, or whose removal
+	// failed (logged), which a later Sync removes (Provider.Run tries every
+	// RemoveRetry); or all of them when SyncOptions.KeepUnlisted is set.
 	Kept []string
 }
 
@@ -41,7 +43,9 @@ type SyncOptions struct {
 // other machines' locks meanwhile). A machine some process holds a lease
 // on is not removed (bmdb.ErrLeased) but kept, and reported in Kept: the
 // process is acting on it, and its action fails soon with
-// ErrNotInInventory. A machine another replica removed first counts in
+// ErrNotInInventory. A removal that fails otherwise (the database) is
+// logged and the machine kept too: the additions and updates, committed,
+// stay in force. A machine another replica removed first counts in
 // neither list.
 func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory, opts SyncOptions) (SyncResult, error) {
 	var res SyncResult
@@ -99,7 +103,8 @@ func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory, opts SyncOptions) (S
 		case errors.Is(err, bmdb.ErrNotFound):
 			// Another replica, reloading the same file, was first.
 		default:
-			return res, fmt.Errorf("syncing inventory %s into the BMDB: %s: %w", inv.File, p.ProviderID, err)
+			klog.ErrorS(err, "Inventory: removing a machine no longer listed failed; it is kept and tried again", "file", inv.File, "machine", p.ProviderID)
+			res.Kept = append(res.Kept, p.ProviderID)
 		}
 	}
 	return res, nil
