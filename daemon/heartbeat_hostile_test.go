@@ -39,7 +39,7 @@ import (
 )
 
 // TestHostileHeartbeatPeers attacks the heartbeat endpoint of the real
-// binary, served over TLS, from one source address:
+// binary, served over TLS, from one source address (and from four):
 //
 //   - 9,000 TLS connections that complete their handshake and then send
 //     nothing or one request and idle, among 1,000 plain TCP connections
@@ -47,7 +47,9 @@ import (
 //     -agent_max_conns_per_source of them (it closes the least recently
 //     used idle ones, or refuses), every one is closed in the end by the
 //     idle, handshake and header timeouts, /healthz keeps answering and
-//     the peak RSS stays under 256 MiB.
+//     the peak RSS stays under 256 MiB. Then 3,000 TLS connections and
+//     2,000 plain ones from four addresses, each under its cap: the
+//     daemon holds no more than -agent_max_conns in all.
 //   - A healthy agent beside a garbage sender at 100 requests/s (unknown
 //     machines, which spend the address's lookup budget, forgeries,
 //     malformed and stale heartbeats) and beside connections opened and
@@ -60,7 +62,9 @@ func TestHostileHeartbeatPeers(t *testing.T) {
 		perSource  = heartbeat.DefaultMaxConnsPerSource
 		maxConns   = heartbeat.DefaultMaxConns
 	)
-	raiseFileLimit(t, tlsConns+plainConns+1000)
+	// The daemon closes its side of each connection beyond its caps, and
+	// the test closes its own then: both hold about maxConns at a time.
+	raiseFileLimit(t, 2*maxConns)
 	dir := t.TempDir()
 	certFile, keyFile, roots := writeTLSCert(t, dir)
 	d, _, db, machines := unreachableFleet(t, dir, "  - id: node1\n    ssh:\n      address: 127.0.0.1\n      port: 1\n      user: root\n",
@@ -104,8 +108,11 @@ func TestHostileHeartbeatPeers(t *testing.T) {
 	for i := 2; i <= 5; i++ {
 		sources = append(sources, fmt.Sprintf("127.0.0.%d", i))
 	}
-	many := idleFlood(t, d, addr, tlsConfig, sources, 4*(perSource-24), 0)
+	many := idleFlood(t, d, addr, tlsConfig, sources, 3000, maxConns-48)
 	healthy("after the flood from four addresses")
+	if many.evicted == 0 {
+		t.Error("no connection evicted at -agent_max_conns")
+	}
 	if many.maxSockets > maxConns+64 {
 		t.Errorf("the daemon held up to %d sockets, with -agent_max_conns %d", many.maxSockets, maxConns)
 	}
@@ -251,9 +258,10 @@ type floodResult struct {
 // idleFlood opens tlsConns TLS connections to the heartbeat endpoint at
 // addr, round robin from sources, 16 at a time: each completes its
 // handshake, then two of three send one request, and then they idle. Before
-// them, plainConns plain TCP connections from sources[0] never start a
-// handshake. It waits until the daemon (pid) has closed every one, and
-// samples its sockets meanwhile.
+// them, plainConns plain TCP connections, round robin from sources too,
+// never start a handshake: cheap to open, they fill the caps at once
+// however slowly the handshakes go. It waits until the daemon has closed
+// every connection, and samples its sockets meanwhile.
 func idleFlood(t *testing.T, d *replicatest.Run, addr string, tlsConfig *tls.Config, sources []string, tlsConns, plainConns int) floodResult {
 	t.Helper()
 	pid := d.PID()
@@ -262,16 +270,28 @@ func idleFlood(t *testing.T, d *replicatest.Run, addr string, tlsConfig *tls.Con
 		return m.Value("shepherd_heartbeat_connections_evicted_total"), m.Value("shepherd_heartbeat_connections_refused_total")
 	}
 	evictedBefore, refusedBefore := counts()
-	var maxSockets atomic.Int64
+	var maxSockets, probes atomic.Int64
+	var probeFailure atomic.Pointer[string]
 	sampling, stopSampling := context.WithCancel(context.Background())
-	sampled := make(chan struct{})
+	sampled := make(chan struct{}, 2)
 	go func() {
-		defer close(sampled)
+		defer func() { sampled <- struct{}{} }()
 		for sampling.Err() == nil {
 			if n := int64(countSockets(pid)); n > maxSockets.Load() {
 				maxSockets.Store(n)
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	go func() { // the probes, on -listen, keep being answered
+		defer func() { sampled <- struct{}{} }()
+		for sampling.Err() == nil {
+			if code, body, err := d.Get("/healthz"); err != nil || code != http.StatusOK {
+				failure := fmt.Sprintf("/healthz: %d %q %v", code, body, err)
+				probeFailure.CompareAndSwap(nil, &failure)
+			}
+			probes.Add(1)
+			time.Sleep(200 * time.Millisecond)
 		}
 	}()
 	var opened, closed, closedAtOnce, handshakes, requests atomic.Int64
@@ -291,13 +311,17 @@ func idleFlood(t *testing.T, d *replicatest.Run, addr string, tlsConfig *tls.Con
 	dialer := func(source string) *net.Dialer {
 		return &net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}}
 	}
-	for range plainConns {
-		c, err := dialer(sources[0]).Dial("tcp", addr)
+	for i := range plainConns {
+		c, err := dialer(sources[i%len(sources)]).Dial("tcp", addr)
 		if err != nil {
 			t.Fatalf("plain connection: %v", err)
 		}
 		hold(c, c)
 	}
+	// Plain X25519: the cheapest handshake for both sides, as a flood
+	// would choose.
+	tlsConfig = tlsConfig.Clone()
+	tlsConfig.CurvePreferences = []tls.CurveID{tls.X25519}
 	var firstErr sync.Once
 	work := make(chan int)
 	var workers sync.WaitGroup
@@ -351,6 +375,10 @@ func idleFlood(t *testing.T, d *replicatest.Run, addr string, tlsConfig *tls.Con
 	held.Wait()
 	stopSampling()
 	<-sampled
+	<-sampled
+	if f := probeFailure.Load(); f != nil {
+		t.Errorf("during the flood: %s", *f)
+	}
 	evicted, refused := counts()
 	r := floodResult{
 		closedAtOnce: int(closedAtOnce.Load()),
@@ -358,8 +386,8 @@ func idleFlood(t *testing.T, d *replicatest.Run, addr string, tlsConfig *tls.Con
 		evicted:      evicted - evictedBefore,
 		refused:      refused - refusedBefore,
 	}
-	t.Logf("flood from %d addresses: %d TLS handshakes (%d then one request), %d plain connections; %d closed during the handshake, %g evicted, %g refused; at most %d sockets open",
-		len(sources), handshakes.Load(), requests.Load(), plainConns, r.closedAtOnce, r.evicted, r.refused, r.maxSockets)
+	t.Logf("flood from %d addresses: %d TLS handshakes (%d then one request), %d plain connections; %d closed during the handshake, %g evicted, %g refused; at most %d sockets open; %d /healthz probes",
+		len(sources), handshakes.Load(), requests.Load(), plainConns, r.closedAtOnce, r.evicted, r.refused, r.maxSockets, probes.Load())
 	return r
 }
 
