@@ -527,6 +527,37 @@ func TestConnectionLimits(t *testing.T) {
 		})
 	}
 
+	t.Run("one per source", func(t *testing.T) {
+		// The victim is the source's last connection: its entry must
+		// survive for the new one.
+		srv := New(e.db, Options{Metrics: e.metrics, MaxConnsPerSource: 1})
+		addr := serve(t, srv)
+		idleNow := func(n int) {
+			t.Helper()
+			deadline := time.Now().Add(wait)
+			for srv.conns.Load().evictableOf("127.0.0.13") != n {
+				if time.Now().After(deadline) {
+					t.Fatalf("the server did not see %d idle connections", n)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		first := dialFrom(t, "127.0.0.13", addr)
+		served(t, first)
+		idleNow(1)
+		second := dialFrom(t, "127.0.0.13", addr)
+		served(t, second)
+		if !first.closedByServer(wait) {
+			t.Fatal("the idle connection was not closed for a new one")
+		}
+		idleNow(1)
+		second.Close()
+		idleNow(0)
+		served(t, dialFrom(t, "127.0.0.13", addr))
+		idleNow(1)
+		served(t, dialFrom(t, "127.0.0.13", addr))
+	})
+
 	t.Run("idle", func(t *testing.T) {
 		srv := New(e.db, Options{Metrics: e.metrics, IdleTimeout: 100 * time.Millisecond})
 		addr := serve(t, srv)
