@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
@@ -168,6 +170,42 @@ func TestRunTimeoutThroughTheBinary(t *testing.T) {
 		return v == 2, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
 	})
 	bmdbtest.CheckExclusion(t, bmdbtest.History(t, db), map[string]string{"ShepherdAgentStart": "Shepherd", "ShepherdRecovery": "Shepherd"})
+}
+
+// The same for Recovery, whose power read through the simulated BMC takes
+// 10 s against -recovery_run_timeout=1s.
+func TestRecoveryRunTimeoutThroughTheBinary(t *testing.T) {
+	t.Parallel()
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
+		"-listen=127.0.0.1:0", "-processes=recovery", "-sim_machines=2", "-sim_action_time=10s",
+		"-recovery_start_timeout=1s", "-recovery_run_timeout=1s", "-recovery_backoff_initial=1h", "-shutdown_grace=2s")
+	machines := map[string]uuid.UUID{}
+	bmdbtest.WaitFor(t, 60*time.Second, "the simulated machines", func() (bool, string) {
+		for id, p := range bmdbtest.ProvidedBy(t, db, "sim") {
+			machines[id] = p.Machine
+		}
+		return len(machines) == 2, fmt.Sprintf("%d machines", len(machines))
+	})
+	recordSilentAgents(t, db, machines)
+	bmdbtest.WaitFor(t, 60*time.Second, "both recoveries to time out", func() (bool, string) {
+		n := 0
+		for _, m := range machines {
+			if last := lastRecovery(historyOf(t, db, m)); last.Event == bmdb.EventFailed {
+				if last.Cause != "run timed out after 1s" {
+					t.Fatalf("failure cause %q, want \"run timed out after 1s\"", last.Cause)
+				}
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d timed out", n)
+	})
+	bmdbtest.WaitFor(t, 10*time.Second, "the timeouts in the metrics", func() (bool, string) {
+		m, _ := d.Metrics()
+		v := m.Value("shepherd_work_finished_total", "process", "recovery", "result", "timeout")
+		return v == 2, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
+	})
 }
 
 // A machine without a BMC keeps the behaviour from before power was read,
