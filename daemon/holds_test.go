@@ -92,7 +92,7 @@ func TestHoldTwoReplicas(t *testing.T) {
 	}
 	cli(exitOK, "hold", sim.ProviderID(2), "-reason", "DIMM swap, ticket 4711")
 	heldAt := time.Now()
-	cli(exitOK, "hold", sim.ProviderID(3), "-process", "agentstart", "-for", "3s", "-reason", "quick look", "-as", "tech-ben")
+	cli(exitOK, "hold", sim.ProviderID(3), "-process", "agentstart", "-for", "6s", "-reason", "quick look", "-as", "tech-ben")
 	shortAt := time.Now()
 	out := cli(exitOK, "machines", "-process", "agentstart", "-state", "held")
 	if !strings.Contains(out, held.String()) || !strings.Contains(out, "DIMM swap, ticket 4711 (by tech-anna)") || !strings.Contains(out, short.String()) {
@@ -101,20 +101,22 @@ func TestHoldTwoReplicas(t *testing.T) {
 
 	// The short hold ends by itself: AgentStart takes the machine again
 	// after its end, without a release.
-	bmdbtest.WaitFor(t, 60*time.Second, "AgentStart leasing the machine after its 3s hold", func() (bool, string) {
-		n := startsOf(bmdbtest.History(t, db), short, agentstart.Process.Name, shortAt.Add(3*time.Second))
+	bmdbtest.WaitFor(t, 60*time.Second, "AgentStart leasing the machine after its 6s hold", func() (bool, string) {
+		n := startsOf(bmdbtest.History(t, db), short, agentstart.Process.Name, shortAt.Add(6*time.Second))
 		return n >= 2, fmt.Sprintf("%d starts after the hold's end", n)
 	})
 	h := bmdbtest.History(t, db)
-	// The hold ends 3s after its Held event's transaction began.
+	// The hold ends 6s after its Held event's transaction began. A claim
+	// that began before the end may run its statement after it: only the
+	// claims that began 3s before the end are sure to have seen the hold.
 	var end time.Time
 	for _, e := range h {
 		if e.Machine == short && e.Event == bmdb.EventHeld {
-			end = e.Timestamp.Add(3 * time.Second)
+			end = e.Timestamp.Add(6 * time.Second)
 		}
 	}
-	if n := startsOf(h, short, agentstart.Process.Name, shortAt) - startsOf(h, short, agentstart.Process.Name, end); end.IsZero() || n != 0 {
-		t.Errorf("the machine held for 3s was leased %d times during its hold (ending %s)", n, end)
+	if n := startsOf(h, short, agentstart.Process.Name, shortAt) - startsOf(h, short, agentstart.Process.Name, end.Add(-3*time.Second)); end.IsZero() || n != 0 {
+		t.Errorf("the machine held for 6s was leased %d times during its hold (ending %s)", n, end)
 	}
 	if n := startsOf(h, held, agentstart.Process.Name, heldAt); n != 0 {
 		t.Fatalf("the held machine was leased %d times after its hold", n)
