@@ -472,7 +472,12 @@ func (b *bench) ingest(ctx context.Context, dsn, file string, res *heartbeatResu
 		}
 	}()
 	reg := prometheus.NewRegistry()
-	srv := heartbeat.New(db, heartbeat.Options{Metrics: heartbeat.NewMetrics(reg)})
+	// Every sender connects from 127.0.0.1, standing for agents on as many
+	// machines: the connection caps, which bound what one address (or a
+	// flood) may hold, are raised to the senders' count so that the
+	// benchmark measures heartbeats, not reconnections.
+	conns := b.o.heartbeatClients + 64
+	srv := heartbeat.New(db, heartbeat.Options{Metrics: heartbeat.NewMetrics(reg), MaxConns: conns, MaxConnsPerSource: conns})
 	defer func() { res.RefusedByResult = refusedByResult(reg) }()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
