@@ -56,7 +56,10 @@ func BuildShepherd(suite string, flags ...string) (binary string, remove func(),
 
 // ChurnFlags make a simulated fleet of n machines busy: agent starts fail
 // often (backoffs), agents die often (Recovery), timeouts and backoffs are
-// seconds. Suites add their session interval and shutdown grace.
+// seconds. Recovery's per-machine budget is off: churn resets the same
+// machines again and again on purpose, which the default budget (3 a day)
+// would soon hand to a human. Suites add their session interval and
+// shutdown grace.
 func ChurnFlags(n int) []string {
 	return []string{
 		"-provider=sim",
@@ -71,6 +74,7 @@ func ChurnFlags(n int) []string {
 		"-agentstart_backoff_maximum=4s",
 		"-recovery_backoff_initial=1s",
 		"-recovery_backoff_maximum=4s",
+		"-recovery_machine_budget=none",
 		"-agentstart_loop_parallelism=4",
 		"-recovery_loop_parallelism=4",
 		"-agentstart_idle_poll=200ms",
