@@ -286,3 +286,66 @@ func TestCLIControlBadInput(t *testing.T) {
 		}
 	}
 }
+
+// run-now through the binary on a healthy machine, whose conditions hold
+// for neither process: AgentStart starts the agent again (a new start
+// time), Recovery reboots it; each acts once, Forced before its Started.
+func TestRunNowHealthyMachine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	env := replicatest.EnvWithoutDSN(envDSN + "=" + dsn)
+	d := replicatest.Start(t, shepherdBinary, "shepherd", env,
+		"-listen=127.0.0.1:0", "-sim_machines=1", "-sim_agent_start_failure_rate=0", "-sim_heartbeat_loss_rate=0",
+		"-sim_heartbeat_interval=200ms", "-sim_action_time=100ms", "-shutdown_grace=2s")
+	var m uuid.UUID
+	var started time.Time
+	healthy := func() (bool, string) {
+		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			if err := tx.QueryRow(ctx, `SELECT s.machine_id, s.agent_started_at FROM machine_agent_started s
+				JOIN machine_agent_heartbeat h USING (machine_id)`).Scan(&m, &started); err != nil {
+				return err
+			}
+			return nil
+		})
+		return err == nil, fmt.Sprint(err)
+	}
+	bmdbtest.WaitFor(t, 60*time.Second, "an agent started and heartbeating", healthy)
+	count := func(process, event string) int {
+		h, err := db.History(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for i, e := range h {
+			if e.Process == process && e.Event == event {
+				if event == bmdb.EventForcedRun && (i+1 >= len(h) || h[i+1].Event != bmdb.EventStarted || h[i+1].Process != process) {
+					t.Fatalf("Forced of %s not followed by its Started: %+v", process, h)
+				}
+				n++
+			}
+		}
+		return n
+	}
+	for _, p := range []struct{ label, name string }{{"agentstart", agentstart.Process.Name}, {"recovery", recovery.Process.Name}} {
+		before := count(p.name, bmdb.EventFinished)
+		code, out, errOut := runShepherd(t, env, "run-now", m.String(), p.label, "-reason", "test "+p.label, "-as", "dana")
+		if code != exitOK {
+			t.Fatalf("run-now %s: exit %d\n%s%s", p.label, code, out, errOut)
+		}
+		bmdbtest.WaitFor(t, 60*time.Second, p.label+"'s forced run to finish", func() (bool, string) {
+			return count(p.name, bmdb.EventForcedRun) == 1 && count(p.name, bmdb.EventFinished) > before, "not yet"
+		})
+		prev := started
+		bmdbtest.WaitFor(t, 60*time.Second, "the agent started again and heartbeating", func() (bool, string) {
+			ok, state := healthy()
+			return ok && started.After(prev), state
+		})
+	}
+	d.Stop(30 * time.Second)
+	if n := count(recovery.Process.Name, bmdb.EventStarted); n != 1 {
+		t.Errorf("Recovery leased the machine %d times, want once (the forced run)", n)
+	}
+	auditLeases(t, bmdbtest.History(t, db))
+}
