@@ -19,8 +19,8 @@ import (
 )
 
 // Operator control of single machines through the binary, with two
-// replicas (issue 28, items 3, 4 and 7): every agent start takes a minute
-// (-sim_action_time=60s), so AgentStart holds a lease on each machine.
+// replicas (issue 28, items 3, 4 and 7): every agent start takes minutes
+// (-sim_action_time=180s), so AgentStart holds a lease on each machine.
 //
 //   - run-now of Recovery on a leased machine, whose condition does not
 //     hold (its agent was never started), says it waits for the lease, and
@@ -49,8 +49,12 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 		"-sim_machines=2",
 		"-sim_agent_start_failure_rate=0",
 		"-sim_heartbeat_loss_rate=0",
-		"-sim_action_time=60s",
+		// At least 90 s (±50 %): the leases outlast the test's commands
+		// on a loaded machine.
+		"-sim_action_time=180s",
 		"-shutdown_grace=1s",
+		// A missed notification is found within 2 s as well.
+		"-session_interval=4s",
 	}
 	env := replicatest.EnvWithoutDSN(envDSN + "=" + dsn)
 	replicas := []*replicatest.Run{
