@@ -53,6 +53,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-sim_agent_start_failure_rate=1.5"}, "shepherd: -sim_agent_start_failure_rate 1.5: must be between 0 and 1"},
 		{[]string{"-sim_heartbeat_loss_rate=-0.1"}, "shepherd: -sim_heartbeat_loss_rate -0.1: must be between 0 and 1"},
 		{[]string{"-recovery_heartbeat_timeout=0s"}, "shepherd: -recovery_heartbeat_timeout 0s: must be positive"},
+		{[]string{"-recovery_verify_timeout=0s"}, "shepherd: -recovery_verify_timeout 0s: must be positive"},
 		{[]string{"-shutdown_grace=-1s"}, "shepherd: -shutdown_grace -1s: must not be negative"},
 		{[]string{"-session_interval=100ms"}, "shepherd: -session_interval 100ms: must be between 1s and 1h"},
 		{[]string{"-bmdb_dsn=postgres://u:pw@127.0.0.1:1/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"}, "shepherd: -bmdb_dsn: a TLS file the DSN names cannot be read: open /nonexistent/ca.pem: no such file or directory"},
