@@ -4,11 +4,13 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
@@ -36,6 +38,17 @@ func TestMachinePageExplains(t *testing.T) {
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("machine page lacks %q", want)
+		}
+	}
+	// The daemon's limits and budget, judged as a claim would.
+	limited := slices.Clone(processes)
+	limited[0].Limits = controlloop.Limits{MaxInFlight: 1, MachineBudget: bmdb.MachineBudget{N: 5, Window: time.Hour}}
+	lsrv := httptest.NewServer(New(f.db, limited, Options{}))
+	defer lsrv.Close()
+	_, _, lbody := get(t, lsrv, MachinePath(f.leased))
+	for _, want := range []string{"in-flight limit reached: 1 leases of max 1", "budget used: 1 of 5 in 1h0m0s"} {
+		if !strings.Contains(lbody, want) {
+			t.Errorf("machine page with the daemon's limits lacks %q", want)
 		}
 	}
 	code, _, body = get(t, srv, MachinePath(f.failed))

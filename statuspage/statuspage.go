@@ -43,6 +43,10 @@ type Process struct {
 	// Tags, if set, reads the process's own tags of a machine (from its
 	// own tables), shown on the machine's page with Shepherd's tags.
 	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+	// Limits are the process's safety limits and per-machine budget as
+	// this daemon runs it, which the machine view's explanation judges
+	// (zero: not judged).
+	Limits controlloop.Limits
 }
 
 // Tag is one line of a process's tags on a machine's page. The page
@@ -56,7 +60,7 @@ type Tag struct {
 func FromRunners(runners ...*controlloop.Runner) []Process {
 	ps := make([]Process, len(runners))
 	for i, r := range runners {
-		ps[i] = Process{Info: r.Info(), Candidates: r.Candidates()}
+		ps[i] = Process{Info: r.Info(), Candidates: r.Candidates(), Limits: r.Limits()}
 	}
 	return ps
 }
@@ -193,12 +197,12 @@ type overview struct {
 	Processes []processView
 	// Names are the provider ids of the machines the page lists.
 	Names map[uuid.UUID]string
-	// Holds are the held machines and the last escalations (holds.go);
-	// nil when they could not be read.
-	Holds *holdsView
 	// Requests are the operators' pending and honoured run-now and cancel
 	// requests; nil when they could not be read.
 	Requests *requestsView
+	// Holds are the held machines and the last escalations (holds.go);
+	// nil when they could not be read.
+	Holds *holdsView
 	// OtherPauses are active pauses of processes this daemon does not run.
 	OtherPauses []bmdb.Pause
 	Sessions    []bmdb.SessionInfo
@@ -428,7 +432,8 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explanation {
 	ps := make([]bmdb.ExplainProcess, len(h.processes))
 	for i, p := range h.processes {
-		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates}
+		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates,
+			Limits: bmdb.Limits{MaxInFlight: p.Limits.MaxInFlight, MaxPerHour: p.Limits.MaxPerHour}, Budget: p.Limits.MachineBudget}
 	}
 	ex, err := h.db.ExplainMachine(ctx, machine, ps)
 	if err != nil {
