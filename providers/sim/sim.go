@@ -128,12 +128,10 @@ type Provider struct {
 	// this replica's memory: another replica sees every machine on.
 	off map[uuid.UUID]bool
 	// boots holds each machine's simulated boot identity, which its
-	// agents' heartbeats carry; a reboot or power-on deletes it, and the
-	// next boot draws a new one, so that Recovery verifies simulated
-	// reboots as it does real ones. Like the agents, they live in this
-	// replica's memory: a reboot through another replica is seen here
-	// only once this replica restarts the agent after its own reboot, so
-	// with several replicas some simulated reboots end NotRecovered.
+	// agents' heartbeats carry, so that Recovery verifies simulated
+	// reboots as it does real ones: a reboot or power-on deletes it, and
+	// an agent start draws a new one (see StartAgent), even when another
+	// replica did the reboot.
 	boots map[uuid.UUID]uuid.UUID
 }
 
@@ -260,6 +258,11 @@ func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, err
 		return nil, fmt.Errorf("sim: generating agent key: %w", err)
 	}
 	p.agents[m.Machine] = &agent{key: key, started: time.Now()}
+	// A simulated agent starts after the machine booted (AgentStart takes
+	// a machine only when it has no agent: at first, or after Recovery
+	// reset it), possibly through another replica, whose reboot this
+	// replica never saw: the boot is a new one.
+	p.boots[m.Machine] = uuid.New()
 	return key, nil
 }
 
