@@ -11,4 +11,5 @@ var HoldQueries = map[string]string{
 	"budgetUsed":  qBudgetUsed,
 	"select":      qSelectMachines,
 	"escalations": qRecentEscalations,
+	"holdsAmong":  qHoldsAmong,
 }

@@ -312,3 +312,17 @@ func (db *DB) RecentEscalations(ctx context.Context, process string, limit int) 
 	}
 	return h, nil
 }
+
+// HoldsAmong returns the active holds of machines, by machine, for
+// listings of many machines (shepherd machines -all).
+func (db *DB) HoldsAmong(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]Hold, error) {
+	hs, err := queryRows(ctx, db.pool, scanHold, qHoldsAmong, uuidArray(machines))
+	if err != nil {
+		return nil, fmt.Errorf("reading the holds of %d machines: %w", len(machines), err)
+	}
+	out := map[uuid.UUID][]Hold{}
+	for _, h := range hs {
+		out[h.Machine] = append(out[h.Machine], h)
+	}
+	return out, nil
+}

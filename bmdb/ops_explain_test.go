@@ -226,6 +226,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"holdsList", bmdb.HoldQueries["holdsList"], []any{"ShepherdRecovery", 1000}, holds, ""},
 		tc{"heldCount", bmdb.HoldQueries["heldCount"], []any{"ShepherdRecovery"}, holds, ""},
 		tc{"escalations", bmdb.HoldQueries["escalations"], []any{"ShepherdRecovery", 10}, tiny, "work_history_process_event_idx"},
+		tc{"holdsAmong", bmdb.HoldQueries["holdsAmong"], []any{ids}, tiny, "machine_hold_pkey"},
 		tc{"budgetUsed", bmdb.HoldQueries["budgetUsed"], []any{pgx.NamedArgs{"machine": machine, "process": "ShepherdRecovery", "budget_window": 86400.0}}, tiny, "work_history_machine_idx"},
 	)
 	// The status page's reads.

@@ -124,3 +124,9 @@ const qRecentEscalations = `
 SELECT id, machine_id, process, event, "timestamp", failed_cause, session_id, actor, actor_role
 FROM work_history WHERE process = $1 AND event = 'Escalated'
 ORDER BY "timestamp" DESC, id DESC LIMIT $2`
+
+// qHoldsAmong lists the active holds of the machines $1, by key.
+const qHoldsAmong = `
+SELECT ` + holdColumns + ` FROM machine_hold h
+WHERE h.machine_id = ANY ($1::uuid[]) AND (h.until IS NULL OR h.until > now())
+ORDER BY h.machine_id, h.process`

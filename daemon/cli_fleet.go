@@ -59,6 +59,10 @@ func (c *cli) fleet(ctx context.Context) error {
 			return err
 		}
 	}
+	holds, err := c.db.HoldsAmong(ctx, ids)
+	if err != nil {
+		return err
+	}
 	states := func(m bmdb.FleetMachine) map[string]string {
 		out := map[string]string{}
 		for _, p := range procs {
@@ -76,6 +80,15 @@ func (c *cli) fleet(ctx context.Context) error {
 		}
 		for _, p := range m.BackingOff {
 			out[name(p)] = bmdb.StateBackoff
+		}
+		for _, h := range holds[m.Machine] {
+			if h.Process != "" {
+				out[name(h.Process)] = bmdb.StateHeld
+				continue
+			}
+			for _, p := range procs {
+				out[p.label] = bmdb.StateHeld
+			}
 		}
 		for _, p := range m.Leased {
 			out[name(p)] = bmdb.StateLeased

@@ -270,6 +270,21 @@ func TestHoldSelection(t *testing.T) {
 			t.Fatalf("hold: %+v", h)
 		}
 	}
+	// machines -all shows the state held for every process.
+	out, _ = cli(exitOK, "machines", "-all", "-o", "json")
+	var fleet []fleetJSON
+	if err := json.Unmarshal([]byte(out), &fleet); err != nil || len(fleet) != 310 {
+		t.Fatalf("machines -all: %d machines, %v", len(fleet), err)
+	}
+	heldIn := 0
+	for _, m := range fleet {
+		if m.Processes["agentstart"] == bmdb.StateHeld && m.Processes["recovery"] == bmdb.StateHeld {
+			heldIn++
+		}
+	}
+	if heldIn != 300 {
+		t.Fatalf("machines -all shows %d machines held for both processes, want 300", heldIn)
+	}
 	// Selected by process and state (a hold of every process holds
 	// AgentStart too), but a release of AgentStart's holds releases no
 	// hold of every process.
