@@ -80,7 +80,8 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       make PROCESS act on MACHINE once, at its next claim, even though its
       condition does not hold (recovery: reboot now; agentstart: start the
       agent again); still under exclusion, backoff, pause, limits and
-      holds: the request waits while one blocks it, and says which
+      holds: the request waits while one blocks it, and says which;
+      -withdraw takes a pending request back
   shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
   shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-hold] [-yes]
       cancel PROCESS's lease on MACHINE (or on each selected machine, in one
@@ -152,7 +153,7 @@ var cliCommands = map[string]cliCommand{
 	}, run: (*cli).hostKey},
 	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
 	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},
-	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow},
+	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow, reasonOptional: true},
 	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
 	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
 }

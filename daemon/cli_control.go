@@ -21,7 +21,8 @@ import (
 // controlOptions are the flags of run-now, cancel and explain (-as and
 // the selections are cli_holds.go's).
 type controlOptions struct {
-	hold bool
+	hold     bool
+	withdraw bool
 	// explain's view of the daemons' settings of the -process it names.
 	budget                  string
 	maxInFlight, maxPerHour int
@@ -30,6 +31,7 @@ type controlOptions struct {
 func runNowFlags(fs *flag.FlagSet, o *cliOptions) {
 	reasonFlag(fs, o)
 	asFlag(fs, o)
+	fs.BoolVar(&o.ctl.withdraw, "withdraw", false, "withdraw the pending request instead (no -reason needed): one its process will not honour soon, or made by mistake")
 }
 
 func explainFlags(fs *flag.FlagSet, o *cliOptions) {
@@ -66,8 +68,12 @@ func (c *cli) explainProcesses(only string) []bmdb.ExplainProcess {
 	return out
 }
 
-// runNow asks a process to act on a machine once, whatever its condition.
+// runNow asks a process to act on a machine once, whatever its condition
+// (or, with -withdraw, takes the request back).
 func (c *cli) runNow(ctx context.Context, args []string) error {
+	if !c.opts.ctl.withdraw && strings.TrimSpace(c.opts.reason) == "" {
+		return usagef("run-now needs -reason: it is recorded for whoever looks at this next")
+	}
 	id, err := c.machine(ctx, args[0])
 	if err != nil {
 		return err
@@ -75,6 +81,20 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 	p, err := c.process(args[1])
 	if err != nil {
 		return err
+	}
+	if c.opts.ctl.withdraw {
+		if err := c.db.WithdrawRun(ctx, id, p.process.Name); err != nil {
+			return err
+		}
+		if c.json {
+			return c.emitJSON(struct {
+				Machine   uuid.UUID `json:"machine"`
+				Process   string    `json:"process"`
+				Withdrawn bool      `json:"withdrawn"`
+			}{id, p.process.Name, true})
+		}
+		fmt.Fprintf(c.out, "Withdrew the pending run-now request of %s on %s\n", p.process.Name, id)
+		return nil
 	}
 	res, err := c.db.RequestRun(ctx, id, p.process.Name, c.opts.reason, c.actor())
 	if err != nil {

@@ -275,8 +275,17 @@ func TestCLIControlBadInput(t *testing.T) {
 			t.Errorf("a refused command recorded %+v", e)
 		}
 	}
+	// A request that waits can be withdrawn, once.
+	out, _ := f.expect(t, exitOK, "run-now", f.leased.String(), "recovery", "-reason", "by mistake")
+	if !strings.Contains(out, "waits") {
+		t.Errorf("run-now on a leased machine:\n%s\nwant that it waits", out)
+	}
+	if out, _ = f.expect(t, exitOK, "run-now", f.leased.String(), "recovery", "-withdraw"); !strings.Contains(out, "Withdrew") {
+		t.Errorf("run-now -withdraw printed:\n%s", out)
+	}
+	f.expect(t, exitNotFound, "run-now", f.leased.String(), "recovery", "-withdraw")
 	// The limits and budget a daemon runs with, given to judge by.
-	out, _ := f.expect(t, exitOK, "explain", f.leased.String(), "-process", "agentstart", "-max_in_flight", "1", "-machine_budget", "1/1h")
+	out, _ = f.expect(t, exitOK, "explain", f.leased.String(), "-process", "agentstart", "-max_in_flight", "1", "-machine_budget", "1/1h")
 	for _, want := range []string{"in-flight limit reached: 1 leases of max 1", "budget used: 1 of 1 in 1h0m0s: exhausted"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("explain with the daemons' limits lacks %q:\n%s", want, out)
