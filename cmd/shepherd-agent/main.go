@@ -19,6 +19,13 @@
 // agent heartbeats for a machine. Operators and tests stop it with
 // `kill $(cat PID_FILE)`; a clean exit empties the file.
 //
+// Each heartbeat (agent protocol heartbeat version 2) carries, signed, the
+// machine's boot identity (-boot_id_file, the kernel's boot_id) and the
+// SHA-256 of this binary: Shepherd counts a reset as done only when the
+// agent comes back with a new boot identity. An agent that cannot read one
+// sends version 1 heartbeats, which Shepherd accepts without verifying
+// reboots.
+//
 // With -foreground the agent does all of this in one process, without
 // detaching (for tests, and for running it under a supervisor).
 package main
