@@ -14,6 +14,8 @@ var OpsQueries = map[string]string{
 	"retry":            qRetry,
 	"leasedOfProcess":  qLeasedOfProcess,
 	"backingOff":       qBackingOffOfProcess,
+	"rescheduled":      qRescheduledOfProcess,
+	"machineResched":   qMachineRescheduled,
 	"knownProcesses":   qKnownProcesses,
 	"recentFailures":   qRecentFailures,
 	"machineTags":      qMachineTags,

@@ -19,22 +19,30 @@ const (
 	StateLeased = "leased"
 	// StateBackoff: the process is backing off from the machine.
 	StateBackoff = "backoff"
+	// StateRescheduled: the process ended its work on the machine
+	// successfully and asked to check it again later (Task.CheckAgainAfter):
+	// the machine is no candidate of the process until then. Not a failure:
+	// without this state such a machine would be in none, and a periodic
+	// process's fleet would look idle.
+	StateRescheduled = "rescheduled"
 )
 
 // States are the machine states, in the order listings show them.
-var States = []string{StateEligible, StateLeased, StateBackoff, StateHeld}
+var States = []string{StateEligible, StateLeased, StateBackoff, StateRescheduled, StateHeld}
 
 // MachineState is one machine in one state of one process.
 type MachineState struct {
 	Machine uuid.UUID
 	Process string
-	// State is StateEligible, StateLeased, StateBackoff or StateHeld.
+	// State is StateEligible, StateLeased, StateBackoff, StateRescheduled
+	// or StateHeld.
 	State string
 	// Session and Since describe a lease.
 	Session uuid.UUID
 	Since   time.Time
 	// Until, Cause and LastInterval describe a backoff; Until (zero:
-	// until released), Cause (the reason), Since and Actor a hold.
+	// until released), Cause (the reason), Since and Actor a hold; Until
+	// alone a rescheduled machine (when it is a candidate again).
 	Until        time.Time
 	Cause        string
 	LastInterval time.Duration
@@ -58,7 +66,8 @@ type MachineQuery struct {
 }
 
 // Machines lists the machines of one process in one state: leased (oldest
-// lease first), backing off (soonest end first) or eligible (by machine id).
+// lease first), backing off or rescheduled (soonest end first), held, or
+// eligible (by machine id).
 // Each reads an index range, except eligible, which walks machines in id
 // order until Limit match, as a claim would.
 func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, error) {
@@ -87,6 +96,12 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 			err := row.Scan(&ms.Machine, &ms.Until, &ms.Cause, &seconds)
 			ms.LastInterval = time.Duration(seconds) * time.Second
 			return ms, err
+		}
+	case StateRescheduled:
+		sql, args = qRescheduledOfProcess, []any{name, q.Limit}
+		scan = func(row pgx.CollectableRow) (MachineState, error) {
+			ms := MachineState{Process: name, State: StateRescheduled}
+			return ms, row.Scan(&ms.Machine, &ms.Until)
 		}
 	case StateEligible:
 		if q.Candidates == nil {
@@ -140,10 +155,18 @@ type ProcessCounts struct {
 	Leased int64
 	// BackingOff machines have an active backoff.
 	BackingOff int64
-	// StartedLastHour, FinishedLastHour and FailedLastHour count history
-	// events of the last hour.
-	StartedLastHour, FinishedLastHour, FailedLastHour int64
+	// Rescheduled machines wait for their "check again later" time: done
+	// for now, not failing.
+	Rescheduled int64
+	// StartedLastHour, FinishedLastHour, RescheduledLastHour and
+	// FailedLastHour count history events of the last hour.
+	StartedLastHour, FinishedLastHour, RescheduledLastHour, FailedLastHour int64
 }
+
+// SucceededLastHour counts the successful ends of the last hour: Finished
+// and Rescheduled alike, since a periodic process ends every check with
+// Rescheduled and would otherwise show none.
+func (c ProcessCounts) SucceededLastHour() int64 { return c.FinishedLastHour + c.RescheduledLastHour }
 
 // ProcessCounts reads the counts of process in one statement.
 func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Candidates) (ProcessCounts, error) {
@@ -155,8 +178,8 @@ func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Can
 		"process": process.Name,
 	})
 	var c ProcessCounts
-	err := db.pool.QueryRow(ctx, query, args).Scan(&c.Eligible, &c.Leased, &c.BackingOff,
-		&c.StartedLastHour, &c.FinishedLastHour, &c.FailedLastHour)
+	err := db.pool.QueryRow(ctx, query, args).Scan(&c.Eligible, &c.Leased, &c.BackingOff, &c.Rescheduled,
+		&c.StartedLastHour, &c.FinishedLastHour, &c.RescheduledLastHour, &c.FailedLastHour)
 	if err != nil {
 		return ProcessCounts{}, fmt.Errorf("counting the machines of %s: %w", process.Name, err)
 	}
@@ -197,6 +220,9 @@ type MachineDetail struct {
 	// Leases and Backoffs (active or not) of any process, by process.
 	Leases   []LeaseInfo
 	Backoffs []BackoffState
+	// Rescheduled are the "check again later" times still to come, by
+	// process.
+	Rescheduled []Rescheduled
 	// History holds the newest entries, in causal order (oldest first).
 	History []HistoryEntry
 	// HistoryTruncated is true when older entries were left out.
@@ -258,6 +284,10 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	if err != nil {
 		return fail(err)
 	}
+	d.Rescheduled, err = queryRows(ctx, db.pool, pgx.RowToStructByPos[Rescheduled], qMachineRescheduled, machine)
+	if err != nil {
+		return fail(err)
+	}
 	// One more than asked tells whether older entries exist.
 	h, err := queryRows(ctx, db.pool, scanHistory, qMachineRecentHistory, machine, historyLimit+1)
 	if err != nil {
@@ -269,6 +299,14 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 	slices.Reverse(h)
 	d.History = h
 	return d, nil
+}
+
+// Rescheduled is a machine's "check again later" time for a process: the
+// process ended its work successfully (Rescheduled) and leases the machine
+// again no sooner than Until.
+type Rescheduled struct {
+	Process string
+	Until   time.Time
 }
 
 func scanLeaseInfo(row pgx.CollectableRow) (LeaseInfo, error) {

@@ -29,9 +29,11 @@ type FleetMachine struct {
 	AgentStarted  time.Time
 	LastHeartbeat time.Time
 	// Leased and BackingOff name the processes that hold a lease on the
-	// machine or back off from it now.
-	Leased     []string
-	BackingOff []string
+	// machine or back off from it now; Rescheduled those that are to check
+	// it again later (StateRescheduled).
+	Leased      []string
+	BackingOff  []string
+	Rescheduled []string
 }
 
 // FleetQuery pages through the fleet in (provider, provider id) order.
@@ -82,7 +84,7 @@ func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Can
 func scanFleetMachine(row pgx.CollectableRow) (FleetMachine, error) {
 	var m FleetMachine
 	var started, heartbeat *time.Time
-	err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &m.Power, &started, &heartbeat, &m.Leased, &m.BackingOff)
+	err := row.Scan(&m.Machine, &m.Provider, &m.ProviderID, &m.Address, &m.Location, &m.Power, &started, &heartbeat, &m.Leased, &m.BackingOff, &m.Rescheduled)
 	if started != nil {
 		m.AgentStarted = *started
 	}

@@ -85,6 +85,10 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 type RetryResult struct {
 	// BackoffEnded is true when an active backoff was ended.
 	BackoffEnded bool
+	// RescheduleEnded is true when a "check again later" time (a
+	// Rescheduled end's, Task.CheckAgainAfter) still in the future was
+	// ended: the machine was waiting, not failing.
+	RescheduleEnded bool
 	// Leased is true when the process holds a lease on the machine now: the
 	// retry then matters only if that work fails.
 	Leased bool
@@ -108,7 +112,7 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 	var res RetryResult
 	var exists bool
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.Leased)
+		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased)
 	})
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retrying %s on %s: %w", process, machine, err)

@@ -29,7 +29,7 @@ func (db *DB) RetryMachines(ctx context.Context, machines []uuid.UUID, process, 
 		for _, m := range machines {
 			var exists bool
 			var res RetryResult
-			if err := tx.tx.QueryRow(ctx, qRetry, m, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.Leased); err != nil {
+			if err := tx.tx.QueryRow(ctx, qRetry, m, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased); err != nil {
 				return err
 			}
 			if exists {

@@ -179,6 +179,8 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		// planner rightly reads the small table whole.
 		{"leasedOfProcess", bmdb.OpsQueries["leasedOfProcess"], []any{"ShepherdRecovery", 1000}, []string{"process_pause", "work"}, ""},
 		{"backingOff", bmdb.OpsQueries["backingOff"], []any{"ShepherdAgentStart", 1000}, tiny, "work_backoff_process_until_idx"},
+		{"rescheduled", bmdb.OpsQueries["rescheduled"], []any{"UserFirmwareCheck", 1000}, tiny, "work_not_before_process_until_idx"},
+		{"machineResched", bmdb.OpsQueries["machineResched"], []any{machine}, tiny, "work_not_before_pkey"},
 		{"knownProcesses", bmdb.OpsQueries["knownProcesses"], nil, tiny, "work_history_process_event_idx"},
 		{"recentFailures", bmdb.OpsQueries["recentFailures"], []any{"ShepherdAgentStart", 20}, tiny, "work_history_process_event_idx"},
 		{"machineTags", bmdb.OpsQueries["machineTags"], []any{machine}, tiny, "machines_pkey"},

@@ -108,6 +108,8 @@ WHERE (@location::text IS NULL OR starts_with(mp.location, @location::text))
               SELECT 1 FROM work w WHERE w.machine_id = m.machine_id AND w.process = @process::text))
        OR (@state::text = 'backoff' AND EXISTS (
               SELECT 1 FROM work_backoff b WHERE b.machine_id = m.machine_id AND b.process = @process::text AND b.until > now()))
+       OR (@state::text = 'rescheduled' AND EXISTS (
+              SELECT 1 FROM work_not_before nb WHERE nb.machine_id = m.machine_id AND nb.process = @process::text AND nb.until > now()))
        OR (@state::text = 'held' AND EXISTS (
               SELECT 1 FROM machine_hold h WHERE h.machine_id = m.machine_id AND h.process IN (@process::text, '')
                 AND (h.until IS NULL OR h.until > now()))))

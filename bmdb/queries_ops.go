@@ -139,8 +139,9 @@ SELECT process, until, cause, last_interval_seconds, until > now() FROM cleared 
 	// that if the retry fails too the backoff grows on from where it was:
 	// unlike a cleared backoff, a retry does not claim the cause is fixed.
 	// It records Retried with the operator's reason ($3), name ($4) and
-	// role, and returns
-	// whether the machine exists, whether a backoff was ended and whether a
+	// role, and returns whether the machine exists, whether a backoff was
+	// ended, whether a "check again later" time was ended (each told apart,
+	// so that the operator is told what the retry changed) and whether a
 	// lease of the process is running (the retry then takes effect after
 	// it).
 	qRetry = `
@@ -159,7 +160,8 @@ WITH m AS (
     SELECT machine_id, $2, 'Retried', $3, $4::text, session_user FROM m
 )
 SELECT EXISTS (SELECT 1 FROM m),
-       EXISTS (SELECT 1 FROM expired) OR EXISTS (SELECT 1 FROM rescheduled),
+       EXISTS (SELECT 1 FROM expired),
+       EXISTS (SELECT 1 FROM rescheduled),
        EXISTS (SELECT 1 FROM work WHERE machine_id = $1 AND process = $2)`
 
 	// qHostKeyForget forgets machine $1's pinned SSH host key and records
@@ -199,6 +201,19 @@ WHERE process = $1 ORDER BY work_started_at, machine_id LIMIT $2`
 	qBackingOffOfProcess = `
 SELECT machine_id, until, cause, last_interval_seconds FROM work_backoff
 WHERE process = $1 AND until > now() ORDER BY until, machine_id LIMIT $2`
+
+	// qRescheduledOfProcess lists the machines a process is to check again
+	// later (a Rescheduled end's time, still to come), the soonest first.
+	// By work_not_before_process_until_idx.
+	qRescheduledOfProcess = `
+SELECT machine_id, until FROM work_not_before
+WHERE process = $1 AND until > now() ORDER BY until, machine_id LIMIT $2`
+
+	// qMachineRescheduled lists machine $1's "check again later" times
+	// still to come, by process (its primary key).
+	qMachineRescheduled = `
+SELECT process, until FROM work_not_before
+WHERE machine_id = $1 AND until > now() ORDER BY process`
 
 	// qKnownProcesses lists every process name the BMDB has seen, by a loose
 	// index scan of each table (one index probe per distinct name), so that
@@ -284,14 +299,16 @@ FROM providers JOIN machine_provided p ON p.provider = providers.provider AND p.
 ORDER BY p.provider`
 
 	// qFleet lists machines with their tags and the processes that hold a
-	// lease or an active backoff on each, by provider and provider id
+	// lease, an active backoff or a "check again later" time on each, by provider and provider id
 	// (machine_provided's unique index), after the keyset ($1, $2), $3 rows.
 	qFleet = `
 SELECT p.machine_id, p.provider, p.provider_id, p.address, p.location, p.power,
        s.agent_started_at, h.agent_heartbeat_at,
        ARRAY(SELECT w.process FROM work w WHERE w.machine_id = p.machine_id ORDER BY w.process),
        ARRAY(SELECT b.process FROM work_backoff b
-             WHERE b.machine_id = p.machine_id AND b.until > now() ORDER BY b.process)
+             WHERE b.machine_id = p.machine_id AND b.until > now() ORDER BY b.process),
+       ARRAY(SELECT nb.process FROM work_not_before nb
+             WHERE nb.machine_id = p.machine_id AND nb.until > now() ORDER BY nb.process)
 FROM machine_provided p
 LEFT JOIN machine_agent_started s ON s.machine_id = p.machine_id
 LEFT JOIN machine_agent_heartbeat h ON h.machine_id = p.machine_id
@@ -326,15 +343,19 @@ WHERE m.machine_id = ANY(@ids)
 // processCountsTemplate reads the status page's counts of one process in
 // one statement. The eligible count scans the machines, as the runner's
 // gauge does; the others read index ranges (work_process_idx,
-// work_backoff_process_until_idx, work_history_process_event_idx).
+// work_backoff_process_until_idx, work_not_before_process_until_idx,
+// work_history_process_event_idx).
 const processCountsTemplate = `
 SELECT
   (SELECT count(*) FROM machines m WHERE ` + eligibleFilter + `),
   (SELECT count(*) FROM work WHERE process = @process),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
+  (SELECT count(*) FROM work_not_before WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work_history
    WHERE process = @process AND event = 'Started' AND "timestamp" > now() - interval '1 hour'),
   (SELECT count(*) FROM work_history
    WHERE process = @process AND event = 'Finished' AND "timestamp" > now() - interval '1 hour'),
+  (SELECT count(*) FROM work_history
+   WHERE process = @process AND event = 'Rescheduled' AND "timestamp" > now() - interval '1 hour'),
   (SELECT count(*) FROM work_history
    WHERE process = @process AND event = 'Failed' AND "timestamp" > now() - interval '1 hour')`

@@ -15,7 +15,7 @@ import (
 const StateHeld = "held"
 
 // SelectableStates are the states a Selector takes.
-var SelectableStates = []string{StateLeased, StateBackoff, StateHeld}
+var SelectableStates = []string{StateLeased, StateBackoff, StateRescheduled, StateHeld}
 
 // Selector picks machines for an operator command that acts on many
 // (shepherd hold, release, retry, backoff clear, cancel) instead of naming

@@ -31,9 +31,10 @@ const exitNotFound = 3
 const cliUsage = `Operator commands, talking to the BMDB (-bmdb_dsn, -bmdb_dsn_file or
 $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
 
-  shepherd machines [-process P] [-state eligible|leased|backoff] [-limit N]
+  shepherd machines [-process P] [-state eligible|leased|backoff|rescheduled|held] [-limit N]
       machines per process and state: leases (oldest first), backoffs (with
-      cause and until), eligible machines (by id)
+      cause and until), rescheduled machines (done for now: checked again
+      at until), holds, eligible machines (by id)
   shepherd machines -all [-limit N]
       every machine: provider, provider id, address, location, agent start
       and last heartbeat, and each process's state on it
@@ -45,7 +46,8 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       next failure backs off from the initial interval again
   shepherd retry MACHINE PROCESS -reason R
       make MACHINE eligible now for PROCESS: end its backoff, keeping its
-      interval (a new failure backs off longer)
+      interval (a new failure backs off longer), or its check-again-later
+      time (rescheduled)
   shepherd hold MACHINE... [-process P] -reason R [-for D]
       keep P (default: every process) off the machines, on every replica,
       from its next claim on; work in flight runs to its end. -for releases
@@ -53,7 +55,7 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
   shepherd release MACHINE... [-process P] -reason R
       end the holds of P (default: every hold, a budget's included)
   Selections: hold, release, retry and backoff clear (and cancel) take,
-  instead of machines, -location PREFIX, -process P -state leased|backoff|held
+  instead of machines, -location PREFIX, -process P -state leased|backoff|rescheduled|held
   or -cause TEXT (in the last failure cause); they list the machines
   selected and act on more than one only with -yes, in one transaction (at
   most 10000 machines). Operator actions record -as NAME (default
@@ -130,7 +132,7 @@ type cliOptions struct {
 var cliCommands = map[string]cliCommand{
 	"machines": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
-		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased or backoff; default all")
+		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased, backoff, rescheduled or held; default all")
 		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state (with -all: in all)")
 		fs.BoolVar(&o.all, "all", false, "every machine, with provider, provider id, address, location, agent tags and the state of each process")
 		// The processes' own flags are registered too (runCLI): their
@@ -519,7 +521,7 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			if m.State == bmdb.StateLeased {
 				j.Session, j.Since = &m.Session, &m.Since
 			}
-			if m.State == bmdb.StateBackoff {
+			if m.State == bmdb.StateBackoff || m.State == bmdb.StateRescheduled {
 				j.Until = &m.Until
 			}
 			if m.State == bmdb.StateHeld {
@@ -663,21 +665,37 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 	}
 	if c.json {
 		return c.emitJSON(struct {
-			Machine      uuid.UUID `json:"machine"`
-			Process      string    `json:"process"`
-			BackoffEnded bool      `json:"backoff_ended"`
-			Leased       bool      `json:"leased"`
-		}{id, p.process.Name, res.BackoffEnded, res.Leased})
+			Machine         uuid.UUID `json:"machine"`
+			Process         string    `json:"process"`
+			BackoffEnded    bool      `json:"backoff_ended"`
+			RescheduleEnded bool      `json:"reschedule_ended"`
+			Leased          bool      `json:"leased"`
+		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased})
 	}
 	switch {
 	case res.Leased:
 		fmt.Fprintf(c.out, "%s is working on %s right now; the retry is recorded and matters if that work fails\n", p.process.Name, id)
-	case res.BackoffEnded:
-		fmt.Fprintf(c.out, "Ended the backoff of %s on %s: it is eligible now, if %s's condition holds\n", p.process.Name, id, p.process.Name)
+	case res.BackoffEnded || res.RescheduleEnded:
+		fmt.Fprintf(c.out, "Ended %s of %s on %s: it is eligible now, if %s's condition holds\n", retryEnded(res), p.process.Name, id, p.process.Name)
 	default:
 		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
 	}
 	return nil
+}
+
+// retryEnded names what a retry ended: a backoff, a check-again-later time
+// (a rescheduled machine's), or both; telling an operator that a backoff
+// ended when the machine was only waiting would send them after a failure
+// that never happened.
+func retryEnded(res bmdb.RetryResult) string {
+	switch {
+	case res.BackoffEnded && res.RescheduleEnded:
+		return "the backoff and the check-again-later time"
+	case res.RescheduleEnded:
+		return "the check-again-later time (rescheduled)"
+	default:
+		return "the backoff"
+	}
 }
 
 // clearedJSON is a cleared backoff in JSON.

@@ -29,7 +29,8 @@ type fleetJSON struct {
 }
 
 // fleet lists every machine with its tags and each process's state on it:
-// leased, backoff, eligible (for the processes this binary knows) or idle.
+// leased, held, backoff, rescheduled, eligible (for the processes this
+// binary knows) or idle.
 func (c *cli) fleet(ctx context.Context) error {
 	machines, err := c.db.Fleet(ctx, bmdb.FleetQuery{Limit: c.opts.limit})
 	if err != nil {
@@ -77,6 +78,9 @@ func (c *cli) fleet(ctx context.Context) error {
 				}
 			}
 			return process
+		}
+		for _, p := range m.Rescheduled {
+			out[name(p)] = bmdb.StateRescheduled
 		}
 		for _, p := range m.BackingOff {
 			out[name(p)] = bmdb.StateBackoff

@@ -43,7 +43,7 @@ func asFlag(fs *flag.FlagSet, o *cliOptions) {
 // naming them.
 func selectionFlags(fs *flag.FlagSet, o *cliOptions) {
 	fs.StringVar(&o.hold.location, "location", "", "select the machines whose location at their provider starts with this prefix (e.g. dc1/rack07/)")
-	fs.StringVar(&o.state, "state", "", "with -process: select the machines in this state of the process: leased, backoff or held")
+	fs.StringVar(&o.state, "state", "", "with -process: select the machines in this state of the process: leased, backoff, rescheduled or held")
 	fs.StringVar(&o.hold.cause, "cause", "", "select the machines whose last failure cause (their backoff's, of -process when given) contains this text (case-insensitive)")
 	fs.BoolVar(&o.hold.yes, "yes", false, "act when the selection has more than one machine (without it, the command lists them and does nothing)")
 	asFlag(fs, o)
@@ -307,25 +307,29 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	type retried struct {
-		Machine      uuid.UUID `json:"machine"`
-		Process      string    `json:"process"`
-		BackoffEnded bool      `json:"backoff_ended"`
-		Leased       bool      `json:"leased"`
+		Machine         uuid.UUID `json:"machine"`
+		Process         string    `json:"process"`
+		BackoffEnded    bool      `json:"backoff_ended"`
+		RescheduleEnded bool      `json:"reschedule_ended"`
+		Leased          bool      `json:"leased"`
 	}
 	var out []retried
-	ended := 0
+	ended, rescheduled := 0, 0
 	for _, m := range ms {
 		if r, ok := res[m.Machine]; ok {
-			out = append(out, retried{m.Machine, process, r.BackoffEnded, r.Leased})
+			out = append(out, retried{m.Machine, process, r.BackoffEnded, r.RescheduleEnded, r.Leased})
 			if r.BackoffEnded {
 				ended++
+			}
+			if r.RescheduleEnded {
+				rescheduled++
 			}
 		}
 	}
 	if c.json {
 		return c.emitJSON(jsonList(out, func(r retried) retried { return r }))
 	}
-	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s); each is eligible now if %s's condition holds\n", process, len(out), ended, process)
+	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s) and %d check-again-later time(s); each is eligible now if %s's condition holds\n", process, len(out), ended, rescheduled, process)
 	return nil
 }
 

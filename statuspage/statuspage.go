@@ -598,7 +598,7 @@ func fingerprint(key []byte) string {
 // eventClass colours history events.
 func eventClass(event string) string {
 	switch event {
-	case bmdb.EventFinished, bmdb.EventRecovered:
+	case bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventRecovered:
 		return "ok"
 	case bmdb.EventFailed, bmdb.EventLost, bmdb.EventNotRecovered:
 		return "bad"
