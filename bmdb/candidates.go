@@ -66,16 +66,21 @@ AND NOT EXISTS (SELECT 1 FROM machine_agent_started s WHERE s.machine_id = m.mac
 	// verify_by (machine_reset, recovery.go): Recovery deleted their agent
 	// tags, so without this branch a machine that stays off, hangs in POST
 	// or loops in PXE would be nobody's candidate but AgentStart's, which
-	// backs off for hours. Each branch is a probe of a primary key.
+	// backs off for hours. Each branch is a probe of a primary key. The
+	// branches are one EXISTS over a UNION ALL, not two EXISTS joined by
+	// OR: the planner may hash an EXISTS under an OR, reading the whole
+	// table it probes (every started agent, every heartbeat) once per
+	// listing of eligible machines; a UNION ALL it can only probe.
 	condRecovery = `
 EXISTS (SELECT 1 FROM machine_provided p WHERE p.machine_id = m.machine_id)
-AND (EXISTS (
+AND EXISTS (
     SELECT 1 FROM machine_agent_started s
     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = s.machine_id
     WHERE s.machine_id = m.machine_id
       AND ((h.machine_id IS NULL AND s.agent_started_at < now() - @start_timeout::interval)
-        OR (h.machine_id IS NOT NULL AND h.agent_heartbeat_at < now() - @heartbeat_timeout::interval)))
-  OR EXISTS (SELECT 1 FROM machine_reset r WHERE r.machine_id = m.machine_id AND r.verify_by <= now()))`
+        OR (h.machine_id IS NOT NULL AND h.agent_heartbeat_at < now() - @heartbeat_timeout::interval))
+    UNION ALL
+    SELECT 1 FROM machine_reset r WHERE r.machine_id = m.machine_id AND r.verify_by <= now())`
 
 	// dueRecovery: when condRecovery becomes true if no heartbeat arrives:
 	// the start timeout after the agent's start while it never
