@@ -185,12 +185,21 @@ type cli struct {
 	givenProcessFlags []string
 	// known are the binary's registered processes.
 	known []cliProcess
+	// prog is the program's name, in the commands the output suggests.
+	prog string
+}
+
+// printf writes to out a message of this package's own, whose commands
+// (format's "shepherd resume %s") name the program as it is (renamed).
+func (c *cli) printf(format string, args ...any) {
+	fmt.Fprintf(c.out, renamed(c.prog, format), args...)
 }
 
 // runCLI runs the operator subcommand name and returns its exit status.
 func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	cmd := cliCommands[name]
-	fs := flag.NewFlagSet("shepherd "+name, flag.ContinueOnError)
+	prog := d.prog()
+	fs := flag.NewFlagSet(prog+" "+name, flag.ContinueOnError)
 	var dsnf dsnFlags
 	dsnf.register(fs)
 	output := fs.String("o", "text", "output format: text (aligned columns) or json")
@@ -219,7 +228,7 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 		})
 	}
 	fail := func(err error) int {
-		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitFailure
 	}
 
@@ -228,13 +237,12 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	for {
 		help, err := parseFlags(fs, args)
 		if help {
-			fmt.Fprintf(stdout, "Usage: shepherd %s [flags] %s\n\n%s\nFlags:\n", name, cmd.args, cliUsage)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
+			printDefaults(fs, prog, stdout)
 			return exitOK
 		}
 		if err != nil {
-			return reportUsage(stderr, err)
+			return reportUsage(stderr, d.prog(), err)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -244,26 +252,26 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	}
 	switch {
 	case len(positional) < cmd.min || len(positional) > cmd.max:
-		return reportUsage(stderr, usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
+		return reportUsage(stderr, d.prog(), usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
 	case *output != "text" && *output != "json":
-		return reportUsage(stderr, usagef("-o %q: want text or json", *output))
+		return reportUsage(stderr, d.prog(), usagef("-o %q: want text or json", *output))
 	case *timeout <= 0 || *timeout > 24*time.Hour:
-		return reportUsage(stderr, usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
+		return reportUsage(stderr, d.prog(), usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
 	case opts.limit < 0:
-		return reportUsage(stderr, usagef("-limit %d: must not be negative", opts.limit))
+		return reportUsage(stderr, d.prog(), usagef("-limit %d: must not be negative", opts.limit))
 	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
-		return reportUsage(stderr, usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
+		return reportUsage(stderr, d.prog(), usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
 	}
 	for _, p := range d.processes {
 		if withProcessFlags && p.Check != nil {
 			if err := p.Check(); err != nil {
-				return reportUsage(stderr, usageError{err.Error()})
+				return reportUsage(stderr, d.prog(), usageError{err.Error()})
 			}
 		}
 	}
 	dsn, err := dsnf.resolve()
 	if err != nil {
-		return reportUsage(stderr, err)
+		return reportUsage(stderr, d.prog(), err)
 	}
 	var demoDir string // the demo's state directory, when its database is used
 	if dsn == "" {
@@ -273,10 +281,10 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 			return fail(err)
 		}
 		if demo == "" {
-			return reportUsage(stderr, usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s (or run the demo, whose database the commands then use, in -state_dir %s)", name, envDSN, abs))
+			return reportUsage(stderr, d.prog(), usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s (or run the demo, whose database the commands then use, in -state_dir %s)", name, envDSN, abs))
 		}
 		target, _ := describeDSN(demo)
-		fmt.Fprintf(stderr, "shepherd %s: no database given; using the demo running in %s (%s)\n", name, abs, target)
+		fmt.Fprintf(stderr, "%s %s: no database given; using the demo running in %s (%s)\n", prog, name, abs, target)
 		dsn = demo
 		demoDir = abs
 	}
@@ -301,7 +309,7 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return fail(err)
 	}
-	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known}
+	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
 	fs.Visit(func(f *flag.Flag) {
 		if processFlags[f.Name] {
 			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
@@ -313,9 +321,9 @@ func (d *Daemon) runCLI(name string, args []string, stdout, stderr io.Writer) in
 	case err == nil:
 		return exitOK
 	case errors.As(err, &usage):
-		return reportUsage(stderr, err)
+		return reportUsage(stderr, d.prog(), err)
 	case errors.Is(err, bmdb.ErrNotFound):
-		fmt.Fprintf(stderr, "shepherd %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitNotFound
 	default:
 		return fail(err)
@@ -758,7 +766,7 @@ func (c *cli) pause(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(toPauseJSON(paused))
 	}
-	fmt.Fprintf(c.out, "Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
+	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
 	return nil
 }
 

@@ -52,7 +52,7 @@ func (c *cli) withRecordedCondition(ctx context.Context, p cliProcess) (cliProce
 	bound, err := rc.Candidates(*p.candidates)
 	switch {
 	case errors.Is(err, bmdb.ErrConditionDiffers):
-		return p, fmt.Errorf("process %s: %w (recorded by %s at %s); this binary does not run SQL read from the database: run the shepherd release that registered it, `shepherd condition %s` to show both, or give %s's flags to evaluate this binary's condition instead",
+		return p, fmt.Errorf(renamed(c.prog, "process %s: %w (recorded by %s at %s); this binary does not run SQL read from the database: run the shepherd release that registered it, `shepherd condition %s` to show both, or give %s's flags to evaluate this binary's condition instead"),
 			name, err, untrusted.Line(rc.By, 0), rc.At.UTC().Format(time.RFC3339), name, name)
 	case err != nil:
 		// Recorded, but with a parameter the registry cannot carry.

@@ -123,7 +123,7 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "%s %s on %s now: its next claim leases it once, whether or not its condition holds (Forced, then Started, in its history)\n", verb, p.process.Name, id)
 		return nil
 	}
-	fmt.Fprintf(c.out, "%s %s on %s. The request waits (shepherd explain %s shows it pending) while:\n", verb, p.process.Name, id, args[0])
+	c.printf("%s %s on %s. The request waits (shepherd explain %s shows it pending) while:\n", verb, p.process.Name, id, args[0])
 	for _, b := range blocks {
 		fmt.Fprintf(c.out, "  - %s\n", untrusted.Line(b, 0))
 	}
@@ -194,7 +194,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	fmt.Fprintf(c.out, "Asked the replica holding %s's lease on %s (session %s, %s, since %s) to cancel it: it ends Canceled within seconds, with no backoff added\n",
 		p.process.Name, id, res.Session, untrusted.Line(res.Replica, 0), when(res.LeaseStarted))
 	if c.opts.ctl.hold {
-		fmt.Fprintf(c.out, "Held %s for %s until released: shepherd release %s -process %s -reason R\n", id, p.process.Name, args[0], args[1])
+		c.printf("Held %s for %s until released: shepherd release %s -process %s -reason R\n", id, p.process.Name, args[0], args[1])
 	}
 	return nil
 }

@@ -244,7 +244,7 @@ func (c *cli) hold(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(jsonList(held, toHoldJSON))
 	}
-	until := "until released (shepherd release)"
+	until := renamed(c.prog, "until released (shepherd release)")
 	if d > 0 && len(held) > 0 {
 		until = "until " + when(held[0].Until)
 	}

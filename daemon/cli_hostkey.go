@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
@@ -58,7 +57,7 @@ func (c *cli) hostKeyForget(ctx context.Context, arg string) error {
 	if c.json {
 		return c.emitJSON(hostKeyJSON{Machine: id, Fingerprint: fingerprint(k.Key), Key: k.Key, PinnedAt: k.PinnedAt})
 	}
-	fmt.Fprintf(c.out, "Forgot the SSH host key of %s (%s, pinned %s): the next connection pins the key the machine presents then. Clear its AgentStart backoff to connect now: shepherd backoff clear %s agentstart -reason ...\n",
+	c.printf("Forgot the SSH host key of %s (%s, pinned %s): the next connection pins the key the machine presents then. Clear its AgentStart backoff to connect now: shepherd backoff clear %s agentstart -reason ...\n",
 		id, fingerprint(k.Key), when(k.PinnedAt), arg)
 	return nil
 }

@@ -32,11 +32,13 @@ import (
 // runDaemon is the default subcommand: it runs the enabled control loops
 // until SIGTERM or SIGINT.
 func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shepherd", flag.ContinueOnError)
+	prog := d.prog()
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	cfg := newDaemonFlags(fs, d)
+	cfg.prog = prog
 	help, err := parseFlags(fs, args)
 	if help {
-		printDaemonUsage(fs, stdout)
+		printDaemonUsage(fs, prog, stdout)
 		return exitOK
 	}
 	if err == nil && fs.NArg() > 0 {
@@ -55,7 +57,7 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 		var demoErr error
 		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes); demoErr != nil {
 			// A mistake of a process definition, not of the command line.
-			fmt.Fprintf(stderr, "shepherd: %v\n", demoErr)
+			fmt.Fprintf(stderr, "%s: %v\n", prog, demoErr)
 			return exitFailure
 		}
 		if cfg.provider != providerSim {
@@ -67,7 +69,7 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 		err = cfg.check()
 	}
 	if err != nil {
-		return reportUsage(stderr, err)
+		return reportUsage(stderr, d.prog(), err)
 	}
 	if cfg.logFormat == "json" {
 		useJSONLogs(stderr, fs)
@@ -78,7 +80,7 @@ func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if err := daemon(ctx, cfg, dsn, d.extensions()); err != nil {
 		klog.Flush()
-		fmt.Fprintf(stderr, "shepherd: %v\n", err)
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		return exitFailure
 	}
 	klog.InfoS("Shepherd stopped")
@@ -166,7 +168,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
-		cluster, demoDSN, err := startDemo(ctx, cfg.stateDir, cfg.provider, cfg.demoDefaults, statusURL(cfg.listen), exts)
+		cluster, demoDSN, err := startDemo(ctx, cfg.prog, cfg.stateDir, cfg.provider, cfg.demoDefaults, statusURL(cfg.listen), exts)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

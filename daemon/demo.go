@@ -106,13 +106,13 @@ func (d *Daemon) demoProvider(name string) bool {
 // run commands as the server's OS user. As root, the operator's directories
 // above -state_dir are opened to the postgres user only while a PostgreSQL
 // command runs, never for good.
-func startDemo(ctx context.Context, stateDir, provider string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
+func startDemo(ctx context.Context, prog, stateDir, provider string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, "", fmt.Errorf("-state_dir %s: %w", stateDir, err)
 	}
-	klog.InfoS("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $"+envDSN+"), so shepherd runs a private PostgreSQL and a simulated fleet", "provider", provider, "dir", abs)
-	klog.InfoS("DEMO MODE: to run against a real database instead: create it, run 'shepherd migrate up -bmdb_dsn <dsn>', then 'shepherd -bmdb_dsn <dsn>' (or set $" + envDSN + ")")
+	klog.InfoS("DEMO MODE: no database given (-bmdb_dsn, -bmdb_dsn_file or $"+envDSN+"), so "+prog+" runs a private PostgreSQL and a simulated fleet", "provider", provider, "dir", abs)
+	klog.InfoS("DEMO MODE: to run against a real database instead: create it, run '" + prog + " migrate up -bmdb_dsn <dsn>', then '" + prog + " -bmdb_dsn <dsn>' (or set $" + envDSN + ")")
 
 	if len(changedDefaults) > 0 {
 		klog.InfoS("DEMO MODE: flag defaults changed so that the loops show work within a minute or two (give a flag to override)", "flags", strings.Join(changedDefaults, " "))
@@ -143,7 +143,7 @@ func startDemo(ctx context.Context, stateDir, provider string, changedDefaults [
 	if err := writeDemoDSN(abs, dsn); err != nil {
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
-	cliHint := "shepherd machines"
+	cliHint := prog + " machines"
 	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, defaultStateDir) != abs {
 		cliHint += " -state_dir " + abs
 	}

@@ -39,6 +39,8 @@ func (c *daemonConfig) providerNames() []string {
 
 // daemonConfig is the daemon's command line, parsed and checked.
 type daemonConfig struct {
+	// prog is the program's name (Daemon.Name), in the demo's hints.
+	prog string
 	// logFormat is -log_format: text (klog's lines) or json (one JSON
 	// object a line, for a log pipeline).
 	logFormat       string
@@ -129,7 +131,7 @@ func newDaemonFlags(fs *flag.FlagSet, d *Daemon) *daemonConfig {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz, /readyz and /status (port 0 picks a free one)")
 	fs.StringVar(&c.statusTokenFile, "status_token_file", "", "file holding a token that /status requires (as a bearer token, or as the password of HTTP Basic authentication, any user); empty: /status is open to whoever reaches -listen")
 	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
-	fs.StringVar(&c.provider, "provider", providerSim, providerUsage)
+	fs.StringVar(&c.provider, "provider", d.defaultProvider(), providerUsage)
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
 	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about 1.5 times this (expiry, then a live session's next heartbeat reaps)")
 	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
@@ -377,8 +379,17 @@ Other commands: shepherd migrate -h
 Flags:
 `
 
-func printDaemonUsage(fs *flag.FlagSet, w io.Writer) {
-	fmt.Fprint(w, daemonUsage)
-	fs.SetOutput(w)
+func printDaemonUsage(fs *flag.FlagSet, prog string, w io.Writer) {
+	fmt.Fprint(w, renamed(prog, daemonUsage))
+	printDefaults(fs, prog, w)
+}
+
+// printDefaults prints fs's flags to w, with the commands their help
+// mentions ("until 'shepherd release'") naming prog.
+func printDefaults(fs *flag.FlagSet, prog string, w io.Writer) {
+	var b strings.Builder
+	fs.SetOutput(&b)
 	fs.PrintDefaults()
+	fs.SetOutput(w)
+	fmt.Fprint(w, renamed(prog, b.String()))
 }

@@ -76,6 +76,7 @@ package daemon
 import (
 	"fmt"
 	"io"
+	"regexp"
 
 	"k8s.io/klog/v2"
 )
@@ -96,7 +97,7 @@ const (
 // before anything runs.
 func (d *Daemon) Main(args []string, stdout, stderr io.Writer) int {
 	if err := d.validate(); err != nil {
-		fmt.Fprintf(stderr, "shepherd: %v\n", err)
+		fmt.Fprintf(stderr, "%s: %v\n", d.prog(), err)
 		return exitFailure
 	}
 	return d.run(args, stdout, stderr)
@@ -111,7 +112,7 @@ func (d *Daemon) run(args []string, stdout, stderr io.Writer) int {
 		case "migrate":
 			return d.runMigrate(args[1:], stdout, stderr)
 		case "help":
-			fmt.Fprint(stdout, topUsage)
+			fmt.Fprint(stdout, renamed(d.prog(), topUsage))
 			return exitOK
 		}
 		if isCLICommand(args[0]) {
@@ -150,8 +151,26 @@ func usagef(format string, args ...any) error {
 	return usageError{fmt.Sprintf(format, args...)}
 }
 
-// reportUsage prints err as the one line a bad command line gets.
-func reportUsage(stderr io.Writer, err error) int {
-	fmt.Fprintf(stderr, "shepherd: %v\n", err)
+// reportUsage prints err as the one line a bad command line gets, with
+// the commands it suggests named as the program is (renamed).
+func reportUsage(stderr io.Writer, prog string, err error) int {
+	fmt.Fprintf(stderr, "%s: %s\n", prog, renamed(prog, err.Error()))
 	return exitUsage
+}
+
+// commandRE finds "shepherd" used as the command's name in this package's
+// own texts (usage, hints, usage errors): at the start or after a space,
+// quote, backquote or parenthesis, and followed by a space, a colon or the
+// end. "shepherd_" (metrics), "shepherd-agent" and ".shepherd" are not it.
+var commandRE = regexp.MustCompile(`(?m)(^|[\s'"(` + "`" + `])shepherd( |:|$)`)
+
+// renamed returns text, one of this package's usage texts or messages,
+// with its command examples naming prog, the program as the user built
+// and ran it, instead of shepherd: the commands an operator is told to
+// run must be ones their binary has.
+func renamed(prog, text string) string {
+	if prog == "shepherd" {
+		return text
+	}
+	return commandRE.ReplaceAllString(text, "${1}"+prog+"${2}")
 }

@@ -41,7 +41,8 @@ recorded dirty: run 'migrate force N' with the version before it (and
 
 // runMigrate is the migrate subcommand.
 func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shepherd migrate", flag.ContinueOnError)
+	prog := d.prog()
+	fs := flag.NewFlagSet(prog+" migrate", flag.ContinueOnError)
 	var dsnf dsnFlags
 	dsnf.register(fs)
 	yes := fs.Bool("yes", false, "confirm 'migrate down', which drops every Shepherd table and all fleet data")
@@ -53,13 +54,12 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 	for {
 		help, err := parseFlags(fs, args)
 		if help {
-			fmt.Fprint(stdout, migrateUsage+"\nFlags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			fmt.Fprint(stdout, renamed(prog, migrateUsage)+"\nFlags:\n")
+			printDefaults(fs, prog, stdout)
 			return exitOK
 		}
 		if err != nil {
-			return reportUsage(stderr, err)
+			return reportUsage(stderr, d.prog(), err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -81,23 +81,23 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 			if len(names) > 0 {
 				has = strings.Join(names, ", ")
 			}
-			return reportUsage(stderr, usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
+			return reportUsage(stderr, d.prog(), usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
 		}
 		ext = d.extensions()[i]
 	}
 	action, err := migrateAction(positional, ext)
 	if err != nil {
-		return reportUsage(stderr, err)
+		return reportUsage(stderr, d.prog(), err)
 	}
 	dsn, err := dsnf.resolve()
 	if err != nil {
-		return reportUsage(stderr, err)
+		return reportUsage(stderr, d.prog(), err)
 	}
 	if dsn == "" {
-		return reportUsage(stderr, usagef("migrate: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s", envDSN))
+		return reportUsage(stderr, d.prog(), usagef("migrate: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s", envDSN))
 	}
 	if positional[0] == "down" && !*yes {
-		return reportUsage(stderr, usagef("migrate down drops every Shepherd table and all fleet data (machines, leases, backoffs, history); add -yes to confirm"))
+		return reportUsage(stderr, d.prog(), usagef("migrate down drops every Shepherd table and all fleet data (machines, leases, backoffs, history); add -yes to confirm"))
 	}
 	target, _ := describeDSN(dsn)
 
@@ -105,12 +105,12 @@ func (d *Daemon) runMigrate(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if positional[0] != "version" {
 		if err := refuseTransactionPooler(ctx, dsn, target); err != nil {
-			fmt.Fprintf(stderr, "shepherd: migrate: %v\n", err)
+			fmt.Fprintf(stderr, "%s: migrate: %v\n", prog, err)
 			return exitFailure
 		}
 	}
 	if err := action(ctx, dsn, target, d.extensions(), stdout); err != nil {
-		fmt.Fprintf(stderr, "shepherd: migrate: %v\n", err)
+		fmt.Fprintf(stderr, "%s: migrate: %v\n", prog, err)
 		return exitFailure
 	}
 	return exitOK

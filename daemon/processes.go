@@ -5,9 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +28,45 @@ import (
 // main registers before calling Main. The zero value is not usable; call
 // New.
 type Daemon struct {
+	// Name is the program's name in the messages, usage texts and hints the
+	// binary prints ("Undo with: fleetd resume burnin"), so that an
+	// operator is told the command they can run. Empty: the base name of
+	// os.Args[0], the name the binary was run by, or "shepherd" for a Go
+	// test binary (which runs Main in process).
+	Name string
+	// DefaultProvider is -provider's default: a registered provider's name
+	// (AddProvider) or a built-in one. Empty: sim.
+	DefaultProvider string
+
 	processes []Process
 	providers []Provider
+}
+
+// prog is the program's name in messages (Name).
+func (d *Daemon) prog() string {
+	if d.Name != "" && validProgName(d.Name) {
+		return d.Name
+	}
+	if len(os.Args) > 0 {
+		if base := filepath.Base(os.Args[0]); base != "." && base != string(filepath.Separator) && !strings.HasSuffix(base, ".test") {
+			return base
+		}
+	}
+	return "shepherd"
+}
+
+// validProgName reports whether name can be a command's name in messages:
+// one word (an invalid Name is reported by validate, under the default).
+func validProgName(name string) bool {
+	return !strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == '/' || r == 0x7f })
+}
+
+// defaultProvider is -provider's default (DefaultProvider).
+func (d *Daemon) defaultProvider() string {
+	if d.DefaultProvider != "" {
+		return d.DefaultProvider
+	}
+	return providerSim
 }
 
 // New returns a Daemon with no process and the built-in providers (sim and
@@ -215,6 +255,12 @@ func (d *Daemon) validate() error {
 			return fmt.Errorf("provider %s: no New function", p.Name)
 		}
 		known = append(known, p.Name)
+	}
+	if d.DefaultProvider != "" && !slices.Contains(known, d.DefaultProvider) {
+		return fmt.Errorf("default provider %q: not registered (daemon.AddProvider) nor built in; want one of %s", d.DefaultProvider, strings.Join(known, ", "))
+	}
+	if d.Name != "" && !validProgName(d.Name) {
+		return fmt.Errorf("program name %q: want one word, without spaces or slashes", d.Name)
 	}
 	return nil
 }

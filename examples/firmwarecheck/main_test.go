@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -176,12 +177,26 @@ func TestFleetd(t *testing.T) {
 
 	// The daemon refuses a database that lacks the process's table.
 	code, _, errOut := command(t, bin, db, "-listen=127.0.0.1:0", "-provider=simfirmware")
-	want := "shepherd: BMDB schema mismatch: the database lacks the tables of extension firmwarecheck; run 'migrate up' with this binary first\n"
+	want := "fleetd: BMDB schema mismatch: the database lacks the tables of extension firmwarecheck; run 'migrate up' with this binary first\n"
 	if code != 1 || !strings.HasSuffix(errOut, want) {
 		t.Errorf("fleetd on a database without its table: exit %d, stderr ends %q; want 1 and %q", code, lastLine(errOut), want)
 	}
 
-	code, out, errOut := command(t, bin, "migrate", "up", db)
+	// Its messages name it as it was built: fleetd, not shepherd.
+	code, out, errOut := command(t, bin, "-h")
+	if code != 0 || !strings.HasPrefix(out, "Usage: fleetd [run] [flags]") || !strings.Contains(out, "Other commands: fleetd migrate -h") || strings.Contains(out, "shepherd migrate") {
+		t.Errorf("fleetd -h: exit %d, want 0 and a usage naming fleetd:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = command(t, bin, "hold", "-h")
+	if code != 0 || !strings.HasPrefix(out, "Usage: fleetd hold") || !strings.Contains(out, "  fleetd machines [-process P]") || !strings.Contains(out, "default until 'fleetd release'") {
+		t.Errorf("fleetd hold -h: exit %d, want 0 and a usage naming fleetd:\n%s%s", code, out, errOut)
+	}
+	code, _, errOut = command(t, bin, "tags")
+	if wantErr := "fleetd: usage: fleetd tags [flags] MACHINE (see fleetd tags -h)\n"; code != 2 || errOut != wantErr {
+		t.Errorf("fleetd tags: exit %d, stderr %q; want 2 and %q", code, errOut, wantErr)
+	}
+
+	code, out, errOut = command(t, bin, "migrate", "up", db)
 	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck from version 0 to 1") {
 		t.Fatalf("migrate up: exit %d\n%s%s", code, out, errOut)
 	}
@@ -194,8 +209,8 @@ func TestFleetd(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"migrate", "up", "-extension", "firmwarecheck", db}, "shepherd: migrate up: -extension is for force only (up applies to every extension)\n"},
-		{[]string{"migrate", "force", "2", "-extension", "firmwarecheck", db}, "shepherd: migrate force 2: this binary knows versions of extension firmwarecheck up to 1\n"},
+		{[]string{"migrate", "up", "-extension", "firmwarecheck", db}, "fleetd: migrate up: -extension is for force only (up applies to every extension)\n"},
+		{[]string{"migrate", "force", "2", "-extension", "firmwarecheck", db}, "fleetd: migrate force 2: this binary knows versions of extension firmwarecheck up to 1\n"},
 	} {
 		if code, out, errOut := command(t, bin, c.args...); code != 2 || out != "" || errOut != c.want {
 			t.Errorf("fleetd %v: exit %d, stdout %q, stderr %q; want 2 and %q", c.args, code, out, errOut, c.want)
@@ -245,6 +260,38 @@ func TestFleetd(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "firmwarecheck") {
 		t.Errorf("/status: %d, want 200 with firmwarecheck", code)
 	}
+	// The machines FirmwareCheck checked wait for their next check: in
+	// the state rescheduled, with its time, and counted as successes.
+	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", "-state", "rescheduled", "-o", "json", db)
+	var waiting []struct {
+		Machine uuid.UUID  `json:"machine"`
+		State   string     `json:"state"`
+		Until   *time.Time `json:"until"`
+	}
+	if err := json.Unmarshal([]byte(out), &waiting); code != 0 || err != nil || len(waiting) == 0 {
+		t.Errorf("machines -state rescheduled -o json: exit %d, %v, want the checked machines\n%s%s", code, err, out, errOut)
+	}
+	for _, w := range waiting {
+		if w.State != "rescheduled" || w.Until == nil || !w.Until.After(time.Now()) {
+			t.Errorf("rescheduled machine %+v: want the state rescheduled until a time to come", w)
+		}
+	}
+	code, body = get(t, "http://"+addr+"/status")
+	if !regexp.MustCompile(`<b>[1-9][0-9]*</b><span>rescheduled</span>`).MatchString(body) || !regexp.MustCompile(`<b>[1-9][0-9]*</b><span>succeeded, last hour</span>`).MatchString(body) {
+		t.Errorf("/status: %d, want firmwarecheck's rescheduled machines and successes counted", code)
+	}
+	if len(waiting) > 0 {
+		id := waiting[0].Machine.String()
+		code, body := get(t, fmt.Sprintf("http://%s/status/machine/%s", addr, id))
+		if code != http.StatusOK || !strings.Contains(body, `<table class="rescheduled">`) {
+			t.Errorf("machine page of %s: %d, want its check-again-later time", id, code)
+		}
+		code, out, errOut := command(t, bin, "retry", id, "firmwarecheck", "-reason", "test: check now", db)
+		if code != 0 || !strings.HasPrefix(out, "Ended the check-again-later time (rescheduled) of FirmwareCheck on ") && !strings.Contains(out, "is working on") {
+			t.Errorf("retry of a rescheduled machine: exit %d\n%s%s", code, out, errOut)
+		}
+	}
+
 	code, out, errOut = command(t, bin, "machines", "-all", "-o", "json", db)
 	if code != 0 {
 		t.Fatalf("machines -all: exit %d\n%s", code, errOut)
@@ -272,6 +319,10 @@ func TestFleetd(t *testing.T) {
 	// Its table's foreign key to machines does not break migrate down,
 	// which drops it first.
 	running.stop()
+	code, out, errOut = command(t, bin, "pause", "firmwarecheck", "-reason", "test: the name in the hint", db)
+	if code != 0 || !strings.Contains(out, "Undo with: fleetd resume firmwarecheck") {
+		t.Errorf("pause: exit %d, want 0 and the hint to run fleetd resume\n%s%s", code, out, errOut)
+	}
 	code, out, errOut = command(t, bin, "migrate", "down", "-yes", db)
 	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck down from version 1 to 0") || !strings.Contains(out, "every Shepherd table and its data is gone") {
 		t.Errorf("migrate down: exit %d\n%s%s", code, out, errOut)
