@@ -68,8 +68,8 @@ func (l Limits) budget(ctx context.Context, tx *Tx, process string, limit int) (
 }
 
 // Breaker is a process's circuit breaker: when more than Threshold of the
-// last Window attempts (Finished or Failed, across all replicas, since the
-// last resume) failed, the process pauses itself. A Window of 0 disables it.
+// last Window attempts (Finished, Rescheduled or Failed, across all
+// replicas, since the last resume) failed, the process pauses itself. A Window of 0 disables it.
 type Breaker struct {
 	Window    int
 	Threshold float64
@@ -86,7 +86,7 @@ type BreakerVerdict struct {
 
 // CheckBreaker judges process's recent attempts and pauses it (source
 // PauseByBreaker) when its breaker trips. Runners call it after each
-// failure they record; it reads at most 2 x Window index entries.
+// failure they record; it reads at most 3 x Window index entries.
 func (db *DB) CheckBreaker(ctx context.Context, process string, b Breaker) (BreakerVerdict, error) {
 	var v BreakerVerdict
 	if b.Window <= 0 {

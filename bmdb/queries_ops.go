@@ -33,11 +33,13 @@ RETURNING process, reason, source, paused_at, resumed_at`
 	qPausesList = `
 SELECT process, reason, source, paused_at, resumed_at FROM process_pause ORDER BY process`
 
-	// qBreakerTrip judges the last $2 attempts (Finished or Failed events)
-	// of process $1 made since its last resume, and pauses the process when
-	// the window is full and more than a $3 fraction of it failed. It reads
-	// at most 2 x $2 rows of work_history_process_event_idx: the newest
-	// Finished and the newest Failed, merged. Two replicas tripping at once
+	// qBreakerTrip judges the last $2 attempts (Finished, Rescheduled or
+	// Failed events) of process $1 made since its last resume, and pauses
+	// the process when the window is full and more than a $3 fraction of it
+	// failed. Rescheduled is a success like Finished: a periodic process
+	// ends every good check with it, and a window without them would hold
+	// only its failures. It reads at most 3 x $2 rows of
+	// work_history_process_event_idx: the newest of each event, merged. Two replicas tripping at once
 	// are resolved by the primary key: the second finds the process paused
 	// and changes nothing (no row returned), so the trip is logged once. An
 	// existing pause (an operator's, or a previous trip) is never
@@ -52,6 +54,10 @@ WITH since AS (
     SELECT event FROM (
         (SELECT event, "timestamp", id FROM work_history
          WHERE process = $1 AND event = 'Finished' AND "timestamp" > (SELECT t FROM since)
+         ORDER BY "timestamp" DESC LIMIT $2)
+        UNION ALL
+        (SELECT event, "timestamp", id FROM work_history
+         WHERE process = $1 AND event = 'Rescheduled' AND "timestamp" > (SELECT t FROM since)
          ORDER BY "timestamp" DESC LIMIT $2)
         UNION ALL
         (SELECT event, "timestamp", id FROM work_history

@@ -79,3 +79,32 @@ func TestRescheduledState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A periodic process ends its good checks with Rescheduled: they are the
+// successes of its circuit breaker's window, so that a failure now and then
+// does not trip it as if every attempt had failed.
+func TestBreakerCountsRescheduled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, bmdb.Options{})
+	ctx := context.Background()
+	s := e.session(bmdb.SessionConfig{})
+	e.addMachines(8)
+	b := bmdb.Breaker{Window: 4, Threshold: 0.5}
+	for i := range 6 {
+		if i%3 == 0 {
+			failOne(t, s, agentStart, "now and then")
+			continue
+		}
+		if err := claim(t, s, agentStart).Reschedule(ctx, nil, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := e.db.CheckBreaker(ctx, agentStart.Name, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last 4: ok ok fail ok.
+	if v.Tripped || v.Attempts != 4 || v.Failed != 1 {
+		t.Errorf("breaker verdict %+v: want 1 failure in a full window of 4, no trip", v)
+	}
+}

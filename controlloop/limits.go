@@ -41,7 +41,7 @@ type Limits struct {
 	// MaxPerHour bounds the leases the process takes in any hour, across
 	// replicas; 0 = unbounded.
 	MaxPerHour int
-	// BreakerWindow is the number of recent attempts (finished or failed,
+	// BreakerWindow is the number of recent attempts (finished, rescheduled or failed,
 	// across replicas, since the last resume) the breaker judges; 0 disables
 	// the breaker. It trips only on a full window.
 	BreakerWindow int
