@@ -253,3 +253,35 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 	}
 	e.audit()
 }
+
+// A reset awaiting its proof is part of the explanation: its times, and in
+// Recovery's reasons what the machine is waiting for.
+func TestExplainShowsPendingReset(t *testing.T) {
+	t.Parallel()
+	e, _, m := newEnvWithMachine(t)
+	ctx := t.Context()
+	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	explain := func() bmdb.MachineExplanation {
+		t.Helper()
+		ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ex
+	}
+	if ex := explain(); ex.Reset != nil {
+		t.Fatalf("explanation of a machine never reset has a reset: %+v", ex.Reset)
+	}
+	if _, err := e.raw.Exec(ctx, `INSERT INTO machine_reset (machine_id, process, reset_at, verify_by)
+		VALUES ($1, $2, now() - interval '1 minute', now() + interval '19 minutes')`, m, recovery.Name); err != nil {
+		t.Fatal(err)
+	}
+	ex := explain()
+	if ex.Reset == nil || !ex.Reset.VerifyBy.After(ex.Reset.ResetAt) || ex.Reset.NotRecoveredAt != nil {
+		t.Fatalf("explanation's reset %+v: want the pending reset, not yet NotRecovered", ex.Reset)
+	}
+	r := ex.Processes[0]
+	if r.WouldAct || !strings.Contains(strings.Join(r.Reasons, "\n"), "awaiting a heartbeat of a new boot until "+ex.Reset.VerifyBy.UTC().Format(time.RFC3339)) {
+		t.Errorf("Recovery's reasons %q do not say the machine awaits its new boot", r.Reasons)
+	}
+}

@@ -124,9 +124,22 @@ type MachineExplanation struct {
 	Now time.Time `json:"now"`
 	// AgentStartedAt and LastHeartbeat are the facts the shipped
 	// processes' conditions read.
-	AgentStartedAt *time.Time    `json:"agent_started_at,omitempty"`
-	LastHeartbeat  *time.Time    `json:"last_heartbeat,omitempty"`
-	Processes      []Explanation `json:"processes"`
+	AgentStartedAt *time.Time `json:"agent_started_at,omitempty"`
+	LastHeartbeat  *time.Time `json:"last_heartbeat,omitempty"`
+	// Reset is Recovery's pending reset of the machine, awaiting proof
+	// that it came back (nil: none).
+	Reset     *PendingReset `json:"reset,omitempty"`
+	Processes []Explanation `json:"processes"`
+}
+
+// PendingReset is a reset whose machine has not yet heartbeated with a new
+// boot identity: Recovery acts on it again from VerifyBy on.
+type PendingReset struct {
+	ResetAt  time.Time `json:"reset_at"`
+	VerifyBy time.Time `json:"verify_by"`
+	// NotRecoveredAt is when NotRecovered was recorded for it (nil: not
+	// yet, or never).
+	NotRecoveredAt *time.Time `json:"not_recovered_at,omitempty"`
 }
 
 // ExplainMachine says, for each of processes, whether it would act on
@@ -141,8 +154,13 @@ func (db *DB) ExplainMachine(ctx context.Context, machine uuid.UUID, processes [
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		out = MachineExplanation{Machine: machine}
 		var exists bool
-		if err := tx.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &out.AgentStartedAt, &out.LastHeartbeat, &out.Now); err != nil {
+		var resetAt, verifyBy *time.Time
+		var notRecoveredAt *time.Time
+		if err := tx.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &out.AgentStartedAt, &out.LastHeartbeat, &out.Now, &resetAt, &verifyBy, &notRecoveredAt); err != nil {
 			return err
+		}
+		if resetAt != nil && verifyBy != nil {
+			out.Reset = &PendingReset{ResetAt: *resetAt, VerifyBy: *verifyBy, NotRecoveredAt: notRecoveredAt}
 		}
 		if !exists {
 			return fmt.Errorf("machine %s: %w", machine, ErrNotFound)
@@ -331,16 +349,20 @@ func conditionFacts(e *Explanation, m MachineExplanation) string {
 		}
 		return " (no agent started)"
 	}
+	reset := ""
+	if r := m.Reset; r != nil {
+		reset = fmt.Sprintf("; reset %s, awaiting a heartbeat of a new boot until %s", r.ResetAt.UTC().Format(time.RFC3339), r.VerifyBy.UTC().Format(time.RFC3339))
+	}
 	switch {
 	case m.AgentStartedAt == nil:
-		return " (no agent started)"
+		return " (no agent started" + reset + ")"
 	case m.LastHeartbeat == nil:
-		return fmt.Sprintf(" (agent started %s, %s ago, never heartbeated; start timeout %s)",
-			m.AgentStartedAt.UTC().Format(time.RFC3339), m.Now.Sub(*m.AgentStartedAt).Round(time.Second), e.StartTimeout)
+		return fmt.Sprintf(" (agent started %s, %s ago, never heartbeated; start timeout %s%s)",
+			m.AgentStartedAt.UTC().Format(time.RFC3339), m.Now.Sub(*m.AgentStartedAt).Round(time.Second), e.StartTimeout, reset)
 	default:
-		return fmt.Sprintf(" (agent started %s; last heartbeat %s, %s ago; heartbeat timeout %s)",
+		return fmt.Sprintf(" (agent started %s; last heartbeat %s, %s ago; heartbeat timeout %s%s)",
 			m.AgentStartedAt.UTC().Format(time.RFC3339), m.LastHeartbeat.UTC().Format(time.RFC3339),
-			m.Now.Sub(*m.LastHeartbeat).Round(time.Second), e.HeartbeatTimeout)
+			m.Now.Sub(*m.LastHeartbeat).Round(time.Second), e.HeartbeatTimeout, reset)
 	}
 }
 

@@ -266,7 +266,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"cancelRequest", stmts["qCancelRequest"], []any{machine, "ShepherdRecovery", "why", "alice"}, requests, "work_machine_id_process_key"},
 		tc{"cancelsOfSession", stmts["qCancelsOfSession"], []any{session}, requests, ""},
 		tc{"workCancelOperator", stmts["qWorkCancelOperator"], []any{machine, "ShepherdRecovery", session, "why"}, requests, "work_machine_id_process_key"},
-		tc{"explainMachine", stmts["qExplainMachine"], []any{machine}, requests, "machines_pkey"},
+		tc{"explainMachine", stmts["qExplainMachine"], []any{machine}, append([]string{"machine_reset"}, requests...), "machines_pkey"},
 		tc{"pendingRequests", stmts["qPendingRequests"], []any{100}, requests, ""},
 		tc{"recentForced", stmts["qRecentForced"], []any{"ShepherdRecovery", 20}, tiny, "work_history_process_event_idx"},
 		// Its in-flight count reads the process's leases: here every

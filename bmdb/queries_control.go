@@ -126,7 +126,10 @@ ORDER BY "timestamp" DESC, id DESC LIMIT $2`
 SELECT EXISTS (SELECT 1 FROM machines WHERE machine_id = $1),
        (SELECT agent_started_at FROM machine_agent_started WHERE machine_id = $1),
        (SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1),
-       now()`
+       now(),
+       r.reset_at, r.verify_by, r.not_recovered_at
+FROM (SELECT 1) AS one
+LEFT JOIN machine_reset r ON r.machine_id = $1`
 
 	// qExplainProcess reads the generic half of a claim of process $2
 	// (exclusion group $3) on machine $1, in the order a claim checks it:

@@ -316,6 +316,13 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "  agent: started %s; last heartbeat %s (%s ago)\n", when(*ex.AgentStartedAt), when(*ex.LastHeartbeat), ex.Now.Sub(*ex.LastHeartbeat).Round(time.Second))
 	}
 	c.printPower(power, ex.Now)
+	if r := ex.Reset; r != nil {
+		fmt.Fprintf(c.out, "  reset: %s, awaiting a heartbeat of a new boot until %s", when(r.ResetAt), when(r.VerifyBy))
+		if r.NotRecoveredAt != nil {
+			fmt.Fprintf(c.out, " (not back: NotRecovered recorded %s)", when(*r.NotRecoveredAt))
+		}
+		fmt.Fprintln(c.out)
+	}
 	for _, e := range ex.Processes {
 		verdict := "would act at its next claim"
 		if !e.WouldAct {
