@@ -26,9 +26,15 @@
 //     workers each under load;
 //
 // and, for comparison on the same server in the same run, pgbench -N (the
-// commit ceiling) and the seeds' algorithm from -seeds_bench_dir. A last
-// line per target of the performance issue says whether it was met, and
-// -plot draws throughput against workers as a PNG.
+// commit ceiling), the seeds' algorithm from -seeds_bench_dir and River's
+// own benchmark (`river bench` of a pinned version, built once from the
+// module proxy into a cache directory; before and after the throughput
+// points when both run). With -costs (the default), what a throughput
+// cycle and a River job cost the server (transactions, statements, rows
+// written per table, WAL bytes, server CPU; cost.go) is printed per
+// measurement and as a markdown table. A last line per target of the
+// performance issues says whether it was met, and -plot draws throughput
+// against workers as a PNG.
 //
 // Usage:
 //
@@ -79,7 +85,7 @@ func runChild(ctx context.Context, args ...string) ([]byte, error) {
 	return stdout.Bytes(), err
 }
 
-var allScenarios = []string{"pgbench", "seeds", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
+var allScenarios = []string{"pgbench", "seeds", "river", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
 
 type options struct {
 	dsn        string
@@ -115,6 +121,11 @@ type options struct {
 	pgbenchScale  int
 	seedsMachines int
 	seedsDir      string
+
+	riverBin     string
+	riverCache   string
+	riverSeconds float64
+	costs        bool
 
 	outDir   string
 	plot     string
@@ -172,6 +183,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pgbenchScale, "pgbench_scale", 10, "pgbench -i scale factor")
 	fs.IntVar(&o.seedsMachines, "seeds_machines", 100000, "machines of the seeds' algorithm run")
 	fs.StringVar(&o.seedsDir, "seeds_bench_dir", "../shared/bench/seeds-algorithm", "directory with the seeds' algorithm as pgbench scripts (schema.sql, seed.sql, cycle.sql)")
+	fs.StringVar(&o.riverBin, "river_bin", "", "the river CLI ("+riverModule+"@"+riverVersion+") of the river scenario (default: built with go build from the module proxy into -river_cache on first use)")
+	fs.StringVar(&o.riverCache, "river_cache", "", "directory the river CLI is built into (default: the user's cache directory, shepherd-bench/)")
+	fs.Float64Var(&o.riverSeconds, "river_seconds", 20, "duration of each `river bench` run, in seconds (before and after the throughput points when both scenarios run)")
+	fs.BoolVar(&o.costs, "costs", true, "print what a throughput cycle and a River job cost the server (transactions, statements, rows written, WAL, CPU) and their table; preloads pg_stat_statements into the private cluster unless -pg_setting sets shared_preload_libraries")
 	fs.StringVar(&o.outDir, "out_dir", "bench-results", "directory for EXPLAIN output")
 	fs.StringVar(&o.plot, "plot", "", "write a PNG of throughput against workers to this file")
 	fs.StringVar(&o.plotFrom, "plot_from", "", "draw -plot from the JSON lines of an earlier run in this file, and run nothing")
@@ -211,8 +226,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.scenarios[s] = true
 	}
 	switch {
-	case o.seconds <= 0 || o.idleSeconds <= 0:
-		return nil, errors.New("-seconds and -idle_seconds must be positive")
+	case o.seconds <= 0 || o.idleSeconds <= 0 || o.riverSeconds <= 0:
+		return nil, errors.New("-seconds, -idle_seconds and -river_seconds must be positive")
 	case o.claims < 1 || o.idleClaims < 0 || o.reactionEvents < 1 || o.memoryWorkers < 1 || o.clients < 1:
 		return nil, errors.New("-claims, -reaction_events, -memory_workers and -clients must be at least 1, -idle_claims at least 0")
 	case o.heartbeatAgents < 1 || o.heartbeatClients < 1 || o.heartbeatSeconds <= 0:
@@ -324,13 +339,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := b.env(ctx, "env"); err != nil {
 		return err
 	}
+	// River runs before and after the throughput points when both are
+	// chosen, so that its figure brackets them as the machine's load
+	// drifts.
+	bracket := o.scenarios["river"] && o.scenarios["throughput"]
+	riverPhase := func(phase string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			if phase == "after" && !bracket {
+				return nil
+			}
+			if phase == "" && bracket {
+				phase = "before"
+			}
+			return b.river(ctx, phase)
+		}
+	}
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
 	}{
 		{"pgbench", b.pgbench},
 		{"seeds", b.seeds},
+		{"river", riverPhase("")},
 		{"throughput", b.throughput},
+		{"river", riverPhase("after")},
 		{"claim", b.claim},
 		{"idle", b.idle},
 		{"reaction", b.reaction},
@@ -353,6 +385,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		logf("plot written to %s", o.plot)
+	}
+	if table := costTable(b.costs); table != "" {
+		fmt.Fprintf(stderr, "\nWhat a unit of work costs the server (cycle: claim + finish; job: insert + fetch + completion):\n\n%s\n", table)
+		if err := out.emit(struct {
+			Scenario string `json:"scenario"`
+			Markdown string `json:"markdown"`
+		}{"cost_table", table}); err != nil {
+			return err
+		}
 	}
 	if err := b.targets(); err != nil {
 		return err
@@ -377,6 +418,10 @@ type bench struct {
 	reactions     []reactionResult
 	peakRSSMiB    float64
 	hb            []heartbeatResult
+	// riverJobsPerS are the river scenario's figures (before and after
+	// the throughput points).
+	riverJobsPerS []float64
+	costs         []costResult
 }
 
 type envLine struct {

@@ -73,6 +73,28 @@ RETURNING until`
 	// database $1, as the statistics collector last heard of them.
 	qXactCount = `SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1`
 
+	// qStatementTotals sums pg_stat_statements over database $1: the
+	// statements executed (calls) and their time in the executor, in ms.
+	// It runs in the admin database, where the extension is.
+	qStatementTotals = `
+SELECT coalesce(sum(s.calls), 0)::bigint, coalesce(sum(s.total_exec_time), 0)::float8
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = $1`
+
+	// qStatementsAvailable says whether pg_stat_statements is installed
+	// on the server, and which libraries it preloads.
+	qStatementsAvailable = `
+SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_stat_statements'),
+       current_setting('shared_preload_libraries')`
+
+	// qTableWrites reads the rows inserted, updated and deleted in each
+	// table of the current database, as the statistics last heard of
+	// them.
+	qTableWrites = `
+SELECT CASE WHEN schemaname = 'public' THEN relname ELSE schemaname || '.' || relname END,
+       n_tup_ins, n_tup_upd, n_tup_del
+FROM pg_stat_user_tables`
+
 	// qServerSettings reads the settings a result line records beside its
 	// figures.
 	qServerSettings = `

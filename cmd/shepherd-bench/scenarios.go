@@ -69,9 +69,17 @@ func (b *bench) throughput(ctx context.Context) error {
 			db.Close()
 			return err
 		}
+		// pg_stat_user_tables, for the cost lines, is per database.
+		dbConn, err := connect(ctx, dsn)
+		if err != nil {
+			admin.Close(ctx)
+			db.Close()
+			return err
+		}
 		for _, w := range b.o.workers {
-			res, err := b.cycles(ctx, db, admin, name, w)
+			res, err := b.cycles(ctx, db, admin, dbConn, name, n, w)
 			if err != nil {
+				dbConn.Close(ctx)
 				admin.Close(ctx)
 				db.Close()
 				return err
@@ -82,6 +90,7 @@ func (b *bench) throughput(ctx context.Context) error {
 				return err
 			}
 		}
+		dbConn.Close(ctx)
 		admin.Close(ctx)
 		db.Close()
 		b.srv.dropDatabase(ctx, name)
@@ -89,7 +98,7 @@ func (b *bench) throughput(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin *pgx.Conn, dbname string, workers int) (throughputResult, error) {
+func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin, dbConn *pgx.Conn, dbname string, machines, workers int) (throughputResult, error) {
 	rs, err := startRunners(ctx, db, []procSpec{{
 		name: "BenchNoop", label: "benchnoop", candidates: bmdb.ProvidedCandidates(),
 		workers: workers, unlimited: true,
@@ -102,6 +111,12 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin *pgx.Conn, dbname
 	rs.waitFinished(ctx, int64(workers), 5*time.Second)
 	if !sleep.For(ctx, min(time.Second, dur(b.o.seconds)/4)) {
 		return throughputResult{}, ctx.Err()
+	}
+	var s0, s1 costSnap
+	if b.o.costs {
+		if s0, err = b.costSnapshot(ctx, admin, dbConn, dbname); err != nil {
+			return throughputResult{}, err
+		}
 	}
 	x0, err := b.srv.xacts(ctx, admin, dbname)
 	if err != nil {
@@ -116,8 +131,20 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin *pgx.Conn, dbname
 	if err != nil {
 		return throughputResult{}, err
 	}
+	if b.o.costs {
+		if s1, err = b.costSnapshot(ctx, admin, dbConn, dbname); err != nil {
+			return throughputResult{}, err
+		}
+	}
 	if err := rs.stop(); err != nil {
 		return throughputResult{}, err
+	}
+	if b.o.costs && c1 > c0 {
+		c := costResult{System: "shepherd", Label: fmt.Sprintf("Shepherd, %d workers, %s machines", workers, humanCount(machines)),
+			Machines: machines, Workers: workers, Unit: "cycle", Seconds: seconds(elapsed)}
+		if err := b.addCost(c, s0, s1, c1-c0); err != nil {
+			return throughputResult{}, err
+		}
 	}
 	res := throughputResult{
 		Scenario:        "throughput",

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,9 @@ type server struct {
 	created  []string
 	keep     bool
 	logf     func(format string, args ...any)
+	// statements: pg_stat_statements is loaded and readable from the
+	// admin database (enableStatements).
+	statements bool
 }
 
 // startServer starts a private cluster, or connects to o.dsn.
@@ -47,6 +51,11 @@ func startServer(ctx context.Context, o *options, logf func(string, ...any)) (*s
 	if o.dsn != "" {
 		s.adminDSN = o.dsn
 		s.dsnFor = func(db string) (string, error) { return withDatabase(o.dsn, db) }
+		if o.costs {
+			if err := s.enableStatements(ctx); err != nil {
+				return nil, err
+			}
+		}
 		return s, nil
 	}
 	dir := o.dir
@@ -67,7 +76,45 @@ func startServer(ctx context.Context, o *options, logf func(string, ...any)) (*s
 	s.cluster = c
 	s.adminDSN = c.DSN("postgres")
 	s.dsnFor = func(db string) (string, error) { return c.DSN(db), nil }
+	if o.costs {
+		if err := s.preloadStatements(ctx, o); err != nil {
+			s.close(ctx)
+			return nil, err
+		}
+		if err := s.enableStatements(ctx); err != nil {
+			s.close(ctx)
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// preloadStatements starts the private cluster again with pg_stat_statements
+// loaded, when the server has it and -pg_setting did not choose the
+// preloaded libraries: a library is loaded only at start, and whether it is
+// installed is known only once a server runs.
+func (s *server) preloadStatements(ctx context.Context, o *options) error {
+	for _, setting := range o.pgSettings {
+		if name, _, _ := strings.Cut(setting, "="); strings.TrimSpace(name) == "shared_preload_libraries" {
+			return nil
+		}
+	}
+	available, loaded, err := s.statementsAvailable(ctx)
+	if err != nil || !available || loaded {
+		return err
+	}
+	if err := s.cluster.Stop(ctx); err != nil {
+		return err
+	}
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: s.cluster.Dir, Fast: o.fast,
+		Settings: append(slices.Clone(o.pgSettings), preloadStatements), Logf: s.logf})
+	if err != nil {
+		return err
+	}
+	s.cluster = c
+	s.adminDSN = c.DSN("postgres")
+	s.dsnFor = func(db string) (string, error) { return c.DSN(db), nil }
+	return nil
 }
 
 // withDatabase returns dsn (a URL or key=value string) naming database db.

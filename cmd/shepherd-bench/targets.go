@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"image/color"
 	"os"
 	"sort"
 	"strconv"
@@ -38,6 +39,14 @@ func (b *bench) targets() error {
 		if want, ok := map[int]float64{64: 1.0, 16: 0.8}[r.Workers]; ok && b.pgbenchTPS > 0 {
 			atLeast(fmt.Sprintf("throughput_%d_vs_pgbench_tps_n%s", r.Workers, n), r.CyclesPerS/b.pgbenchTPS, want,
 				fmt.Sprintf("cycles/s with %d workers (%.0f) / pgbench -N TPS (%.0f) >= %.1f", r.Workers, r.CyclesPerS, b.pgbenchTPS, want))
+		}
+		// The throughput issue's targets: cycles/s against the same run's
+		// River jobs/s (the mean of its runs around the throughput
+		// points), 1.0 x with 64 workers, 0.6 x with 16.
+		if want, ok := map[int]float64{64: 1.0, 16: 0.6}[r.Workers]; ok && b.riverReference() > 0 {
+			ref := b.riverReference()
+			atLeast(fmt.Sprintf("throughput_%d_vs_river_n%s", r.Workers, n), r.CyclesPerS/ref, want,
+				fmt.Sprintf("cycles/s with %d workers (%.0f) / River %s jobs/s (mean %.0f of %s) >= %.1f", r.Workers, r.CyclesPerS, riverVersion, ref, b.riverFigures(), want))
 		}
 		if r.Workers != 16 {
 			continue
@@ -151,6 +160,14 @@ func replot(o *options) error {
 				return err
 			}
 			b.seedsCycles = r.CyclesPerS
+		case "river":
+			var r riverResult
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				return err
+			}
+			if r.JobsPerS > 0 {
+				b.riverJobsPerS = append(b.riverJobsPerS, r.JobsPerS)
+			}
 		}
 	}
 	if len(b.tp) == 0 {
@@ -207,6 +224,12 @@ func (b *bench) drawPlot() error {
 		c.HLines = append(c.HLines,
 			benchplot.HLine{Name: fmt.Sprintf("seeds' algorithm, %d clients (%.0f)", b.o.clients, b.seedsCycles), Y: b.seedsCycles, Color: benchplot.Palette[3]},
 			benchplot.HLine{Name: fmt.Sprintf("target: 10 x seeds (%.0f)", 10*b.seedsCycles), Y: 10 * b.seedsCycles, Color: benchplot.Palette[4], Dashed: true})
+	}
+	if ref := b.riverReference(); ref > 0 {
+		// Colours of their own: the palette's are the lines above.
+		c.HLines = append(c.HLines,
+			benchplot.HLine{Name: fmt.Sprintf("River %s jobs/s, river bench: target at 64 workers (%.0f)", riverVersion, ref), Y: ref, Color: color.RGBA{0x17, 0xbe, 0xcf, 0xff}},
+			benchplot.HLine{Name: fmt.Sprintf("target at 16 workers: 0.6 x River (%.0f)", 0.6*ref), Y: 0.6 * ref, Color: color.RGBA{0x17, 0xbe, 0xcf, 0xff}, Dashed: true})
 	}
 	return c.WriteFile(b.o.plot)
 }
