@@ -3,8 +3,16 @@
 // start, fail, heartbeat and die at configurable rates. It gives AgentStart
 // and Recovery real work without any hardware, for the demo mode and tests.
 //
+// Its two halves are separate. Provider's Seed makes the fleet, machines
+// sim-NNNN of the provider "sim". Agents, which Provider embeds, simulate
+// agents (start, heartbeat with a boot identity, death) and power (reboot,
+// staying off, power on) and heartbeat into the BMDB. A provider of its
+// own, whose machines come from an inventory it reads but whose agents it
+// does not start for real, reuses them with NewAgents, naming its provider
+// in AgentConfig.Providers (see examples/httpinventory).
+//
 // A simulated agent lives in the memory of the replica that started it:
-// it heartbeats while that replica runs Provider.Run, and dies with the
+// it heartbeats while that replica runs Agents.Run, and dies with the
 // replica. A machine whose agent another replica started, or that an earlier
 // run of this replica started, has no running agent here: its heartbeats stop
 // and Recovery reboots it, as it would a machine whose agent crashed.
@@ -16,25 +24,16 @@
 package sim
 
 import (
-	"bytes"
 	"context"
-	"crypto/ed25519"
-	cryptorand "crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
-	"math"
-	"math/rand/v2"
-	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/sleep"
-	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // Name is the provider's name in machine_provided.provider.
@@ -84,67 +83,38 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 // Check validates the configuration; its errors name the flag.
 func (c *Config) Check() error {
-	switch {
-	case c.Machines < 0:
+	if c.Machines < 0 {
 		return fmt.Errorf("-sim_machines %d: must not be negative", c.Machines)
-	case !(c.AgentStartFailureRate >= 0 && c.AgentStartFailureRate <= 1):
-		return fmt.Errorf("-sim_agent_start_failure_rate %g: must be between 0 and 1", c.AgentStartFailureRate)
-	case !(c.HeartbeatLossRate >= 0 && c.HeartbeatLossRate <= 1):
-		return fmt.Errorf("-sim_heartbeat_loss_rate %g: must be between 0 and 1", c.HeartbeatLossRate)
-	case c.ActionTime < 0:
-		return fmt.Errorf("-sim_action_time %s: must not be negative", c.ActionTime)
-	case !(c.StayOffRate >= 0 && c.StayOffRate <= 1):
-		return fmt.Errorf("-sim_stay_off_rate %g: must be between 0 and 1", c.StayOffRate)
-	case c.HeartbeatInterval <= 0:
-		return fmt.Errorf("-sim_heartbeat_interval %s: must be positive", c.HeartbeatInterval)
 	}
-	return nil
+	a := c.AgentConfig()
+	return a.Check("sim_")
 }
 
-// agent is a running simulated agent.
-type agent struct {
-	key     ed25519.PublicKey
-	started time.Time
-	// recorded is set once a heartbeat found the agent recorded in the
-	// BMDB. Until then a mismatch only means AgentStart has not committed
-	// yet.
-	recorded bool
+// AgentConfig returns the configuration of the fleet's agents: c's rates
+// and times, for machines of the provider "sim" only.
+func (c Config) AgentConfig() AgentConfig {
+	return AgentConfig{
+		Providers:             []string{Name},
+		AgentStartFailureRate: c.AgentStartFailureRate,
+		HeartbeatLossRate:     c.HeartbeatLossRate,
+		ActionTime:            c.ActionTime,
+		HeartbeatInterval:     c.HeartbeatInterval,
+		StayOffRate:           c.StayOffRate,
+	}
 }
 
-// unrecordedGrace is how long an agent may run without the BMDB recording
-// it before it is given up: its AgentStart work failed to finish.
-const unrecordedGrace = time.Minute
-
-// Provider is the simulated provider. It implements providers.Provider.
+// Provider is the simulated provider. It implements providers.Provider:
+// the simulated fleet (Seed) with its simulated agents (the embedded
+// Agents, which refuse machines of other providers).
 type Provider struct {
+	*Agents
 	db  *bmdb.DB
 	cfg Config
-
-	mu     sync.Mutex
-	rng    *rand.Rand
-	agents map[uuid.UUID]*agent // running agents started by this replica
-	// off holds the machines this replica saw left off by a reboot (or
-	// turned off by SetPower). Like the agents, the power state lives in
-	// this replica's memory: another replica sees every machine on.
-	off map[uuid.UUID]bool
-	// boots holds each machine's simulated boot identity, which its
-	// agents' heartbeats carry, so that Recovery verifies simulated
-	// reboots as it does real ones: a reboot or power-on deletes it, and
-	// an agent start draws a new one (see StartAgent), even when another
-	// replica did the reboot.
-	boots map[uuid.UUID]uuid.UUID
 }
 
 // New returns a simulated provider over db; cfg must have passed Check.
 func New(db *bmdb.DB, cfg Config) *Provider {
-	return &Provider{
-		db:     db,
-		cfg:    cfg,
-		rng:    rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		agents: map[uuid.UUID]*agent{},
-		off:    map[uuid.UUID]bool{},
-		boots:  map[uuid.UUID]uuid.UUID{},
-	}
+	return &Provider{Agents: newAgents(db, cfg.AgentConfig()), db: db, cfg: cfg}
 }
 
 // Name implements providers.Provider.
@@ -230,233 +200,4 @@ func (p *Provider) seedOnce(ctx context.Context) (int, error) {
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-// StartAgent implements providers.Provider: after a simulated delay it
-// fails with probability AgentStartFailureRate, or starts an agent with a
-// fresh ed25519 key and returns its public key. The agent heartbeats (while
-// Run runs) once AgentStart has recorded it.
-func (p *Provider) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
-	if err := p.check(m); err != nil {
-		return nil, err
-	}
-	if err := p.act(ctx); err != nil {
-		return nil, fmt.Errorf("sim: agent start on %s: %w", m.ProviderID, err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.off[m.Machine] {
-		delete(p.agents, m.Machine)
-		return nil, errors.New("sim: agent start failed: ssh: connect: no route to host (the machine is powered off)")
-	}
-	if p.rng.Float64() < p.cfg.AgentStartFailureRate {
-		delete(p.agents, m.Machine)
-		return nil, errors.New("sim: agent start failed: ssh: connection reset by peer")
-	}
-	key, _, err := ed25519.GenerateKey(cryptorand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("sim: generating agent key: %w", err)
-	}
-	p.agents[m.Machine] = &agent{key: key, started: time.Now()}
-	// A simulated agent starts after the machine booted (AgentStart takes
-	// a machine only when it has no agent: at first, or after Recovery
-	// reset it), possibly through another replica, whose reboot this
-	// replica never saw: the boot is a new one.
-	p.boots[m.Machine] = uuid.New()
-	return key, nil
-}
-
-// Reboot implements providers.Provider: after a simulated delay, the
-// machine's agent (if this replica runs one) is gone, and with probability
-// StayOffRate the machine is left off. A machine that is off stays off, as
-// with a BMC that ignores a power cycle of a chassis that is off.
-func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
-	if err := p.check(m); err != nil {
-		return err
-	}
-	if err := p.act(ctx); err != nil {
-		return fmt.Errorf("sim: reboot of %s: %w", m.ProviderID, err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.agents, m.Machine)
-	delete(p.boots, m.Machine)
-	if p.rng.Float64() < p.cfg.StayOffRate {
-		p.off[m.Machine] = true
-	}
-	return nil
-}
-
-var (
-	_ providers.PowerReader = (*Provider)(nil)
-	_ providers.PowerOner   = (*Provider)(nil)
-)
-
-// PowerState implements providers.PowerReader: after a simulated delay (a
-// BMC's answer), off if this replica saw the machine left off, else on.
-func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
-	if err := p.check(m); err != nil {
-		return providers.PowerState{}, err
-	}
-	if err := p.act(ctx); err != nil {
-		return providers.PowerState{}, fmt.Errorf("sim: reading the power of %s: %w", m.ProviderID, err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.off[m.Machine] {
-		return providers.PowerState{Power: providers.PowerOff, Cause: "simulated"}, nil
-	}
-	return providers.PowerState{Power: providers.PowerOn, Cause: "simulated"}, nil
-}
-
-// PowerOn implements providers.PowerOner: after a simulated delay the
-// machine is on (with no agent running).
-func (p *Provider) PowerOn(ctx context.Context, m bmdb.Provided) error {
-	if err := p.check(m); err != nil {
-		return err
-	}
-	if err := p.act(ctx); err != nil {
-		return fmt.Errorf("sim: powering on %s: %w", m.ProviderID, err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.off, m.Machine)
-	delete(p.agents, m.Machine)
-	delete(p.boots, m.Machine)
-	return nil
-}
-
-// SetPower switches the simulated machine off (its agent dies with it) or
-// on, as a tripped PSU or a hand on the power button would.
-func (p *Provider) SetPower(machine uuid.UUID, on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if on {
-		delete(p.off, machine)
-		return
-	}
-	p.off[machine] = true
-	delete(p.agents, machine)
-}
-
-// bootLocked returns machine's boot identity, drawing one for a machine
-// that booted since it was last asked (p.mu held).
-func (p *Provider) bootLocked(machine uuid.UUID) uuid.UUID {
-	b, ok := p.boots[machine]
-	if !ok {
-		b = uuid.New()
-		p.boots[machine] = b
-	}
-	return b
-}
-
-// Running reports how many agents this replica runs now.
-func (p *Provider) Running() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.agents)
-}
-
-// check refuses machines of other providers: acting on them would pretend
-// that hardware was handled.
-func (p *Provider) check(m bmdb.Provided) error {
-	if m.Provider != Name {
-		return fmt.Errorf("sim: machine %s is provided by %q, not by the simulation", m.Machine, m.Provider)
-	}
-	return nil
-}
-
-// act waits a jittered ActionTime, or until ctx is done.
-func (p *Provider) act(ctx context.Context) error {
-	if p.cfg.ActionTime <= 0 {
-		return context.Cause(ctx)
-	}
-	p.mu.Lock()
-	d := time.Duration((0.5 + p.rng.Float64()) * float64(p.cfg.ActionTime))
-	p.mu.Unlock()
-	if !sleep.For(ctx, d) {
-		return context.Cause(ctx)
-	}
-	return nil
-}
-
-// Run runs the simulated agents until ctx is done: every HeartbeatInterval
-// each running agent may die (HeartbeatLossRate per minute), and the others
-// heartbeat, all in one transaction. A failed round is logged and retried at
-// the next interval, as a real agent would. Run returns nil when ctx is done;
-// stopping it stops all heartbeats (agents are kept, and heartbeat again when
-// Run is called again).
-func (p *Provider) Run(ctx context.Context) error {
-	tick := time.NewTicker(p.cfg.HeartbeatInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		if err := p.heartbeat(ctx); err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "sim: heartbeat round failed")
-		}
-	}
-}
-
-// heartbeat runs one heartbeat round.
-func (p *Provider) heartbeat(ctx context.Context) error {
-	// The per-round death probability that compounds to HeartbeatLossRate
-	// over a minute.
-	rounds := float64(time.Minute) / float64(p.cfg.HeartbeatInterval)
-	death := 1 - math.Pow(1-p.cfg.HeartbeatLossRate, 1/rounds)
-
-	p.mu.Lock()
-	var beating []bmdb.AgentKey
-	died := 0
-	for id, a := range p.agents {
-		if p.rng.Float64() < death {
-			delete(p.agents, id)
-			died++
-			continue
-		}
-		beating = append(beating, bmdb.AgentKey{Machine: id, PublicKey: a.key, BootID: p.bootLocked(id)})
-	}
-	p.mu.Unlock()
-	if died > 0 {
-		klog.V(1).InfoS("sim: agents died", "agents", died)
-	}
-	if len(beating) == 0 {
-		return nil
-	}
-
-	var recorded []uuid.UUID
-	err := p.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		var err error
-		recorded, err = tx.HeartbeatAgents(ctx, beating)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-
-	ok := make(map[uuid.UUID]bool, len(recorded))
-	for _, id := range recorded {
-		ok[id] = true
-	}
-	now := time.Now()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, b := range beating {
-		a := p.agents[b.Machine]
-		if a == nil || !bytes.Equal(a.key, b.PublicKey) {
-			continue // rebooted or restarted during the round
-		}
-		switch {
-		case ok[b.Machine]:
-			a.recorded = true
-		case a.recorded || now.Sub(a.started) > unrecordedGrace:
-			// Replaced by another agent, its tags deleted by Recovery, or
-			// never recorded: this agent is no longer the machine's.
-			delete(p.agents, b.Machine)
-		}
-	}
-	return nil
 }
