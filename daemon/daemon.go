@@ -138,7 +138,7 @@ func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Ext
 	loopMetrics := controlloop.NewMetrics(reg)
 
 	var ready readiness
-	var status statusPage
+	status := statusPage{prog: cfg.prog}
 	ready.set("starting")
 	stopHTTP, err := serveHTTP(cfg.listen, reg, newHandler(reg, &ready, &status, cfg.statusToken))
 	if err != nil {

@@ -22,6 +22,8 @@ const statusPoolSize = 3
 // buildLoops has returned the runners.
 type statusPage struct {
 	h atomic.Pointer[http.Handler]
+	// prog is the program's name, in the page's command hints.
+	prog string
 }
 
 // register routes /status and everything under it to the page, behind
@@ -43,7 +45,7 @@ func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops ...*l
 			ps[i].Tags = loops[i].def.Tags
 		}
 	}
-	h := statuspage.New(db, ps, statuspage.Options{})
+	h := statuspage.New(db, ps, statuspage.Options{Program: s.prog})
 	s.h.Store(&h)
 }
 

@@ -83,6 +83,10 @@ type Options struct {
 	// totals. Zero: the heartbeat timeout of a process whose condition
 	// has one (Recovery's heartbeat_timeout), else 10 minutes.
 	StaleAfter time.Duration
+	// Program is the name of the binary serving the page, in the commands
+	// its hints suggest ("fleetd resume ..."): the operator's binary may
+	// not be called shepherd. Default: shepherd.
+	Program string
 }
 
 // Defaults of the page's reads.
@@ -112,7 +116,10 @@ const (
 //go:embed templates/*.html
 var templateFS embed.FS
 
-var templates = template.Must(template.New("").Funcs(template.FuncMap{
+// templateFuncs are the templates' functions; prog, the program's name, is
+// replaced per handler (Options.Program).
+var templateFuncs = template.FuncMap{
+	"prog":        func() string { return defaultProgram },
 	"ago":         ago,
 	"until":       untilText,
 	"stamp":       stamp,
@@ -122,7 +129,20 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 	"eventClass":  eventClass,
 	"sparkline":   sparkline,
 	"refreshJS":   refreshJS,
-}).ParseFS(templateFS, "templates/*.html"))
+}
+
+// defaultProgram is Options.Program's default.
+const defaultProgram = "shepherd"
+
+// templates are the pages for the default program name, parsed once.
+var templates = parseTemplates(defaultProgram)
+
+// parseTemplates parses the pages with prog as the program the hints name.
+func parseTemplates(prog string) *template.Template {
+	return template.Must(template.New("").Funcs(templateFuncs).
+		Funcs(template.FuncMap{"prog": func() string { return prog }}).
+		ParseFS(templateFS, "templates/*.html"))
+}
 
 // handler serves the pages.
 type handler struct {
@@ -130,6 +150,8 @@ type handler struct {
 	processes []Process
 	opts      Options
 	now       func() time.Time
+	// tmpl are the pages, naming opts.Program in their hints.
+	tmpl *template.Template
 
 	mu       sync.Mutex
 	cached   *overview
@@ -149,7 +171,10 @@ func New(db *bmdb.DB, processes []Process, opts Options) http.Handler {
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = staleAfter(processes)
 	}
-	h := &handler{db: db, processes: processes, opts: opts, now: time.Now, ttl: overviewTTL}
+	h := &handler{db: db, processes: processes, opts: opts, now: time.Now, ttl: overviewTTL, tmpl: templates}
+	if opts.Program != "" && opts.Program != defaultProgram {
+		h.tmpl = parseTemplates(opts.Program)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+PathOverview, h.serveOverview)
 	mux.HandleFunc("GET "+PathOverview+"/{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -515,7 +540,7 @@ type errorPage struct {
 // every field, including ones added later.
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var b strings.Builder
-	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
+	if err := h.tmpl.ExecuteTemplate(&b, name, data); err != nil {
 		klog.ErrorS(err, "Status page: rendering failed", "template", name)
 		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
 		return

@@ -320,6 +320,32 @@ func TestBreakerPauseShown(t *testing.T) {
 	}
 }
 
+// A binary of another name is named in the page's command hints, and the
+// default page is unchanged by it (each handler has its own templates).
+func TestProgramNamedInHints(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	if _, err := f.db.PauseProcess(context.Background(), agentstart.Process.Name, "test: hints"); err != nil {
+		t.Fatal(err)
+	}
+	fleetd := httptest.NewServer(New(f.db, processes, Options{Program: "fleetd"}))
+	defer fleetd.Close()
+	plain := httptest.NewServer(New(f.db, processes, Options{}))
+	defer plain.Close()
+	_, _, body := get(t, fleetd, "/status")
+	if !strings.Contains(body, "<code>fleetd resume ShepherdAgentStart</code>") || strings.Contains(body, "<code>shepherd ") {
+		t.Errorf("fleetd's /status does not name fleetd in its hints")
+	}
+	_, _, body = get(t, fleetd, MachinePath(f.failed))
+	if !strings.Contains(body, "<code>fleetd explain ") || strings.Contains(body, "<code>shepherd ") {
+		t.Errorf("fleetd's machine page does not name fleetd in its hints")
+	}
+	_, _, body = get(t, plain, "/status")
+	if !strings.Contains(body, "<code>shepherd resume ShepherdAgentStart</code>") {
+		t.Errorf("the default /status does not name shepherd in its hints")
+	}
+}
+
 // The overview is read at most once per TTL, and a failed read is not
 // cached.
 func TestOverviewCache(t *testing.T) {

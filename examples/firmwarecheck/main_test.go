@@ -283,8 +283,8 @@ func TestFleetd(t *testing.T) {
 	if len(waiting) > 0 {
 		id := waiting[0].Machine.String()
 		code, body := get(t, fmt.Sprintf("http://%s/status/machine/%s", addr, id))
-		if code != http.StatusOK || !strings.Contains(body, `<table class="rescheduled">`) {
-			t.Errorf("machine page of %s: %d, want its check-again-later time", id, code)
+		if code != http.StatusOK || !strings.Contains(body, `<table class="rescheduled">`) || !strings.Contains(body, "<code>fleetd retry ") || strings.Contains(body, "<code>shepherd ") {
+			t.Errorf("machine page of %s: %d, want its check-again-later time and fleetd's commands", id, code)
 		}
 		code, out, errOut := command(t, bin, "retry", id, "firmwarecheck", "-reason", "test: check now", db)
 		if code != 0 || !strings.HasPrefix(out, "Ended the check-again-later time (rescheduled) of FirmwareCheck on ") && !strings.Contains(out, "is working on") {
