@@ -68,6 +68,11 @@
 //	shepherd migrate [flags] up|down|version|force N
 //	shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
 //
+// Its usage, errors, hints and status page name the binary as it was run
+// (os.Args[0]) or as Daemon.Name says: "fleetd pause firmwarecheck" answers
+// "Undo with: fleetd resume firmwarecheck". Daemon.DefaultProvider makes a
+// registered provider -provider's default.
+//
 // With no database given (-bmdb_dsn, -bmdb_dsn_file, SHEPHERD_BMDB_DSN) the
 // daemon runs in demo mode: a private PostgreSQL under -state_dir and a
 // simulated fleet. See README.md.
