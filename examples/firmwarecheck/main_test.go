@@ -290,6 +290,11 @@ func TestFleetd(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out, "Ended the check-again-later time (rescheduled) of FirmwareCheck on ") && !strings.Contains(out, "is working on") {
 			t.Errorf("retry of a rescheduled machine: exit %d\n%s%s", code, out, errOut)
 		}
+		// The state selects too: every machine waiting is checked now.
+		code, out, errOut = command(t, bin, "retry", "-process", "firmwarecheck", "-state", "rescheduled", "-reason", "test: check all now", "-yes", db)
+		if code != 0 || !regexp.MustCompile(`Retried FirmwareCheck on \d+ machine\(s\), ending 0 backoff\(s\) and \d+ check-again-later time\(s\)`).MatchString(out) {
+			t.Errorf("retry -state rescheduled: exit %d\n%s%s", code, out, errOut)
+		}
 	}
 
 	code, out, errOut = command(t, bin, "machines", "-all", "-o", "json", db)
