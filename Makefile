@@ -4,6 +4,7 @@
 #   make demo   the demo: private PostgreSQL, simulated fleet, both loops
 #   make test   every test, against real PostgreSQL, sshd, Prometheus, Chromium,
 #               Patroni and PgBouncer, and the tests of examples/firmwarecheck
+#               and examples/httpinventory
 
 GO ?= go
 
@@ -17,3 +18,4 @@ test:
 	scripts/install-deps test
 	$(GO) test -count=1 -timeout 20m ./...
 	cd examples/firmwarecheck && $(GO) test -count=1 -timeout 10m ./...
+	cd examples/httpinventory && $(GO) test -count=1 -timeout 10m ./...
