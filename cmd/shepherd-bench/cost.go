@@ -181,12 +181,12 @@ func costTable(cs []costResult) string {
 		}
 		return num(float64(c.Units)/c.Seconds, 0)
 	})
-	row("transactions", func(c costResult) string { return num(c.Xacts, 2) })
+	row("transactions", func(c costResult) string { return num(c.Xacts, 3) })
 	row("statements (BEGIN, COMMIT included)", func(c costResult) string {
 		if c.Statements == 0 {
 			return "n/a"
 		}
-		return num(c.Statements, 2)
+		return num(c.Statements, 3)
 	})
 	row("executor time µs (pg_stat_statements)", func(c costResult) string {
 		if c.Statements == 0 {

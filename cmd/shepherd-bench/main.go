@@ -323,7 +323,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return heartbeatSender(ctx, o, out)
 	}
 	if o.plotFrom != "" {
-		return replot(o)
+		return replot(o, stderr)
 	}
 	start := time.Now()
 	logf := func(format string, args ...any) {

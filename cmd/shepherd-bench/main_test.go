@@ -328,14 +328,19 @@ func TestReplot(t *testing.T) {
 {"scenario":"seeds","cycles_per_s":48}
 {"scenario":"throughput","machines":10000,"workers":1,"cycles_per_s":350}
 {"scenario":"throughput","machines":10000,"workers":16,"cycles_per_s":1600}
+{"scenario":"river","phase":"before","jobs_per_s":9000}
+{"scenario":"cost","system":"river","label":"River (before)","unit":"job","units":10,"seconds":1,"xacts":0.002,"wal_bytes":2500,"rows":{"river_job":{"ins":1,"upd":2,"del":0}}}
 `
 	if err := os.WriteFile(in, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "plot.png")
-	var stdout bytes.Buffer
-	if err := run(context.Background(), []string{"-plot_from", in, "-plot", out}, &stdout, &bytes.Buffer{}); err != nil {
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-plot_from", in, "-plot", out}, &stdout, &stderr); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(stderr.String(), "| rows river_job (ins / upd / del) | 1.00 / 2.00 / 0.00 |") {
+		t.Errorf("no cost table redrawn:\n%s", stderr.String())
 	}
 	f, err := os.Open(out)
 	if err != nil {

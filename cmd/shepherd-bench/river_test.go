@@ -58,7 +58,8 @@ func TestCostTable(t *testing.T) {
 	for _, want := range []string{
 		"| per unit of work | Shepherd, 16 workers, 10k machines | River (before) |",
 		"| units/s in the window | 100 | 250 |",
-		"| statements (BEGIN, COMMIT included) | 6.50 | n/a |",
+		"| statements (BEGIN, COMMIT included) | 6.500 | n/a |",
+		"| transactions | 2.000 | 0.100 |",
 		"| server CPU µs (/proc) | 120.0 | n/a |",
 		"| rows river_job (ins / upd / del) |  | 1.00 / 2.00 / 0.00 |",
 		"| rows work (ins / upd / del) | 1.00 / 0.00 / 1.00 |  |",

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/color"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -126,8 +127,9 @@ func (b *bench) targets() error {
 	return nil
 }
 
-// replot draws -plot from the JSON lines of an earlier run.
-func replot(o *options) error {
+// replot draws -plot from the JSON lines of an earlier run, and prints its
+// cost table (if it has cost lines) on w.
+func replot(o *options, w io.Writer) error {
 	data, err := os.ReadFile(o.plotFrom)
 	if err != nil {
 		return err
@@ -168,10 +170,19 @@ func replot(o *options) error {
 			if r.JobsPerS > 0 {
 				b.riverJobsPerS = append(b.riverJobsPerS, r.JobsPerS)
 			}
+		case "cost":
+			var r costResult
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				return err
+			}
+			b.costs = append(b.costs, r)
 		}
 	}
 	if len(b.tp) == 0 {
 		return fmt.Errorf("%s has no throughput lines", o.plotFrom)
+	}
+	if table := costTable(b.costs); table != "" {
+		fmt.Fprint(w, table)
 	}
 	return b.drawPlot()
 }
