@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
@@ -90,6 +91,10 @@ const maxInventory = 16 << 20
 // when it was to be removed): the action fails, its lease ends, and the
 // next sync removes the machine.
 var ErrNotListed = errors.New("machine no longer listed in the inventory")
+
+// notListedBackoff is the backoff of an action failed with ErrNotListed:
+// nothing will change for the machine but its removal.
+var notListedBackoff = bmdb.Backoff{Initial: time.Hour, Maximum: 24 * time.Hour, Exponent: 2}
 
 // Provider is the HTTP inventory's provider: the inventory's machines,
 // and simulated agents for them (the embedded sim.Agents, configured to
@@ -162,7 +167,9 @@ func (p *Provider) listed(m bmdb.Provided) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.unlisted[m.ProviderID] {
-		return fmt.Errorf("%s: %s: %w", Name, m.ProviderID, ErrNotListed)
+		// Backed off, not retried at once: the next sync removes the
+		// machine once its lease ended, backoff and all.
+		return controlloop.WithBackoff(fmt.Errorf("%s: %s: %w", Name, m.ProviderID, ErrNotListed), notListedBackoff)
 	}
 	return nil
 }
