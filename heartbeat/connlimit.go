@@ -61,15 +61,17 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		lc, victim, sourceFull := l.admit(c)
+		// Counted before the close, so that whoever sees the connection
+		// closed (a test, an operator's probe) finds it counted.
 		if victim != nil {
-			victim.Conn.Close()
 			l.metrics.connEvicted()
+			victim.Conn.Close()
 		}
 		if lc != nil {
 			return lc, nil
 		}
-		c.Close()
 		l.metrics.connRefused()
+		c.Close()
 		what := fmt.Sprintf("the endpoint has %d connections open (Options.MaxConns)", l.maxTotal)
 		if sourceFull {
 			what = fmt.Sprintf("source %s has %d connections open (Options.MaxConnsPerSource)", addrKey(c.RemoteAddr().String()), l.maxPerSource)
