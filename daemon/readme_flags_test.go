@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -120,5 +121,35 @@ func TestREADMEFlagDefaultsAreTheBinarys(t *testing.T) {
 	}
 	if checked < 20 {
 		t.Errorf("checked %d README defaults; the table's format changed?", checked)
+	}
+}
+
+// TestDocTablesAreWhole checks that every table row of the README and the
+// docs belongs to a table: a row written after a table's end, or above
+// its header, shows as stray text (rows of several authors once landed
+// so).
+func TestDocTablesAreWhole(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	separator := regexp.MustCompile(`^\|[-| :]+\|$`)
+	for _, f := range append(files, "../README.md") {
+		text, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(text), "\n")
+		for i, line := range lines {
+			if !strings.HasPrefix(line, "|") || i > 0 && strings.HasPrefix(lines[i-1], "|") {
+				continue
+			}
+			// The first row of a table: its header, followed by the
+			// separator.
+			if i+1 >= len(lines) || !separator.MatchString(lines[i+1]) {
+				t.Errorf("%s:%d: a table row outside a table (no header and separator above it): %.80s", f, i+1, line)
+			}
+		}
 	}
 }
