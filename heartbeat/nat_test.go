@@ -475,10 +475,15 @@ func TestConnectionLimits(t *testing.T) {
 			// Three idle keep-alive connections fill the limit: a fourth
 			// is served, and the least recently used idle one closed.
 			var idle []*rawConn
+			// The server marks a connection idle after the client has
+			// read its response: on a loaded machine one connection's
+			// mark could come after the next one's, changing which is
+			// the least recently used. Each is waited for.
 			for i := range 3 {
 				c := dialFrom(t, tc.from[i], addr)
 				served(t, c)
 				idle = append(idle, c)
+				idleNow(sources(i + 1))
 			}
 			served(t, idle[0]) // now the second is the least recently used
 			idleNow(sources(3))
