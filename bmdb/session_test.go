@@ -158,16 +158,19 @@ func TestSessionFencing(t *testing.T) {
 	if s.Alive() {
 		t.Error("session alive after Done closed")
 	}
+	// The loss is judged by when it fired against the deadline the
+	// database holds (one clock: the same machine), not by whether the
+	// session is still alive when the query below runs: on a loaded
+	// machine the query can run after the deadline (a CI run beside a
+	// CPU-heavy job saw it 400 ms after a loss fired in time).
 	var deadline time.Time
-	var alive bool
-	err := e.raw.QueryRow(ctx, `SELECT session_deadline, session_deadline > now() FROM sessions WHERE session_id = $1`,
-		s.ID()).Scan(&deadline, &alive)
+	err := e.raw.QueryRow(ctx, `SELECT session_deadline FROM sessions WHERE session_id = $1`, s.ID()).Scan(&deadline)
 	if err != nil {
 		t.Fatalf("reading the session's deadline: %v", err)
 	}
 	t.Logf("session lost locally %v before its database deadline", deadline.Sub(firedAt))
-	if !alive || !firedAt.Before(deadline) {
-		t.Errorf("session lost locally at %v, not before its database deadline %v (alive in the database: %v)", firedAt, deadline, alive)
+	if !firedAt.Before(deadline) {
+		t.Errorf("session lost locally at %v, not before its database deadline %v", firedAt, deadline)
 	}
 	select {
 	case <-workCtx.Done():
