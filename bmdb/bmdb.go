@@ -325,7 +325,7 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions,
 	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	if err := tx.Commit(commitCtx); err != nil {
-		return fmt.Errorf("committing BMDB transaction: %w", err)
+		return &commitUnknownError{fmt.Errorf("committing BMDB transaction: %w", err)}
 	}
 	for _, f := range t.committed {
 		f()
@@ -358,6 +358,17 @@ type notStartedError struct{ err error }
 
 func (e *notStartedError) Error() string { return e.err.Error() }
 func (e *notStartedError) Unwrap() error { return e.err }
+
+// commitUnknownError is a COMMIT that failed without an answer the client
+// can trust: the connection broke, or the server went down, while it ran.
+// The server may have committed (a primary killed while it waited for its
+// synchronous standby has flushed the commit, and keeps it through crash
+// recovery), so its caller must treat what the transaction wrote as
+// possibly there (see Session.undoClaim).
+type commitUnknownError struct{ err error }
+
+func (e *commitUnknownError) Error() string { return e.err.Error() }
+func (e *commitUnknownError) Unwrap() error { return e.err }
 
 // isRetryable reports errors after which the same transaction may succeed.
 func isRetryable(err error) bool {

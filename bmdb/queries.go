@@ -182,6 +182,28 @@ WHERE w.session_id IS NOT DISTINCT FROM $1
 ORDER BY w.machine_id
 FOR UPDATE OF w`
 
+	// qClaimOutcome says whether transaction $1 (its pg_current_xact_id)
+	// committed, aborted or still runs (a COMMIT waiting for a synchronous
+	// standby); NULL when it is too old to tell.
+	//
+	// qClaimUndo ends, Canceled with cause $5, the leases of session $3 for
+	// process $2 on machines $1 that the claim transaction $4 (its
+	// pg_current_xact_id) inserted, if it committed: the claimer never
+	// learnt so and runs no work under them. The xmin fence leaves alone a
+	// lease that another worker of the session took on the same machine
+	// after the claim rolled back.
+	qClaimOutcome = `SELECT pg_xact_status($1::text::xid8)`
+
+	qClaimUndo = `
+WITH lease AS (
+    DELETE FROM work
+    WHERE machine_id = ANY ($1::uuid[]) AND process = $2 AND session_id = $3
+      AND xmin = ($4::text::xid8)::xid
+    RETURNING machine_id
+)
+INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
+SELECT machine_id, $2, 'Canceled', $3, $5 FROM lease ORDER BY machine_id`
+
 	// qWorkFail ends a lease with Failed and a cause ($4). The other ends
 	// are qEndLeases'.
 	qWorkFail = `

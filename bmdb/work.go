@@ -11,7 +11,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"k8s.io/klog/v2"
 
+	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -125,9 +127,10 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		var locked int
 		var blocked bool
 		var next *time.Time
+		var xid string
 		registered := true
 		err := s.db.transact(ctx, s, s.db.probeBegin, func(ctx context.Context, tx *Tx) error {
-			leased, providerIDs, escalated, locked, blocked, next, registered = leased[:0], providerIDs[:0], escalated[:0], 0, false, nil, true
+			leased, providerIDs, escalated, locked, blocked, next, registered, xid = leased[:0], providerIDs[:0], escalated[:0], 0, false, nil, true, ""
 			n, err := limits.budget(ctx, tx, process.Name, limit)
 			if err != nil {
 				return err
@@ -152,7 +155,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			var id uuid.UUID
 			var providerID *string
 			var overBudget bool
-			_, err = pgx.ForEachRow(rows, []any{&id, &providerID, &overBudget}, func() error {
+			_, err = pgx.ForEachRow(rows, []any{&id, &providerID, &overBudget, &xid}, func() error {
 				if overBudget {
 					escalated = append(escalated, Escalation{Machine: id, ProviderID: untrusted.Line(deref(providerID), 0),
 						Process: process.Name, Budget: limits.MachineBudget})
@@ -168,6 +171,10 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			for _, e := range escalated {
 				limits.Escalated(e)
 			}
+		}
+		var unknown *commitUnknownError
+		if errors.As(err, &unknown) && len(leased) > 0 {
+			s.undoClaim(ctx, process, leased, xid)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, err)
@@ -208,7 +215,68 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 	return nil, &NothingDue{Next: time.Now(), More: true}
 }
 
+// undoClaim ends the leases on machines that a claim's transaction xid
+// inserted, when its COMMIT went unanswered: the server may have committed
+// them (a primary killed during its synchronous standby's acknowledgement
+// keeps the commit), and a lease no worker runs under would otherwise stay
+// held, by a live session, until that session ends. It first learns the
+// transaction's outcome: nothing is done for one that aborted, and one
+// still in progress (a COMMIT waiting for a synchronous standby) is waited
+// for. The xmin fence leaves alone a lease a later claim took. The undo is
+// tried until it is done, the session is lost (the reaper then records the
+// leases Lost), or undoClaimTimeout passes; it survives a failover as lease
+// ends do.
+func (s *Session) undoClaim(ctx context.Context, process Process, machines []uuid.UUID, xid string) {
+	logger := klog.FromContext(ctx)
+	if xid == "" {
+		// Unreachable: every row the claim returned carries its id.
+		logger.Error(nil, "BMDB: a claim's commit went unanswered and its transaction id is unknown; its leases, if committed, stay until the session ends",
+			"process", process.Name, "machines", len(machines))
+		return
+	}
+	ctx, cancel := context.WithTimeout(retryUnstarted(context.WithoutCancel(ctx)), undoClaimTimeout)
+	defer cancel()
+	const cause = "the claim's COMMIT went unanswered (connection or server lost); the lease was ended unused"
+	for attempt := 0; ; attempt++ {
+		var undone int64
+		var outcome *string
+		err := s.db.transact(ctx, s, s.db.begin, func(ctx context.Context, tx *Tx) error {
+			// A COMMIT still waiting for a synchronous standby (its
+			// client gone, its server not) would commit after a DELETE
+			// that could not see its rows: wait for its outcome.
+			if err := tx.tx.QueryRow(ctx, qClaimOutcome, xid).Scan(&outcome); err != nil {
+				return err
+			}
+			if outcome == nil || *outcome != "committed" {
+				return nil
+			}
+			tag, err := tx.tx.Exec(ctx, qClaimUndo, uuidArray(machines), process.Name, s.id, xid, cause)
+			undone = tag.RowsAffected()
+			return err
+		})
+		if err == nil && outcome != nil && *outcome == "in progress" {
+			err = fmt.Errorf("the claim's transaction %s is still in progress", xid)
+		} else if err == nil {
+			if undone > 0 {
+				logger.Info("BMDB: ended leases that a claim committed without learning it", "process", process.Name, "leases", undone)
+			}
+			return
+		}
+		if errors.Is(err, ErrSessionExpired) {
+			return
+		}
+		if !sleep.For(ctx, min(100*time.Millisecond<<min(attempt, 4), time.Second)) {
+			logger.Error(err, "BMDB: could not end the leases a claim may have committed unknown to it; they stay until the session ends",
+				"process", process.Name, "machines", len(machines))
+			return
+		}
+	}
+}
+
 const (
+	// undoClaimTimeout bounds Session.undoClaim: past a Patroni failover.
+	undoClaimTimeout = 30 * time.Second
+
 	// dueScan is how many due rows a claim's later rounds lock and
 	// re-check at least, so that a wave of rows that are due but not wanted
 	// (heartbeat deadlines that fresh heartbeats moved) is settled in few
