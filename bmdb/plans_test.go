@@ -60,17 +60,17 @@ func (w *probeWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // The statements of claims and lease ends are prepared once per pooled
 // connection, and after a few executions PostgreSQL keeps their generic
 // plan until the tables' statistics change. A plan made while the lease
-// tables were small could scan them, and a busy fleet bloats them by
-// hundreds of thousands of dead rows between two autovacuum visits, so
-// that such a plan would cost more every second (BENCHMARKS.md, "The
-// 100k-machine points, and what a window bloats"). No generic plan of
+// tables were small could scan them, and a busy fleet bloats them with
+// dead rows at the rate of its cycles between two autovacuum visits, so
+// that such a plan would cost more every second (bench-results/HISTORY.md,
+// "The 100k-machine points, and what a window bloats"). No generic plan of
 // theirs may scan a table, whatever the statistics: here each lease table
 // holds a handful of rows at most, freshly analyzed, the case that
 // invites a scan. Nor may a claim read work's index other than by
 // machine, as a hash of every lease of the group does: the index bloats
 // with the table. (The lease ends' generic plans do read work's process
 // index whole, with a hash or a nested loop over it: not a probe,
-// BENCHMARKS.md says so.)
+// bench-results/HISTORY.md says so.)
 //
 // The statements are not listed by hand: the test watches, through
 // bmdb.Options.Tracer, what runs in the transactions of claims (with

@@ -298,9 +298,9 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// re-checking the row, skips the machine. ORDER BY takes the locks in
 	// one order. The last line is an IN over written, not a LEFT JOIN:
 	// PostgreSQL joins two CTE scans by a nested loop, quadratic in the
-	// batch (at 2000 heartbeats, 4 million comparisons and 90 % of the
-	// statement's 440 ms), while IN hashes written once (44 ms). written
-	// holds each machine once, and no NULL, so the result is the same.
+	// batch (at 2000 heartbeats, 4 million comparisons, most of the
+	// statement's time), while IN hashes written once. written holds each
+	// machine once, and no NULL, so the result is the same.
 	//
 	// The boot identity rides in the same HOT update of the row as the
 	// timestamps. back deletes the machine_reset row (issue 29) of a

@@ -279,10 +279,11 @@ SELECT
 	// (enable_seqscan off): pgx prepares these statements once per
 	// connection, and PostgreSQL keeps a prepared statement's generic plan
 	// until the tables' statistics change. One made while the lease tables
-	// held a few rows scans them, and a busy fleet leaves hundreds of
-	// thousands of dead rows in them between two autovacuum visits, so the
-	// same plan costs more every second (TestClaimAndEndGenericPlans;
-	// BENCHMARKS.md, "The 100k-machine points, and what a window bloats").
+	// held a few rows scans them, and a busy fleet leaves dead rows in them
+	// at the rate of its cycles between two autovacuum visits, so the same
+	// plan costs more every second (TestClaimAndEndGenericPlans;
+	// bench-results/HISTORY.md, "The 100k-machine points, and what a
+	// window bloats").
 	// The setting is no promise of probes: the lease ends' generic plans
 	// still read work's process index whole, whose cost follows its bloat.
 	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),

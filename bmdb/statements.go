@@ -15,9 +15,9 @@ import (
 //
 // A statement sent unnamed (pgx's describe-cached mode) is parsed and
 // planned by the server at every execution: for a claim and a batch of
-// lease ends that is about as much server time as running them (0.24
-// against 0.29 ms for a claim of 5 leases), and the claimer
-// waits for it (BENCHMARKS.md, "Prepared statements"). A named prepared
+// lease ends, statements that touch a few rows by key, planning costs
+// about as much server time as running them, and the claimer waits for
+// it (bench-results/HISTORY.md, "Prepared statements"). A named prepared
 // statement is parsed once per connection and its plan cached, but does
 // not survive a transaction-mode pooler, which hands each transaction any
 // server connection. So the pool starts describe-cached, and the first

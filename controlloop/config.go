@@ -91,8 +91,9 @@ type Config struct {
 	// and by its next due time waits at most before asking anyway: the
 	// bound on a wake-up that was lost. Every write the triggers see
 	// notifies, and a lost LISTEN connection switches the claimer to
-	// IdlePoll, so this is belt and braces: at 10 s it is a third of an idle
-	// process's transactions. Below IdlePoll, IdlePoll applies.
+	// IdlePoll, so this is belt and braces, and at its default one of the
+	// few transactions an idle process makes. Below IdlePoll, IdlePoll
+	// applies.
 	SafetyPoll time.Duration
 	// ReconcileInterval is the period of the pass that checks the whole
 	// fleet, in small chunks, for machines a claim would lease that have no

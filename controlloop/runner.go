@@ -116,8 +116,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	// as before; only the worker no longer waits for it. endSlots bounds
 	// the ends in flight to twice Parallelism: room for a batch of every
 	// worker's end in flight and the next one filling (with room for one
-	// batch only, workers waited for slots while a batch committed: 16
-	// no-op workers made 4,238 cycles/s against 5,911; BENCHMARKS.md,
+	// batch only, workers waited for slots while a batch committed, and
+	// went back to the claimer late; bench-results/HISTORY.md,
 	// "Asynchronous lease ends"), so that a replica holds at most three
 	// times Parallelism leases while its database is slow to commit them.
 	// Run waits for every end before it closes the session. A failed
@@ -343,8 +343,8 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 // machines it leases: when processes return quickly, the workers that the
 // last claim fed come back just after the next claim started, and without
 // this wait each claim serves a few of them while the rest wait for the
-// next one (at 16 no-op workers, 7.9 machines a claim without the wait,
-// 12.2 with it; BENCHMARKS.md, "Asynchronous lease ends").
+// next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
+// the machines per claim with and without the wait).
 const claimLinger = 500 * time.Microsecond
 
 // gatherMore takes up to limit more idle tokens from idle, for at most
@@ -614,8 +614,10 @@ func (r *Runner) register(ctx context.Context) error {
 
 // ReconcileChunk is how many machines one statement of the reconcile pass
 // checks: a million machines take 20 statements (transactions) a pass,
-// spread over half of ReconcileInterval, each about 80 ms of server time
-// (BENCHMARKS.md). Exported for the benchmark, which measures a pass.
+// spread over half of ReconcileInterval: few enough to add little to an
+// idle process's transactions, and each short beside the statement
+// timeout. Exported for the benchmark, which measures a pass (its
+// reconcile lines).
 const ReconcileChunk = 50000
 
 // reconcile checks the whole fleet once per ReconcileInterval, a chunk at

@@ -84,8 +84,9 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil || strings.Contains(string(out), "shepherd.service") {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
-	// Exposure 0 is a perfect sandbox, 10 none at all; the unit scores
-	// about 1.4. --threshold makes a worse score an error.
+	// Exposure 0 is a perfect sandbox, 10 none at all; the unit must
+	// score 2.0 or better: --threshold (in tenths) makes a worse score an
+	// error.
 	out, err = exec.Command(analyze, "security", "--offline=yes", "--threshold=20", path).CombinedOutput()
 	if err != nil {
 		t.Errorf("systemd-analyze security: exposure above 2.0: %v\n%s", err, lastLines(string(out), 3))

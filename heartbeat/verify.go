@@ -19,7 +19,7 @@ const maxVerifyBatch = 64
 // verifyLingerTarget requests queued while requests arrive faster than
 // verifyLingerTarget per verifyLinger (the last two came closer than
 // verifyLinger/verifyLingerTarget) waits up to verifyLinger for more. A
-// batch of 16 costs about 45 % of 16 single verifications; a millisecond is
+// batch of 16 costs well under 16 single verifications; a millisecond is
 // little beside the recorder's batching, and a server that is not busy
 // verifies at once.
 const (
