@@ -287,7 +287,7 @@ func (s *Session) CheckCancels(ctx context.Context) (int, error) {
 		}
 		cause := &CanceledByOperator{Actor: r.actor, Reason: r.reason}
 		if b.w.canceledBy.CompareAndSwap(nil, cause) {
-			klog.InfoS("lease cancelled by an operator", "process", r.process, "machine", r.machine, "actor", r.actor, "reason", r.reason, "session", s.id)
+			klog.FromContext(ctx).Info("lease cancelled by an operator", "process", r.process, "machine", r.machine, "actor", r.actor, "reason", r.reason, "session", s.id)
 			b.cancel(cause)
 			n++
 		}
@@ -303,7 +303,7 @@ func (s *Session) checkCancelsAsync(ctx context.Context) {
 	go func() {
 		defer s.bound.checking.Store(false)
 		if _, err := s.CheckCancels(ctx); err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "BMDB: checking cancel requests failed; the next heartbeat retries", "session", s.id)
+			klog.FromContext(ctx).Error(err, "BMDB: checking cancel requests failed; the next heartbeat retries", "session", s.id)
 		}
 	}()
 }

@@ -186,7 +186,7 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 		// analyze. A role that does not own the table gets a warning
 		// from the server, not an error.
 		if _, err := db.pool.Exec(ctx, qAnalyzeDue); err != nil {
-			klog.ErrorS(err, "BMDB: analyzing work_due after rebuilding a process's due rows; claims may be slow until autovacuum analyzes it", "process", process.Name)
+			klog.FromContext(ctx).Error(err, "BMDB: analyzing work_due after rebuilding a process's due rows; claims may be slow until autovacuum analyzes it", "process", process.Name)
 		}
 	}
 	db.registered.set(process.Name, fp)
@@ -353,7 +353,7 @@ func waitForWriters(ctx context.Context, q queryer, process Process, tables []st
 			return nil
 		}
 		if time.Now().After(deadline) {
-			klog.InfoS("BMDB: building due rows without waiting longer for transactions that write the tables the condition reads; their writes wait for the reconcile pass",
+			klog.FromContext(ctx).Info("BMDB: building due rows without waiting longer for transactions that write the tables the condition reads; their writes wait for the reconcile pass",
 				"process", process.Name, "transactions", running, "waited", writerWait, "tables", tables)
 			return nil
 		}

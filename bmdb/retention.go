@@ -83,15 +83,16 @@ func (db *DB) RunRetention(ctx context.Context, every, olderThan time.Duration) 
 	if every <= 0 || olderThan <= 0 {
 		return fmt.Errorf("history retention: period %s and retention %s must be positive", every, olderThan)
 	}
+	logger := klog.FromContext(ctx)
 	for {
 		n, err := db.PruneHistory(ctx, olderThan, DefaultPruneBatch)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			klog.ErrorS(err, "History retention failed", "retry_in", every)
+			logger.Error(err, "History retention failed", "retry_in", every)
 		case n > 0:
-			klog.InfoS("History retention: deleted old work_history events", "events", n, "older_than", olderThan)
+			logger.Info("History retention: deleted old work_history events", "events", n, "older_than", olderThan)
 		}
 		// Up to a tenth of jitter, so that replicas started together do not
 		// all wake at once only to find the lock taken.

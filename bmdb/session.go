@@ -72,6 +72,10 @@ type Session struct {
 	// process resumed after a freeze notices before its timer goroutine runs.
 	localDeadline atomic.Pointer[time.Time]
 
+	// logger is the logger of StartSession's context: the heartbeat
+	// outlives that context, and logs (and reaps) through this one.
+	logger klog.Logger
+
 	lost     chan struct{}
 	lostOnce sync.Once
 	// silence stops the pokes and reaps (StopHeartbeat), silenced confirms
@@ -98,6 +102,7 @@ func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, er
 		db:       db,
 		id:       uuid.New(),
 		cfg:      cfg,
+		logger:   klog.FromContext(ctx),
 		lost:     make(chan struct{}),
 		silence:  make(chan struct{}),
 		silenced: make(chan struct{}),
@@ -179,7 +184,7 @@ func (s *Session) Alive() bool { return !s.expired() }
 
 func (s *Session) markExpired() {
 	s.lostOnce.Do(func() {
-		klog.ErrorS(ErrSessionExpired, "BMDB session lost: cancelling all work under it", "session", s.id, "component", s.cfg.Component)
+		s.logger.Error(ErrSessionExpired, "BMDB session lost: cancelling all work under it", "session", s.id, "component", s.cfg.Component)
 		s.db.metrics.sessionExpired(s.cfg.Component)
 		close(s.lost)
 	})
@@ -222,8 +227,9 @@ func (s *Session) halt() {
 // loses the session at its local deadline, until halted or lost.
 func (s *Session) heartbeat(localDeadline time.Time) {
 	defer close(s.stopped)
-	// ctx bounds the heartbeat's queries: they stop with the pokes.
-	ctx, cancel := context.WithCancel(context.Background())
+	// ctx bounds the heartbeat's queries: they stop with the pokes. It
+	// carries the session's logger to the reaps and cancel checks.
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), s.logger))
 	reapDone := make(chan struct{})
 	defer func() { cancel(); <-reapDone }()
 	go func() {
@@ -260,7 +266,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			<-reapDone // ctx is cancelled on silence
 			close(s.silenced)
 		case <-deadline.C:
-			klog.ErrorS(ErrSessionExpired, "BMDB session lost: no successful heartbeat before the local deadline", "session", s.id, "component", s.cfg.Component)
+			s.logger.Error(ErrSessionExpired, "BMDB session lost: no successful heartbeat before the local deadline", "session", s.id, "component", s.cfg.Component)
 			s.markExpired()
 			return
 		case <-poke.C:
@@ -270,7 +276,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			case ctx.Err() != nil:
 				// Silenced, halted or lost meanwhile: the next round sees which.
 			case err != nil:
-				klog.ErrorS(err, "BMDB session heartbeat failed, retrying", "session", s.id, "component", s.cfg.Component)
+				s.logger.Error(err, "BMDB session heartbeat failed, retrying", "session", s.id, "component", s.cfg.Component)
 				poke.Reset(min(time.Second, s.cfg.Interval/10))
 			case !alive:
 				s.markExpired()
@@ -325,7 +331,7 @@ func (s *Session) reapWhenDue(ctx context.Context, reapNow <-chan struct{}, done
 			s.db.reapResult(err)
 		}
 		if err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "BMDB: reaping expired sessions failed", "session", s.id)
+			klog.FromContext(ctx).Error(err, "BMDB: reaping expired sessions failed", "session", s.id)
 		}
 	}
 }
@@ -423,7 +429,7 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 		return 0, 0, fmt.Errorf("reaping expired BMDB sessions: %w", err)
 	}
 	if sessions > 0 {
-		klog.InfoS("Reaped expired BMDB sessions", "sessions", sessions, "leases_released", leases)
+		klog.FromContext(ctx).Info("Reaped expired BMDB sessions", "sessions", sessions, "leases_released", leases)
 	}
 	db.metrics.reaped(sessions, leases)
 	return sessions, leases, nil

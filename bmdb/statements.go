@@ -68,19 +68,20 @@ func (db *DB) chooseStatements(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	pooled, err := db.TransactionPooled(ctx)
+	logger := klog.FromContext(ctx)
 	switch {
 	case err != nil:
-		klog.V(1).InfoS("BMDB: probing for a transaction pooler failed; statements stay unnamed until a later session probes again", "err", err)
+		logger.V(1).Info("BMDB: probing for a transaction pooler failed; statements stay unnamed until a later session probes again", "err", err)
 	case pooled:
 		if m.state.CompareAndSwap(statementsUnprobed, statementsUnnamed) {
-			klog.InfoS("BMDB: a transaction-mode pooler; statements are sent unnamed, parsed and planned at every execution")
+			logger.Info("BMDB: a transaction-mode pooler; statements are sent unnamed, parsed and planned at every execution")
 		}
 	case m.state.CompareAndSwap(statementsUnprobed, statementsPrepared):
 		db.metrics.statementsPrepared(true)
 		// The connections made before the probe send statements
 		// unnamed: replace them.
 		db.pool.Reset()
-		klog.V(1).InfoS("BMDB: no transaction pooler; connections prepare their statements")
+		logger.V(1).Info("BMDB: no transaction pooler; connections prepare their statements")
 	}
 }
 
@@ -92,7 +93,7 @@ func (t traceStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	return ctx
 }
 
-func (t traceStatements) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+func (t traceStatements) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
 	if data.Err == nil || !lostPreparedStatement(data.Err) {
 		return
 	}
@@ -101,7 +102,7 @@ func (t traceStatements) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.
 		return
 	}
 	t.db.metrics.statementsPrepared(false)
-	klog.ErrorS(data.Err, "BMDB: a prepared statement was missing or already existed on the server connection (a transaction-mode pooler the probe did not detect); statements are sent unnamed from now on")
+	klog.FromContext(ctx).Error(data.Err, "BMDB: a prepared statement was missing or already existed on the server connection (a transaction-mode pooler the probe did not detect); statements are sent unnamed from now on")
 	// The connection that met the error is acquired: the pool closes it
 	// when it is released, so the transaction's retry (isRetryable) gets
 	// a new one.
