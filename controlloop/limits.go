@@ -157,18 +157,19 @@ func (l Limits) lease() bmdb.Limits {
 }
 
 // leaseLimits are the limits the runner's claims enforce, with the
-// runner's record of escalations.
-func (r *Runner) leaseLimits() bmdb.Limits {
+// runner's record of escalations, which logs to logger (the claim loop's:
+// bmdb calls it after a claim's commit, with no context of its own).
+func (r *Runner) leaseLimits(logger klog.Logger) bmdb.Limits {
 	l := r.cfg.Limits.lease()
-	l.Escalated = r.escalated
+	l.Escalated = func(e bmdb.Escalation) { r.escalated(logger, e) }
 	return l
 }
 
 // escalated counts and logs a machine a claim held because it used up the
 // process's per-machine budget.
-func (r *Runner) escalated(e bmdb.Escalation) {
+func (r *Runner) escalated(logger klog.Logger, e bmdb.Escalation) {
 	r.metrics.limits.escalated.WithLabelValues(r.info.Label).Inc()
-	klog.ErrorS(nil, "Machine escalated: it used up the process's per-machine budget and is held for a human",
+	logger.Error(nil, "Machine escalated: it used up the process's per-machine budget and is held for a human",
 		"process", r.info.Label, "machine", e.Machine, "provider_id", e.ProviderID, "budget", e.Budget.String(),
 		"see", "shepherd history "+e.Machine.String(), "release_with", "shepherd release "+e.Machine.String()+" -process "+r.info.Label+" -reason R")
 }
@@ -238,9 +239,10 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 		return
 	}
 	label := r.info.Label
+	logger := klog.FromContext(ctx)
 	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, bmdb.Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold})
 	if err != nil {
-		klog.ErrorS(err, "Checking the circuit breaker failed", "process", label)
+		logger.Error(err, "Checking the circuit breaker failed", "process", label)
 		return
 	}
 	if !v.Tripped {
@@ -249,13 +251,13 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	r.metrics.limits.breakerTrips.WithLabelValues(label).Inc()
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByBreaker).Set(1)
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByOperator).Set(0)
-	klog.ErrorS(nil, "Circuit breaker tripped: the process is paused on every replica until an operator resumes it",
+	logger.Error(nil, "Circuit breaker tripped: the process is paused on every replica until an operator resumes it",
 		"process", label, "failed", v.Failed, "attempts", v.Attempts, "threshold", l.BreakerThreshold, "resume_with", "shepherd resume "+label)
 }
 
 // showLimitStatus updates the pause and oldest-lease gauges and logs when
-// this replica sees the process paused or resumed.
-func (r *Runner) showLimitStatus(st bmdb.LimitStatus) {
+// this replica sees the process paused or resumed, to logger.
+func (r *Runner) showLimitStatus(logger klog.Logger, st bmdb.LimitStatus) {
 	label := r.info.Label
 	for _, reason := range pauseReasons {
 		v := 0.0
@@ -269,9 +271,9 @@ func (r *Runner) showLimitStatus(st bmdb.LimitStatus) {
 	if seen := &r.limitState; !seen.refreshed || seen.pausedBy != st.PausedBy {
 		switch {
 		case st.PausedBy != "":
-			klog.InfoS("Paused: no replica leases machines for the process until it is resumed", "process", label, "paused_by", st.PausedBy, "reason", st.PauseReason, "resume_with", "shepherd resume "+label)
+			logger.Info("Paused: no replica leases machines for the process until it is resumed", "process", label, "paused_by", st.PausedBy, "reason", st.PauseReason, "resume_with", "shepherd resume "+label)
 		case seen.refreshed:
-			klog.InfoS("Resumed", "process", label)
+			logger.Info("Resumed", "process", label)
 		}
 		seen.refreshed, seen.pausedBy = true, st.PausedBy
 	}

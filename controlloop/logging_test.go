@@ -3,6 +3,8 @@ package controlloop_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -78,4 +81,79 @@ func TestTaskContextLogger(t *testing.T) {
 	if l := find("work failed"); !strings.Contains(l, `"result":"failed"`) || !strings.Contains(l, `"cause":"the BMC said no"`) {
 		t.Errorf("the failure's line lacks result or cause: %s", l)
 	}
+}
+
+// The runner and the BMDB log through the logger of the context they are
+// given (klog.NewContext), never klog's globals: an embedding program
+// routes their lines by the context it passes, and a test sees its own
+// lines in its own output. The lines come from the runner (start, session,
+// a failed task), from a session's heartbeat goroutine, which outlives the
+// context that started it (a dead session's loss, and its reaping by the
+// runner's session) and from the DB's statement probe.
+func TestRunnerAndBMDBLogThroughTheContext(t *testing.T) {
+	t.Parallel()
+	// The test's output, and a copy to look at.
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx := klog.NewContext(context.Background(), logger)
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
+	e := newEnv(t)
+	e.addMachines(1)
+
+	// A replica that died: its session is lost at once, and expires in
+	// the database a second later for the runner's session to reap.
+	dead, err := e.db.StartSession(ctx, bmdb.SessionConfig{Component: "dead", Interval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.Abandon()
+
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		return errors.New("the BMC said no")
+	})
+	cfg := fastConfig(p, 1)
+	// Pokes every second, each one a chance to find the dead session.
+	cfg.Session.Interval = 2 * time.Second
+	r, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	// Each line is one of its alternatives.
+	want := [][]string{
+		{"starting workers"},     // controlloop: Run
+		{"holding BMDB session"}, // controlloop: currentSession
+		{"work failed"},          // controlloop: the task's logger
+		{ // bmdb: the DB's statement probe, by the session that ran it
+			"BMDB: no transaction pooler; connections prepare their statements",
+			"BMDB: a transaction-mode pooler; statements are sent unnamed, parsed and planned at every execution",
+		},
+		{"BMDB session lost: cancelling all work under it"}, // bmdb: the dead session
+		{"Reaped expired BMDB sessions"},                    // bmdb: the runner's session's heartbeat
+	}
+	missing := func() [][]string {
+		seen := map[string]bool{}
+		for _, entry := range logs.Data() {
+			seen[entry.Message] = true
+		}
+		var out [][]string
+		for _, alternatives := range want {
+			if !slices.ContainsFunc(alternatives, func(msg string) bool { return seen[msg] }) {
+				out = append(out, alternatives)
+			}
+		}
+		return out
+	}
+	bmdbtest.WaitFor(t, time.Minute, "the runner's and the BMDB's lines in the test's logger", func() (bool, string) {
+		m := missing()
+		return len(m) == 0, fmt.Sprintf("missing %q", m)
+	})
 }

@@ -80,13 +80,14 @@ func (r *Runner) Ready() bool {
 // closes the session. It returns nil after a clean shutdown.
 func (r *Runner) Run(ctx context.Context) error {
 	label := r.info.Label
-	klog.InfoS("starting workers", "process", label, "workers", r.cfg.Parallelism, "query_rate", r.cfg.QueryRate.String(), "idle_poll", r.cfg.IdlePoll)
+	logger := klog.FromContext(ctx)
+	logger.Info("starting workers", "process", label, "workers", r.cfg.Parallelism, "query_rate", r.cfg.QueryRate.String(), "idle_poll", r.cfg.IdlePoll)
 
 	// Work outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	stopGrace := context.AfterFunc(ctx, func() {
-		klog.InfoS("stopping; in-flight work has the grace to end", "process", label, "grace", r.cfg.ShutdownGrace)
+		logger.Info("stopping; in-flight work has the grace to end", "process", label, "grace", r.cfg.ShutdownGrace)
 		time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
 	})
 	defer stopGrace()
@@ -173,11 +174,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := s.Close(closeCtx); err != nil {
-			klog.ErrorS(err, "Closing the BMDB session failed", "process", label)
+			logger.Error(err, "Closing the BMDB session failed", "process", label)
 		}
 	}
 	r.metrics.sessionHeld.WithLabelValues(label).Set(0)
-	klog.InfoS("stopped", "process", label)
+	logger.Info("stopped", "process", label)
 	return nil
 }
 
@@ -186,6 +187,8 @@ func (r *Runner) Run(ctx context.Context) error {
 // which returns it when done.
 func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
+	logger := klog.FromContext(ctx)
+	leaseLimits := r.leaseLimits(logger)
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
 	pause := func(d time.Duration) bool { return sleep.For(ctx, d) }
@@ -197,7 +200,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			if v {
 				mode = "notify"
 			}
-			klog.InfoS("claim wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
+			logger.Info("claim wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
 		}
 		r.metrics.listening.WithLabelValues(label).Set(boolGauge(v))
 	}
@@ -248,7 +251,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		r.metrics.claimErrors.WithLabelValues(label).Inc()
 		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
 		wait := jitter.Half(errorPause)
-		klog.ErrorS(err, msg, "process", label, "retry_in", wait.Round(time.Millisecond))
+		logger.Error(err, msg, "process", label, "retry_in", wait.Round(time.Millisecond))
 		return pause(wait)
 	}
 
@@ -297,7 +300,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		// database mid-claim gives up at its local deadline instead of
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
-		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.leaseLimits())
+		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, leaseLimits)
 		cancelClaim()
 		switch {
 		case err == nil:
@@ -328,7 +331,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 			giveBack(n)
 			r.metrics.claimErrors.WithLabelValues(label).Inc()
-			klog.InfoS("session lost, starting a new one", "process", label)
+			logger.Info("session lost, starting a new one", "process", label)
 		default:
 			giveBack(n)
 			if !onError("Claiming failed", err) {
@@ -377,11 +380,12 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	}
 	r.session.Store(s)
 	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(1)
-	klog.InfoS("holding BMDB session", "process", r.info.Label, "session", s.ID())
+	logger := klog.FromContext(ctx)
+	logger.Info("holding BMDB session", "process", r.info.Label, "session", s.ID())
 	// Tools compare the replicas' conditions through these rows; a
 	// failure costs only that comparison, so work goes on.
 	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates); err != nil {
-		klog.ErrorS(err, "Recording the process's candidate parameters failed", "process", r.info.Label)
+		logger.Error(err, "Recording the process's candidate parameters failed", "process", r.info.Label)
 	}
 	return s, nil
 }
@@ -589,6 +593,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 // reported.
 func (r *Runner) register(ctx context.Context) error {
 	label := r.info.Label
+	logger := klog.FromContext(ctx)
 	reg, err := r.db.RegisterProcess(ctx, r.info.Process, r.candidates, r.cfg.Session.Component)
 	switch {
 	case errors.Is(err, bmdb.ErrUnwatchedTable):
@@ -598,16 +603,16 @@ func (r *Runner) register(ctx context.Context) error {
 	case err != nil:
 		// The first claim registers again, and reports the error as a
 		// claiming error if it persists.
-		klog.InfoS("registering for due-time claiming failed; the first claim retries", "process", label, "err", err)
+		logger.Info("registering for due-time claiming failed; the first claim retries", "process", label, "err", err)
 	case reg.Building:
-		klog.InfoS("another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
+		logger.Info("another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
 	case reg.Previous != "":
-		klog.InfoS("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
+		logger.Info("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
 			"process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	case reg.Rebuilt:
-		klog.InfoS("registered for due-time claiming; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
+		logger.Info("registered for due-time claiming; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	default:
-		klog.V(1).InfoS("registered for due-time claiming", "process", label, "watches", reg.Watches)
+		logger.V(1).Info("registered for due-time claiming", "process", label, "watches", reg.Watches)
 	}
 	return nil
 }
@@ -627,6 +632,7 @@ const ReconcileChunk = 50000
 // checked the due rows, and replicas that start together spread out.
 func (r *Runner) reconcile(ctx context.Context) {
 	label := r.info.Label
+	logger := klog.FromContext(ctx)
 	if !sleep.For(ctx, jitter.Half(r.cfg.ReconcileInterval)) {
 		return
 	}
@@ -641,15 +647,15 @@ func (r *Runner) reconcile(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			klog.V(1).InfoS("reconciling due rows", "process", label, "err", err)
+			logger.V(1).Info("reconciling due rows", "process", label, "err", err)
 		}
 		lastChunks = max(chunks, 1)
 		if drift > 0 {
 			r.metrics.drift.WithLabelValues(label).Add(float64(drift))
-			klog.InfoS("reconcile found candidates without a due row (a write the due triggers did not see); made them due",
+			logger.Info("reconcile found candidates without a due row (a write the due triggers did not see); made them due",
 				"process", label, "machines", drift)
 		}
-		klog.V(2).InfoS("reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
+		logger.V(2).Info("reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
 		if !sleep.For(ctx, max(r.cfg.ReconcileInterval-time.Since(start), time.Second)) {
 			return
 		}
@@ -667,6 +673,7 @@ func boolGauge(v bool) float64 {
 // per period.
 func (r *Runner) refreshGauges(ctx context.Context) {
 	label := r.info.Label
+	logger := klog.FromContext(ctx)
 	tick := time.NewTicker(r.cfg.MetricsRefresh)
 	defer tick.Stop()
 	for {
@@ -676,9 +683,9 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 			r.metrics.oldestDue.WithLabelValues(label).Set(st.OldestDue.Seconds())
 			r.metrics.backoffs.WithLabelValues(label).Set(float64(st.Backoffs))
 			r.metrics.leases.WithLabelValues(label).Set(float64(st.Leases))
-			r.showLimitStatus(limits)
+			r.showLimitStatus(logger, limits)
 		} else if ctx.Err() == nil {
-			klog.V(1).InfoS("refreshing gauges failed", "process", label, "err", err)
+			logger.V(1).Info("refreshing gauges failed", "process", label, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -704,7 +711,7 @@ func (r *Runner) watchCancels(ctx context.Context, listener *bmdb.DueListener) {
 			continue
 		}
 		if _, err := s.CheckCancels(ctx); err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "Checking cancel requests failed; the session's next heartbeat retries", "process", r.info.Label)
+			klog.FromContext(ctx).Error(err, "Checking cancel requests failed; the session's next heartbeat retries", "process", r.info.Label)
 		}
 	}
 }
