@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"k8s.io/klog/v2"
 )
 
 // connLimiter is a listener that keeps at most maxTotal connections open,
@@ -32,6 +34,7 @@ type connLimiter struct {
 	maxTotal, maxPerSource int
 	metrics                *Metrics
 	errLog                 *rateLimitedLog
+	logger                 klog.Logger // Serve's, for errLog
 
 	mu      sync.Mutex
 	total   int
@@ -48,8 +51,8 @@ type sourceConns struct {
 	evictable list.List // of *limitedConn
 }
 
-func newConnLimiter(ln net.Listener, maxTotal, maxPerSource int, metrics *Metrics, errLog *rateLimitedLog) *connLimiter {
-	return &connLimiter{Listener: ln, maxTotal: maxTotal, maxPerSource: maxPerSource, metrics: metrics, errLog: errLog, sources: make(map[string]*sourceConns)}
+func newConnLimiter(ln net.Listener, maxTotal, maxPerSource int, metrics *Metrics, errLog *rateLimitedLog, logger klog.Logger) *connLimiter {
+	return &connLimiter{Listener: ln, maxTotal: maxTotal, maxPerSource: maxPerSource, metrics: metrics, errLog: errLog, logger: logger, sources: make(map[string]*sourceConns)}
 }
 
 // Accept returns the next connection there is room for, closing an
@@ -76,7 +79,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if sourceFull {
 			what = fmt.Sprintf("source %s has %d connections open (Options.MaxConnsPerSource)", addrKey(c.RemoteAddr().String()), l.maxPerSource)
 		}
-		l.errLog.log("Heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
+		l.errLog.log(l.logger, "Heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // ListenAndServe listens on addr and serves Handler until ctx is done, then
@@ -33,7 +35,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		ln.Close()
 		return errors.New("heartbeat endpoint: give both a certificate and a key file, or neither")
 	}
-	limited := newConnLimiter(ln, s.opts.MaxConns, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog)
+	logger := klog.FromContext(ctx)
+	limited := newConnLimiter(ln, s.opts.MaxConns, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog, logger)
 	s.conns.Store(limited)
 	srv := &http.Server{
 		Handler: s.Handler(),
@@ -53,7 +56,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		// Every failed TLS handshake and broken connection would be a
 		// line: anyone who reaches the port could fill the log.
-		ErrorLog: log.New(&logWriter{msg: "Heartbeat connection failed"}, "", 0),
+		ErrorLog: log.New(&logWriter{msg: "Heartbeat connection failed", logger: logger}, "", 0),
 	}
 	ln = limited
 	errc := make(chan error, 1)
@@ -83,11 +86,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 // logWriter is an http.Server's ErrorLog: a line a connection, at most one
 // every 10 seconds (rateLimitedLog).
 type logWriter struct {
-	msg string
-	log rateLimitedLog
+	msg    string
+	log    rateLimitedLog
+	logger klog.Logger // Serve's
 }
 
 func (w *logWriter) Write(p []byte) (int, error) {
-	w.log.log(w.msg, errors.New(strings.TrimSpace(string(p))))
+	w.log.log(w.logger, w.msg, errors.New(strings.TrimSpace(string(p))))
 	return len(p), nil
 }

@@ -313,8 +313,10 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	result, status, reason := s.handle(w, r, s.opts.SourceKey(r))
 	s.opts.Metrics.count(result)
-	if result != ResultAccepted && result != ResultRateLimited && klog.V(2).Enabled() {
-		klog.InfoS("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
+	if result != ResultAccepted && result != ResultRateLimited {
+		if logger := klog.FromContext(r.Context()).V(2); logger.Enabled() {
+			logger.Info("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
+		}
 	}
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
@@ -601,7 +603,7 @@ func (s *Server) state(machine uuid.UUID, now time.Time) machineState {
 // hanging up.
 func (s *Server) logError(r *http.Request, msg string, err error) {
 	if r.Context().Err() == nil {
-		s.errLog.log(msg, err)
+		s.errLog.log(klog.FromContext(r.Context()), msg, err)
 	}
 }
 
@@ -614,7 +616,7 @@ type rateLimitedLog struct {
 	suppressed int
 }
 
-func (l *rateLimitedLog) log(msg string, err error) {
+func (l *rateLimitedLog) log(logger klog.Logger, msg string, err error) {
 	l.mu.Lock()
 	now := time.Now()
 	if now.Sub(l.last) < 10*time.Second {
@@ -625,5 +627,5 @@ func (l *rateLimitedLog) log(msg string, err error) {
 	suppressed := l.suppressed
 	l.last, l.suppressed = now, 0
 	l.mu.Unlock()
-	klog.ErrorS(err, msg, "suppressed_since_last", suppressed)
+	logger.Error(err, msg, "suppressed_since_last", suppressed)
 }
