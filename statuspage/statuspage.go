@@ -189,7 +189,7 @@ func New(db *bmdb.DB, processes []Process, opts Options) http.Handler {
 			http.Error(w, "the status page is read-only", http.StatusMethodNotAllowed)
 			return
 		}
-		h.render(w, http.StatusNotFound, "error.html", errorPage{Title: "Not found", Message: "There is no such page."})
+		h.render(w, r, http.StatusNotFound, "error.html", errorPage{Title: "Not found", Message: "There is no such page."})
 	})
 	return mux
 }
@@ -256,7 +256,7 @@ func (h *handler) serveOverview(w http.ResponseWriter, r *http.Request) {
 	if len(ov.Errors) > 0 && len(ov.Processes) == 0 {
 		status = http.StatusServiceUnavailable
 	}
-	h.render(w, status, "overview.html", ov)
+	h.render(w, r, status, "overview.html", ov)
 }
 
 // overview reads the overview, or returns the one read less than ttl ago.
@@ -280,7 +280,7 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		ov.RefreshSeconds = max(1, int(h.opts.Refresh.Seconds()))
 	}
 	fail := func(err error) {
-		klog.ErrorS(err, "Status page: reading the overview failed")
+		klog.FromContext(ctx).Error(err, "Status page: reading the overview failed")
 		ov.Errors = append(ov.Errors, err.Error())
 	}
 	pauses, err := h.db.Pauses(ctx)
@@ -366,7 +366,7 @@ func (h *handler) serveLookup(w http.ResponseWriter, r *http.Request) {
 	}
 	shown := untrusted.Line(raw, 120)
 	if raw == "" || len(raw) > 512 {
-		h.render(w, http.StatusBadRequest, "error.html", errorPage{
+		h.render(w, r, http.StatusBadRequest, "error.html", errorPage{
 			Title:   "Nothing to look up",
 			Message: "Give a machine ID (a UUID) or a provider id (as the provider names the machine, such as sim-0002).",
 		})
@@ -377,17 +377,17 @@ func (h *handler) serveLookup(w http.ResponseWriter, r *http.Request) {
 	found, err := h.db.MachinesByProviderID(ctx, raw)
 	switch {
 	case err != nil:
-		klog.ErrorS(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
-		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
+		klog.FromContext(ctx).Error(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
+		h.render(w, r, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
 	case len(found) == 0:
-		h.render(w, http.StatusNotFound, "error.html", errorPage{
+		h.render(w, r, http.StatusNotFound, "error.html", errorPage{
 			Title:   "No machine matches",
 			Message: fmt.Sprintf("No machine has the ID or provider id %q.", shown),
 		})
 	case len(found) == 1:
 		http.Redirect(w, r, MachinePath(found[0].Machine), http.StatusSeeOther)
 	default:
-		h.render(w, http.StatusOK, "matches.html", matchesPage{Query: shown, Machines: found})
+		h.render(w, r, http.StatusOK, "matches.html", matchesPage{Query: shown, Machines: found})
 	}
 }
 
@@ -418,7 +418,7 @@ type machinePage struct {
 func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		h.render(w, http.StatusBadRequest, "error.html", errorPage{
+		h.render(w, r, http.StatusBadRequest, "error.html", errorPage{
 			Title:   "Not a machine ID",
 			Message: fmt.Sprintf("%q is not a machine ID.", r.PathValue("id")),
 		})
@@ -429,14 +429,14 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	d, err := h.db.Machine(ctx, id, machineHistory)
 	switch {
 	case errors.Is(err, bmdb.ErrNotFound):
-		h.render(w, http.StatusNotFound, "error.html", errorPage{
+		h.render(w, r, http.StatusNotFound, "error.html", errorPage{
 			Title:   "Unknown machine",
 			Message: fmt.Sprintf("The BMDB has no machine %s and no history of one.", id),
 		})
 		return
 	case err != nil:
-		klog.ErrorS(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
-		h.render(w, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
+		klog.FromContext(ctx).Error(err, "Status page: reading the BMDB failed", "path", r.URL.Path)
+		h.render(w, r, http.StatusServiceUnavailable, "error.html", errorPage{Title: "BMDB unavailable", Message: err.Error()})
 		return
 	}
 	page := machinePage{Generated: h.now(), MachineDetail: d}
@@ -448,7 +448,7 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 	for i := len(d.History) - 1; i >= 0; i-- {
 		page.Timeline = append(page.Timeline, d.History[i])
 	}
-	h.render(w, http.StatusOK, "machine.html", page)
+	h.render(w, r, http.StatusOK, "machine.html", page)
 }
 
 // explain is the machine's explanation for the page's processes, from
@@ -462,7 +462,7 @@ func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explana
 	}
 	ex, err := h.db.ExplainMachine(ctx, machine, ps)
 	if err != nil {
-		klog.ErrorS(err, "Status page: explaining a machine failed", "machine", machine)
+		klog.FromContext(ctx).Error(err, "Status page: explaining a machine failed", "machine", machine)
 		return nil
 	}
 	return ex.Processes
@@ -474,7 +474,7 @@ func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explana
 func (h *handler) power(ctx context.Context, machine uuid.UUID) *bmdb.PowerRead {
 	reads, err := h.db.PowerReads(ctx, []uuid.UUID{machine})
 	if err != nil {
-		klog.ErrorS(err, "Status page: reading the power state failed", "machine", machine)
+		klog.FromContext(ctx).Error(err, "Status page: reading the power state failed", "machine", machine)
 		return nil
 	}
 	if p, ok := reads[machine]; ok {
@@ -513,7 +513,7 @@ func (h *handler) processTags(ctx context.Context, machine uuid.UUID) []Tag {
 		}
 		tags, err := ReadTags(ctx, h.db, machine, p.Tags)
 		if err != nil {
-			klog.ErrorS(err, "Status page: reading a process's tags failed", "process", p.Info.Label, "machine", machine)
+			klog.FromContext(ctx).Error(err, "Status page: reading a process's tags failed", "process", p.Info.Label, "machine", machine)
 			tags = []Tag{{Name: p.Info.Label, Value: untrusted.Line("cannot read its tags: "+err.Error(), 0)}}
 		}
 		out = append(out, tags...)
@@ -538,10 +538,10 @@ type errorPage struct {
 // characters, so every one in the rendered page came from data, and
 // escaping the whole page (untrusted.Visible: \x1b, \x9b, \u202e) covers
 // every field, including ones added later.
-func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
+func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
 	var b strings.Builder
 	if err := h.tmpl.ExecuteTemplate(&b, name, data); err != nil {
-		klog.ErrorS(err, "Status page: rendering failed", "template", name)
+		klog.FromContext(r.Context()).Error(err, "Status page: rendering failed", "template", name)
 		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
 		return
 	}
