@@ -289,7 +289,7 @@ const sessionBound = 20 * time.Second
 // is made under recoverLibrary: bytes from the BMC that the library cannot
 // parse (past the guard) fail this action, and only it.
 func (c *Client) session(ctx context.Context, t Target, cl *client.Client, action func(context.Context, *client.Client) error) (err error) {
-	defer recoverLibrary(t, "logging in", &err)
+	defer recoverLibrary(ctx, t, "logging in", &err)
 	if err := cl.Connect(ctx); err != nil {
 		return fmt.Errorf("logging in: %w", err)
 	}
@@ -298,28 +298,30 @@ func (c *Client) session(ctx context.Context, t Target, cl *client.Client, actio
 	// accepted.
 	defer func() {
 		var closeErr error
-		defer recoverLibrary(t, "logging out", &closeErr)
+		defer recoverLibrary(ctx, t, "logging out", &closeErr)
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		closeErr = cl.Close(closeCtx)
 	}()
 	actionCtx, cancel := context.WithTimeout(ctx, sessionBound)
 	defer cancel()
-	defer recoverLibrary(t, "after login", &err)
+	defer recoverLibrary(ctx, t, "after login", &err)
 	return action(actionCtx, cl)
 }
 
 // recoverLibrary turns a panic of the IPMI library into *err, a bounded
 // cause without a stack (the stack is logged at -v=2), so that no byte from
-// a BMC can end the process or more than the one action.
-func recoverLibrary(t Target, when string, err *error) {
+// a BMC can end the process or more than the one action. It logs to ctx's
+// logger.
+func recoverLibrary(ctx context.Context, t Target, when string, err *error) {
 	r := recover()
 	if r == nil {
 		return
 	}
 	text := untrusted.Line(fmt.Sprint(r), maxPanicText)
-	klog.ErrorS(nil, "IPMI library panicked on a BMC's reply; the action fails", "bmc", t.Endpoint(), "when", when, "panic", text)
-	klog.V(2).InfoS("IPMI library panic stack", "bmc", t.Endpoint(), "stack", string(debug.Stack()))
+	logger := klog.FromContext(ctx)
+	logger.Error(nil, "IPMI library panicked on a BMC's reply; the action fails", "bmc", t.Endpoint(), "when", when, "panic", text)
+	logger.V(2).Info("IPMI library panic stack", "bmc", t.Endpoint(), "stack", string(debug.Stack()))
 	*err = fmt.Errorf("%s: %w: %s", when, errLibraryFailed, text)
 }
 

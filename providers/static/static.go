@@ -221,6 +221,7 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	// Replicas starting together may race to add the same new machine:
 	// the loser's transaction fails on the unique provider id, and its
 	// next attempt sees the winner's row.
+	logger := klog.FromContext(ctx)
 	var res SyncResult
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -228,7 +229,7 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 		if err == nil || attempt == 3 || ctx.Err() != nil {
 			break
 		}
-		klog.ErrorS(err, "Inventory sync failed, retrying", "file", inv.File, "attempt", attempt)
+		logger.Error(err, "Inventory sync failed, retrying", "file", inv.File, "attempt", attempt)
 		sleep.For(ctx, time.Duration(attempt)*200*time.Millisecond)
 	}
 	if err != nil {
@@ -242,35 +243,35 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	p.mu.Unlock()
 	p.metrics.reloaded(true)
 	p.metrics.machines.Set(float64(len(inv.Machines)))
-	klog.InfoS("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated), "removed", len(res.Removed))
+	logger.Info("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated), "removed", len(res.Removed))
 	if len(res.Added) > 0 {
-		klog.V(1).InfoS("Inventory: machines added", "file", inv.File, "machines", res.Added)
+		logger.V(1).Info("Inventory: machines added", "file", inv.File, "machines", res.Added)
 	}
 	if len(res.Updated) > 0 {
-		klog.InfoS("Inventory: address or location changed", "file", inv.File, "machines", res.Updated)
+		logger.Info("Inventory: address or location changed", "file", inv.File, "machines", res.Updated)
 	}
-	p.reportRemovals(inv, res)
+	p.reportRemovals(logger, inv, res)
 	return nil
 }
 
-// reportRemovals logs and counts what a sync removed and kept.
-func (p *Provider) reportRemovals(inv *Inventory, res SyncResult) {
+// reportRemovals logs (to logger) and counts what a sync removed and kept.
+func (p *Provider) reportRemovals(logger klog.Logger, inv *Inventory, res SyncResult) {
 	p.metrics.removed.Set(float64(len(res.Kept)))
 	p.metrics.removals.Add(float64(len(res.Removed)))
 	if !p.cfg.KeepUnlisted {
 		p.kept = len(res.Kept)
 	}
 	if len(res.Removed) > 0 {
-		klog.InfoS("Inventory: machines no longer listed were removed from the BMDB (their history stays: shepherd history ID)",
+		logger.Info("Inventory: machines no longer listed were removed from the BMDB (their history stays: shepherd history ID)",
 			"file", inv.File, "count", len(res.Removed), "machines", clipList(res.Removed, 50))
 	}
 	switch {
 	case len(res.Kept) == 0:
 	case p.cfg.KeepUnlisted:
-		klog.InfoS("Inventory: machines in the BMDB are no longer listed and are kept (-inventory_keep_unlisted; their actions fail until they are listed again)",
+		logger.Info("Inventory: machines in the BMDB are no longer listed and are kept (-inventory_keep_unlisted; their actions fail until they are listed again)",
 			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50))
 	default:
-		klog.InfoS("Inventory: machines no longer listed are kept while leased (or while their removal fails), and removed after; removal is tried again",
+		logger.Info("Inventory: machines no longer listed are kept while leased (or while their removal fails), and removed after; removal is tried again",
 			"file", inv.File, "count", len(res.Kept), "machines", clipList(res.Kept, 50), "every", p.removeRetry())
 	}
 }
@@ -293,9 +294,9 @@ func (p *Provider) Run(ctx context.Context) error {
 			inv := p.Inventory()
 			res, err := Sync(ctx, p.db, inv, SyncOptions{KeepUnlisted: p.cfg.KeepUnlisted})
 			if err != nil {
-				klog.ErrorS(err, "Inventory: removing the machines no longer listed failed; trying again", "file", inv.File, "in", p.removeRetry())
+				klog.FromContext(ctx).Error(err, "Inventory: removing the machines no longer listed failed; trying again", "file", inv.File, "in", p.removeRetry())
 			} else {
-				p.reportRemovals(inv, res)
+				p.reportRemovals(klog.FromContext(ctx), inv, res)
 			}
 		}
 		p.reloadMu.Unlock()

@@ -103,7 +103,7 @@ func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory, opts SyncOptions) (S
 		case errors.Is(err, bmdb.ErrNotFound):
 			// Another replica, reloading the same file, was first.
 		default:
-			klog.ErrorS(err, "Inventory: removing a machine no longer listed failed; it is kept and tried again", "file", inv.File, "machine", p.ProviderID)
+			klog.FromContext(ctx).Error(err, "Inventory: removing a machine no longer listed failed; it is kept and tried again", "file", inv.File, "machine", p.ProviderID)
 			res.Kept = append(res.Kept, p.ProviderID)
 		}
 	}
