@@ -11,6 +11,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -25,7 +26,7 @@ const rawControls = "\x1b\u009b\u202e"
 // markup only, and a U+202E would reverse a provider id on screen.
 func TestBMDBControlsEscapedOnPages(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
+	f := statuspagetest.NewFleet(t)
 	ctx := context.Background()
 	hostile := bmdb.Provided{
 		Provider:   "test",
@@ -34,7 +35,7 @@ func TestBMDBControlsEscapedOnPages(t *testing.T) {
 		Location:   "dc1\x1b]0;title",
 	}
 	cause := "ssh: \x1b[31mred\u009b2J \u202eevil"
-	err := f.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := f.DB.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		id, err := tx.AddMachine(ctx, hostile)
 		if err != nil {
 			return err
@@ -43,7 +44,7 @@ func TestBMDBControlsEscapedOnPages(t *testing.T) {
 		// Causes are cleaned where Shepherd records them; ones written by
 		// other means (a restore, a hand edit, an older release) are not.
 		if _, err := tx.Exec(ctx, `INSERT INTO work_history (machine_id, process, event, session_id, failed_cause) VALUES ($1, $2, 'Failed', $3, $4)`,
-			id, agentstart.Process.Name, f.session.ID(), cause); err != nil {
+			id, agentstart.Process.Name, f.Session.ID(), cause); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds) VALUES ($1, $2, now() + interval '1 hour', $3, 3600)`,
@@ -56,7 +57,7 @@ func TestBMDBControlsEscapedOnPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
 
 	for _, tc := range []struct {

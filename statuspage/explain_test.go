@@ -12,6 +12,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
+	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
 
 // A machine's page explains, per process, whether it would act and why
@@ -19,14 +20,14 @@ import (
 // actor and reason.
 func TestMachinePageExplains(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
+	f := statuspagetest.NewFleet(t)
 	ctx := context.Background()
-	if _, err := f.db.RequestRun(ctx, f.leased, recovery.Process.Name, "workload <wedged>", bmdb.Actor{Name: "alice"}); err != nil {
+	if _, err := f.DB.RequestRun(ctx, f.Leased, recovery.Process.Name, "workload <wedged>", bmdb.Actor{Name: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
-	code, _, body := get(t, srv, MachinePath(f.leased))
+	code, _, body := get(t, srv, MachinePath(f.Leased))
 	if code != http.StatusOK {
 		t.Fatalf("machine page: %d\n%s", code, body)
 	}
@@ -34,7 +35,7 @@ func TestMachinePageExplains(t *testing.T) {
 		"Would the processes act?",
 		"leased in exclusion group Shepherd by ShepherdAgentStart", // Recovery waits for AgentStart's lease
 		"run-now pending since", "by alice: workload &lt;wedged&gt;",
-		"shepherd explain " + f.leased.String(),
+		"shepherd explain " + f.Leased.String(),
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("machine page lacks %q", want)
@@ -43,15 +44,15 @@ func TestMachinePageExplains(t *testing.T) {
 	// The daemon's limits and budget, judged as a claim would.
 	limited := slices.Clone(processes)
 	limited[0].Limits = controlloop.Limits{MaxInFlight: 1, MachineBudget: bmdb.MachineBudget{N: 5, Window: time.Hour}}
-	lsrv := httptest.NewServer(New(f.db, limited, Options{}))
+	lsrv := httptest.NewServer(New(f.DB, limited, Options{}))
 	defer lsrv.Close()
-	_, _, lbody := get(t, lsrv, MachinePath(f.leased))
+	_, _, lbody := get(t, lsrv, MachinePath(f.Leased))
 	for _, want := range []string{"in-flight limit reached: 1 leases of max 1", "budget used: 1 of 5 in 1h0m0s"} {
 		if !strings.Contains(lbody, want) {
 			t.Errorf("machine page with the daemon's limits lacks %q", want)
 		}
 	}
-	code, _, body = get(t, srv, MachinePath(f.failed))
+	code, _, body = get(t, srv, MachinePath(f.Failed))
 	if code != http.StatusOK || !strings.Contains(body, "condition recovery does not hold (no agent started)") {
 		t.Errorf("the failed machine's page: %d, want Recovery's condition and its facts among the reasons", code)
 	}
@@ -61,32 +62,32 @@ func TestMachinePageExplains(t *testing.T) {
 // honoured, with reason, actor and time.
 func TestOverviewShowsOperatorRequests(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
+	f := statuspagetest.NewFleet(t)
 	ctx := context.Background()
 	alice := bmdb.Actor{Name: "alice"}
-	if _, err := f.db.RequestRun(ctx, f.leased, recovery.Process.Name, "waits for the lease", alice); err != nil {
+	if _, err := f.DB.RequestRun(ctx, f.Leased, recovery.Process.Name, "waits for the lease", alice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.db.RequestRun(ctx, f.finished, recovery.Process.Name, "INC-7: wedged <workload>", alice); err != nil {
+	if _, err := f.DB.RequestRun(ctx, f.Finished, recovery.Process.Name, "INC-7: wedged <workload>", alice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.db.ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
+	if _, err := f.DB.ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
 		t.Fatal(err)
 	}
-	w, err := f.session.Claim(ctx, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
-	if err != nil || w.Machine != f.finished {
-		t.Fatalf("the forced claim: %v, %v; want %s", w, err, f.finished)
+	w, err := f.Session.Claim(ctx, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
+	if err != nil || w.Machine != f.Finished {
+		t.Fatalf("the forced claim: %v, %v; want %s", w, err, f.Finished)
 	}
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
 	_, _, body := get(t, srv, "/status")
 	for _, want := range []string{
 		"Operator requests", "<td>run-now</td>", "waits for the lease", // pending
 		"Forced runs", "INC-7: wedged &lt;workload&gt;", "<td>alice <span class=\"muted\">(", // honoured, with the role
-		`href="/status/machine/` + f.finished.String() + `"`,
+		`href="/status/machine/` + f.Finished.String() + `"`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/status lacks %q", want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
 
 // The overview lists held machines with reason, actor and time, and the
@@ -17,24 +18,24 @@ import (
 func TestHoldsAndEscalationsShown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := newFleet(t)
-	srv := httptest.NewServer(New(f.db, processes, Options{}))
+	f := statuspagetest.NewFleet(t)
+	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
-	if _, err := f.db.Hold(ctx, f.twins[:1], "", `DIMM swap <b>ticket</b> 4711`, 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
+	if _, err := f.DB.Hold(ctx, f.Twins[:1], "", `DIMM swap <b>ticket</b> 4711`, 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.db.Hold(ctx, f.twins[1:], agentstart.Process.Name, "quick look", time.Hour, bmdb.Actor{Name: "tech-ben"}); err != nil {
+	if _, err := f.DB.Hold(ctx, f.Twins[1:], agentstart.Process.Name, "quick look", time.Hour, bmdb.Actor{Name: "tech-ben"}); err != nil {
 		t.Fatal(err)
 	}
 	// The failed machine's backoff ends at once; a budget of one lease an
 	// hour, which it used, escalates it at the next claim.
-	if _, err := f.db.Retry(ctx, f.failed, agentstart.Process.Name, "try again"); err != nil {
+	if _, err := f.DB.Retry(ctx, f.Failed, agentstart.Process.Name, "try again"); err != nil {
 		t.Fatal(err)
 	}
 	var escalated []bmdb.Escalation
 	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}, Escalated: func(e bmdb.Escalation) { escalated = append(escalated, e) }}
 	for range 10 {
-		leases, err := f.session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits)
+		leases, err := f.Session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits)
 		if err != nil {
 			break
 		}

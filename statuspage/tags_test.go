@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
 
 // A process's own tags show on the machine page below Shepherd's, as text
@@ -19,7 +20,7 @@ import (
 // the page is still served.
 func TestProcessTags(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
+	f := statuspagetest.NewFleet(t)
 	var asked []uuid.UUID
 	withTags := append([]Process(nil), processes...)
 	withTags[0].Tags = func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) ([]Tag, error) {
@@ -29,14 +30,14 @@ func TestProcessTags(t *testing.T) {
 	withTags[1].Tags = func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) ([]Tag, error) {
 		return nil, errors.New("table missing")
 	}
-	srv := httptest.NewServer(New(f.db, withTags, Options{}))
+	srv := httptest.NewServer(New(f.DB, withTags, Options{}))
 	defer srv.Close()
 
-	code, _, body := get(t, srv, MachinePath(f.finished))
+	code, _, body := get(t, srv, MachinePath(f.Finished))
 	if code != http.StatusOK {
 		t.Fatalf("machine page: %d", code)
 	}
-	if len(asked) != 1 || asked[0] != f.finished {
+	if len(asked) != 1 || asked[0] != f.Finished {
 		t.Errorf("Tags asked for %v, want the machine of the page", asked)
 	}
 	for _, want := range []string{

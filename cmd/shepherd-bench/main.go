@@ -36,9 +36,12 @@
 // performance issues says whether it was met, and -plot draws throughput
 // against workers as a PNG.
 //
-// Usage:
+// It is a module of its own, so that its plotter stays out of the module
+// graph of a program that imports Shepherd. From the repository root,
+// scripts/shepherd-bench builds it and runs it there (relative paths, such
+// as -out_dir's default, are the caller's):
 //
-//	go run ./cmd/shepherd-bench -seconds 20 -plot bench-results/throughput.png
+//	scripts/shepherd-bench -seconds 20 -plot bench-results/throughput.png
 package main
 
 import (

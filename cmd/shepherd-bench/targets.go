@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/shepherd-fleet/shepherd/internal/benchplot"
+	"github.com/shepherd-fleet/shepherd/cmd/shepherd-bench/internal/benchplot"
 )
 
 type targetResult struct {
