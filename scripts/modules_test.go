@@ -147,3 +147,46 @@ func TestBenchScriptRuns(t *testing.T) {
 		t.Errorf("the benchmark was not built where SHEPHERD_BENCH_BIN says: %v", err)
 	}
 }
+
+// The docs, scripts and comments give commands that work now that the
+// benchmark, deploy's checks and the browser test are modules of their
+// own: from the root module, `go run ./cmd/shepherd-bench`, `go test
+// ./cmd/shepherd-bench`, `go test ./deploy` and `go test ./statuspage/browsertest`
+// find no package. bench-results/ is the dated record of what was run then.
+func TestNoCommandIntoAModuleOfItsOwn(t *testing.T) {
+	stale := regexp.MustCompile(`go (run|test|build|vet)( -[a-zA-Z=0-9]+)* \./(cmd/shepherd-bench|deploy|statuspage/browsertest)\b`)
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "testdata", ".shepherd", "bench-results":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch ext := filepath.Ext(path); {
+		case ext == ".md", ext == ".go", ext == ".yml", ext == ".yaml", d.Name() == "Makefile", d.Name() == "Dockerfile",
+			filepath.Base(filepath.Dir(path)) == "scripts" && ext == "", filepath.Base(filepath.Dir(path)) == ".ci":
+		default:
+			return nil
+		}
+		if path == filepath.Join("..", "scripts", "modules_test.go") {
+			return nil // this test names them
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(raw), "\n") {
+			if m := stale.FindString(line); m != "" {
+				t.Errorf("%s:%d: %q finds no package in the root module: run it in its module (scripts/shepherd-bench for the benchmark, `cd DIR && go test ./...`)", path, i+1, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
