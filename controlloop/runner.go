@@ -403,7 +403,10 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	r.metrics.workersActive.WithLabelValues(label).Inc()
 	defer r.metrics.workersActive.WithLabelValues(label).Dec()
 
-	logger := klog.LoggerWithValues(klog.FromContext(workCtx),
+	// The runner's lines about the process rather than the task (the
+	// circuit breaker's) keep the run's logger.
+	runLogger := klog.FromContext(workCtx)
+	logger := klog.LoggerWithValues(runLogger,
 		"process", label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
 	workCtx = klog.NewContext(workCtx, logger)
 	// Bound to the lease: an operator's cancel request (shepherd cancel)
@@ -415,7 +418,7 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	// Ending the lease must work after the grace period cancelled workCtx;
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
-	return func() { r.endWork(context.WithoutCancel(workCtx), t, runErr, stopped) }, runErr == nil && !stopped
+	return func() { r.endWork(context.WithoutCancel(workCtx), runLogger, t, runErr, stopped) }, runErr == nil && !stopped
 }
 
 // errRunTimeout is the cause of a run context that reached RunTimeout.
@@ -495,8 +498,10 @@ func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut b
 }
 
 // endWork records the outcome of t's run (runErr; stopped when the run's
-// context had ended) as the end of its lease, and counts it.
-func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped bool) {
+// context had ended) as the end of its lease, and counts it. endCtx
+// carries the task's logger; runLogger is the run's, for lines about the
+// process as a whole.
+func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task, runErr error, stopped bool) {
 	label := r.info.Label
 	logger := klog.FromContext(endCtx)
 	var result string
@@ -545,7 +550,7 @@ func (r *Runner) endWork(endCtx context.Context, t *Task, runErr error, stopped 
 	}
 	logger.V(2).Info("work ended", "result", result)
 	if result == ResultFailed || result == ResultTimeout {
-		breakerCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
+		breakerCtx, cancel := context.WithTimeout(klog.NewContext(endCtx, runLogger), r.endAttempt())
 		r.checkBreaker(breakerCtx)
 		cancel()
 	}

@@ -57,8 +57,9 @@ func noteNotRecovered(ctx context.Context, t *controlloop.Task) error {
 		return fmt.Errorf("checking the last reset of %s: %w", t.Machine, err)
 	}
 	if noted {
+		// The task's logger carries machine and provider_id.
 		klog.FromContext(ctx).Info("Recovery: a reset machine did not come back in time; acting again",
-			"machine", t.Machine, "provider_id", t.ProviderID, "reset_at", n.ResetAt.UTC().Format(time.RFC3339), "waited", n.VerifyBy.Sub(n.ResetAt))
+			"reset_at", n.ResetAt.UTC().Format(time.RFC3339), "waited", n.VerifyBy.Sub(n.ResetAt))
 	}
 	return nil
 }
