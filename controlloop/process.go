@@ -3,10 +3,10 @@
 // under exclusive leases, hands them to a bounded pool of workers, and
 // records every outcome (Finish, Fail with backoff, Cancel) in the BMDB.
 //
-// A process author implements Process: the name and defaults, which
-// machines need the process, and what to do with one machine. Everything
-// else (leases, backoff, sessions, fencing, rate limits, metrics, shutdown)
-// is the runner's.
+// A process author writes a Definition (the process's identity and
+// defaults, which machines need it, its flags, and New) and a Handler,
+// whose Run acts on one machine. Everything else (leases, backoff,
+// sessions, fencing, rate limits, metrics, shutdown) is the runner's.
 package controlloop
 
 import (
@@ -40,22 +40,27 @@ type Info struct {
 	DefaultRunTimeout time.Duration
 }
 
-// Process is one control loop's domain logic.
+// Process is a process that states its own Info and Candidates besides
+// its Run.
+//
+// It stays while the daemon moves to Definition, and goes then: a Process
+// states its identity apart from its definition, where nothing checks that
+// the two agree.
 type Process interface {
-	// Info is called once, before the runner starts.
 	Info() Info
-	// Candidates selects the machines that need the process. It is called
-	// once, after flags are parsed, so it may depend on them.
 	Candidates() bmdb.Candidates
-	// Run acts on one leased machine. ctx is cancelled when the lease may no
-	// longer be held (session lost) or at shutdown after the grace period;
-	// Run must then stop acting on the world and return. Returning nil
-	// finishes the work (running t.Commit in the finishing transaction);
-	// returning an error fails it with t.Backoff.
-	Run(ctx context.Context, t *Task) error
+	Handler
 }
 
-// Task is one leased machine handed to Process.Run.
+// New prepares a runner of p; cfg must have passed Check.
+//
+// It stays while the daemon moves to Definition (NewRunner), and goes
+// then.
+func New(db *bmdb.DB, p Process, cfg Config, m *Metrics) (*Runner, error) {
+	return NewRunner(db, Definition{Info: p.Info(), Candidates: p.Candidates}, p, cfg, m)
+}
+
+// Task is one leased machine handed to Handler.Run.
 type Task struct {
 	// Machine is the leased machine.
 	Machine uuid.UUID

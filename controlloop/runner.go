@@ -28,7 +28,7 @@ import (
 // per IdlePoll while there is nothing to do.
 type Runner struct {
 	db         *bmdb.DB
-	process    Process
+	handler    Handler
 	info       Info
 	cfg        Config
 	metrics    *Metrics
@@ -38,24 +38,31 @@ type Runner struct {
 	limitState limitState
 }
 
-// New prepares a runner; cfg must have passed Check.
-func New(db *bmdb.DB, p Process, cfg Config, m *Metrics) (*Runner, error) {
-	info := p.Info()
+// NewRunner prepares a runner of the process def, whose work h does; cfg
+// must have passed Check.
+func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (*Runner, error) {
+	info := def.Info
 	if err := info.Process.Validate(); err != nil {
 		return nil, err
 	}
 	if info.Label == "" {
 		return nil, fmt.Errorf("process %s has no label", info.Process.Name)
 	}
+	if def.Candidates == nil {
+		return nil, fmt.Errorf("process %s has no Candidates function", info.Label)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("process %s: nil handler", info.Label)
+	}
 	if err := cfg.Check(info.Label); err != nil {
 		return nil, err
 	}
 	if m == nil {
-		return nil, errors.New("controlloop.New: nil metrics")
+		return nil, errors.New("controlloop.NewRunner: nil metrics")
 	}
 	m.initProcess(info.Label, cfg.Parallelism)
 	m.limits.initProcess(info.Label, cfg.Limits)
-	return &Runner{db: db, process: p, info: info, cfg: cfg, metrics: m, candidates: p.Candidates()}, nil
+	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, candidates: def.Candidates()}, nil
 }
 
 // Info is the process's description.
@@ -571,7 +578,7 @@ func (r *Runner) run(ctx context.Context, t *Task) (err error) {
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return r.process.Run(ctx, t)
+	return r.handler.Run(ctx, t)
 }
 
 // guardCommit wraps the task's commit function so that a panic in it, which

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -18,38 +19,101 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
+	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
-var (
-	_ controlloop.Process = (*agentstart.AgentStart)(nil)
-	_ controlloop.Process = (*recovery.Recovery)(nil)
-)
-
-func TestInfo(t *testing.T) {
-	a := agentstart.New(nil).Info()
-	r := recovery.New(nil, recovery.DefaultConfig()).Info()
-	if a.Process.Name != "ShepherdAgentStart" || a.Label != "agentstart" ||
-		a.DefaultBackoff != (bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2}) {
-		t.Errorf("AgentStart: %+v", a)
-	}
-	if r.Process.Name != "ShepherdRecovery" || r.Label != "recovery" ||
-		r.DefaultBackoff != (bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2}) {
-		t.Errorf("Recovery: %+v", r)
-	}
-	if a.Process.ExclusionGroup == "" || a.Process.ExclusionGroup != r.Process.ExclusionGroup {
-		t.Errorf("AgentStart (%q) and Recovery (%q) do not exclude each other", a.Process.ExclusionGroup, r.Process.ExclusionGroup)
-	}
-	if a.Process != agentstart.Process || r.Process != recovery.Process {
-		t.Errorf("Info does not use the exported Process values")
-	}
-	for _, p := range []bmdb.Process{a.Process, r.Process} {
-		if err := p.Validate(); err != nil {
+// The shipped processes' definitions state their identity once: the
+// runner, the flags, the metrics and the CLI all read it there.
+func TestDefinitions(t *testing.T) {
+	a := agentstart.Definition()
+	r := recovery.Definition()
+	for _, d := range []controlloop.Definition{a, r} {
+		if err := d.Validate(); err != nil {
 			t.Error(err)
 		}
 	}
+	if a.Info.Process.Name != "ShepherdAgentStart" || a.Info.Label != "agentstart" ||
+		a.Info.DefaultBackoff != (bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2}) {
+		t.Errorf("AgentStart: %+v", a.Info)
+	}
+	if r.Info.Process.Name != "ShepherdRecovery" || r.Info.Label != "recovery" ||
+		r.Info.DefaultBackoff != (bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2}) {
+		t.Errorf("Recovery: %+v", r.Info)
+	}
+	if a.Info.Process.ExclusionGroup == "" || a.Info.Process.ExclusionGroup != r.Info.Process.ExclusionGroup {
+		t.Errorf("AgentStart (%q) and Recovery (%q) do not exclude each other", a.Info.Process.ExclusionGroup, r.Info.Process.ExclusionGroup)
+	}
+	if a.Info.Process != agentstart.Process || r.Info.Process != recovery.Process {
+		t.Errorf("the definitions do not use the exported Process values")
+	}
+	if a.Info.Label != agentstart.Label || r.Info.Label != recovery.Label {
+		t.Errorf("the definitions do not use the exported labels")
+	}
+	// Nothing is built without its provider: the CLI reads the
+	// definition instead.
+	for _, d := range []controlloop.Definition{a, r} {
+		if h, err := d.New(controlloop.Env{}); err == nil || h != nil {
+			t.Errorf("%s: New without a provider: %v, %v; want an error", d.Info.Label, h, err)
+		}
+	}
+}
+
+// Recovery's condition is its flags': read after they are parsed, as the
+// daemon and the CLI do, never from a process built to read it.
+func TestRecoveryCandidatesFollowFlags(t *testing.T) {
+	def := recovery.Definition()
+	if got, want := def.Candidates(), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+		t.Errorf("default condition %+v, want %+v", got, want)
+	}
+	def = configured(t, recovery.Definition(), "-recovery_start_timeout=1m", "-recovery_heartbeat_timeout=20s")
+	if got, want := def.Candidates(), bmdb.RecoveryCandidates(time.Minute, 20*time.Second); !reflect.DeepEqual(got, want) {
+		t.Errorf("condition after the flags %+v, want %+v", got, want)
+	}
+	// Two definitions do not share their flags' values.
+	if got, want := recovery.Definition().Candidates(), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+		t.Errorf("a new definition's condition %+v, want the default %+v", got, want)
+	}
+	bad := recovery.Definition()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	bad.Flags(fs)
+	if err := fs.Parse([]string{"-recovery_heartbeat_timeout=0s"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Check(); err == nil || !strings.Contains(err.Error(), "-recovery_heartbeat_timeout") {
+		t.Errorf("Check of a zero heartbeat timeout: %v", err)
+	}
+}
+
+// configured returns def with its flags parsed from args and checked, as a
+// binary does before it runs the process.
+func configured(t *testing.T, def controlloop.Definition, args ...string) controlloop.Definition {
+	t.Helper()
+	fs := flag.NewFlagSet(def.Info.Label, flag.ContinueOnError)
+	if def.Flags != nil {
+		def.Flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%s: %v", def.Info.Label, err)
+	}
+	if def.Check != nil {
+		if err := def.Check(); err != nil {
+			t.Fatalf("%s: %v", def.Info.Label, err)
+		}
+	}
+	return def
+}
+
+// recoveryWith is Recovery's definition with cfg's timeouts as its flags.
+func recoveryWith(t *testing.T, cfg recovery.Config) controlloop.Definition {
+	t.Helper()
+	args := []string{"-recovery_start_timeout=" + cfg.StartTimeout.String(), "-recovery_heartbeat_timeout=" + cfg.HeartbeatTimeout.String()}
+	if cfg.VerifyTimeout != 0 {
+		args = append(args, "-recovery_verify_timeout="+cfg.VerifyTimeout.String())
+	}
+	return configured(t, recovery.Definition(), args...)
 }
 
 func TestRecoveryConfig(t *testing.T) {
@@ -89,18 +153,22 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
 }
 
-// run runs p through a runner with fast test settings and backoff b until
-// the test ends.
-func (e *env) run(p controlloop.Process, b bmdb.Backoff) {
+// run runs the process def, acting through provider, through a runner
+// with fast test settings and backoff b until the test ends.
+func (e *env) run(def controlloop.Definition, provider providers.Provider, b bmdb.Backoff) {
 	e.t.Helper()
-	cfg := controlloop.DefaultConfig(p.Info())
+	cfg := controlloop.DefaultConfig(def.Info)
 	cfg.Parallelism = 4
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
 	cfg.Backoff = b
-	r, err := controlloop.New(e.db, p, cfg, e.metrics)
+	h, err := def.New(controlloop.Env{Provider: provider, DB: e.db})
 	if err != nil {
-		e.t.Fatalf("controlloop.New: %v", err)
+		e.t.Fatalf("%s: New: %v", def.Info.Label, err)
+	}
+	r, err := controlloop.NewRunner(e.db, def, h, cfg, e.metrics)
+	if err != nil {
+		e.t.Fatalf("controlloop.NewRunner: %v", err)
 	}
 	e.goUntilCleanup(r.Run)
 }
@@ -197,8 +265,8 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	// make the test wait for a long one.
 	fast := bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}
 	stopAgents := e.goUntilCleanup(fleet.Run)
-	e.run(agentstart.New(fleet), fast)
-	e.run(recovery.New(fleet, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fast)
+	e.run(agentstart.Definition(), fleet, fast)
+	e.run(recoveryWith(t, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fleet, fast)
 
 	t0 := time.Now()
 	bmdbtest.WaitUntil(t, 30*time.Second, "every agent started and heartbeating", func() bool {
@@ -305,10 +373,10 @@ func TestProviderCustomBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	as := agentstart.New(provider)
-	rec := recovery.New(provider, recovery.Config{StartTimeout: time.Millisecond, HeartbeatTimeout: time.Millisecond})
-	e.run(as, as.Info().DefaultBackoff)
-	e.run(rec, rec.Info().DefaultBackoff)
+	as := agentstart.Definition()
+	rec := recoveryWith(t, recovery.Config{StartTimeout: time.Millisecond, HeartbeatTimeout: time.Millisecond})
+	e.run(as, provider, as.Info.DefaultBackoff)
+	e.run(rec, provider, rec.Info.DefaultBackoff)
 
 	bmdbtest.WaitUntil(t, 20*time.Second, "every machine to fail", func() bool {
 		h := e.history()
@@ -353,8 +421,8 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.goUntilCleanup(fleet.Run)
-		e.run(agentstart.New(fleet), fast)
-		e.run(recovery.New(fleet, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fast)
+		e.run(agentstart.Definition(), fleet, fast)
+		e.run(recoveryWith(t, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fleet, fast)
 		replicas = append(replicas, e)
 		fleets = append(fleets, fleet)
 	}

@@ -77,7 +77,7 @@ func TestRecoveryReadsPowerBeforeItActs(t *testing.T) {
 	fleet.SetPower(off, false)
 	e.silentAgents(machines)
 	fast := bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 1}
-	e.run(recovery.New(fleet, fastRecovery()), fast)
+	e.run(recoveryWith(t, fastRecovery()), fleet, fast)
 
 	bmdbtest.WaitUntil(t, 30*time.Second, "Recovery to finish on every machine", func() bool {
 		return len(count(e.history(), recovery.Process, bmdb.EventFinished)) == len(machines)
@@ -134,7 +134,7 @@ func TestRecoveryWithoutPowerTruth(t *testing.T) {
 	m := machines[sim.ProviderID(0)]
 	e.silentAgents(machines)
 	p := rebootOnly{reboots: make(chan uuid.UUID, 10)}
-	e.run(recovery.New(p, fastRecovery()),
+	e.run(recoveryWith(t, fastRecovery()), p,
 		bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 1})
 	bmdbtest.WaitUntil(t, 30*time.Second, "Recovery to finish", func() bool {
 		return len(count(e.history(), recovery.Process, bmdb.EventFinished)) == 1

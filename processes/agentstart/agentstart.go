@@ -23,7 +23,31 @@ var Process = bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd
 // Label names the process in flags (-agentstart_...) and metrics.
 const Label = "agentstart"
 
-// AgentStart implements controlloop.Process.
+// Definition defines AgentStart for a binary to register. The default
+// backoff is long: an unreachable machine is usually unreachable for a
+// while, and hammering it fills history without helping.
+func Definition() controlloop.Definition {
+	return controlloop.Definition{
+		Info: controlloop.Info{
+			Process:        Process,
+			Label:          Label,
+			DefaultBackoff: bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2},
+			// An SSH login, the agent's upload over a slow link and its
+			// start: minutes at worst.
+			DefaultRunTimeout: 10 * time.Minute,
+		},
+		// Provided machines without a started agent.
+		Candidates: bmdb.AgentStartCandidates,
+		New: func(env controlloop.Env) (controlloop.Handler, error) {
+			if env.Provider == nil {
+				return nil, errors.New("AgentStart needs a provider")
+			}
+			return New(env.Provider), nil
+		},
+	}
+}
+
+// AgentStart is AgentStart's code (a controlloop.Handler).
 type AgentStart struct {
 	provider providers.Provider
 }
@@ -33,25 +57,17 @@ func New(p providers.Provider) *AgentStart {
 	return &AgentStart{provider: p}
 }
 
-// Info implements controlloop.Process. The default backoff is long: an
-// unreachable machine is usually unreachable for a while, and hammering it
-// fills history without helping.
-func (*AgentStart) Info() controlloop.Info {
-	return controlloop.Info{
-		Process:        Process,
-		Label:          Label,
-		DefaultBackoff: bmdb.Backoff{Initial: 5 * time.Minute, Maximum: 4 * time.Hour, Exponent: 1.2},
-		// An SSH login, the agent's upload over a slow link and its
-		// start: minutes at worst.
-		DefaultRunTimeout: 10 * time.Minute,
-	}
-}
+// Info is the definition's Info.
+//
+// It stays while the daemon still takes a controlloop.Process.
+func (*AgentStart) Info() controlloop.Info { return Definition().Info }
 
-// Candidates implements controlloop.Process: provided machines without a
-// started agent.
-func (*AgentStart) Candidates() bmdb.Candidates { return bmdb.AgentStartCandidates() }
+// Candidates is the definition's condition.
+//
+// It stays while the daemon still takes a controlloop.Process.
+func (*AgentStart) Candidates() bmdb.Candidates { return Definition().Candidates() }
 
-// Run implements controlloop.Process: it starts the agent through the
+// Run implements controlloop.Handler: it starts the agent through the
 // provider and, on success, records the agent's public key when the work
 // finishes, so that the tag exists if and only if the lease was still held.
 // A provider error carrying a controlloop.BackoffError sets the task's backoff.

@@ -5,6 +5,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -88,7 +89,51 @@ func (c *Config) Check() error {
 	return nil
 }
 
-// Recovery implements controlloop.Process.
+// Definition defines Recovery for a binary to register. Its timeouts are
+// flags (-recovery_start_timeout, -recovery_heartbeat_timeout,
+// -recovery_verify_timeout), which its condition reads once they are
+// parsed, and which demo mode shortens so that a demo shows reboots within
+// minutes. The default backoff retries sooner than AgentStart's: a machine
+// in Recovery is already known to be broken, and a reboot is cheap.
+func Definition() controlloop.Definition {
+	cfg := DefaultConfig()
+	return controlloop.Definition{
+		Info: controlloop.Info{
+			Process:        Process,
+			Label:          Label,
+			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2},
+			// A machine rebooted three times in a day without staying healthy
+			// needs a human (docs/real-fleet.md, "A machine escalated").
+			DefaultMachineBudget: DefaultMachineBudget,
+			// A power read and one action, each bounded by -ipmi_timeout or
+			// -redfish_timeout (30 s at most by default): 5 minutes is a hang.
+			DefaultRunTimeout: 5 * time.Minute,
+		},
+		Candidates: cfg.Candidates,
+		Flags:      cfg.RegisterFlags,
+		Check:      cfg.Check,
+		New: func(env controlloop.Env) (controlloop.Handler, error) {
+			if env.Provider == nil {
+				return nil, errors.New("Recovery needs a provider")
+			}
+			return New(env.Provider, cfg), nil
+		},
+		DemoFlags: map[string]string{
+			Label + "_heartbeat_timeout": "30s",
+			Label + "_start_timeout":     "1m",
+		},
+	}
+}
+
+// Candidates are the machines that need Recovery under c: machines whose
+// agent never heartbeated within StartTimeout or whose heartbeat is older
+// than HeartbeatTimeout, and machines a reset did not bring back within
+// VerifyTimeout (see verify.go).
+func (c *Config) Candidates() bmdb.Candidates {
+	return bmdb.RecoveryCandidates(c.StartTimeout, c.HeartbeatTimeout)
+}
+
+// Recovery is Recovery's code (a controlloop.Handler).
 type Recovery struct {
 	provider providers.Provider
 	cfg      Config
@@ -104,32 +149,17 @@ func New(p providers.Provider, cfg Config) *Recovery {
 	return &Recovery{provider: p, cfg: cfg}
 }
 
-// Info implements controlloop.Process. The default backoff retries sooner
-// than AgentStart's: a machine in Recovery is already known to be broken,
-// and a reboot is cheap.
-func (*Recovery) Info() controlloop.Info {
-	return controlloop.Info{
-		Process:        Process,
-		Label:          Label,
-		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 1.2},
-		// A machine rebooted three times in a day without staying healthy
-		// needs a human (docs/real-fleet.md, "A machine escalated").
-		DefaultMachineBudget: DefaultMachineBudget,
-		// A power read and one action, each bounded by -ipmi_timeout or
-		// -redfish_timeout (30 s at most by default): 5 minutes is a hang.
-		DefaultRunTimeout: 5 * time.Minute,
-	}
-}
+// Info is the definition's Info.
+//
+// It stays while the daemon still takes a controlloop.Process.
+func (*Recovery) Info() controlloop.Info { return Definition().Info }
 
-// Candidates implements controlloop.Process: machines whose agent never
-// heartbeated within StartTimeout or whose heartbeat is older than
-// HeartbeatTimeout, and machines a reset did not bring back within
-// VerifyTimeout (see verify.go).
-func (r *Recovery) Candidates() bmdb.Candidates {
-	return bmdb.RecoveryCandidates(r.cfg.StartTimeout, r.cfg.HeartbeatTimeout)
-}
+// Candidates is the definition's condition under r's timeouts.
+//
+// It stays while the daemon still takes a controlloop.Process.
+func (r *Recovery) Candidates() bmdb.Candidates { return r.cfg.Candidates() }
 
-// Run implements controlloop.Process: it reads the machine's power and
+// Run implements controlloop.Handler: it reads the machine's power and
 // powers it on or resets it (powerAct), records what it read and did, and,
 // when the work finishes, deletes its agent tags, which makes
 // it an AgentStart candidate again. A provider error carrying a

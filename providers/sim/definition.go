@@ -1,0 +1,33 @@
+package sim
+
+import (
+	"context"
+
+	"github.com/shepherd-fleet/shepherd/providers"
+)
+
+// Definition defines the simulated provider for a binary to register
+// (-provider sim): a fleet of -sim_machines machines, seeded at start
+// (Prepare), whose agents heartbeat from inside the daemon (Run). It
+// touches no real machine, so demo mode may run it.
+func Definition() providers.Definition {
+	cfg := DefaultConfig()
+	return providers.Definition{
+		Name:  Name,
+		Usage: "a simulated fleet",
+		Flags: cfg.RegisterFlags,
+		Check: cfg.Check,
+		New: func(env providers.Env) (providers.Provider, error) {
+			return New(env.DB, cfg), nil
+		},
+		Demo: true,
+	}
+}
+
+// Prepare implements providers.Preparer: it seeds the simulated fleet.
+func (p *Provider) Prepare(ctx context.Context) error { return p.Seed(ctx) }
+
+var (
+	_ providers.Preparer = (*Provider)(nil)
+	_ providers.Runner   = (*Provider)(nil)
+)
