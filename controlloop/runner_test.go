@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
@@ -103,7 +104,10 @@ func (e *env) start(p controlloop.Process, cfg controlloop.Config) *runner {
 	if err != nil {
 		e.t.Fatalf("controlloop.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// The runner's lines go to the test's own output (shown when it
+	// fails), not to the stderr that parallel tests share.
+	_, logCtx := ktesting.NewTestContext(e.t)
+	ctx, cancel := context.WithCancel(logCtx)
 	rr := &runner{Runner: r, stop: cancel, done: make(chan error, 1)}
 	go func() { rr.done <- r.Run(ctx) }()
 	e.t.Cleanup(func() { rr.Stop(e.t, time.Minute) })
