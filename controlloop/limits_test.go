@@ -77,7 +77,7 @@ func TestLimitMetricsExistAtStart(t *testing.T) {
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error { return nil })
 	cfg := fastConfig(p, 1)
 	cfg.Limits.ExpectedDuration = 7 * time.Minute
-	if _, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg)); err != nil {
+	if _, err := e.newRunner(p, cfg); err != nil {
 		t.Fatal(err)
 	}
 	families, err := e.reg.Gather()

@@ -46,7 +46,7 @@ func TestTaskContextLogger(t *testing.T) {
 		klog.FromContext(ctx).Info("hello from the process")
 		return errors.New("the BMC said no")
 	})
-	r, err := controlloop.New(e.db, p, fastConfig(p, 1), controlloop.NewMetrics(e.reg))
+	r, err := e.newRunner(p, fastConfig(p, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestRunnerAndBMDBLogThroughTheContext(t *testing.T) {
 	cfg := fastConfig(p, 1)
 	// Pokes every second, each one a chance to find the dead session.
 	cfg.Session.Interval = 2 * time.Second
-	r, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg))
+	r, err := e.newRunner(p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,16 +24,30 @@ import (
 // database's, so its tests run against a real PostgreSQL.
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
-// testProcess is a process whose action is the test's function.
+// testProcess is a process whose action is the test's function; a test
+// may change its Info and candidates before it runs it.
 type testProcess struct {
 	info       controlloop.Info
 	candidates bmdb.Candidates
 	run        func(ctx context.Context, t *controlloop.Task) error
 }
 
-func (p *testProcess) Info() controlloop.Info                             { return p.info }
-func (p *testProcess) Candidates() bmdb.Candidates                        { return p.candidates }
+// definition is the process's definition, as of now.
+func (p *testProcess) definition() controlloop.Definition {
+	cand := p.candidates
+	return controlloop.Definition{
+		Info:       p.info,
+		Candidates: func() bmdb.Candidates { return cand },
+		New:        func(controlloop.Env) (controlloop.Handler, error) { return p, nil },
+	}
+}
+
 func (p *testProcess) Run(ctx context.Context, t *controlloop.Task) error { return p.run(ctx, t) }
+
+// newRunner prepares a runner of p.
+func (e *env) newRunner(p *testProcess, cfg controlloop.Config) (*controlloop.Runner, error) {
+	return controlloop.NewRunner(e.db, p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
+}
 
 // newProcess returns a process over AgentStartCandidates: a machine needs it
 // until its work finishes with commitAgent, so that a test can see every
@@ -80,8 +94,8 @@ func (e *env) addMachines(n int) []uuid.UUID {
 
 // fastConfig is a runner configuration for tests: no query rate limit and
 // short polls, so that tests wait on work rather than on pacing.
-func fastConfig(p controlloop.Process, parallelism int) controlloop.Config {
-	cfg := controlloop.DefaultConfig(p.Info())
+func fastConfig(p *testProcess, parallelism int) controlloop.Config {
+	cfg := controlloop.DefaultConfig(p.info)
 	cfg.Parallelism = parallelism
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
@@ -98,11 +112,11 @@ type runner struct {
 }
 
 // start runs p until the test ends or Stop is called.
-func (e *env) start(p controlloop.Process, cfg controlloop.Config) *runner {
+func (e *env) start(p *testProcess, cfg controlloop.Config) *runner {
 	e.t.Helper()
-	r, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(e.reg))
+	r, err := e.newRunner(p, cfg)
 	if err != nil {
-		e.t.Fatalf("controlloop.New: %v", err)
+		e.t.Fatalf("controlloop.NewRunner: %v", err)
 	}
 	// The runner's lines go to the test's own output (shown when it
 	// fails), not to the stderr that parallel tests share.
@@ -417,7 +431,7 @@ func TestRunnerIdleLoad(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error { return nil })
-	cfg := controlloop.DefaultConfig(p.Info())
+	cfg := controlloop.DefaultConfig(p.info)
 	cfg.Parallelism = 64
 	r := e.start(p, cfg)
 	bmdbtest.WaitForNoError(t, 10*time.Second, "a session", func() (bool, error) { return r.Ready(), nil })

@@ -31,9 +31,14 @@ type noopProcess struct {
 	markStarted bool
 }
 
-func (p *noopProcess) Info() controlloop.Info { return p.info }
-
-func (p *noopProcess) Candidates() bmdb.Candidates { return p.candidates }
+// definition is the process's definition, which the runner reads.
+func (p *noopProcess) definition() controlloop.Definition {
+	return controlloop.Definition{
+		Info:       p.info,
+		Candidates: func() bmdb.Candidates { return p.candidates },
+		New:        func(controlloop.Env) (controlloop.Handler, error) { return p, nil },
+	}
+}
 
 func (p *noopProcess) Run(ctx context.Context, t *controlloop.Task) error {
 	if p.onRun != nil {
@@ -75,7 +80,7 @@ func newProcess(sp procSpec) *noopProcess {
 // configFor is the runner configuration of a spec: the daemon's defaults,
 // with the spec's parallelism and, if asked, no query rate limit.
 func configFor(p *noopProcess, sp procSpec) controlloop.Config {
-	cfg := controlloop.DefaultConfig(p.Info())
+	cfg := controlloop.DefaultConfig(p.info)
 	cfg.Parallelism = sp.workers
 	if sp.unlimited {
 		cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
@@ -98,7 +103,7 @@ func startRunners(ctx context.Context, db *bmdb.DB, specs []procSpec) (*runners,
 	var list []*controlloop.Runner
 	for _, sp := range specs {
 		p := newProcess(sp)
-		r, err := controlloop.New(db, p, configFor(p, sp), m)
+		r, err := controlloop.NewRunner(db, p.definition(), p, configFor(p, sp), m)
 		if err != nil {
 			return nil, err
 		}
