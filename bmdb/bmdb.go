@@ -174,8 +174,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		db.statements.beforeConnect(cc)
 		return hosts.beforeConnect(ctx, cc)
 	}
-	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
-		hosts.connected(conn)
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		hosts.connected(ctx, conn)
 		return nil
 	}
 	begin := beginQuery(cc.RuntimeParams, opts)
@@ -254,7 +254,7 @@ func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn 
 			// which keeps an outage visible.
 			db.metrics.transaction("retried")
 			if reconnects == 0 {
-				klog.ErrorS(err, "BMDB: ending a lease failed; trying again on a new connection", "for_up_to", reconnectWindow)
+				klog.FromContext(ctx).Error(err, "BMDB: ending a lease failed; trying again on a new connection", "for_up_to", reconnectWindow)
 			}
 			pause := min(100*time.Millisecond<<min(reconnects, 4), time.Second)
 			reconnects++

@@ -104,7 +104,7 @@ type hostLog struct {
 	quiet     bool // every line at V(2) (Options.QuietConnections)
 }
 
-func (h *hostLog) connected(conn *pgx.Conn) {
+func (h *hostLog) connected(ctx context.Context, conn *pgx.Conn) {
 	addr := "unknown"
 	var remote net.Addr
 	if nc := conn.PgConn().Conn(); nc != nil {
@@ -118,15 +118,16 @@ func (h *hostLog) connected(conn *pgx.Conn) {
 		h.preferred = fb
 	}
 	h.mu.Unlock()
+	logger := klog.FromContext(ctx)
 	switch {
 	case h.quiet:
-		klog.V(2).InfoS("BMDB: connected", "addr", addr)
+		logger.V(2).Info("BMDB: connected", "addr", addr)
 	case prev == "":
-		klog.InfoS("BMDB: connected", "addr", addr)
+		logger.Info("BMDB: connected", "addr", addr)
 	case prev != addr:
-		klog.InfoS("BMDB: connected to another host than before: failover or host change", "addr", addr, "previous", prev)
+		logger.Info("BMDB: connected to another host than before: failover or host change", "addr", addr, "previous", prev)
 	default:
-		klog.V(2).InfoS("BMDB: new connection", "addr", addr)
+		logger.V(2).Info("BMDB: new connection", "addr", addr)
 	}
 }
 

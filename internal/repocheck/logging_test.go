@@ -33,14 +33,7 @@ var libraryRoots = []string{
 // notYetConverted are files, or functions of a file ("file#func"), that
 // still log through klog's globals, with the reason. Remove an entry when
 // its file is converted; the test says when one no longer matches.
-var notYetConverted = map[string]string{
-	"bmdb/bmdb.go": "being rewritten by another change; convert its klog calls after it lands",
-	"bmdb/work.go": "being rewritten by another change; convert its klog calls after it lands",
-	// The pool's AfterConnect (bmdb/bmdb.go) does not pass its context
-	// to hostLog.connected yet: it needs a ctx parameter there, then
-	// klog.FromContext here.
-	"bmdb/ha.go#connected": "waits for bmdb/bmdb.go's AfterConnect to pass its context",
-}
+var notYetConverted = map[string]string{}
 
 // contextualKlog are the klog identifiers library code may use: they take
 // a logger from a context or give one to it, or format values. Everything
