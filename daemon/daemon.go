@@ -1,23 +1,42 @@
+// Package daemon runs Shepherd: the control loops of the processes it is
+// given over a fleet coordinated through PostgreSQL (the BMDB), with
+// everything around them: BMDB sessions, the provider's own work, the
+// agents' heartbeat endpoint, /metrics, /healthz, /readyz and the /status
+// page, history retention, the replication watch and, with no database
+// given, demo mode (a private PostgreSQL and a simulated fleet).
+//
+// It is a library with one lifecycle, after controller-runtime's manager:
+// New takes the Options (what the command line's flags say), Add and
+// AddReadyzCheck add parts and readiness checks of the program's own, and
+// Run runs every part as one group until its context ends or a part fails.
+// It parses no flags, handles no signals, never exits the process and
+// leaves klog's global configuration alone: that is the command line's
+// job, package shepherdcli, which builds Options from flags and is what a
+// binary's main calls (see its documentation for a main).
+//
+// A process is a controlloop.Process (its Info, its Candidates, its Run on
+// one leased machine; the runner does leases, backoff, sessions, limits and
+// metrics) and a definition, a Process of this package, that tells the
+// daemon and the command line the rest: its flags, its check, how to build
+// it once the provider exists, its tags and its own migrations. A provider
+// of the program's own is a Provider. docs/writing-a-process.md walks
+// through the complete example, examples/firmwarecheck.
 package daemon
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
-	"os"
-	"os/signal"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
@@ -25,307 +44,446 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
+	"github.com/shepherd-fleet/shepherd/internal/pgdsn"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
-// runDaemon is the default subcommand: it runs the enabled control loops
-// until SIGTERM or SIGINT.
-func (d *Daemon) runDaemon(args []string, stdout, stderr io.Writer) int {
-	prog := d.prog()
-	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
-	cfg := newDaemonFlags(fs, d)
-	cfg.prog = prog
-	help, err := parseFlags(fs, args)
-	if help {
-		printDaemonUsage(fs, prog, stdout)
-		return exitOK
-	}
-	if err == nil && fs.NArg() > 0 {
-		err = usagef("unexpected argument %q (subcommands: run, migrate)", fs.Arg(0))
-	}
-	cfg.noteGiven(fs)
-	dsn := ""
-	if err == nil {
-		dsn, err = cfg.dsn.resolve()
-	}
-	// An unknown -provider is cfg.check's to report.
-	if err == nil && dsn == "" && slices.Contains(cfg.providerNames(), cfg.provider) && !d.demoProvider(cfg.provider) {
-		err = usagef("-provider %s: no database given (-bmdb_dsn, -bmdb_dsn_file or $%s), and demo mode runs only with a simulated fleet (-provider sim): its private database is shared with no other replica, and its timeouts are a demo's; give the BMDB's DSN", cfg.provider, envDSN)
-	}
-	if err == nil && dsn == "" {
-		var demoErr error
-		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes); demoErr != nil {
-			// A mistake of a process definition, not of the command line.
-			fmt.Fprintf(stderr, "%s: %v\n", prog, demoErr)
-			return exitFailure
-		}
-		if cfg.provider != providerSim {
-			// Set, but unused: not worth a line in the log.
-			cfg.demoDefaults = slices.DeleteFunc(cfg.demoDefaults, func(f string) bool { return strings.HasPrefix(f, "-sim_") })
-		}
-	}
-	if err == nil {
-		err = cfg.check()
-	}
-	if err != nil {
-		return reportUsage(stderr, d.prog(), err)
-	}
-	if cfg.logFormat == "json" {
-		useJSONLogs(stderr, fs)
-	}
-	defer klog.Flush()
+// Options configure a daemon: what the command line's flags produce. The
+// zero value of a field is its documented default where it has one.
+type Options struct {
+	// Name is the program's name in messages and hints ("run 'fleetd
+	// machines'"). Empty: shepherd.
+	Name string
+	// Logger is what every part logs through: Run puts it into the
+	// context its parts get (klog.NewContext). Zero: the logger of Run's
+	// context (klog.FromContext).
+	Logger logr.Logger
+	// Registerer takes the daemon's metrics, and Gatherer serves them on
+	// /metrics. Nil: a registry of the daemon's own, with the Go runtime's
+	// and the process's collectors.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
 
-	ctx, stop := shutdownOnSignal(cfg.shutdownGrace)
-	defer stop()
-	if err := daemon(ctx, cfg, dsn, d.extensions()); err != nil {
-		klog.Flush()
-		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
-		return exitFailure
-	}
-	klog.InfoS("Shepherd stopped")
-	return exitOK
+	// DSN is the BMDB's. Empty: demo mode, a private PostgreSQL under
+	// StateDir, migrated, which only a Provider with Demo (or sim) may use.
+	DSN string
+	// StateDir is demo mode's directory (DefaultStateDir if empty).
+	StateDir string
+	// DemoDefaults lists, for demo mode's log, the flags it changed.
+	DemoDefaults []string
+	// Extensions are the migrations of every process the binary knows,
+	// which the schema check requires to be current (and demo mode
+	// applies).
+	Extensions []*bmdb.Extension
+
+	// Loops are the processes to run, each with its runner's config.
+	// At least one.
+	Loops []Loop
+
+	// Provider names the provider the processes act through: sim, static
+	// or one of Providers. Empty: sim.
+	Provider string
+	// Sim and Static configure the built-in providers.
+	Sim    sim.Config
+	Static static.Config
+	// Providers are the program's own providers.
+	Providers []Provider
+
+	// Listen is the HTTP server's address (port 0 picks a free one).
+	Listen string
+	// StatusToken, if set, is required by /status.
+	StatusToken string
+	// SessionInterval is the BMDB sessions' (controlloop.Config's): it
+	// also bounds a transaction left idle and the stall window of
+	// /readyz. Zero: 10s.
+	SessionInterval time.Duration
+	// HistoryRetention is how long work_history keeps events (0: forever),
+	// pruned every HistoryPruneInterval (zero: an hour).
+	HistoryRetention     time.Duration
+	HistoryPruneInterval time.Duration
+
+	// Agents configures the agents' heartbeat endpoint.
+	Agents AgentOptions
 }
 
-// shutdownOnSignal returns a context that the first SIGTERM or SIGINT
-// cancels, which starts a graceful shutdown. A second signal exits at once
-// with status 1: the operator's way out of a shutdown that hangs.
-func shutdownOnSignal(grace time.Duration) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, syscall.SIGTERM, os.Interrupt)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-ch:
-			klog.InfoS("Received a signal: stopping; in-flight work has the grace to end (send the signal again to exit at once)", "signal", s, "grace", grace)
-			cancel()
-		case <-done:
+// Loop is one process to run, with its runner's configuration.
+type Loop struct {
+	Process Process
+	Config  controlloop.Config
+}
+
+// AgentOptions configure the agents' heartbeat endpoint.
+type AgentOptions struct {
+	// Listen is its address; empty: no endpoint.
+	Listen string
+	// TLSCert and TLSKey, if set, make it serve HTTPS.
+	TLSCert, TLSKey string
+	// HeartbeatURLFromListen makes the static provider's heartbeat URL
+	// take the port Listen bound (Listen's port is 0).
+	HeartbeatURLFromListen bool
+	// The limits of heartbeat.Options.
+	SourceRate        rate.Limit
+	SourceBurst       int
+	MaxConns          int
+	MaxConnsPerSource int
+	IdleTimeout       time.Duration
+}
+
+// Daemon is a configured daemon, run once by Run.
+type Daemon struct {
+	opts      Options
+	log       logr.Logger
+	reg       prometheus.Registerer
+	gatherer  prometheus.Gatherer
+	runnables []Runnable
+	checks    []readyzCheck
+	reload    chan struct{}
+
+	mu  sync.Mutex
+	ran bool
+}
+
+// readyzCheck is a readiness check of AddReadyzCheck.
+type readyzCheck struct {
+	name  string
+	check func(*http.Request) error
+}
+
+// The providers built in.
+const (
+	providerSim    = "sim"
+	providerStatic = "static"
+)
+
+// DefaultStateDir is demo mode's directory when Options.StateDir is empty,
+// and where the operator commands look for a running demo.
+const DefaultStateDir = ".shepherd"
+
+// New checks opts and returns a daemon that Run runs.
+func New(opts Options) (*Daemon, error) {
+	if opts.Name == "" {
+		opts.Name = "shepherd"
+	}
+	if opts.Provider == "" {
+		opts.Provider = providerSim
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = DefaultStateDir
+	}
+	if opts.SessionInterval == 0 {
+		opts.SessionInterval = 10 * time.Second
+	}
+	if opts.HistoryPruneInterval == 0 {
+		opts.HistoryPruneInterval = time.Hour
+	}
+	if len(opts.Loops) == 0 {
+		return nil, errors.New("no process to run")
+	}
+	known := []string{providerSim, providerStatic}
+	for _, p := range opts.Providers {
+		known = append(known, p.Name)
+	}
+	if !slices.Contains(known, opts.Provider) {
+		return nil, fmt.Errorf("unknown provider %q (known: %s)", opts.Provider, strings.Join(known, ", "))
+	}
+	d := &Daemon{opts: opts, log: opts.Logger, reg: opts.Registerer, gatherer: opts.Gatherer, reload: make(chan struct{}, 1)}
+	if d.reg == nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(
+			collectors.NewGoCollector(),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		)
+		d.reg, d.gatherer = reg, reg
+	}
+	if d.gatherer == nil {
+		g, ok := d.reg.(prometheus.Gatherer)
+		if !ok {
+			return nil, errors.New("Options.Registerer is not a prometheus.Gatherer: give Options.Gatherer")
+		}
+		d.gatherer = g
+	}
+	return d, nil
+}
+
+// Add adds a part of the program's own, run with the control loops and
+// stopped with them, first. It must be called before Run.
+func (d *Daemon) Add(r Runnable) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ran {
+		return errors.New("daemon: Add after Run")
+	}
+	d.runnables = append(d.runnables, r)
+	return nil
+}
+
+// AddReadyzCheck adds a condition of readiness: while the daemon runs,
+// /readyz answers 503 with "name: error" while check returns an error. It
+// must be called before Run.
+func (d *Daemon) AddReadyzCheck(name string, check func(*http.Request) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ran {
+		return errors.New("daemon: AddReadyzCheck after Run")
+	}
+	d.checks = append(d.checks, readyzCheck{name: name, check: check})
+	return nil
+}
+
+// Reload asks the provider to reread its configuration (the static
+// inventory): the command line's answer to SIGHUP. It does not wait: the
+// provider reloads once the loops run, and a request made before then
+// waits until then.
+func (d *Daemon) Reload() {
+	select {
+	case d.reload <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// Run runs the daemon until ctx ends or a part fails, and returns nil
+// after a clean stop, else the first part's error. A daemon runs once.
+//
+// It starts the parts in the order they need each other: the HTTP server
+// (whose /readyz says what the daemon is waiting for), the heartbeat
+// endpoint's listener, demo mode's PostgreSQL, the BMDB (retried until it
+// answers with the right schema), the provider's preparation (retried
+// too), then the history retention, the replication watch, the provider's
+// own work and, last, the control loops with the parts of Add. An address
+// in use or a wrong schema fails Run at once.
+//
+// Every part is a Runnable in one group. The first error, or the end of
+// ctx, stops them all in this order, each stage waited for before the
+// next: the control loops and Add's parts (in-flight work gets its
+// shutdown grace); the provider; history retention and the replication
+// watch; the heartbeat endpoint; the BMDB's connections; demo mode's
+// PostgreSQL; the HTTP server, so that /readyz reports the stop until the
+// end.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.mu.Lock()
+	ran := d.ran
+	d.ran = true
+	d.mu.Unlock()
+	if ran {
+		return errors.New("daemon: Run called twice")
+	}
+	log := d.log
+	if log.GetSink() == nil {
+		log = klog.FromContext(ctx)
+	}
+	ctx = klog.NewContext(ctx, log)
+	g := newGroup(ctx, log)
+	var ready readiness
+	ready.set("starting")
+	if err := d.start(ctx, g, &ready); err != nil {
+		g.fail(err)
+	}
+	return g.wait(func(err error) {
+		if err != nil {
+			ready.set("stopping: " + err.Error())
 			return
 		}
-		select {
-		case s := <-ch:
-			klog.ErrorS(nil, "Received a signal during shutdown: exiting at once", "signal", s)
-			klog.Flush()
-			os.Exit(exitFailure)
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(ch)
-		close(done)
-		cancel()
-	}
+		ready.set("shutting down")
+	})
 }
 
-// daemon serves HTTP, provides the database (demo mode when dsn is empty)
-// and runs the loops until ctx is done. It returns nil after a clean
-// shutdown, and an error when the daemon cannot work at all.
-func daemon(ctx context.Context, cfg *daemonConfig, dsn string, exts []*bmdb.Extension) error {
-	// SIGHUP reloads the fleet (the static inventory) once the loops run;
-	// one received earlier waits until then. Caught from the start: its
-	// default action would end the daemon.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+// start starts the daemon's parts in g, in the order Run documents. It
+// returns an error that must stop the daemon, and nil too when g stopped
+// while it waited.
+func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
+	o := &d.opts
+	log := klog.FromContext(ctx)
+	dbMetrics := bmdb.NewMetrics(d.reg)
+	loopMetrics := controlloop.NewMetrics(d.reg)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	dbMetrics := bmdb.NewMetrics(reg)
-	loopMetrics := controlloop.NewMetrics(reg)
-
-	var ready readiness
-	status := statusPage{prog: cfg.prog}
-	ready.set("starting")
-	stopHTTP, err := serveHTTP(cfg.listen, reg, newHandler(reg, &ready, &status, cfg.statusToken))
+	status := statusPage{prog: o.Name}
+	httpServer, err := listenHTTP(ctx, o.Listen, d.reg, newHandler(d.gatherer, ready, &status, o.StatusToken))
 	if err != nil {
 		return err
 	}
-	defer stopHTTP()
+	g.start(stageHTTP, httpServer)
 
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
+	// Its metrics are registered without an endpoint too (all zero), so
+	// that dashboards and alerts see the same series on every replica.
+	heartbeatMetrics := heartbeat.NewMetrics(d.reg)
 	var agents *agentEndpoint
-	// Registered without an endpoint too (all zero), so that dashboards
-	// and alerts see the same series on every replica.
-	heartbeatMetrics := heartbeat.NewMetrics(reg)
-	if cfg.agentListen != "" {
-		agents, err = listenAgents(cfg.agentListen, cfg.agentTLSCert, cfg.agentTLSKey)
+	if o.Agents.Listen != "" {
+		agents, err = listenAgents(ctx, o.Agents.Listen, o.Agents.TLSCert, o.Agents.TLSKey)
 		if err != nil {
 			return err
 		}
-		// Stops serving after the loops have stopped (and before the
-		// database closes): shutting down must not look like silent agents.
-		defer agents.stop()
-		if cfg.heartbeatURLFromListen {
-			host, _, _ := net.SplitHostPort(cfg.agentListen)
-			cfg.static.SSH.HeartbeatURL = cfg.heartbeatURL(net.JoinHostPort(host, agents.port()))
+		g.start(stageAgents, agents)
+		if o.Agents.HeartbeatURLFromListen {
+			host, _, _ := net.SplitHostPort(o.Agents.Listen)
+			o.Static.SSH.HeartbeatURL = heartbeatURL(o.Agents.TLSCert != "", net.JoinHostPort(host, agents.port()))
 		}
 	}
 
+	dsn := o.DSN
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
-		cluster, demoDSN, err := startDemo(ctx, cfg.prog, cfg.stateDir, cfg.provider, cfg.demoDefaults, statusURL(cfg.listen), exts)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+		demo := &demoCluster{opts: o, statusURL: statusURL(httpServer.addr()), stop: g.stop, ready: make(chan string, 1)}
+		g.start(stageDemo, demo)
+		select {
+		case dsn = <-demo.ready:
+		case <-g.stop.Done():
+			return nil
 		}
-		// Deferred before the loops start, so it runs after they stopped.
-		defer stopDemo(cluster)
-		dsn = demoDSN
 	}
-	target, _ := describeDSN(dsn)
+	target, _ := pgdsn.Describe(dsn)
 
 	db, err := bmdb.Open(ctx, dsn, bmdb.Options{
 		Metrics: dbMetrics,
 		// A partitioned replica's open transaction must not hold lease rows
 		// past its sessions' expiry: the server ends it well before.
-		IdleInTransactionTimeout: cfg.sessionInterval / 2,
+		IdleInTransactionTimeout: o.SessionInterval / 2,
 	})
 	if err != nil {
 		return err
 	}
-	defer db.Close()
 	// The status page reads through a pool of its own, so that operators
 	// reloading it (or a flood of requests) during a slow database cannot
 	// take the connections that sessions, claims and lease endings need.
 	readDB, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
 	if err != nil {
+		db.Close()
 		return err
 	}
-	defer readDB.Close()
-	klog.InfoS("Using the BMDB", "target", target)
+	g.start(stageDatabase, RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		readDB.Close()
+		db.Close()
+		return nil
+	}))
+	log.Info("Using the BMDB", "target", target)
 
-	var checks []func() string
+	checks := slices.Clone(d.checks)
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
 		// with 503; the agents send the next one at their next interval.
 		agents.serve(db, heartbeat.Options{
 			Metrics:    heartbeatMetrics,
-			SourceRate: rate.Limit(cfg.heartbeatRefusalRate), SourceBurst: cfg.heartbeatRefusalBurst,
-			MaxConns: cfg.agentMaxConns, MaxConnsPerSource: cfg.agentMaxConnsPerSource, IdleTimeout: cfg.agentIdleTimeout,
+			SourceRate: o.Agents.SourceRate, SourceBurst: o.Agents.SourceBurst,
+			MaxConns: o.Agents.MaxConns, MaxConnsPerSource: o.Agents.MaxConnsPerSource, IdleTimeout: o.Agents.IdleTimeout,
 		})
-		checks = append(checks, agents.check)
+		checks = append(checks, readyzCheck{check: agents.check})
 	}
 
 	// Opening does not connect, so the fleet and the loops can be built
 	// now: their metrics series then exist, at zero, while the database is
 	// away.
-	f, err := newFleet(cfg, db, reg)
+	f, err := newFleet(ctx, o, db, d.reg)
 	if err != nil {
 		return err
 	}
-	runners, err := buildLoops(db, f.provider(), cfg.enabled, dbMetrics, loopMetrics)
+	runners, err := buildLoops(db, f.provider(), o.Loops, dbMetrics, loopMetrics)
 	if err != nil {
 		return err
 	}
-	status.set(readDB, runners, cfg.enabled...)
+	status.set(readDB, runners, o.Loops)
 
 	ready.set("waiting for the BMDB at " + target + " (schema check)")
 	// An attempt may have to wait out the connect timeout of every host
 	// of a multi-host DSN before it reaches the one that answers.
 	attemptTimeout := max(10*time.Second, db.ConnectBudget()+5*time.Second)
-	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, exts...) }
-	err = retry(ctx, "checking the BMDB schema at "+target, attemptTimeout, checkSchema, func(err error) bool {
+	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, o.Extensions...) }
+	err = retry(g.stop, "checking the BMDB schema at "+target, attemptTimeout, checkSchema, func(err error) bool {
 		return errors.Is(err, bmdb.ErrSchema)
 	})
-	if err != nil || ctx.Err() != nil {
+	if err != nil || g.stop.Err() != nil {
 		return err
 	}
-
 	ready.set(f.preparing())
-	if err := retry(ctx, f.preparing(), attemptTimeout, f.prepare, nil); err != nil || ctx.Err() != nil {
+	if err := retry(g.stop, f.preparing(), attemptTimeout, f.prepare, nil); err != nil || g.stop.Err() != nil {
 		return err
 	}
 
 	// Readiness reflects progress, not only a ping: heartbeats, reaps and
 	// transactions that keep failing (a locked table, statements timing
 	// out, a broken reaper) make the replica not ready.
-	stallWindow := 2 * cfg.sessionInterval
-	checks = append(checks, func() string { return db.Stalled(stallWindow) })
-	ready.running(db, runners, checks...)
-	stopReady := context.AfterFunc(ctx, func() { ready.set("shutting down") })
-	defer stopReady()
+	stallWindow := 2 * o.SessionInterval
+	checks = append(checks, readyzCheck{check: func(*http.Request) error {
+		if p := db.Stalled(stallWindow); p != "" {
+			return errors.New(p)
+		}
+		return nil
+	}})
+	ready.running(db, runners, checks)
 
-	// The background parts (the replication watch, history retention) run
-	// as long as the loops, not as long as ctx: a loop that refuses to run
-	// (ErrUnwatchedTable) ends runLoops while ctx goes on, and a part
-	// waited for on ctx would hang the daemon instead of letting it exit
-	// with that error. They are stopped and waited for before the
-	// database closes.
-	partsCtx, stopParts := context.WithCancel(ctx)
-	var parts sync.WaitGroup
-	parts.Go(func() { watchReplication(partsCtx, db, replicationCheckInterval) })
-	waitRetention := cfg.retention.start(partsCtx, db)
-	err = runLoops(ctx, f, runners, hup)
-	if err != nil {
-		ready.set("stopping: " + err.Error())
+	g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+		watchReplication(ctx, db, replicationCheckInterval)
+		return nil
+	}))
+	if o.HistoryRetention == 0 {
+		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
+	} else {
+		g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
+		}))
 	}
-	stopParts()
-	waitRetention()
-	parts.Wait()
-	return err
+	g.start(stageProvider, RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
+	// A loop that refuses to run (a process whose condition reads a table
+	// no trigger watches) stops the others: the daemon exits with its
+	// error instead of running without it.
+	for _, r := range runners {
+		g.start(stageLoops, RunnableFunc(r.Run))
+	}
+	d.mu.Lock()
+	for _, r := range d.runnables {
+		g.start(stageLoops, r)
+	}
+	d.mu.Unlock()
+	return nil
 }
 
-// buildLoops prepares a runner for every enabled process.
-func buildLoops(db *bmdb.DB, provider providers.Provider, enabled []*loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
+// buildLoops prepares a runner for every loop.
+func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetrics *bmdb.Metrics, loopMetrics *controlloop.Metrics) ([]*controlloop.Runner, error) {
 	var runners []*controlloop.Runner
-	for _, l := range enabled {
-		dbMetrics.InitComponent(l.cfg.Session.Component)
-		p, err := l.def.New(Env{Provider: provider, DB: db})
+	for _, l := range loops {
+		dbMetrics.InitComponent(l.Config.Session.Component)
+		p, err := l.Process.New(Env{Provider: provider, DB: db})
 		if err != nil {
-			return nil, fmt.Errorf("building %s: %w", l.def.Info.Label, err)
+			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
 		}
-		r, err := controlloop.New(db, p, l.cfg, loopMetrics)
+		r, err := controlloop.New(db, p, l.Config, loopMetrics)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", l.def.Info.Label, err)
+			return nil, fmt.Errorf("%s: %w", l.Process.Info.Label, err)
 		}
 		runners = append(runners, r)
 	}
 	return runners, nil
 }
 
-// runLoops runs the fleet and the runners until ctx is done and the
-// runners have shut down, reloading the fleet on each SIGHUP from hup.
-func runLoops(ctx context.Context, f fleet, runners []*controlloop.Runner, hup <-chan os.Signal) error {
-	// The fleet (the simulated agents) runs until the loops have stopped,
-	// so that shutting down does not look like a fleet-wide outage.
-	fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopFleet()
-	fleetDone := make(chan error, 1)
-	go func() { fleetDone <- f.run(fleetCtx) }()
-	reloadDone := make(chan struct{})
-	go func() {
-		defer close(reloadDone)
-		for {
-			select {
-			case <-fleetCtx.Done():
-				return
-			case <-hup:
-				f.reload(fleetCtx)
+// runFleet runs the provider's own work until ctx is done, reloading it on
+// each request of Reload.
+func runFleet(ctx context.Context, f fleet, reload <-chan struct{}) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.run(runCtx) }()
+	for {
+		select {
+		case err := <-done:
+			done = nil
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("the provider %s stopped: %w", f.Name(), err)
 			}
+		case <-reload:
+			f.reload(ctx)
+		case <-ctx.Done():
+			if done != nil {
+				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+					klog.FromContext(ctx).Error(err, "The fleet stopped with an error")
+				}
+			}
+			return nil
 		}
-	}()
-
-	// A loop that refuses to run (a process whose condition reads a table
-	// no trigger watches) stops the others: the daemon exits with its error
-	// instead of running without it.
-	loops, loopsCtx := errgroup.WithContext(ctx)
-	for _, r := range runners {
-		loops.Go(func() error { return r.Run(loopsCtx) })
 	}
-	err := loops.Wait()
-	stopFleet()
-	<-reloadDone
-	if fleetErr := <-fleetDone; fleetErr != nil {
-		klog.ErrorS(fleetErr, "The fleet stopped with an error")
-	}
-	return err
 }
 
 // retry calls fn, each attempt bounded by attemptTimeout, until it
@@ -349,7 +507,7 @@ func retry(ctx context.Context, what string, attemptTimeout time.Duration, fn fu
 		// Jittered: replicas that lost the database together must not all
 		// come back at the same moment.
 		wait := jitter.Half(pause)
-		klog.ErrorS(err, "Retrying", "what", what, "retry_in", wait.Round(time.Millisecond))
+		klog.FromContext(ctx).Error(err, "Retrying", "what", what, "retry_in", wait.Round(time.Millisecond))
 		if !sleep.For(ctx, wait) {
 			return nil
 		}
@@ -368,6 +526,7 @@ const replicationCheckInterval = 10 * time.Second
 // can be granted while the first still acts. The state is also the metric
 // shepherd_bmdb_synchronous_standbys. It logs on start and on each change.
 func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) {
+	log := klog.FromContext(ctx)
 	last := "unchecked"
 	for {
 		r, err := db.Replication(ctx)
@@ -390,9 +549,9 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 		}
 		if state := fmt.Sprint(msg, kv, err); state != last {
 			if err != nil {
-				klog.ErrorS(err, msg)
+				log.Error(err, msg)
 			} else {
-				klog.InfoS(msg, kv...)
+				log.Info(msg, kv...)
 			}
 			last = state
 		}

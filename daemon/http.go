@@ -36,19 +36,18 @@ type readyState struct {
 	phase   string
 	db      *bmdb.DB
 	runners []*controlloop.Runner
-	// checks are further conditions of readiness; each returns "" when
-	// fine, else the problem.
-	checks []func() string
+	// checks are further conditions of readiness.
+	checks []readyzCheck
 }
 
 func (r *readiness) set(phase string) { r.state.Store(&readyState{phase: phase}) }
 
-func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner, checks ...func() string) {
+func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner, checks []readyzCheck) {
 	r.state.Store(&readyState{db: db, runners: runners, checks: checks})
 }
 
 // check returns nil when ready, else the reasons, one per line.
-func (r *readiness) check(ctx context.Context) []string {
+func (r *readiness) check(req *http.Request) []string {
 	st := r.state.Load()
 	if st == nil {
 		return []string{"starting"}
@@ -57,7 +56,7 @@ func (r *readiness) check(ctx context.Context) []string {
 		return []string{st.phase}
 	}
 	var problems []string
-	pingCtx, cancel := context.WithTimeout(ctx, readyPingTimeout)
+	pingCtx, cancel := context.WithTimeout(req.Context(), readyPingTimeout)
 	defer cancel()
 	if err := st.db.Ping(pingCtx); err != nil {
 		problems = append(problems, fmt.Sprintf("database: %v", err))
@@ -68,18 +67,23 @@ func (r *readiness) check(ctx context.Context) []string {
 		}
 	}
 	for _, c := range st.checks {
-		if p := c(); p != "" {
-			problems = append(problems, p)
+		err := c.check(req)
+		switch {
+		case err == nil:
+		case c.name == "":
+			problems = append(problems, err.Error())
+		default:
+			problems = append(problems, c.name+": "+err.Error())
 		}
 	}
 	return problems
 }
 
 // newHandler serves the metrics of reg and the probes.
-func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage, statusToken string) http.Handler {
+func newHandler(reg prometheus.Gatherer, ready *readiness, status *statusPage, statusToken string) http.Handler {
 	mux := http.NewServeMux()
 	status.register(mux, statusToken)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// /healthz answers as long as the process serves HTTP at all: a
 	// database outage must not make an orchestrator restart every replica.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -87,7 +91,7 @@ func newHandler(reg *prometheus.Registry, ready *readiness, status *statusPage, 
 	})
 	// /readyz says whether this replica is doing its job right now.
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
-		problems := ready.check(req.Context())
+		problems := ready.check(req)
 		if len(problems) > 0 {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -134,9 +138,16 @@ func requireToken(token string, h http.Handler) http.Handler {
 	})
 }
 
-// serveHTTP listens on addr (a port of 0 picks a free one, logged) and
-// serves h until stop is called; the listener's metrics go to reg.
-func serveHTTP(addr string, reg prometheus.Registerer, h http.Handler) (stop func(), err error) {
+// httpServer is the -listen server, a Runnable.
+type httpServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// listenHTTP listens on addr (a port of 0 picks a free one, logged) and
+// returns the server of h, which Start serves; the listener's metrics go
+// to reg.
+func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h http.Handler) (*httpServer, error) {
 	limited := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shepherd_http_connections_limited_total",
 		Help: "Connections to -listen the connection limits acted on: closed_idle (an idle keep-alive closed to make room), probe_only (admitted to the probes' reserve), refused (closed at once, no room).",
@@ -167,39 +178,45 @@ func serveHTTP(addr string, reg prometheus.Registerer, h http.Handler) (stop fun
 		ConnState:         ll.trackConnState,
 		ConnContext:       connContext,
 	}
-	l = ll
-	klog.InfoS("Serving /metrics, /healthz and /readyz", "url", "http://"+l.Addr().String())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "HTTP server stopped")
-		}
-	}()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}, nil
+	klog.FromContext(ctx).Info("Serving /metrics, /healthz and /readyz", "url", "http://"+ll.Addr().String())
+	return &httpServer{srv: srv, ln: ll}, nil
+}
+
+// addr is the address the server listens on.
+func (s *httpServer) addr() string { return s.ln.Addr().String() }
+
+// Start serves until ctx is done, then shuts the server down.
+func (s *httpServer) Start(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("HTTP server stopped: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(shutdownCtx)
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("HTTP server stopped: %w", err)
+	}
+	return nil
 }
 
 // agentEndpoint is the agents' heartbeat endpoint (-agent_listen): its own
 // listener, apart from -listen, since machines reach it and operators'
-// scrapers reach the other.
+// scrapers reach the other. It is a Runnable, which serves once serve has
+// given it the database.
 type agentEndpoint struct {
 	ln                net.Listener
 	certFile, keyFile string
-	served            bool
+	server            chan *heartbeat.Server
 	serving           atomic.Bool
-	failure           atomic.Pointer[string]
-	stopServing       context.CancelFunc
-	done              chan struct{}
 }
 
 // listenAgents binds the heartbeat endpoint's address, so that an address
-// in use fails the start at once; serve starts serving it.
-func listenAgents(addr, certFile, keyFile string) (*agentEndpoint, error) {
+// in use fails the start at once.
+func listenAgents(ctx context.Context, addr, certFile, keyFile string) (*agentEndpoint, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-agent_listen %s: %w", addr, err)
@@ -208,8 +225,8 @@ func listenAgents(addr, certFile, keyFile string) (*agentEndpoint, error) {
 	if certFile != "" {
 		scheme = "https"
 	}
-	klog.InfoS("Serving agent heartbeats", "url", scheme+"://"+ln.Addr().String()+heartbeat.Path)
-	return &agentEndpoint{ln: ln, certFile: certFile, keyFile: keyFile, done: make(chan struct{})}, nil
+	klog.FromContext(ctx).Info("Serving agent heartbeats", "url", scheme+"://"+ln.Addr().String()+heartbeat.Path)
+	return &agentEndpoint{ln: ln, certFile: certFile, keyFile: keyFile, server: make(chan *heartbeat.Server, 1)}, nil
 }
 
 // port is the port the endpoint listens on.
@@ -218,44 +235,47 @@ func (e *agentEndpoint) port() string {
 	return port
 }
 
-// serve serves heartbeats, recorded in db, until stop is called (which
-// waits for the server to shut down).
+// serve makes Start serve heartbeats, recorded in db.
 func (e *agentEndpoint) serve(db *bmdb.DB, opts heartbeat.Options) {
-	srv := heartbeat.New(db, opts)
-	ctx, cancel := context.WithCancel(context.Background())
-	e.served, e.stopServing = true, cancel
 	e.serving.Store(true)
-	go func() {
-		defer close(e.done)
-		err := srv.Serve(ctx, e.ln, e.certFile, e.keyFile)
-		e.serving.Store(false)
-		if err != nil {
-			msg := err.Error()
-			e.failure.Store(&msg)
-			klog.ErrorS(err, "Agent heartbeats are no longer served")
-		}
-	}()
+	e.server <- heartbeat.New(db, opts)
 }
 
-// stop stops serving, or closes the listener if it never served.
-func (e *agentEndpoint) stop() {
-	if !e.served {
+// Start serves heartbeats from when serve is called until ctx is done. A
+// daemon stopped before then closes the listener. The endpoint failing
+// stops the daemon: a replica whose agents cannot report would have
+// Recovery reboot healthy machines.
+func (e *agentEndpoint) Start(ctx context.Context) error {
+	var srv *heartbeat.Server
+	select {
+	case srv = <-e.server:
+	case <-ctx.Done():
 		e.ln.Close()
-		return
+		return nil
 	}
-	e.stopServing()
-	<-e.done
+	err := srv.Serve(ctx, e.ln, e.certFile, e.keyFile)
+	e.serving.Store(false)
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("agent heartbeats are no longer served: %w", err)
+	}
+	return nil
 }
 
 // check is a readiness check: the endpoint must be serving.
-func (e *agentEndpoint) check() string {
+func (e *agentEndpoint) check(*http.Request) error {
 	if e.serving.Load() {
-		return ""
+		return nil
 	}
-	if f := e.failure.Load(); f != nil {
-		return *f
+	return errors.New("heartbeat endpoint: not serving")
+}
+
+// heartbeatURL is the URL of the heartbeat endpoint at hostPort.
+func heartbeatURL(tls bool, hostPort string) string {
+	scheme := "http"
+	if tls {
+		scheme = "https"
 	}
-	return "heartbeat endpoint: not serving"
+	return scheme + "://" + hostPort + heartbeat.Path
 }
 
 // statusURL is the address an operator on this machine opens for the

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -187,4 +188,45 @@ func TestConnLimitsCloseIdleForNew(t *testing.T) {
 		t.Errorf("the server's least recently used idle connection was not closed")
 	}
 	waitCounts(t, ll, 4, 0)
+}
+
+// keepAlive opens a connection from the local address from (nil: any),
+// makes one request on it and leaves it open, idle: a keep-alive
+// connection as a browser or scraper holds it.
+func keepAlive(t *testing.T, addr string, from net.IP) net.Conn {
+	t.Helper()
+	d := net.Dialer{}
+	if from != nil {
+		d.LocalAddr = &net.TCPAddr{IP: from}
+	}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: shepherd\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a keep-alive connection's request: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return c
+}
+
+// closedByServer reports which of conns the server has closed: a read
+// gets end of file (or a reset) at once from those, and times out on the
+// others, which wait up to until.
+func closedByServer(conns []net.Conn, until time.Time) (closed, open int) {
+	var buf [1]byte
+	for _, c := range conns {
+		c.SetReadDeadline(until)
+		if _, err := c.Read(buf[:]); err != nil && os.IsTimeout(err) {
+			open++
+		} else {
+			closed++
+		}
+	}
+	return closed, open
 }

@@ -2,15 +2,9 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
-	"regexp"
-	"slices"
-	"strings"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,55 +17,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/providers/static"
 	"github.com/shepherd-fleet/shepherd/statuspage"
 )
-
-// Daemon is a Shepherd binary in the making: the processes and providers a
-// main registers before calling Main. The zero value is not usable; call
-// New.
-type Daemon struct {
-	// Name is the program's name in the messages, usage texts and hints the
-	// binary prints ("Undo with: fleetd resume burnin"), so that an
-	// operator is told the command they can run. Empty: the base name of
-	// os.Args[0], the name the binary was run by, or "shepherd" for a Go
-	// test binary (which runs Main in process).
-	Name string
-	// DefaultProvider is -provider's default: a registered provider's name
-	// (AddProvider) or a built-in one. Empty: sim.
-	DefaultProvider string
-
-	processes []Process
-	providers []Provider
-}
-
-// prog is the program's name in messages (Name).
-func (d *Daemon) prog() string {
-	if d.Name != "" && validProgName(d.Name) {
-		return d.Name
-	}
-	if len(os.Args) > 0 {
-		if base := filepath.Base(os.Args[0]); base != "." && base != string(filepath.Separator) && !strings.HasSuffix(base, ".test") {
-			return base
-		}
-	}
-	return "shepherd"
-}
-
-// validProgName reports whether name can be a command's name in messages:
-// one word (an invalid Name is reported by validate, under the default).
-func validProgName(name string) bool {
-	return !strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == '/' || r == 0x7f })
-}
-
-// defaultProvider is -provider's default (DefaultProvider).
-func (d *Daemon) defaultProvider() string {
-	if d.DefaultProvider != "" {
-		return d.DefaultProvider
-	}
-	return providerSim
-}
-
-// New returns a Daemon with no process and the built-in providers (sim and
-// static). Register processes with AddProcess, then call Main.
-func New() *Daemon { return &Daemon{} }
 
 // Process defines a control loop for the daemon: everything the binary
 // needs to know about it before, and besides, running it. The daemon needs
@@ -92,7 +37,7 @@ type Process struct {
 	Flags func(fs *flag.FlagSet)
 	// Check, if set, validates the values of those flags once parsed. Its
 	// error is the one line a bad command line gets (exit status 2), so it
-	// should name the flag.
+	// should name the flag it is about.
 	Check func() error
 
 	// New builds the process, after flags are checked. It is called by the
@@ -156,11 +101,6 @@ func ProviderAs[T any](env Env) (T, error) {
 	return p, nil
 }
 
-// AddProcess registers a process. Processes are listed (-processes, the
-// status page) in the order they were added. Errors in the definition (a
-// duplicate label, a missing New) are reported by Main.
-func (d *Daemon) AddProcess(p Process) { d.processes = append(d.processes, p) }
-
 // Provider defines a provider the daemon can run with (-provider NAME), in
 // addition to the built-in sim and static: the world a user's machines
 // live in, or a built-in one extended with what the user's processes need.
@@ -173,7 +113,7 @@ type Provider struct {
 	// command line that selects another provider.
 	Flags func(fs *flag.FlagSet)
 	// Check, if set, validates those flags when the provider is selected;
-	// its error is a usage error and should name the flag.
+	// its error is a usage error and should name the flag it is about.
 	Check func() error
 	// New builds the provider, once flags are checked. The database is not
 	// yet connected: New must not query it. The provider may also implement
@@ -215,67 +155,6 @@ type ProviderReloader interface {
 	Reload(ctx context.Context) error
 }
 
-// AddProvider registers a provider. Errors in the definition (a name
-// already taken) are reported by Main.
-func (d *Daemon) AddProvider(p Provider) { d.providers = append(d.providers, p) }
-
-var labelRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,30}$`)
-
-// validate checks the registered definitions: mistakes of the binary's
-// main, reported before anything runs.
-func (d *Daemon) validate() error {
-	if len(d.processes) == 0 {
-		return errors.New("no process registered (daemon.AddProcess)")
-	}
-	var labels, names []string
-	for _, p := range d.processes {
-		label := p.Info.Label
-		if !labelRE.MatchString(label) {
-			return fmt.Errorf("process %q: invalid label %q: want a lower-case letter followed by up to 30 lower-case letters or digits", p.Info.Process.Name, label)
-		}
-		if err := p.Info.Process.Validate(); err != nil {
-			return fmt.Errorf("process %s: %w", label, err)
-		}
-		if p.New == nil {
-			return fmt.Errorf("process %s: no New function", label)
-		}
-		if slices.Contains(labels, label) || slices.Contains(names, p.Info.Process.Name) {
-			return fmt.Errorf("process %s (%s) registered twice", label, p.Info.Process.Name)
-		}
-		labels, names = append(labels, label), append(names, p.Info.Process.Name)
-	}
-	known := []string{providerSim, providerStatic}
-	for _, p := range d.providers {
-		switch {
-		case !labelRE.MatchString(p.Name):
-			return fmt.Errorf("provider %q: invalid name: want a lower-case letter followed by up to 30 lower-case letters or digits", p.Name)
-		case slices.Contains(known, p.Name):
-			return fmt.Errorf("provider %s registered twice (or named like a built-in one)", p.Name)
-		case p.New == nil:
-			return fmt.Errorf("provider %s: no New function", p.Name)
-		}
-		known = append(known, p.Name)
-	}
-	if d.DefaultProvider != "" && !slices.Contains(known, d.DefaultProvider) {
-		return fmt.Errorf("default provider %q: not registered (daemon.AddProvider) nor built in; want one of %s", d.DefaultProvider, strings.Join(known, ", "))
-	}
-	if d.Name != "" && !validProgName(d.Name) {
-		return fmt.Errorf("program name %q: want one word, without spaces or slashes", d.Name)
-	}
-	return nil
-}
-
-// extensions lists the registered processes' migrations.
-func (d *Daemon) extensions() []*bmdb.Extension {
-	var exts []*bmdb.Extension
-	for _, p := range d.processes {
-		if p.Migrations != nil {
-			exts = append(exts, p.Migrations)
-		}
-	}
-	return exts
-}
-
 // fleet is the provider the daemon runs the processes with, together with
 // what the daemon does for it around the loops.
 type fleet interface {
@@ -297,23 +176,24 @@ type fleet interface {
 
 // newFleet builds the provider -provider selects. It does not touch the
 // database, which may still be down.
-func newFleet(cfg *daemonConfig, db *bmdb.DB, reg prometheus.Registerer) (fleet, error) {
-	switch cfg.provider {
+func newFleet(ctx context.Context, o *Options, db *bmdb.DB, reg prometheus.Registerer) (fleet, error) {
+	log := klog.FromContext(ctx)
+	switch o.Provider {
 	case providerSim:
-		return simFleet{sim.New(db, cfg.sim)}, nil
+		return simFleet{sim.New(db, o.Sim)}, nil
 	case providerStatic:
-		p, err := static.Open(cfg.static, db, reg)
+		p, err := static.Open(o.Static, db, reg)
 		if err != nil {
 			return nil, fmt.Errorf("-provider static: %w", err)
 		}
-		klog.InfoS("Static provider: inventory loaded; agents will send heartbeats to heartbeat_url",
-			"file", cfg.static.InventoryFile, "machines", len(p.Inventory().Machines), "heartbeat_url", cfg.static.SSH.HeartbeatURL)
-		klog.InfoS("Static provider: logging in with -ssh_key_file, whose public key the machines' login users must authorize",
-			"ssh_key_file", cfg.static.SSH.KeyFile, "public_key", p.SSHPublicKey())
+		log.Info("Static provider: inventory loaded; agents will send heartbeats to heartbeat_url",
+			"file", o.Static.InventoryFile, "machines", len(p.Inventory().Machines), "heartbeat_url", o.Static.SSH.HeartbeatURL)
+		log.Info("Static provider: logging in with -ssh_key_file, whose public key the machines' login users must authorize",
+			"ssh_key_file", o.Static.SSH.KeyFile, "public_key", p.SSHPublicKey())
 		return staticFleet{p}, nil
 	}
-	for _, def := range cfg.userProviders {
-		if def.Name == cfg.provider {
+	for _, def := range o.Providers {
+		if def.Name == o.Provider {
 			p, err := def.New(ProviderEnv{DB: db, Registerer: reg})
 			if err != nil {
 				return nil, fmt.Errorf("-provider %s: %w", def.Name, err)
@@ -321,7 +201,7 @@ func newFleet(cfg *daemonConfig, db *bmdb.DB, reg prometheus.Registerer) (fleet,
 			return userFleet{p}, nil
 		}
 	}
-	return nil, fmt.Errorf("unknown provider %q", cfg.provider) // check() let it through: a bug
+	return nil, fmt.Errorf("unknown provider %q", o.Provider) // New let it through: a bug
 }
 
 // simFleet is the simulated fleet: its machines are seeded at start and its
@@ -333,8 +213,8 @@ func (f simFleet) prepare(ctx context.Context) error { return f.Seed(ctx) }
 func (f simFleet) run(ctx context.Context) error     { return f.Run(ctx) }
 func (f simFleet) provider() providers.Provider      { return f.Provider }
 
-func (simFleet) reload(context.Context) {
-	klog.InfoS("Received SIGHUP: nothing to reload with -provider sim")
+func (simFleet) reload(ctx context.Context) {
+	klog.FromContext(ctx).Info("Received SIGHUP: nothing to reload with -provider sim")
 }
 
 // staticFleet is the inventory's fleet: real machines, whose agents
@@ -355,9 +235,10 @@ func (f staticFleet) run(ctx context.Context) error { return f.Run(ctx) }
 // inventory stays in force.
 func (f staticFleet) reload(ctx context.Context) {
 	inv := f.Inventory()
-	klog.InfoS("Received SIGHUP: reloading the inventory", "file", inv.File)
+	log := klog.FromContext(ctx)
+	log.Info("Received SIGHUP: reloading the inventory", "file", inv.File)
 	if err := f.Reload(ctx); err != nil {
-		klog.ErrorS(err, "Inventory not reloaded, the last good one stays in force", "file", inv.File, "machines", len(inv.Machines))
+		log.Error(err, "Inventory not reloaded, the last good one stays in force", "file", inv.File, "machines", len(inv.Machines))
 	}
 }
 
@@ -384,13 +265,14 @@ func (f userFleet) run(ctx context.Context) error {
 }
 
 func (f userFleet) reload(ctx context.Context) {
+	log := klog.FromContext(ctx)
 	p, ok := f.Provider.(ProviderReloader)
 	if !ok {
-		klog.InfoS("Received SIGHUP: nothing to reload with this provider", "provider", f.Name())
+		log.Info("Received SIGHUP: nothing to reload with this provider", "provider", f.Name())
 		return
 	}
-	klog.InfoS("Received SIGHUP: reloading the provider", "provider", f.Name())
+	log.Info("Received SIGHUP: reloading the provider", "provider", f.Name())
 	if err := p.Reload(ctx); err != nil {
-		klog.ErrorS(err, "Provider not reloaded, its last good configuration stays in force", "provider", f.Name())
+		log.Error(err, "Provider not reloaded, its last good configuration stays in force", "provider", f.Name())
 	}
 }

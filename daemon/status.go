@@ -38,11 +38,11 @@ func (s *statusPage) register(mux *http.ServeMux, token string) {
 // set binds the page to the database and the running loops, whose
 // processes' definitions (loops, one per runner, in the same order) show
 // their tags.
-func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops ...*loop) {
+func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops []Loop) {
 	ps := statuspage.FromRunners(runners...)
 	for i := range ps {
 		if i < len(loops) {
-			ps[i].Tags = loops[i].def.Tags
+			ps[i].Tags = loops[i].Process.Tags
 		}
 	}
 	h := statuspage.New(db, ps, statuspage.Options{Program: s.prog})

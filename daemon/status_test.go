@@ -44,7 +44,7 @@ func TestStatusPageLateBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp.set(db, []*controlloop.Runner{r})
+	sp.set(db, []*controlloop.Runner{r}, nil)
 	if code, body := get("/status"); code != http.StatusOK || !strings.Contains(body, "agentstart") {
 		t.Errorf("with the loops: %d, want 200 and the agentstart section", code)
 	}

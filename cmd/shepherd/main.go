@@ -1,18 +1,18 @@
 // Command shepherd runs Shepherd's control loops over a fleet of bare-metal
-// machines, coordinated through PostgreSQL (the BMDB). It is package daemon
-// with the two shipped processes registered: a binary with processes of
-// its own is built the same way (see package daemon).
+// machines, coordinated through PostgreSQL (the BMDB). It is Shepherd's
+// command line (package shepherdcli) with the two shipped processes
+// registered: a binary with processes of its own is built the same way.
 package main
 
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/shepherdcli"
 )
 
 func main() {
-	d := daemon.New()
+	d := shepherdcli.New()
 	d.AddProcess(shipped.AgentStart())
 	d.AddProcess(shipped.Recovery())
 	os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))

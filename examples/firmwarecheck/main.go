@@ -7,15 +7,15 @@ package main
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/shepherdcli"
 
 	"example.com/firmwarecheck/firmwarecheck"
 	"example.com/firmwarecheck/simfirmware"
 )
 
 func main() {
-	d := daemon.New()
+	d := shepherdcli.New()
 	d.AddProcess(shipped.AgentStart())
 	d.AddProcess(shipped.Recovery())
 	d.AddProcess(firmwarecheck.Definition())

@@ -8,14 +8,14 @@ package main
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/shepherdcli"
 
 	"example.com/httpinventory/httpinv"
 )
 
 func main() {
-	d := daemon.New()
+	d := shepherdcli.New()
 	d.DefaultProvider = httpinv.Name
 	d.AddProcess(shipped.AgentStart())
 	d.AddProcess(shipped.Recovery())

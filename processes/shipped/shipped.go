@@ -1,9 +1,9 @@
 // Package shipped registers the processes shipped with Shepherd, AgentStart
-// and Recovery, with a binary built on package daemon:
+// and Recovery, with a binary built on package shepherdcli:
 //
-//	d := daemon.New()
-//	d.AddProcess(shipped.AgentStart())
-//	d.AddProcess(shipped.Recovery())
+//	c := shepherdcli.New()
+//	c.AddProcess(shipped.AgentStart())
+//	c.AddProcess(shipped.Recovery())
 //
 // It only adapts agentstart.Definition() and recovery.Definition() to the
 // daemon's definition type, which is about to become theirs

@@ -1,0 +1,809 @@
+package shepherdcli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/daemon"
+	"github.com/shepherd-fleet/shepherd/untrusted"
+)
+
+// exitNotFound is the status of an operator command whose machine, backoff
+// or pause does not exist, so that a script can tell "nothing to do" from
+// a failure.
+const exitNotFound = 3
+
+// cliUsage documents the operator commands.
+const cliUsage = `Operator commands, talking to the BMDB (-bmdb_dsn, -bmdb_dsn_file or
+$SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
+
+  shepherd machines [-process P] [-state eligible|leased|backoff|rescheduled|held] [-limit N]
+      machines per process and state: leases (oldest first), backoffs (with
+      cause and until), rescheduled machines (done for now: checked again
+      at until), holds, eligible machines (by id)
+  shepherd machines -all [-limit N]
+      every machine: provider, provider id, address, location, agent start
+      and last heartbeat, and each process's state on it
+  shepherd history MACHINE [-limit N]
+      the machine's work history, oldest first (with -limit, the newest N);
+      a machine its provider removed by its UUID or the provider id it had
+  shepherd backoff clear MACHINE [PROCESS] -reason R
+      delete the backoff of PROCESS (default: every process) on MACHINE; the
+      next failure backs off from the initial interval again
+  shepherd retry MACHINE PROCESS -reason R
+      make MACHINE eligible now for PROCESS: end its backoff, keeping its
+      interval (a new failure backs off longer), or its check-again-later
+      time (rescheduled)
+  shepherd hold MACHINE... [-process P] -reason R [-for D]
+      keep P (default: every process) off the machines, on every replica,
+      from its next claim on; work in flight runs to its end. -for releases
+      the hold by itself after D
+  shepherd release MACHINE... [-process P] -reason R
+      end the holds of P (default: every hold, a budget's included)
+  Selections: hold, release, retry and backoff clear (and cancel) take,
+  instead of machines, -location PREFIX, -process P -state leased|backoff|rescheduled|held
+  or -cause TEXT (in the last failure cause); they list the machines
+  selected and act on more than one only with -yes, in one transaction (at
+  most 10000 machines). Operator actions record -as NAME (default
+  $SHEPHERD_OPERATOR, else user@host) and the database role.
+  shepherd pause PROCESS -reason R
+      stop every replica from leasing machines for PROCESS until resume
+  shepherd resume PROCESS
+      lift a pause, an operator's or the circuit breaker's
+  shepherd sessions
+      worker sessions, live and expired
+  shepherd hostkey forget MACHINE -reason R
+      forget the SSH host key pinned for MACHINE (after a reinstall): the
+      next connection pins the key the machine then presents; recorded in
+      the machine's history with the reason and the key's fingerprint
+  shepherd hostkey list [-limit N]
+      pinned SSH host keys, with fingerprints
+  shepherd tags MACHINE
+      the machine's tags of the binary's processes (their own tables)
+  shepherd condition PROCESS
+      the process's condition as this binary defines it and as the BMDB
+      records it, and whether they are the same (machines evaluates
+      eligibility only when they are: it never runs SQL read from the BMDB)
+  shepherd run-now MACHINE PROCESS -reason R [-as NAME]
+      make PROCESS act on MACHINE once, at its next claim, even though its
+      condition does not hold (recovery: reboot now; agentstart: start the
+      agent again); still under exclusion, backoff, pause, limits and
+      holds: the request waits while one blocks it, and says which;
+      -withdraw takes a pending request back
+  shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
+  shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-hold] [-yes]
+      cancel PROCESS's lease on MACHINE (or on each selected machine, in one
+      transaction): the replica holding it cancels the work within seconds;
+      it ends Canceled, adding no backoff; -hold also holds the machine for
+      PROCESS in the same transaction
+  shepherd explain MACHINE [-process P [-machine_budget N/D] [-max_in_flight N] [-max_per_hour N]]
+      for each process, whether it would act on MACHINE and every reason it
+      will not, in the order a claim checks them; the limits are the
+      daemons' flags, which the BMDB does not record: give them to judge
+
+MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
+PROCESS is a process's label (agentstart, recovery) or its BMDB name
+(ShepherdRecovery). Operator actions are recorded in the machine's history
+with the reason. Every command takes -o json for JSON instead of aligned
+text, and flags may come before or after the arguments.
+
+Exit status: 0 done; 1 error (database unreachable, schema mismatch, ...);
+2 bad command line; 3 not found (unknown machine, no backoff to clear,
+process not paused).
+`
+
+// cliCommand is one operator subcommand.
+type cliCommand struct {
+	args     string // positional arguments, for usage lines
+	min, max int    // number of positional arguments
+	// flags registers the command's own flags on fs.
+	flags func(fs *flag.FlagSet, o *cliOptions)
+	run   func(c *cli, ctx context.Context, args []string) error
+	// reasonOptional is set for a command whose -reason only some of its
+	// actions require; run checks it.
+	reasonOptional bool
+}
+
+// cliOptions are the values of the commands' own flags.
+type cliOptions struct {
+	process string
+	state   string
+	limit   int
+	reason  string
+	all     bool
+	hold    holdOptions    // hold, release and selections (cli_holds.go)
+	ctl     controlOptions // run-now, cancel (cli_control.go)
+}
+
+var cliCommands = map[string]cliCommand{
+	"machines": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
+		fs.StringVar(&o.state, "state", "", "only this state: eligible, leased, backoff, rescheduled or held; default all")
+		fs.IntVar(&o.limit, "limit", 1000, "at most this many machines per process and state (with -all: in all)")
+		fs.BoolVar(&o.all, "all", false, "every machine, with provider, provider id, address, location, agent tags and the state of each process")
+		// The processes' own flags are registered too (runCLI): their
+		// eligibility depends on them, as in the daemon.
+	}, run: (*cli).machines},
+	"history": {args: "MACHINE", min: 1, max: 1, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.IntVar(&o.limit, "limit", 0, "only the newest N entries (0 = all)")
+	}, run: (*cli).history},
+	"backoff":  {args: "clear MACHINE [PROCESS] | clear SELECTION", min: 1, max: 3, flags: backoffFlags, run: (*cli).backoffCmd},
+	"retry":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: retryFlags, run: (*cli).retryCmd},
+	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
+	"release":  {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
+	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
+	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
+	"sessions": {run: (*cli).sessions},
+	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		reasonFlag(fs, o)
+		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
+		asFlag(fs, o)
+	}, run: (*cli).hostKey},
+	"tags":      {args: "MACHINE", min: 1, max: 1, run: (*cli).tags},
+	"condition": {args: "PROCESS", min: 1, max: 1, run: (*cli).condition},
+	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow, reasonOptional: true},
+	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
+	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
+}
+
+func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
+	fs.StringVar(&o.reason, "reason", "", "why (required): recorded with the action for whoever looks at it next")
+}
+
+// isCLICommand reports whether name is an operator subcommand.
+func isCLICommand(name string) bool {
+	_, ok := cliCommands[name]
+	return ok
+}
+
+// cli is one operator command's run.
+type cli struct {
+	db *bmdb.DB
+	// out gets the command's output; errOut notes about it (which
+	// condition decided eligibility), which scripts reading out skip.
+	out    io.Writer
+	errOut io.Writer
+	json   bool
+	opts   cliOptions
+	// givenProcessFlags are the process flags on the command line
+	// (-recovery_heartbeat_timeout): eligibility then follows them
+	// instead of the condition the running daemons recorded.
+	givenProcessFlags []string
+	// known are the binary's registered processes.
+	known []cliProcess
+	// prog is the program's name, in the commands the output suggests.
+	prog string
+}
+
+// printf writes to out a message of this package's own, whose commands
+// (format's "shepherd resume %s") name the program as it is (renamed).
+func (c *cli) printf(format string, args ...any) {
+	fmt.Fprintf(c.out, renamed(c.prog, format), args...)
+}
+
+// runCLI runs the operator subcommand name and returns its exit status.
+func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
+	cmd := cliCommands[name]
+	prog := d.prog()
+	fs := flag.NewFlagSet(prog+" "+name, flag.ContinueOnError)
+	var dsnf dsnFlags
+	dsnf.register(fs)
+	output := fs.String("o", "text", "output format: text (aligned columns) or json")
+	timeout := fs.Duration("timeout", 30*time.Second, "bound on the command's database work")
+	stateDir := fs.String("state_dir", defaultStateDir, "with no database given: the directory of a running demo, whose database to use")
+	var opts cliOptions
+	if cmd.flags != nil {
+		cmd.flags(fs, &opts)
+	}
+	// Eligibility (machines) depends on the processes' flags, such as
+	// Recovery's timeouts.
+	withProcessFlags := name == "machines" || name == "explain" || name == "run-now"
+	processFlags := map[string]bool{}
+	if withProcessFlags {
+		before := map[string]bool{}
+		fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
+		for _, p := range d.processes {
+			if p.Flags != nil {
+				p.Flags(fs)
+			}
+		}
+		fs.VisitAll(func(f *flag.Flag) {
+			if !before[f.Name] {
+				processFlags[f.Name] = true
+			}
+		})
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
+		return exitFailure
+	}
+
+	// Flags may follow the arguments ("backoff clear M -reason R").
+	var positional []string
+	for {
+		help, err := parseFlags(fs, args)
+		if help {
+			fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
+			printDefaults(fs, prog, stdout)
+			return exitOK
+		}
+		if err != nil {
+			return reportUsage(stderr, d.prog(), err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case len(positional) < cmd.min || len(positional) > cmd.max:
+		return reportUsage(stderr, d.prog(), usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
+	case *output != "text" && *output != "json":
+		return reportUsage(stderr, d.prog(), usagef("-o %q: want text or json", *output))
+	case *timeout <= 0 || *timeout > 24*time.Hour:
+		return reportUsage(stderr, d.prog(), usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
+	case opts.limit < 0:
+		return reportUsage(stderr, d.prog(), usagef("-limit %d: must not be negative", opts.limit))
+	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
+		return reportUsage(stderr, d.prog(), usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
+	}
+	for _, p := range d.processes {
+		if withProcessFlags && p.Check != nil {
+			if err := p.Check(); err != nil {
+				return reportUsage(stderr, d.prog(), usageError{err.Error()})
+			}
+		}
+	}
+	dsn, err := dsnf.resolve()
+	if err != nil {
+		return reportUsage(stderr, d.prog(), err)
+	}
+	var demoDir string // the demo's state directory, when its database is used
+	if dsn == "" {
+		// No database named: the demo running in -state_dir, if any.
+		demo, abs, err := runningDemoDSN(*stateDir)
+		if err != nil {
+			return fail(err)
+		}
+		if demo == "" {
+			return reportUsage(stderr, d.prog(), usagef("%s: no database: give -bmdb_dsn, -bmdb_dsn_file or $%s (or run the demo, whose database the commands then use, in -state_dir %s)", name, envDSN, abs))
+		}
+		target, _ := describeDSN(demo)
+		fmt.Fprintf(stderr, "%s %s: no database given; using the demo running in %s (%s)\n", prog, name, abs, target)
+		dsn = demo
+		demoDir = abs
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: 2, QuietConnections: true})
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	if err := db.CheckSchema(ctx); err != nil {
+		if demoDir != "" {
+			// A demo killed with SIGKILL leaves its DSN behind.
+			err = fmt.Errorf("%w (is the demo in %s still running? it may have been killed)", err, demoDir)
+		}
+		return fail(err)
+	}
+	known, err := buildProcesses(db, d.processes)
+	if err != nil {
+		return fail(err)
+	}
+	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
+	fs.Visit(func(f *flag.Flag) {
+		if processFlags[f.Name] {
+			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
+		}
+	})
+	err = cmd.run(c, ctx, positional)
+	var usage usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &usage):
+		return reportUsage(stderr, d.prog(), err)
+	case errors.Is(err, bmdb.ErrNotFound):
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
+		return exitNotFound
+	default:
+		return fail(err)
+	}
+}
+
+// cliProcess is a process named on the command line.
+type cliProcess struct {
+	label   string // "" for a process this binary does not run
+	process bmdb.Process
+	// candidates is nil for a process this binary does not know.
+	candidates *bmdb.Candidates
+	// tags reads the process's own tags of a machine; nil if it has none.
+	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]daemon.Tag, error)
+	// budget is the process's default per-machine budget (explain).
+	budget bmdb.MachineBudget
+}
+
+// knownProcesses are the binary's registered processes.
+func (c *cli) knownProcesses() []cliProcess { return c.known }
+
+// buildProcesses builds the registered processes, with no provider, for
+// their candidate conditions.
+func buildProcesses(db *bmdb.DB, defs []daemon.Process) ([]cliProcess, error) {
+	var out []cliProcess
+	for _, def := range defs {
+		p, err := def.New(daemon.Env{DB: db})
+		if err != nil {
+			return nil, fmt.Errorf("building %s: %w", def.Info.Label, err)
+		}
+		cand := p.Candidates()
+		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags, budget: def.Info.DefaultMachineBudget})
+	}
+	return out, nil
+}
+
+// process resolves a label or a BMDB name. A valid name this binary does
+// not know (another deployment's process) is accepted: it can be paused,
+// and its leases and backoffs listed.
+func (c *cli) process(arg string) (cliProcess, error) {
+	for _, p := range c.knownProcesses() {
+		if strings.EqualFold(arg, p.label) || arg == p.process.Name {
+			return p, nil
+		}
+	}
+	p := bmdb.Process{Name: arg}
+	if err := p.Validate(); err != nil {
+		var labels []string
+		for _, k := range c.knownProcesses() {
+			labels = append(labels, k.label)
+		}
+		return cliProcess{}, usagef("unknown process %q: give a label (%s) or a BMDB process name", arg, strings.Join(labels, ", "))
+	}
+	return cliProcess{process: p}, nil
+}
+
+// machine resolves a machine named on the command line: its UUID, or its
+// provider id ("sim-0002", a hostname) when that names exactly one machine.
+func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
+	if id, err := uuid.Parse(arg); err == nil {
+		return id, nil
+	}
+	found, err := c.db.MachinesByProviderID(ctx, arg)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	switch len(found) {
+	case 0:
+		return uuid.Nil, fmt.Errorf("no machine has the ID or provider id %q: %w", arg, bmdb.ErrNotFound)
+	case 1:
+		return found[0].Machine, nil
+	}
+	var matches []string
+	for _, p := range found {
+		matches = append(matches, fmt.Sprintf("%s (%s/%s)", p.Machine, p.Provider, p.ProviderID))
+	}
+	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
+}
+
+// emitJSON writes v as indented JSON, with the controls encoding/json
+// leaves raw (C1 such as U+009B, bidirectional overrides such as U+202E)
+// escaped: strings from the BMDB may hold them, and the JSON is read in
+// terminals and pagers too (untrusted.JSON).
+func (c *cli) emitJSON(v any) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := c.out.Write(untrusted.JSON(b.Bytes()))
+	return err
+}
+
+// table writes aligned columns; empty cells print as "-".
+func (c *cli) table(header []string, rows [][]string) error {
+	tw := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		cells := slices.Clone(r)
+		for i, cell := range cells {
+			if cell == "" {
+				cells[i] = "-"
+			}
+			// A cause with a tab or newline would break the columns, and
+			// text from machines and BMCs may hold terminal escapes
+			// (ESC[2J clears the operator's screen): shown escaped.
+			cells[i] = untrusted.Line(strings.Join(strings.Fields(cells[i]), " "), 0)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// when is a time for the text output: UTC, to the second.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// machineJSON is a machines row in JSON.
+type machineJSON struct {
+	Machine             uuid.UUID  `json:"machine"`
+	Process             string     `json:"process"`
+	State               string     `json:"state"`
+	Session             *uuid.UUID `json:"session,omitempty"`
+	Since               *time.Time `json:"since,omitempty"`
+	Until               *time.Time `json:"until,omitempty"`
+	Cause               string     `json:"cause,omitempty"`
+	LastIntervalSeconds int64      `json:"last_interval_seconds,omitempty"`
+	Actor               string     `json:"actor,omitempty"`
+}
+
+func (c *cli) machines(ctx context.Context, args []string) error {
+	if c.opts.all {
+		if c.opts.process != "" || c.opts.state != "" {
+			return usagef("-all lists every machine and process: give it without -process and -state")
+		}
+		return c.fleet(ctx)
+	}
+	states := bmdb.States
+	if c.opts.state != "" {
+		if !slices.Contains(bmdb.States, c.opts.state) {
+			return usagef("-state %q: want one of %s", c.opts.state, strings.Join(bmdb.States, ", "))
+		}
+		states = []string{c.opts.state}
+	}
+	var procs []cliProcess
+	if c.opts.process != "" {
+		p, err := c.process(c.opts.process)
+		if err != nil {
+			return err
+		}
+		if c.opts.state == "" || c.opts.state == bmdb.StateEligible {
+			if p, err = c.withRecordedCondition(ctx, p); err != nil {
+				return err
+			}
+		}
+		if c.opts.state == bmdb.StateEligible && p.candidates == nil {
+			return usagef("-state eligible: eligibility of %s is unknown: this binary does not define it, and it does not run condition SQL read from the BMDB (shepherd condition %s shows it)", p.process.Name, p.process.Name)
+		}
+		procs = []cliProcess{p}
+	} else {
+		// This binary's processes, and any other the BMDB has seen.
+		procs = slices.Clone(c.knownProcesses())
+		names, err := c.db.KnownProcesses(ctx)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if !slices.ContainsFunc(procs, func(p cliProcess) bool { return p.process.Name == name }) {
+				procs = append(procs, cliProcess{process: bmdb.Process{Name: name}})
+			}
+		}
+		if slices.Contains(states, bmdb.StateEligible) {
+			for i := range procs {
+				if procs[i], err = c.withRecordedCondition(ctx, procs[i]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	var rows []bmdb.MachineState
+	for _, p := range procs {
+		for _, state := range states {
+			if state == bmdb.StateEligible && p.candidates == nil {
+				continue // unknown condition; said in the -state eligible case
+			}
+			ms, err := c.db.Machines(ctx, bmdb.MachineQuery{Process: p.process, Candidates: p.candidates, State: state, Limit: c.opts.limit})
+			if err != nil {
+				return err
+			}
+			rows = append(rows, ms...)
+		}
+	}
+	if c.json {
+		out := make([]machineJSON, 0, len(rows))
+		for _, m := range rows {
+			j := machineJSON{Machine: m.Machine, Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
+			if m.State == bmdb.StateLeased {
+				j.Session, j.Since = &m.Session, &m.Since
+			}
+			if m.State == bmdb.StateBackoff || m.State == bmdb.StateRescheduled {
+				j.Until = &m.Until
+			}
+			if m.State == bmdb.StateHeld {
+				j.Since, j.Actor = &m.Since, m.Actor.Name
+				if !m.Until.IsZero() {
+					j.Until = &m.Until
+				}
+			}
+			out = append(out, j)
+		}
+		return c.emitJSON(out)
+	}
+	var table [][]string
+	for _, m := range rows {
+		var interval, session string
+		if m.LastInterval > 0 {
+			interval = m.LastInterval.String()
+		}
+		if m.Session != uuid.Nil {
+			session = m.Session.String()
+		}
+		cause := m.Cause
+		if m.State == bmdb.StateHeld {
+			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
+		}
+		table = append(table, []string{m.Machine.String(), m.Process, m.State, when(m.Since), when(m.Until), interval, session, cause})
+	}
+	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+}
+
+// historyJSON is a history entry in JSON.
+type historyJSON struct {
+	ID        int64      `json:"id"`
+	Machine   uuid.UUID  `json:"machine"`
+	Process   string     `json:"process"`
+	Event     string     `json:"event"`
+	Timestamp time.Time  `json:"timestamp"`
+	Cause     string     `json:"cause,omitempty"`
+	Session   *uuid.UUID `json:"session,omitempty"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role,omitempty"`
+}
+
+func (c *cli) history(ctx context.Context, args []string) error {
+	id, err := c.historyMachine(ctx, args[0])
+	if err != nil {
+		return err
+	}
+	var h []bmdb.HistoryEntry
+	if c.opts.limit > 0 {
+		d, err := c.db.Machine(ctx, id, c.opts.limit)
+		if err != nil {
+			return err
+		}
+		h = d.History
+	} else {
+		if h, err = c.db.History(ctx, id); err != nil {
+			return err
+		}
+		if len(h) == 0 {
+			// Known but without history, or unknown (ErrNotFound).
+			if _, err := c.db.Machine(ctx, id, 1); err != nil {
+				return err
+			}
+		}
+	}
+	if c.json {
+		out := make([]historyJSON, 0, len(h))
+		for _, e := range h {
+			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
+				Actor: e.Actor.Name, ActorRole: e.Actor.Role}
+			if e.Session != uuid.Nil {
+				j.Session = &e.Session
+			}
+			out = append(out, j)
+		}
+		return c.emitJSON(out)
+	}
+	var rows [][]string
+	for _, e := range h {
+		var session string
+		if e.Session != uuid.Nil {
+			session = e.Session.String()
+		}
+		var actor string
+		if e.Actor.Name != "" || e.Actor.Role != "" {
+			actor = e.Actor.Name + " (role " + e.Actor.Role + ")"
+		}
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, e.Event, session, actor, e.Cause})
+	}
+	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SESSION", "ACTOR", "CAUSE"}, rows)
+}
+
+func (c *cli) backoffClear(ctx context.Context, args []string) error {
+	if args[0] != "clear" {
+		return usagef("backoff %q: the only backoff action is clear", args[0])
+	}
+	id, err := c.machine(ctx, args[1])
+	if err != nil {
+		return err
+	}
+	var process string
+	if len(args) == 3 {
+		p, err := c.process(args[2])
+		if err != nil {
+			return err
+		}
+		process = p.process.Name
+	}
+	cleared, err := c.db.ClearBackoff(ctx, id, process, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(jsonList(cleared, func(b bmdb.ClearedBackoff) clearedJSON {
+			return clearedJSON{id, b.Process, b.Until, b.Cause, int64(b.LastInterval / time.Second), b.WasActive}
+		}))
+	}
+	for _, b := range cleared {
+		state := "active until " + when(b.Until)
+		if !b.WasActive {
+			state = "already ended at " + when(b.Until)
+		}
+		fmt.Fprintf(c.out, "Cleared the backoff of %s on %s (%s, interval %s, cause: %s)\n", b.Process, id, state, b.LastInterval, untrusted.Line(b.Cause, 0))
+	}
+	return nil
+}
+
+func (c *cli) retry(ctx context.Context, args []string) error {
+	id, err := c.machine(ctx, args[0])
+	if err != nil {
+		return err
+	}
+	p, err := c.process(args[1])
+	if err != nil {
+		return err
+	}
+	res, err := c.db.Retry(ctx, id, p.process.Name, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(struct {
+			Machine         uuid.UUID `json:"machine"`
+			Process         string    `json:"process"`
+			BackoffEnded    bool      `json:"backoff_ended"`
+			RescheduleEnded bool      `json:"reschedule_ended"`
+			Leased          bool      `json:"leased"`
+		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased})
+	}
+	switch {
+	case res.Leased:
+		fmt.Fprintf(c.out, "%s is working on %s right now; the retry is recorded and matters if that work fails\n", p.process.Name, id)
+	case res.BackoffEnded || res.RescheduleEnded:
+		fmt.Fprintf(c.out, "Ended %s of %s on %s: it is eligible now, if %s's condition holds\n", retryEnded(res), p.process.Name, id, p.process.Name)
+	default:
+		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
+	}
+	return nil
+}
+
+// retryEnded names what a retry ended: a backoff, a check-again-later time
+// (a rescheduled machine's), or both; telling an operator that a backoff
+// ended when the machine was only waiting would send them after a failure
+// that never happened.
+func retryEnded(res bmdb.RetryResult) string {
+	switch {
+	case res.BackoffEnded && res.RescheduleEnded:
+		return "the backoff and the check-again-later time"
+	case res.RescheduleEnded:
+		return "the check-again-later time (rescheduled)"
+	default:
+		return "the backoff"
+	}
+}
+
+// clearedJSON is a cleared backoff in JSON.
+type clearedJSON struct {
+	Machine             uuid.UUID `json:"machine"`
+	Process             string    `json:"process"`
+	Until               time.Time `json:"until"`
+	Cause               string    `json:"cause"`
+	LastIntervalSeconds int64     `json:"last_interval_seconds"`
+	WasActive           bool      `json:"was_active"`
+}
+
+// sessionJSON is a BMDB session in JSON.
+type sessionJSON struct {
+	ID              uuid.UUID `json:"id"`
+	Component       string    `json:"component"`
+	RuntimeInfo     string    `json:"runtime_info"`
+	Created         time.Time `json:"created"`
+	IntervalSeconds int64     `json:"interval_seconds"`
+	Deadline        time.Time `json:"deadline"`
+	Alive           bool      `json:"alive"`
+}
+
+// jsonList converts items for -json with toJSON; none is an empty list,
+// never null, so that scripts can iterate over any answer.
+func jsonList[T, J any](items []T, toJSON func(T) J) []J {
+	out := make([]J, 0, len(items))
+	for _, item := range items {
+		out = append(out, toJSON(item))
+	}
+	return out
+}
+
+// pauseJSON is a pause in JSON.
+type pauseJSON struct {
+	Process   string     `json:"process"`
+	Reason    string     `json:"reason"`
+	Source    string     `json:"source"`
+	PausedAt  time.Time  `json:"paused_at"`
+	ResumedAt *time.Time `json:"resumed_at,omitempty"`
+}
+
+func toPauseJSON(p bmdb.Pause) pauseJSON {
+	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt}
+	if !p.Active() {
+		j.ResumedAt = &p.ResumedAt
+	}
+	return j
+}
+
+func (c *cli) pause(ctx context.Context, args []string) error {
+	p, err := c.process(args[0])
+	if err != nil {
+		return err
+	}
+	paused, err := c.db.PauseProcess(ctx, p.process.Name, c.opts.reason)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(toPauseJSON(paused))
+	}
+	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
+	return nil
+}
+
+func (c *cli) resume(ctx context.Context, args []string) error {
+	p, err := c.process(args[0])
+	if err != nil {
+		return err
+	}
+	lifted, err := c.db.ResumeProcess(ctx, p.process.Name)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(toPauseJSON(lifted))
+	}
+	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
+	return nil
+}
+
+func (c *cli) sessions(ctx context.Context, _ []string) error {
+	ss, err := c.db.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(jsonList(ss, func(s bmdb.SessionInfo) sessionJSON {
+			return sessionJSON{s.ID, s.Component, s.RuntimeInfo, s.Created, int64(s.Interval / time.Second), s.Deadline, s.Alive}
+		}))
+	}
+	var rows [][]string
+	for _, s := range ss {
+		state := "live"
+		if !s.Alive {
+			state = "expired"
+		}
+		rows = append(rows, []string{s.ID.String(), s.Component, state, when(s.Created), when(s.Deadline), s.Interval.String(), s.RuntimeInfo})
+	}
+	return c.table([]string{"SESSION", "COMPONENT", "STATE", "CREATED", "DEADLINE", "INTERVAL", "RUNTIME"}, rows)
+}

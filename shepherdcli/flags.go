@@ -1,0 +1,434 @@
+package shepherdcli
+
+import (
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+	"k8s.io/klog/v2"
+
+	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/daemon"
+	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
+	"github.com/shepherd-fleet/shepherd/providers/static"
+)
+
+// The providers -provider selects.
+const (
+	providerSim    = "sim"
+	providerStatic = "static"
+)
+
+// providerNames lists the providers -provider takes: the built-in ones,
+// then those the binary registered.
+func (c *daemonConfig) providerNames() []string {
+	names := []string{providerSim, providerStatic}
+	for _, p := range c.userProviders {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// daemonConfig is the daemon's command line, parsed and checked.
+type daemonConfig struct {
+	// prog is the program's name (Daemon.Name), in the demo's hints.
+	prog string
+	// logFormat is -log_format: text (klog's lines) or json (one JSON
+	// object a line, for a log pipeline).
+	logFormat       string
+	dsn             dsnFlags
+	retention       retentionFlags
+	listen          string
+	statusTokenFile string
+	// heartbeatRefusalRate and heartbeatRefusalBurst are each source's
+	// bucket of agent key lookups that find no valid key
+	// (heartbeat.Options.SourceRate).
+	heartbeatRefusalRate  float64
+	heartbeatRefusalBurst int
+	statusToken           string // read from statusTokenFile by check
+	processes             string
+	provider              string
+	shutdownGrace         time.Duration
+	sessionInterval       time.Duration
+	stateDir              string
+	// demoDefaults lists the flags demo mode changed, for its log.
+	demoDefaults []string
+
+	// agentMaxConns, agentMaxConnsPerSource and agentIdleTimeout bound the
+	// heartbeat endpoint's connections (heartbeat.Options.MaxConns,
+	// MaxConnsPerSource, IdleTimeout).
+	agentMaxConns          int
+	agentMaxConnsPerSource int
+	agentIdleTimeout       time.Duration
+
+	// agentListen is the address of the agents' heartbeat endpoint ("":
+	// none), served over TLS when agentTLSCert and agentTLSKey are given.
+	agentListen  string
+	agentTLSCert string
+	agentTLSKey  string
+	// heartbeatURLFromListen says that -agent_heartbeat_url is derived
+	// from an -agent_listen with port 0, so that the daemon sets its port
+	// once the listener is bound.
+	heartbeatURLFromListen bool
+
+	sim    sim.Config
+	static static.Config
+	// userProviders are the providers the binary registered.
+	userProviders []daemon.Provider
+	// providerFlags maps every provider-specific flag to its provider.
+	providerFlags map[string]string
+	// given names the flags the command line set (not demo mode).
+	given []string
+	// loops holds every known process with its runner config, in catalogue
+	// order; enabled the ones -processes selects.
+	loops   []*loop
+	enabled []*loop
+}
+
+// loop is one registered process with its runner configuration.
+type loop struct {
+	def daemon.Process
+	cfg controlloop.Config
+}
+
+// newDaemonFlags registers the daemon's flags on fs, with defaults, and
+// returns the config they fill in. Flags of every known process and every
+// provider are registered whatever -processes and -provider select, so that
+// -h shows them all.
+func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
+	c := &daemonConfig{
+		sim:           sim.DefaultConfig(),
+		static:        static.DefaultConfig(),
+		userProviders: d.providers,
+		providerFlags: map[string]string{},
+	}
+	var byDefault []string
+	for _, def := range d.processes {
+		c.loops = append(c.loops, &loop{def: def, cfg: controlloop.DefaultConfig(def.Info)})
+		if !def.Disabled {
+			byDefault = append(byDefault, def.Info.Label)
+		}
+	}
+	known := strings.Join(c.labels(), ",")
+	providerUsage := "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)"
+	for _, p := range d.providers {
+		providerUsage += "; " + p.Name
+		if p.Usage != "" {
+			providerUsage += " (" + p.Usage + ")"
+		}
+	}
+
+	c.dsn.register(fs)
+	c.retention.register(fs)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz, /readyz and /status (port 0 picks a free one)")
+	fs.StringVar(&c.statusTokenFile, "status_token_file", "", "file holding a token that /status requires (as a bearer token, or as the password of HTTP Basic authentication, any user); empty: /status is open to whoever reaches -listen")
+	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
+	fs.StringVar(&c.provider, "provider", d.defaultProvider(), providerUsage)
+	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
+	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about 1.5 times this (expiry, then a live session's next heartbeat reaps)")
+	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
+	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
+	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
+	fs.StringVar(&c.agentTLSKey, "agent_tls_key", "", "PEM private key of -agent_tls_cert")
+	fs.Float64Var(&c.heartbeatRefusalRate, "agent_refusals_per_second", 20, "agent key lookups that find no valid key (heartbeats of unknown machines, forgeries) a source address may cause per second; beyond them its requests that need a lookup are answered 429. Heartbeats of machines whose key is cached are never limited, however many agents share an address and whatever else it sends")
+	fs.IntVar(&c.heartbeatRefusalBurst, "agent_refusals_burst", 40, "burst of -agent_refusals_per_second")
+	fs.IntVar(&c.agentMaxConns, "agent_max_conns", heartbeat.DefaultMaxConns, "connections the heartbeat endpoint keeps open, each costing a file descriptor and tens of KiB of memory (so this bounds the endpoint's memory); at the cap, a new connection closes the least recently used one that carries no request, or is closed at once. Keep it below the open files limit (ulimit -n)")
+	fs.IntVar(&c.agentMaxConnsPerSource, "agent_max_conns_per_source", heartbeat.DefaultMaxConnsPerSource, "connections one source address (IPv6: one /64) may keep open to the heartbeat endpoint; at the cap, a new one from that address closes the address's least recently used connection that carries no request, or is closed at once. More agents than this behind one NAT still report, each heartbeat on a new connection")
+	fs.DurationVar(&c.agentIdleTimeout, "agent_idle_timeout", heartbeat.DefaultIdleTimeout, "how long the heartbeat endpoint keeps a keep-alive connection that carries no request; longer than -agent_heartbeat_interval, so that agents reuse theirs")
+
+	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
+	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
+	for _, p := range d.providers {
+		if p.Flags != nil {
+			c.registerProviderFlags(fs, p.Name, p.Flags)
+		}
+	}
+	for _, l := range c.loops {
+		l.cfg.RegisterFlags(fs, l.def.Info.Label)
+		if l.def.Flags != nil {
+			l.def.Flags(fs)
+		}
+	}
+	fs.StringVar(&c.logFormat, "log_format", "text", "log output: text (klog's lines) or json (one JSON object a line, with the keys as fields: process, machine, provider_id, session, result, cause)")
+	klog.InitFlags(fs)
+	return c
+}
+
+// registerProviderFlags registers the flags of a provider's configuration
+// on fs and remembers that they belong to provider.
+func (c *daemonConfig) registerProviderFlags(fs *flag.FlagSet, provider string, register func(*flag.FlagSet)) {
+	own := flag.NewFlagSet(provider, flag.ContinueOnError)
+	register(own)
+	own.VisitAll(func(f *flag.Flag) {
+		fs.Var(f.Value, f.Name, f.Usage)
+		c.providerFlags[f.Name] = provider
+	})
+}
+
+// noteGiven records the flags the command line set. It runs before demo
+// mode changes defaults, which are not the operator's choice.
+func (c *daemonConfig) noteGiven(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { c.given = append(c.given, f.Name) })
+}
+
+// check validates what parsing could not and applies the global settings to
+// every loop. Its errors name the flag.
+func (c *daemonConfig) check() error {
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return usagef("-log_format %q: want text or json", c.logFormat)
+	}
+	if !slices.Contains(c.providerNames(), c.provider) {
+		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(c.providerNames(), ", "))
+	}
+	// A flag of another provider is a mistake (most likely a forgotten
+	// -provider static), not something to ignore silently.
+	for _, name := range c.given {
+		if owner, ok := c.providerFlags[name]; ok && owner != c.provider {
+			return usagef("-%s: only with -provider %s (the provider is %s)", name, owner, c.provider)
+		}
+	}
+	if c.shutdownGrace < 0 {
+		return usagef("-shutdown_grace %s: must not be negative", c.shutdownGrace)
+	}
+	if c.sessionInterval < time.Second || c.sessionInterval > time.Hour {
+		return usagef("-session_interval %s: must be between 1s and 1h", c.sessionInterval)
+	}
+	if c.shutdownGrace > time.Hour {
+		return usagef("-shutdown_grace %s: must be at most 1h", c.shutdownGrace)
+	}
+	if !(c.heartbeatRefusalRate > 0 && c.heartbeatRefusalRate <= 1e6) {
+		return usagef("-agent_refusals_per_second %g: must be above 0 and at most 1000000", c.heartbeatRefusalRate)
+	}
+	if c.heartbeatRefusalBurst < 1 || c.heartbeatRefusalBurst > 1e6 {
+		return usagef("-agent_refusals_burst %d: must be between 1 and 1000000", c.heartbeatRefusalBurst)
+	}
+	if c.agentMaxConns < 1 || c.agentMaxConns > 1e6 {
+		return usagef("-agent_max_conns %d: must be between 1 and 1000000", c.agentMaxConns)
+	}
+	if c.agentMaxConnsPerSource < 1 || c.agentMaxConnsPerSource > c.agentMaxConns {
+		return usagef("-agent_max_conns_per_source %d: must be between 1 and -agent_max_conns (%d)", c.agentMaxConnsPerSource, c.agentMaxConns)
+	}
+	if c.agentIdleTimeout < time.Second || c.agentIdleTimeout > time.Hour {
+		return usagef("-agent_idle_timeout %s: must be between 1s and 1h", c.agentIdleTimeout)
+	}
+	if c.statusTokenFile != "" {
+		token, err := readSecretFile(c.statusTokenFile)
+		if err != nil {
+			return usagef("-status_token_file: %v", err)
+		}
+		c.statusToken = token
+	}
+	if err := c.retention.check(); err != nil {
+		return err
+	}
+	enabled, err := c.selectLoops()
+	if err != nil {
+		return err
+	}
+	c.enabled = enabled
+	for _, l := range c.loops {
+		l.cfg.ShutdownGrace = c.shutdownGrace
+		l.cfg.Session.Interval = c.sessionInterval
+		if err := l.cfg.Check(l.def.Info.Label); err != nil {
+			return usageError{err.Error()}
+		}
+		if l.def.Check != nil {
+			if err := l.def.Check(); err != nil {
+				return usageError{err.Error()}
+			}
+		}
+	}
+	if err := c.sim.Check(); err != nil {
+		return usageError{err.Error()}
+	}
+	if c.provider == providerStatic && c.static.InventoryFile == "" {
+		return usagef("-inventory: required with -provider static") // the first thing missing
+	}
+	if err := c.checkHeartbeat(); err != nil {
+		return err
+	}
+	if c.provider == providerStatic {
+		if err := c.static.Check(); err != nil {
+			return usageError{err.Error()}
+		}
+	}
+	for _, p := range c.userProviders {
+		if p.Name == c.provider && p.Check != nil {
+			if err := p.Check(); err != nil {
+				return usageError{err.Error()}
+			}
+		}
+	}
+	return nil
+}
+
+// checkHeartbeat checks the heartbeat endpoint's flags and, with -provider
+// static and no -agent_heartbeat_url, derives the URL sent to agents from
+// -agent_listen.
+func (c *daemonConfig) checkHeartbeat() error {
+	if c.agentTLSCert != "" || c.agentTLSKey != "" {
+		switch {
+		case c.agentTLSCert == "" || c.agentTLSKey == "":
+			return usagef("-agent_tls_cert and -agent_tls_key: give both, or neither")
+		case c.agentListen == "":
+			return usagef("-agent_tls_cert: only with -agent_listen (the heartbeat endpoint it is for)")
+		}
+		// Loaded now, so that a wrong file stops the daemon at start
+		// rather than leaving an endpoint that never serves.
+		if _, err := tls.LoadX509KeyPair(c.agentTLSCert, c.agentTLSKey); err != nil {
+			return usagef("-agent_tls_cert, -agent_tls_key: %v", err)
+		}
+	}
+	var host, port string
+	if c.agentListen != "" {
+		var err error
+		host, port, err = net.SplitHostPort(c.agentListen)
+		if _, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil {
+			return usagef("-agent_listen %q: want host:port or :port, e.g. :7443", c.agentListen)
+		}
+	}
+	if c.provider != providerStatic || c.static.SSH.HeartbeatURL != "" {
+		return nil
+	}
+	if c.agentListen == "" {
+		return usagef("-agent_listen: required with -provider static: the heartbeat endpoint agents report to (or -agent_heartbeat_url, when another replica serves it)")
+	}
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
+		return usagef("-agent_heartbeat_url: required, since -agent_listen %s listens on every address and the one machines reach this daemon at cannot be derived from it (e.g. -agent_heartbeat_url https://shepherd.example:%s%s)", c.agentListen, port, heartbeat.Path)
+	}
+	c.heartbeatURLFromListen = port == "0"
+	if c.heartbeatURLFromListen {
+		port = "1" // a placeholder for the checks; the daemon sets the bound port
+	}
+	c.static.SSH.HeartbeatURL = c.heartbeatURL(net.JoinHostPort(host, port))
+	return nil
+}
+
+// heartbeatURL is the URL of the heartbeat endpoint at hostPort.
+func (c *daemonConfig) heartbeatURL(hostPort string) string {
+	scheme := "http"
+	if c.agentTLSCert != "" {
+		scheme = "https"
+	}
+	return scheme + "://" + hostPort + heartbeat.Path
+}
+
+// options are the daemon's Options the command line gives, with the DSN
+// resolved (dsn) and exts, the migrations of every registered process.
+func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Options {
+	o := daemon.Options{
+		Name:                 c.prog,
+		DSN:                  dsn,
+		StateDir:             c.stateDir,
+		DemoDefaults:         c.demoDefaults,
+		Extensions:           exts,
+		Provider:             c.provider,
+		Sim:                  c.sim,
+		Static:               c.static,
+		Providers:            c.userProviders,
+		Listen:               c.listen,
+		StatusToken:          c.statusToken,
+		SessionInterval:      c.sessionInterval,
+		HistoryRetention:     c.retention.retention,
+		HistoryPruneInterval: c.retention.every,
+		Agents: daemon.AgentOptions{
+			Listen:                 c.agentListen,
+			TLSCert:                c.agentTLSCert,
+			TLSKey:                 c.agentTLSKey,
+			HeartbeatURLFromListen: c.heartbeatURLFromListen,
+			SourceRate:             rate.Limit(c.heartbeatRefusalRate),
+			SourceBurst:            c.heartbeatRefusalBurst,
+			MaxConns:               c.agentMaxConns,
+			MaxConnsPerSource:      c.agentMaxConnsPerSource,
+			IdleTimeout:            c.agentIdleTimeout,
+		},
+	}
+	for _, l := range c.enabled {
+		o.Loops = append(o.Loops, daemon.Loop{Process: l.def, Config: l.cfg})
+	}
+	return o
+}
+
+// selectLoops parses -processes.
+func (c *daemonConfig) selectLoops() ([]*loop, error) {
+	var enabled []*loop
+	for _, name := range strings.Split(c.processes, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(c.loops, func(l *loop) bool { return l.def.Info.Label == name })
+		if i < 0 {
+			return nil, usagef("-processes %q: unknown process %q (known: %s)", c.processes, name, strings.Join(c.labels(), ", "))
+		}
+		if !slices.Contains(enabled, c.loops[i]) {
+			enabled = append(enabled, c.loops[i])
+		}
+	}
+	if len(enabled) == 0 {
+		return nil, usagef("-processes %q: name at least one process (known: %s)", c.processes, strings.Join(c.labels(), ", "))
+	}
+	return enabled, nil
+}
+
+// labels names the known processes, as -processes takes them.
+func (c *daemonConfig) labels() []string {
+	var names []string
+	for _, l := range c.loops {
+		names = append(names, l.def.Info.Label)
+	}
+	return names
+}
+
+// parseFlags parses args with fs's own error output silenced, so that a bad
+// flag yields the one line the caller prints, not the flag package's message
+// followed by the whole usage. help reports -h / -help.
+func parseFlags(fs *flag.FlagSet, args []string) (help bool, err error) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err = fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return true, nil
+	}
+	if err != nil {
+		return false, usageError{err.Error()}
+	}
+	return false, nil
+}
+
+const daemonUsage = `Usage: shepherd [run] [flags]
+
+Runs the control loops. With no database given (-bmdb_dsn, -bmdb_dsn_file or
+$SHEPHERD_BMDB_DSN) it runs in demo mode: a private PostgreSQL under
+-state_dir, migrated, with a simulated fleet.
+
+Other commands: shepherd migrate -h
+
+Flags:
+`
+
+func printDaemonUsage(fs *flag.FlagSet, prog string, w io.Writer) {
+	fmt.Fprint(w, renamed(prog, daemonUsage))
+	printDefaults(fs, prog, w)
+}
+
+// printDefaults prints fs's flags to w, with the commands their help
+// mentions ("until 'shepherd release'") naming prog.
+func printDefaults(fs *flag.FlagSet, prog string, w io.Writer) {
+	var b strings.Builder
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(w)
+	fmt.Fprint(w, renamed(prog, b.String()))
+}
