@@ -15,14 +15,13 @@ import (
 // libraryRoots are the library packages (with every package under them)
 // that an embedding program links: they log through the logger of the
 // context (klog.FromContext) or of their options, so that the program
-// routes their lines and a test captures its own.
-//
-// TODO: add "daemon" once its rewrite into a library (issue 30, item 1)
-// has landed; it still configures klog for the command line today.
+// routes their lines and a test captures its own. The command line,
+// shepherdcli, is not one: it configures klog for the binary.
 var libraryRoots = []string{
 	"agentproto",
 	"bmdb",
 	"controlloop",
+	"daemon",
 	"heartbeat",
 	"processes",
 	"providers",
