@@ -124,6 +124,11 @@ type Provider struct {
 	// database is private, coordinated with no other replica, and its
 	// timeouts are shortened.
 	Demo bool
+	// DemoFlags are flag defaults demo mode sets when this provider is
+	// selected, unless the command line set the flag (name without the
+	// dash: "simfirmware_machines": "20"), as Process.DemoFlags does for a
+	// process: so that a binary's zero-flag demo shows its own fleet.
+	DemoFlags map[string]string
 }
 
 // ProviderEnv is what a provider is built with.

@@ -19,22 +19,28 @@ import (
 // demoGroups are the flag defaults demo mode changes, so that a visitor
 // sees Recovery reboot machines and failed machines retried within a minute
 // or two, not after the production timeouts (10 min, 30 min, 5 min
-// backoffs): each process's DemoFlags, the simulated fleet's heartbeat
-// loss, and every process's backoff shortened to 10s..2m. Flags are
-// grouped: a group is changed only if the operator set none of its flags,
-// so that an explicit -agentstart_backoff_initial 10m is not met by a demo
-// maximum below it.
-func demoGroups(processes []daemon.Process) [][][2]string {
+// backoffs): each process's DemoFlags, the selected provider's (provider,
+// nil for a built-in one), the simulated fleet's heartbeat loss, and every
+// process's backoff shortened to 10s..2m. Flags are grouped: a group is
+// changed only if the operator set none of its flags, so that an explicit
+// -agentstart_backoff_initial 10m is not met by a demo maximum below it.
+func demoGroups(processes []daemon.Process, provider *daemon.Provider) [][][2]string {
 	var groups [][][2]string
-	for _, p := range processes {
-		names := make([]string, 0, len(p.DemoFlags))
-		for name := range p.DemoFlags {
+	addEach := func(flags map[string]string) {
+		names := make([]string, 0, len(flags))
+		for name := range flags {
 			names = append(names, name)
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			groups = append(groups, [][2]string{{name, p.DemoFlags[name]}})
+			groups = append(groups, [][2]string{{name, flags[name]}})
 		}
+	}
+	for _, p := range processes {
+		addEach(p.DemoFlags)
+	}
+	if provider != nil {
+		addEach(provider.DemoFlags)
 	}
 	groups = append(groups, [][2]string{{"sim_heartbeat_loss_rate", "0.5"}})
 	for _, p := range processes {
@@ -45,13 +51,14 @@ func demoGroups(processes []daemon.Process) [][][2]string {
 }
 
 // applyDemoDefaults sets the demo defaults of the flags the command line did
-// not set, and returns them as -name=value for the log.
-func applyDemoDefaults(fs *flag.FlagSet, processes []daemon.Process) ([]string, error) {
+// not set, for processes and the selected provider (nil: a built-in one),
+// and returns them as -name=value for the log.
+func applyDemoDefaults(fs *flag.FlagSet, processes []daemon.Process, provider *daemon.Provider) ([]string, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var applied []string
 group:
-	for _, g := range demoGroups(processes) {
+	for _, g := range demoGroups(processes, provider) {
 		for _, kv := range g {
 			if set[kv[0]] {
 				continue group
@@ -59,13 +66,24 @@ group:
 		}
 		for _, kv := range g {
 			if err := fs.Set(kv[0], kv[1]); err != nil {
-				// A mistake of a process's DemoFlags.
+				// A mistake of a process's or provider's DemoFlags.
 				return nil, fmt.Errorf("demo default -%s=%s: %w", kv[0], kv[1], err)
 			}
 			applied = append(applied, "-"+kv[0]+"="+kv[1])
 		}
 	}
 	return applied, nil
+}
+
+// provider returns the registered provider named name, or nil (a built-in
+// one, or none).
+func (d *CLI) provider(name string) *daemon.Provider {
+	for i := range d.providers {
+		if d.providers[i].Name == name {
+			return &d.providers[i]
+		}
+	}
+	return nil
 }
 
 // demoProvider reports whether demo mode may run with the provider named

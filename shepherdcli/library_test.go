@@ -170,7 +170,7 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 	if _, err := parseFlags(fs, []string{"-fw_backoff_maximum=1h"}); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := applyDemoDefaults(fs, d.processes)
+	applied, err := applyDemoDefaults(fs, d.processes, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,8 +184,60 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 	fw.DemoFlags = map[string]string{"fw_perod": "2m"}
 	fs = flag.NewFlagSet("test", flag.ContinueOnError)
 	newDaemonFlags(fs, d)
-	if _, err := applyDemoDefaults(fs, []daemon.Process{fw}); err == nil || !strings.Contains(err.Error(), "demo default -fw_perod=2m") {
+	if _, err := applyDemoDefaults(fs, []daemon.Process{fw}, nil); err == nil || !strings.Contains(err.Error(), "demo default -fw_perod=2m") {
 		t.Errorf("a DemoFlags naming no flag: %v", err)
+	}
+}
+
+// A registered provider's DemoFlags are demo defaults when it is the one
+// selected, and only then; a DemoFlags naming no flag is an error.
+func TestDemoDefaultsOfRegisteredProvider(t *testing.T) {
+	t.Parallel()
+	var machines int
+	mine := daemon.Provider{
+		Name:      "mine",
+		Demo:      true,
+		Flags:     func(fs *flag.FlagSet) { fs.IntVar(&machines, "mine_machines", 1, "machines") },
+		New:       func(daemon.ProviderEnv) (providers.Provider, error) { return nil, nil },
+		DemoFlags: map[string]string{"mine_machines": "20"},
+	}
+	d := New()
+	d.AddProcess(testDefinition("fw", "Fw"))
+	d.AddProvider(mine)
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	newDaemonFlags(fs, d)
+	if _, err := parseFlags(fs, []string{"-fw_backoff_maximum=1h"}); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := applyDemoDefaults(fs, d.processes, d.provider("mine"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(applied, " "); got != "-mine_machines=20 -sim_heartbeat_loss_rate=0.5" {
+		t.Errorf("applied %q, want the provider's machines and the loss rate", got)
+	}
+	if machines != 20 {
+		t.Errorf("-mine_machines %d, want 20", machines)
+	}
+	if d.provider("sim") != nil || d.provider("nope") != nil {
+		t.Error("a built-in or unknown provider is a registered one")
+	}
+
+	// Set on the command line: kept.
+	fs = flag.NewFlagSet("test", flag.ContinueOnError)
+	newDaemonFlags(fs, d)
+	if _, err := parseFlags(fs, []string{"-mine_machines=3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := applyDemoDefaults(fs, d.processes, d.provider("mine")); err != nil || machines != 3 {
+		t.Errorf("-mine_machines given as 3: %d, %v", machines, err)
+	}
+
+	mine.DemoFlags = map[string]string{"mine_machnes": "20"}
+	fs = flag.NewFlagSet("test", flag.ContinueOnError)
+	newDaemonFlags(fs, d)
+	if _, err := applyDemoDefaults(fs, d.processes, &mine); err == nil || !strings.Contains(err.Error(), "demo default -mine_machnes=20") {
+		t.Errorf("a provider's DemoFlags naming no flag: %v", err)
 	}
 }
 

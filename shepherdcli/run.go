@@ -43,7 +43,7 @@ func (d *CLI) runDaemon(args []string, stdout, stderr io.Writer) int {
 	}
 	if err == nil && dsn == "" {
 		var demoErr error
-		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes); demoErr != nil {
+		if cfg.demoDefaults, demoErr = applyDemoDefaults(fs, d.processes, d.provider(cfg.provider)); demoErr != nil {
 			// A mistake of a process definition, not of the command line.
 			fmt.Fprintf(stderr, "%s: %v\n", prog, demoErr)
 			return exitFailure
