@@ -35,8 +35,21 @@ func newTestDaemon(t *testing.T) *testDaemon {
 	t.Helper()
 	td := &testDaemon{url: make(chan string, 1)}
 	var once sync.Once
+	// A line logged after the test ended (none should be: Run waits for
+	// every part) must not panic in t.Log.
+	var mu sync.Mutex
+	ended := false
+	t.Cleanup(func() {
+		mu.Lock()
+		ended = true
+		mu.Unlock()
+	})
 	log := funcr.New(func(prefix, args string) {
-		t.Log(prefix, args)
+		mu.Lock()
+		if !ended {
+			t.Log(prefix, args)
+		}
+		mu.Unlock()
 		if m := urlRE.FindStringSubmatch(args); m != nil {
 			once.Do(func() { td.url <- m[1] })
 		}
