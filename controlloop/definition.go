@@ -34,9 +34,10 @@ type Definition struct {
 
 	// Candidates selects the machines that need the process. It is called
 	// after the flags are parsed and checked, so that a condition may
-	// depend on them (Recovery's timeouts); a condition that does not is
-	// a function such as bmdb.AgentStartCandidates. Required.
-	Candidates func() bmdb.Candidates
+	// depend on them (Recovery's timeouts). Its error (a condition that
+	// bmdb.NewCandidates refuses) stops the binary before anything runs.
+	// Required.
+	Candidates func() (bmdb.Candidates, error)
 
 	// Flags, if set, registers the process's own flags on fs. Name them
 	// after the label (-recovery_start_timeout). They are registered on the

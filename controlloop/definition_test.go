@@ -24,7 +24,7 @@ func testDefinition() controlloop.Definition {
 			Label:          "testdef",
 			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
 		},
-		Candidates: bmdb.AgentStartCandidates,
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
 		New: func(controlloop.Env) (controlloop.Handler, error) {
 			return controlloop.HandlerFunc(func(_ context.Context, t *controlloop.Task) error {
 				commitAgent(t)
@@ -104,6 +104,12 @@ func TestDefinitionValidate(t *testing.T) {
 	m := controlloop.NewMetrics(prometheus.NewRegistry())
 	if _, err := controlloop.NewRunner(nil, def, nil, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "nil handler") {
 		t.Errorf("NewRunner with a nil handler: %v, want an error saying so", err)
+	}
+	def.Candidates = func() (bmdb.Candidates, error) {
+		return bmdb.NewCandidates(bmdb.Condition{Name: "unbalanced", SQL: "(true"})
+	}
+	if _, err := controlloop.NewRunner(nil, def, noop, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "process testdef: candidates:") {
+		t.Errorf("NewRunner with a condition NewCandidates refuses: %v, want an error naming the process", err)
 	}
 	def.Candidates = nil
 	if _, err := controlloop.NewRunner(nil, def, noop, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "no Candidates") {

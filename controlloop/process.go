@@ -40,26 +40,6 @@ type Info struct {
 	DefaultRunTimeout time.Duration
 }
 
-// Process is a process that states its own Info and Candidates besides
-// its Run.
-//
-// It stays while the daemon moves to Definition, and goes then: a Process
-// states its identity apart from its definition, where nothing checks that
-// the two agree.
-type Process interface {
-	Info() Info
-	Candidates() bmdb.Candidates
-	Handler
-}
-
-// New prepares a runner of p; cfg must have passed Check.
-//
-// It stays while the daemon moves to Definition (NewRunner), and goes
-// then.
-func New(db *bmdb.DB, p Process, cfg Config, m *Metrics) (*Runner, error) {
-	return NewRunner(db, Definition{Info: p.Info(), Candidates: p.Candidates}, p, cfg, m)
-}
-
 // Task is one leased machine handed to Handler.Run.
 type Task struct {
 	// Machine is the leased machine.

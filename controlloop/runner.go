@@ -60,9 +60,13 @@ func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (
 	if m == nil {
 		return nil, errors.New("controlloop.NewRunner: nil metrics")
 	}
+	cand, err := def.Candidates()
+	if err != nil {
+		return nil, fmt.Errorf("process %s: candidates: %w", info.Label, err)
+	}
 	m.initProcess(info.Label, cfg.Parallelism)
 	m.limits.initProcess(info.Label, cfg.Limits)
-	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, candidates: def.Candidates()}, nil
+	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, candidates: cand}, nil
 }
 
 // Info is the process's description.

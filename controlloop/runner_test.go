@@ -37,7 +37,7 @@ func (p *testProcess) definition() controlloop.Definition {
 	cand := p.candidates
 	return controlloop.Definition{
 		Info:       p.info,
-		Candidates: func() bmdb.Candidates { return cand },
+		Candidates: func() (bmdb.Candidates, error) { return cand, nil },
 		New:        func(controlloop.Env) (controlloop.Handler, error) { return p, nil },
 	}
 }

@@ -14,13 +14,13 @@
 // job, package shepherdcli, which builds Options from flags and is what a
 // binary's main calls (see its documentation for a main).
 //
-// A process is a controlloop.Process (its Info, its Candidates, its Run on
-// one leased machine; the runner does leases, backoff, sessions, limits and
-// metrics) and a definition, a Process of this package, that tells the
-// daemon and the command line the rest: its flags, its check, how to build
-// it once the provider exists, its tags and its own migrations. A provider
-// of the program's own is a Provider. docs/writing-a-process.md walks
-// through the complete example, examples/firmwarecheck.
+// A process is a controlloop.Definition: its identity, condition, flags,
+// tags and migrations, and New, which builds its controlloop.Handler (its
+// Run on one leased machine; the runner does leases, backoff, sessions,
+// limits and metrics) once the provider exists. A provider is a
+// providers.Definition, Shepherd's own (sim, static) as a program's.
+// docs/writing-a-process.md walks through the complete example,
+// examples/firmwarecheck.
 package daemon
 
 import (
@@ -90,7 +90,7 @@ type Options struct {
 	Sim    sim.Config
 	Static static.Config
 	// Providers are the program's own providers.
-	Providers []Provider
+	Providers []providers.Definition
 
 	// Listen is the HTTP server's address (port 0 picks a free one).
 	Listen string
@@ -111,7 +111,7 @@ type Options struct {
 
 // Loop is one process to run, with its runner's configuration.
 type Loop struct {
-	Process Process
+	Process controlloop.Definition
 	Config  controlloop.Config
 }
 
@@ -446,11 +446,11 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 	var runners []*controlloop.Runner
 	for _, l := range loops {
 		dbMetrics.InitComponent(l.Config.Session.Component)
-		p, err := l.Process.New(Env{Provider: provider, DB: db})
+		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db})
 		if err != nil {
 			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
 		}
-		r, err := controlloop.New(db, p, l.Config, loopMetrics)
+		r, err := controlloop.NewRunner(db, l.Process, h, l.Config, loopMetrics)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", l.Process.Info.Label, err)
 		}

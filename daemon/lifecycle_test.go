@@ -17,7 +17,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/daemon"
-	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
@@ -54,7 +54,7 @@ func newTestDaemon(t *testing.T) *testDaemon {
 			once.Do(func() { td.url <- m[1] })
 		}
 	}, funcr.Options{})
-	def := shipped.AgentStart()
+	def := agentstart.Definition()
 	simCfg := sim.DefaultConfig()
 	simCfg.Machines = 3
 	d, err := daemon.New(daemon.Options{

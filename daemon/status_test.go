@@ -13,6 +13,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 // The daemon's status page answers 503 until the loops exist, then serves
@@ -39,8 +40,12 @@ func TestStatusPageLateBinding(t *testing.T) {
 	}
 
 	db := bmdbtest.NewDB(t, bmdb.Options{})
-	p := agentstart.New(nil)
-	r, err := controlloop.New(db, p, controlloop.DefaultConfig(p.Info()), controlloop.NewMetrics(prometheus.NewRegistry()))
+	def := agentstart.Definition()
+	h, err := def.New(controlloop.Env{Provider: sim.New(db, sim.DefaultConfig()), DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := controlloop.NewRunner(db, def, h, controlloop.DefaultConfig(def.Info), controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}

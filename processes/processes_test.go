@@ -65,15 +65,15 @@ func TestDefinitions(t *testing.T) {
 // daemon and the CLI do, never from a process built to read it.
 func TestRecoveryCandidatesFollowFlags(t *testing.T) {
 	def := recovery.Definition()
-	if got, want := def.Candidates(), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, def), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
 		t.Errorf("default condition %+v, want %+v", got, want)
 	}
 	def = configured(t, recovery.Definition(), "-recovery_start_timeout=1m", "-recovery_heartbeat_timeout=20s")
-	if got, want := def.Candidates(), bmdb.RecoveryCandidates(time.Minute, 20*time.Second); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, def), bmdb.RecoveryCandidates(time.Minute, 20*time.Second); !reflect.DeepEqual(got, want) {
 		t.Errorf("condition after the flags %+v, want %+v", got, want)
 	}
 	// Two definitions do not share their flags' values.
-	if got, want := recovery.Definition().Candidates(), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, recovery.Definition()), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
 		t.Errorf("a new definition's condition %+v, want the default %+v", got, want)
 	}
 	bad := recovery.Definition()
@@ -85,6 +85,16 @@ func TestRecoveryCandidatesFollowFlags(t *testing.T) {
 	if err := bad.Check(); err == nil || !strings.Contains(err.Error(), "-recovery_heartbeat_timeout") {
 		t.Errorf("Check of a zero heartbeat timeout: %v", err)
 	}
+}
+
+// condition is def's condition, as the runner reads it.
+func condition(t *testing.T, def controlloop.Definition) bmdb.Candidates {
+	t.Helper()
+	c, err := def.Candidates()
+	if err != nil {
+		t.Fatalf("%s: Candidates: %v", def.Info.Label, err)
+	}
+	return c
 }
 
 // configured returns def with its flags parsed from args and checked, as a

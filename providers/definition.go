@@ -33,6 +33,11 @@ type Definition struct {
 	// database is private, coordinated with no other replica, and its
 	// timeouts are shortened.
 	Demo bool
+	// DemoFlags are flag defaults demo mode sets when this provider is
+	// selected, unless the command line set the flag (name without the
+	// dash: "simfirmware_machines": "20"), as a process definition's
+	// DemoFlags do: so that a binary's zero-flag demo shows its own fleet.
+	DemoFlags map[string]string
 }
 
 // Env is what a provider is built with.

@@ -19,7 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/daemon"
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -306,7 +306,7 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		}
 		return fail(err)
 	}
-	known, err := buildProcesses(db, d.processes)
+	known, err := buildProcesses(d.processes)
 	if err != nil {
 		return fail(err)
 	}
@@ -338,7 +338,7 @@ type cliProcess struct {
 	// candidates is nil for a process this binary does not know.
 	candidates *bmdb.Candidates
 	// tags reads the process's own tags of a machine; nil if it has none.
-	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]daemon.Tag, error)
+	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag, error)
 	// budget is the process's default per-machine budget (explain).
 	budget bmdb.MachineBudget
 }
@@ -346,16 +346,16 @@ type cliProcess struct {
 // knownProcesses are the binary's registered processes.
 func (c *cli) knownProcesses() []cliProcess { return c.known }
 
-// buildProcesses builds the registered processes, with no provider, for
-// their candidate conditions.
-func buildProcesses(db *bmdb.DB, defs []daemon.Process) ([]cliProcess, error) {
+// buildProcesses reads the registered processes' definitions: their
+// candidate conditions (after the flags), tags and budgets. Nothing is
+// built: the commands act on the BMDB, not through the provider.
+func buildProcesses(defs []controlloop.Definition) ([]cliProcess, error) {
 	var out []cliProcess
 	for _, def := range defs {
-		p, err := def.New(daemon.Env{DB: db})
+		cand, err := def.Candidates()
 		if err != nil {
-			return nil, fmt.Errorf("building %s: %w", def.Info.Label, err)
+			return nil, fmt.Errorf("process %s: candidates: %w", def.Info.Label, err)
 		}
-		cand := p.Candidates()
 		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags, budget: def.Info.DefaultMachineBudget})
 	}
 	return out, nil

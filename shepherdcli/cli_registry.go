@@ -10,7 +10,8 @@ import (
 	"strings"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/daemon"
+	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // CLI is a Shepherd binary in the making: the processes and providers a
@@ -27,8 +28,8 @@ type CLI struct {
 	// (AddProvider) or a built-in one. Empty: sim.
 	DefaultProvider string
 
-	processes []daemon.Process
-	providers []daemon.Provider
+	processes []controlloop.Definition
+	providers []providers.Definition
 }
 
 // prog is the program's name in messages (Name).
@@ -62,14 +63,15 @@ func (d *CLI) defaultProvider() string {
 // static). Register processes with AddProcess, then call Main.
 func New() *CLI { return &CLI{} }
 
-// AddProcess registers a process. Processes are listed (-processes, the
-// status page) in the order they were added. Errors in the definition (a
-// duplicate label, a missing New) are reported by Main.
-func (d *CLI) AddProcess(p daemon.Process) { d.processes = append(d.processes, p) }
+// AddProcess registers a process (agentstart.Definition(), a definition of
+// the program's own). Processes are listed (-processes, the status page)
+// in the order they were added. Errors in the definition (a duplicate
+// label, a missing New) are reported by Main.
+func (d *CLI) AddProcess(p controlloop.Definition) { d.processes = append(d.processes, p) }
 
 // AddProvider registers a provider. Errors in the definition (a name
 // already taken) are reported by Main.
-func (d *CLI) AddProvider(p daemon.Provider) { d.providers = append(d.providers, p) }
+func (d *CLI) AddProvider(p providers.Definition) { d.providers = append(d.providers, p) }
 
 var labelRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,30}$`)
 
@@ -81,16 +83,10 @@ func (d *CLI) validate() error {
 	}
 	var labels, names []string
 	for _, p := range d.processes {
+		if err := p.Validate(); err != nil {
+			return err
+		}
 		label := p.Info.Label
-		if !labelRE.MatchString(label) {
-			return fmt.Errorf("process %q: invalid label %q: want a lower-case letter followed by up to 30 lower-case letters or digits", p.Info.Process.Name, label)
-		}
-		if err := p.Info.Process.Validate(); err != nil {
-			return fmt.Errorf("process %s: %w", label, err)
-		}
-		if p.New == nil {
-			return fmt.Errorf("process %s: no New function", label)
-		}
 		if slices.Contains(labels, label) || slices.Contains(names, p.Info.Process.Name) {
 			return fmt.Errorf("process %s (%s) registered twice", label, p.Info.Process.Name)
 		}

@@ -12,8 +12,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/internal/secretfile"
+	"github.com/shepherd-fleet/shepherd/providers"
 )
 
 // demoGroups are the flag defaults demo mode changes, so that a visitor
@@ -24,7 +26,7 @@ import (
 // process's backoff shortened to 10s..2m. Flags are grouped: a group is
 // changed only if the operator set none of its flags, so that an explicit
 // -agentstart_backoff_initial 10m is not met by a demo maximum below it.
-func demoGroups(processes []daemon.Process, provider *daemon.Provider) [][][2]string {
+func demoGroups(processes []controlloop.Definition, provider *providers.Definition) [][][2]string {
 	var groups [][][2]string
 	addEach := func(flags map[string]string) {
 		names := make([]string, 0, len(flags))
@@ -53,7 +55,7 @@ func demoGroups(processes []daemon.Process, provider *daemon.Provider) [][][2]st
 // applyDemoDefaults sets the demo defaults of the flags the command line did
 // not set, for processes and the selected provider (nil: a built-in one),
 // and returns them as -name=value for the log.
-func applyDemoDefaults(fs *flag.FlagSet, processes []daemon.Process, provider *daemon.Provider) ([]string, error) {
+func applyDemoDefaults(fs *flag.FlagSet, processes []controlloop.Definition, provider *providers.Definition) ([]string, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var applied []string
@@ -77,7 +79,7 @@ group:
 
 // provider returns the registered provider named name, or nil (a built-in
 // one, or none).
-func (d *CLI) provider(name string) *daemon.Provider {
+func (d *CLI) provider(name string) *providers.Definition {
 	for i := range d.providers {
 		if d.providers[i].Name == name {
 			return &d.providers[i]

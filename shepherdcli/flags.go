@@ -20,6 +20,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 	"github.com/shepherd-fleet/shepherd/providers/static"
 )
@@ -85,7 +86,7 @@ type daemonConfig struct {
 	sim    sim.Config
 	static static.Config
 	// userProviders are the providers the binary registered.
-	userProviders []daemon.Provider
+	userProviders []providers.Definition
 	// providerFlags maps every provider-specific flag to its provider.
 	providerFlags map[string]string
 	// given names the flags the command line set (not demo mode).
@@ -98,7 +99,7 @@ type daemonConfig struct {
 
 // loop is one registered process with its runner configuration.
 type loop struct {
-	def daemon.Process
+	def controlloop.Definition
 	cfg controlloop.Config
 }
 

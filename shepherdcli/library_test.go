@@ -2,7 +2,6 @@ package shepherdcli
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"strings"
 	"testing"
@@ -10,22 +9,21 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/providers"
-	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 // testDefinition is a minimal process definition.
-func testDefinition(label, name string) daemon.Process {
-	return daemon.Process{
+func testDefinition(label, name string) controlloop.Definition {
+	return controlloop.Definition{
 		Info: controlloop.Info{
 			Process:        bmdb.Process{Name: name},
 			Label:          label,
 			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
 		},
-		New: func(env daemon.Env) (controlloop.Process, error) { return agentstart.New(env.Provider), nil },
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
+		New:        func(env controlloop.Env) (controlloop.Handler, error) { return agentstart.New(env.Provider), nil },
 	}
 }
 
@@ -35,20 +33,23 @@ func TestBadDefinitions(t *testing.T) {
 	t.Parallel()
 	noNew := testDefinition("nonew", "NoNew")
 	noNew.New = nil
+	noCandidates := testDefinition("nocand", "NoCand")
+	noCandidates.Candidates = nil
 	for _, c := range []struct {
 		name      string
-		processes []daemon.Process
-		providers []daemon.Provider
+		processes []controlloop.Definition
+		providers []providers.Definition
 		want      string
 	}{
 		{"none", nil, nil, "shepherd: no process registered"},
-		{"bad label", []daemon.Process{testDefinition("Fw-Check", "FwCheck")}, nil, `invalid label "Fw-Check"`},
-		{"bad name", []daemon.Process{testDefinition("fw", "fw check")}, nil, `process fw: invalid process name "fw check"`},
-		{"no New", []daemon.Process{noNew}, nil, "process nonew: no New function"},
-		{"twice", []daemon.Process{testDefinition("fw", "Fw"), testDefinition("fw", "Fw")}, nil, "process fw (Fw) registered twice"},
-		{"same name", []daemon.Process{testDefinition("fw", "Fw"), testDefinition("fw2", "Fw")}, nil, "registered twice"},
-		{"provider like a built-in", []daemon.Process{testDefinition("fw", "Fw")}, []daemon.Provider{{Name: "sim", New: func(daemon.ProviderEnv) (providers.Provider, error) { return nil, nil }}}, "provider sim registered twice (or named like a built-in one)"},
-		{"provider without New", []daemon.Process{testDefinition("fw", "Fw")}, []daemon.Provider{{Name: "mine"}}, "provider mine: no New function"},
+		{"bad label", []controlloop.Definition{testDefinition("Fw-Check", "FwCheck")}, nil, `invalid label "Fw-Check"`},
+		{"bad name", []controlloop.Definition{testDefinition("fw", "fw check")}, nil, `process fw: invalid process name "fw check"`},
+		{"no New", []controlloop.Definition{noNew}, nil, "process nonew: no New function"},
+		{"no Candidates", []controlloop.Definition{noCandidates}, nil, "process nocand: no Candidates function"},
+		{"twice", []controlloop.Definition{testDefinition("fw", "Fw"), testDefinition("fw", "Fw")}, nil, "process fw (Fw) registered twice"},
+		{"same name", []controlloop.Definition{testDefinition("fw", "Fw"), testDefinition("fw2", "Fw")}, nil, "registered twice"},
+		{"provider like a built-in", []controlloop.Definition{testDefinition("fw", "Fw")}, []providers.Definition{{Name: "sim", New: func(providers.Env) (providers.Provider, error) { return nil, nil }}}, "provider sim registered twice (or named like a built-in one)"},
+		{"provider without New", []controlloop.Definition{testDefinition("fw", "Fw")}, []providers.Definition{{Name: "mine"}}, "provider mine: no New function"},
 	} {
 		d := New()
 		for _, p := range c.processes {
@@ -85,10 +86,10 @@ func TestRegisteredFlags(t *testing.T) {
 	d := New()
 	d.AddProcess(fw)
 	d.AddProcess(off)
-	d.AddProvider(daemon.Provider{
+	d.AddProvider(providers.Definition{
 		Name: "mine", Usage: "my machines",
 		Flags: func(fs *flag.FlagSet) { fs.Float64Var(&rate, "mine_rate", 0, "rate") },
-		New:   func(daemon.ProviderEnv) (providers.Provider, error) { return nil, nil },
+		New:   func(providers.Env) (providers.Provider, error) { return nil, nil },
 	})
 	parse := func(args ...string) (*daemonConfig, error) {
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
@@ -127,33 +128,6 @@ func TestRegisteredFlags(t *testing.T) {
 	}
 }
 
-// firmwareChecker is a provider's own interface, as a process declares it.
-type firmwareChecker interface {
-	CheckFirmware(ctx context.Context) (string, error)
-}
-
-type firmwareProvider struct{ *sim.Provider }
-
-func (firmwareProvider) CheckFirmware(context.Context) (string, error) { return "1.0", nil }
-
-// ProviderAs gives a process its provider's own interface, says which
-// provider lacks it, and gives the operator CLI (no provider) the zero
-// value.
-func TestProviderAs(t *testing.T) {
-	t.Parallel()
-	p := firmwareProvider{sim.New(nil, sim.DefaultConfig())}
-	if c, err := daemon.ProviderAs[firmwareChecker](daemon.Env{Provider: p}); err != nil || c == nil {
-		t.Errorf("ProviderAs on a provider with the interface: %v, %v", c, err)
-	}
-	_, err := daemon.ProviderAs[firmwareChecker](daemon.Env{Provider: sim.New(nil, sim.DefaultConfig())})
-	if err == nil || err.Error() != "provider sim does not implement shepherdcli.firmwareChecker" {
-		t.Errorf("ProviderAs on a provider without it: %v", err)
-	}
-	if c, err := daemon.ProviderAs[firmwareChecker](daemon.Env{}); err != nil || c != nil {
-		t.Errorf("ProviderAs without a provider: %v, %v; want nil, nil", c, err)
-	}
-}
-
 // Demo mode applies each process's DemoFlags and shortens every process's
 // backoff, unless the command line set them; a DemoFlags naming no flag is
 // an error, not a panic.
@@ -184,7 +158,7 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 	fw.DemoFlags = map[string]string{"fw_perod": "2m"}
 	fs = flag.NewFlagSet("test", flag.ContinueOnError)
 	newDaemonFlags(fs, d)
-	if _, err := applyDemoDefaults(fs, []daemon.Process{fw}, nil); err == nil || !strings.Contains(err.Error(), "demo default -fw_perod=2m") {
+	if _, err := applyDemoDefaults(fs, []controlloop.Definition{fw}, nil); err == nil || !strings.Contains(err.Error(), "demo default -fw_perod=2m") {
 		t.Errorf("a DemoFlags naming no flag: %v", err)
 	}
 }
@@ -194,11 +168,11 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 func TestDemoDefaultsOfRegisteredProvider(t *testing.T) {
 	t.Parallel()
 	var machines int
-	mine := daemon.Provider{
+	mine := providers.Definition{
 		Name:      "mine",
 		Demo:      true,
 		Flags:     func(fs *flag.FlagSet) { fs.IntVar(&machines, "mine_machines", 1, "machines") },
-		New:       func(daemon.ProviderEnv) (providers.Provider, error) { return nil, nil },
+		New:       func(providers.Env) (providers.Provider, error) { return nil, nil },
 		DemoFlags: map[string]string{"mine_machines": "20"},
 	}
 	d := New()

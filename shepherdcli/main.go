@@ -17,7 +17,8 @@
 //	import (
 //		"os"
 //
-//		"github.com/shepherd-fleet/shepherd/processes/shipped"
+//		"github.com/shepherd-fleet/shepherd/processes/agentstart"
+//		"github.com/shepherd-fleet/shepherd/processes/recovery"
 //		"github.com/shepherd-fleet/shepherd/shepherdcli"
 //
 //		"example.com/firmwarecheck/firmwarecheck"
@@ -25,30 +26,35 @@
 //
 //	func main() {
 //		d := shepherdcli.New()
-//		d.AddProcess(shipped.AgentStart())
-//		d.AddProcess(shipped.Recovery())
+//		d.AddProcess(agentstart.Definition())
+//		d.AddProcess(recovery.Definition())
 //		d.AddProcess(firmwarecheck.Definition())
 //		os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
 //	}
 //
-// A process is a controlloop.Process (its Info, its Candidates, its Run on
-// one leased machine; the runner does leases, backoff, sessions, limits and
-// metrics) and a definition, a daemon.Process, that tells the daemon the
-// rest:
+// A process is a controlloop.Definition, stated once in the process's own
+// package: its identity and defaults, its condition, its flags, how to
+// build its controlloop.Handler (its Run on one leased machine; the runner
+// does leases, backoff, sessions, limits and metrics) once the provider
+// exists, its tags and its migrations. The command line reads the
+// definition; only the daemon calls New:
 //
-//	func Definition() daemon.Process {
+//	func Definition() controlloop.Definition {
 //		cfg := DefaultConfig()
-//		return daemon.Process{
-//			Info:  Info(),            // BMDB name, label, default backoff
+//		return controlloop.Definition{
+//			Info:  Info,              // BMDB name, label, default backoff
+//			Candidates: func() (bmdb.Candidates, error) { // after the flags
+//				return bmdb.NewCandidates(candidates)
+//			},
 //			Flags: cfg.RegisterFlags, // -firmwarecheck_period, ...
 //			Check: cfg.Check,
-//			New: func(env daemon.Env) (controlloop.Process, error) {
+//			New: func(env controlloop.Env) (controlloop.Handler, error) {
 //				// The provider's own interface, beyond providers.Provider.
-//				checker, err := daemon.ProviderAs[Checker](env)
+//				checker, err := controlloop.ProviderAs[Checker](env)
 //				if err != nil {
 //					return nil, err
 //				}
-//				return New(checker, cfg)
+//				return New(checker, cfg), nil
 //			},
 //			Tags:       Tags, // its tags on the machine page and in 'tags'
 //			Migrations: &bmdb.Extension{Name: "firmwarecheck", FS: migrations.FS},

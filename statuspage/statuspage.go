@@ -49,12 +49,10 @@ type Process struct {
 	Limits controlloop.Limits
 }
 
-// Tag is one line of a process's tags on a machine's page. The page
-// escapes and bounds Value, which may come from the machine.
-type Tag struct {
-	Name  string
-	Value string
-}
+// Tag is one line of a process's tags on a machine's page (a
+// controlloop.Definition's Tags). The page escapes and bounds Value, which
+// may come from the machine.
+type Tag = controlloop.Tag
 
 // FromRunners describes the processes of a daemon's runners.
 func FromRunners(runners ...*controlloop.Runner) []Process {

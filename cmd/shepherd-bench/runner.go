@@ -35,7 +35,7 @@ type noopProcess struct {
 func (p *noopProcess) definition() controlloop.Definition {
 	return controlloop.Definition{
 		Info:       p.info,
-		Candidates: func() bmdb.Candidates { return p.candidates },
+		Candidates: func() (bmdb.Candidates, error) { return p.candidates, nil },
 		New:        func(controlloop.Env) (controlloop.Handler, error) { return p, nil },
 	}
 }

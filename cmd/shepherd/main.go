@@ -7,13 +7,14 @@ package main
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/shepherdcli"
 )
 
 func main() {
 	d := shepherdcli.New()
-	d.AddProcess(shipped.AgentStart())
-	d.AddProcess(shipped.Recovery())
+	d.AddProcess(agentstart.Definition())
+	d.AddProcess(recovery.Definition())
 	os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
 }

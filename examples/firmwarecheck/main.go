@@ -7,7 +7,8 @@ package main
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/shepherdcli"
 
 	"example.com/firmwarecheck/firmwarecheck"
@@ -16,8 +17,8 @@ import (
 
 func main() {
 	d := shepherdcli.New()
-	d.AddProcess(shipped.AgentStart())
-	d.AddProcess(shipped.Recovery())
+	d.AddProcess(agentstart.Definition())
+	d.AddProcess(recovery.Definition())
 	d.AddProcess(firmwarecheck.Definition())
 	d.AddProvider(simfirmware.Definition())
 	os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))

@@ -8,7 +8,8 @@ package main
 import (
 	"os"
 
-	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/shepherdcli"
 
 	"example.com/httpinventory/httpinv"
@@ -17,8 +18,8 @@ import (
 func main() {
 	d := shepherdcli.New()
 	d.DefaultProvider = httpinv.Name
-	d.AddProcess(shipped.AgentStart())
-	d.AddProcess(shipped.Recovery())
+	d.AddProcess(agentstart.Definition())
+	d.AddProcess(recovery.Definition())
 	d.AddProvider(httpinv.Definition())
 	os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
 }

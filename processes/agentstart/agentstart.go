@@ -37,7 +37,7 @@ func Definition() controlloop.Definition {
 			DefaultRunTimeout: 10 * time.Minute,
 		},
 		// Provided machines without a started agent.
-		Candidates: bmdb.AgentStartCandidates,
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
 			if env.Provider == nil {
 				return nil, errors.New("AgentStart needs a provider")
@@ -56,16 +56,6 @@ type AgentStart struct {
 func New(p providers.Provider) *AgentStart {
 	return &AgentStart{provider: p}
 }
-
-// Info is the definition's Info.
-//
-// It stays while the daemon still takes a controlloop.Process.
-func (*AgentStart) Info() controlloop.Info { return Definition().Info }
-
-// Candidates is the definition's condition.
-//
-// It stays while the daemon still takes a controlloop.Process.
-func (*AgentStart) Candidates() bmdb.Candidates { return Definition().Candidates() }
 
 // Run implements controlloop.Handler: it starts the agent through the
 // provider and, on success, records the agent's public key when the work

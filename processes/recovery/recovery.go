@@ -109,7 +109,7 @@ func Definition() controlloop.Definition {
 			// -redfish_timeout (30 s at most by default): 5 minutes is a hang.
 			DefaultRunTimeout: 5 * time.Minute,
 		},
-		Candidates: cfg.Candidates,
+		Candidates: func() (bmdb.Candidates, error) { return cfg.Candidates(), nil },
 		Flags:      cfg.RegisterFlags,
 		Check:      cfg.Check,
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
@@ -148,16 +148,6 @@ func New(p providers.Provider, cfg Config) *Recovery {
 	}
 	return &Recovery{provider: p, cfg: cfg}
 }
-
-// Info is the definition's Info.
-//
-// It stays while the daemon still takes a controlloop.Process.
-func (*Recovery) Info() controlloop.Info { return Definition().Info }
-
-// Candidates is the definition's condition under r's timeouts.
-//
-// It stays while the daemon still takes a controlloop.Process.
-func (r *Recovery) Candidates() bmdb.Candidates { return r.cfg.Candidates() }
 
 // Run implements controlloop.Handler: it reads the machine's power and
 // powers it on or resets it (powerAct), records what it read and did, and,

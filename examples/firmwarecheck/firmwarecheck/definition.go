@@ -11,7 +11,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/daemon"
 
 	"example.com/firmwarecheck/firmwarecheck/migrations"
 )
@@ -19,20 +18,27 @@ import (
 // Migrations is the schema of the machine_firmware table.
 var Migrations = &bmdb.Extension{Name: "firmwarecheck", FS: migrations.FS}
 
-// Definition registers FirmwareCheck with a daemon:
-// d.AddProcess(firmwarecheck.Definition()).
-func Definition() daemon.Process {
+// Definition is FirmwareCheck, stated once: a binary registers it
+// (d.AddProcess(firmwarecheck.Definition())), and the command line and
+// the daemon read it. A failed check is retried within minutes at first:
+// a BMC that did not answer usually answers soon.
+func Definition() controlloop.Definition {
 	cfg := DefaultConfig()
-	return daemon.Process{
-		Info:  Info(),
-		Flags: cfg.RegisterFlags,
-		Check: cfg.Check,
-		New: func(env daemon.Env) (controlloop.Process, error) {
-			checker, err := daemon.ProviderAs[Checker](env)
+	return controlloop.Definition{
+		Info: controlloop.Info{
+			Process:        Process,
+			Label:          Label,
+			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: 6 * time.Hour, Exponent: 2},
+		},
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.NewCandidates(candidates) },
+		Flags:      cfg.RegisterFlags,
+		Check:      cfg.Check,
+		New: func(env controlloop.Env) (controlloop.Handler, error) {
+			checker, err := controlloop.ProviderAs[Checker](env)
 			if err != nil {
 				return nil, fmt.Errorf("FirmwareCheck needs a provider that reads firmware versions: %w", err)
 			}
-			return New(checker, cfg)
+			return New(checker, cfg), nil
 		},
 		Tags:       Tags,
 		Migrations: Migrations,
@@ -41,7 +47,7 @@ func Definition() daemon.Process {
 }
 
 // Tags reads a machine's firmware tag for its status page and 'tags'.
-func Tags(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]daemon.Tag, error) {
+func Tags(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag, error) {
 	var version string
 	var current bool
 	var checked time.Time
@@ -57,7 +63,7 @@ func Tags(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]daemon.Tag, er
 	if !current {
 		state = "outdated"
 	}
-	return []daemon.Tag{
+	return []controlloop.Tag{
 		{Name: "Firmware", Value: version + " (" + state + ")"},
 		{Name: "Firmware checked", Value: checked.UTC().Format(time.RFC3339)},
 	}, nil

@@ -9,11 +9,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Checker is what FirmwareCheck needs from the provider, beyond
@@ -58,34 +60,17 @@ func (c *Config) Check() error {
 	return nil
 }
 
-// FirmwareCheck implements controlloop.Process.
+// FirmwareCheck is the process's code, a controlloop.Handler: what it does
+// to one leased machine.
 type FirmwareCheck struct {
-	checker    Checker
-	cfg        Config
-	candidates bmdb.Candidates
+	checker Checker
+	cfg     Config
 }
 
 // New returns the process checking through c; cfg must have passed Check.
-func New(c Checker, cfg Config) (*FirmwareCheck, error) {
-	cand, err := bmdb.NewCandidates(candidates)
-	if err != nil {
-		return nil, fmt.Errorf("firmwarecheck candidates: %w", err)
-	}
-	return &FirmwareCheck{checker: c, cfg: cfg, candidates: cand}, nil
+func New(c Checker, cfg Config) *FirmwareCheck {
+	return &FirmwareCheck{checker: c, cfg: cfg}
 }
-
-// Info describes the process to the runner. A failed check is retried
-// within minutes at first: a BMC that did not answer usually answers soon.
-func Info() controlloop.Info {
-	return controlloop.Info{
-		Process:        Process,
-		Label:          Label,
-		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: 6 * time.Hour, Exponent: 2},
-	}
-}
-
-// Info implements controlloop.Process.
-func (*FirmwareCheck) Info() controlloop.Info { return Info() }
 
 // candidates are the machines whose agent heartbeats. The condition is SQL
 // over machines m; machine_agent_heartbeat's primary key makes it an index
@@ -97,9 +82,6 @@ var candidates = bmdb.Condition{
 	SQL:  `EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = m.machine_id)`,
 }
 
-// Candidates implements controlloop.Process.
-func (f *FirmwareCheck) Candidates() bmdb.Candidates { return f.candidates }
-
 // upsert records the firmware tag; it runs in the transaction that ends
 // the lease.
 const upsert = `
@@ -108,7 +90,7 @@ VALUES ($1, $2, $3, now())
 ON CONFLICT (machine_id) DO UPDATE
 SET version = excluded.version, current = excluded.current, checked_at = excluded.checked_at`
 
-// Run implements controlloop.Process: it reads the firmware version through
+// Run implements controlloop.Handler: it reads the firmware version through
 // the provider and records it when the work finishes, so that the tag is
 // written if and only if the lease was still held; the machine then waits
 // Period for its next check. A failed check returns the error: the runner
@@ -125,7 +107,7 @@ func (f *FirmwareCheck) Run(ctx context.Context, t *controlloop.Task) error {
 	}
 	// The version comes from the machine: bounded and cleaned before it is
 	// stored.
-	version = untrusted.Line(version, 64)
+	version = printable(version, 64)
 	current := f.cfg.Want == "" || version == f.cfg.Want
 	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
 		_, err := tx.Exec(ctx, upsert, t.Machine, version, current)
@@ -133,4 +115,22 @@ func (f *FirmwareCheck) Run(ctx context.Context, t *controlloop.Task) error {
 	}
 	t.CheckAgainAfter(f.cfg.Period)
 	return nil
+}
+
+// printable is s from a machine made fit to store and show: valid UTF-8,
+// printable characters only (no terminal escapes, no bidirectional
+// overrides), at most n bytes. The status page and the CLI escape what
+// they show again.
+func printable(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, strings.ToValidUTF8(s, ""))
+	for len(s) > n {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,15 +120,12 @@ func (e *env) firmware(m uuid.UUID) []string {
 // run runs FirmwareCheck with c until the test ends.
 func (e *env) run(c firmwarecheck.Checker, cfg firmwarecheck.Config) *prometheus.Registry {
 	e.t.Helper()
-	p, err := firmwarecheck.New(c, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	rc := controlloop.DefaultConfig(p.Info())
+	def := firmwarecheck.Definition()
+	rc := controlloop.DefaultConfig(def.Info)
 	rc.IdlePoll = 50 * time.Millisecond
 	rc.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	reg := prometheus.NewRegistry()
-	r, err := controlloop.New(e.db, p, rc, controlloop.NewMetrics(reg))
+	r, err := controlloop.NewRunner(e.db, def, firmwarecheck.New(c, cfg), rc, controlloop.NewMetrics(reg))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -242,5 +242,25 @@ func TestFailedCheckBacksOff(t *testing.T) {
 	// Backing off, neither machine is checked again within the test.
 	if c.count("plain") != 1 || c.count("custom") != 1 {
 		t.Errorf("checks: plain %d, custom %d; want 1 each", c.count("plain"), c.count("custom"))
+	}
+}
+
+// A version from the machine is stored printable and bounded: no terminal
+// escape, no bidirectional override, no invalid UTF-8, at most 64 bytes.
+func TestHostileVersionIsStoredClean(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := e.machine("hostile", true)
+	hostile := "\x1b]0;owned\a2.1.0\u202e\xff" + strings.Repeat("é", 100)
+	e.run(fixedVersion(hostile), firmwarecheck.Config{Period: time.Hour})
+	var tags []string
+	bmdbtest.WaitUntil(t, 30*time.Second, "the machine checked", func() bool {
+		tags = e.firmware(m)
+		return len(tags) == 2
+	})
+	v := strings.TrimSuffix(strings.TrimPrefix(tags[0], "Firmware="), " (current)")
+	if !strings.HasPrefix(v, "]0;owned2.1.0é") || len(v) > 64 || !utf8.ValidString(v) ||
+		strings.ContainsFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		t.Errorf("stored version %q (%d bytes): want it printable, valid and at most 64 bytes", v, len(v))
 	}
 }

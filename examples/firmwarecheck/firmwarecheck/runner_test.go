@@ -47,12 +47,10 @@ func TestFirmwareCheckInARunner(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p, err := firmwarecheck.New(fixedVersion("2.1.0"), firmwarecheck.Config{Period: time.Hour, Want: "2.1.0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := controlloop.DefaultConfig(p.Info())
-	r, err := controlloop.New(e.db, p, cfg, controlloop.NewMetrics(prometheus.NewRegistry()))
+	def := firmwarecheck.Definition()
+	h := firmwarecheck.New(fixedVersion("2.1.0"), firmwarecheck.Config{Period: time.Hour, Want: "2.1.0"})
+	cfg := controlloop.DefaultConfig(def.Info)
+	r, err := controlloop.NewRunner(e.db, def, h, cfg, controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package simfirmware is Shepherd's simulated fleet with firmware: the
 // provider the example's FirmwareCheck runs against in demos and tests. It
-// is a provider of the example's own, registered with daemon.AddProvider
+// is a provider of the example's own, registered with AddProvider
 // and selected with -provider simfirmware.
 package simfirmware
 
@@ -13,7 +13,6 @@ import (
 	"math/rand/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -75,8 +74,8 @@ func New(db *bmdb.DB, cfg Config) *Provider {
 	return &Provider{Provider: sim.New(db, sc), cfg: cfg}
 }
 
-// Prepare creates the simulated machines (daemon.ProviderPreparer); Run,
-// sim.Provider's, heartbeats their agents (daemon.ProviderRunner).
+// Prepare creates the simulated machines (providers.Preparer); Run,
+// sim.Provider's, heartbeats their agents (providers.Runner).
 func (p *Provider) Prepare(ctx context.Context) error { return p.Seed(ctx) }
 
 // ErrBMCBusy is the simulated failure of a firmware check.
@@ -97,15 +96,15 @@ func (p *Provider) CheckFirmware(ctx context.Context, m bmdb.Provided) (string, 
 }
 
 // Definition registers the provider: d.AddProvider(simfirmware.Definition()).
-func Definition() daemon.Provider {
+func Definition() providers.Definition {
 	cfg := DefaultConfig()
-	return daemon.Provider{
+	return providers.Definition{
 		Name:  Name,
 		Usage: "the simulated fleet, with firmware versions",
 		Demo:  true, // a simulation: demo mode (no database given) may run with it
 		Flags: cfg.RegisterFlags,
 		Check: cfg.Check,
-		New: func(env daemon.ProviderEnv) (providers.Provider, error) {
+		New: func(env providers.Env) (providers.Provider, error) {
 			return New(env.DB, cfg), nil
 		},
 	}

@@ -27,7 +27,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -307,7 +306,7 @@ func (p *Provider) Sync(ctx context.Context) (SyncResult, error) {
 }
 
 // Prepare syncs the inventory once before the loops start
-// (daemon.ProviderPreparer); the daemon retries it while it fails.
+// (providers.Preparer); the daemon retries it while it fails.
 func (p *Provider) Prepare(ctx context.Context) error {
 	res, err := p.Sync(ctx)
 	if err != nil {
@@ -318,7 +317,7 @@ func (p *Provider) Prepare(ctx context.Context) error {
 }
 
 // Run runs the simulated agents and syncs the inventory every Poll until
-// ctx is done (daemon.ProviderRunner). A failed sync is logged and changes
+// ctx is done (providers.Runner). A failed sync is logged and changes
 // nothing; the next one tries again.
 func (p *Provider) Run(ctx context.Context) error {
 	agents := make(chan error, 1)
@@ -352,9 +351,9 @@ func (p *Provider) log(ctx context.Context, res SyncResult) {
 }
 
 // Definition registers the provider: d.AddProvider(httpinv.Definition()).
-func Definition() daemon.Provider {
+func Definition() providers.Definition {
 	cfg := DefaultConfig()
-	return daemon.Provider{
+	return providers.Definition{
 		Name:  Name,
 		Usage: "machines from an HTTP inventory, with simulated agents",
 		// Its agents and power are simulated: demo mode (no database
@@ -362,7 +361,7 @@ func Definition() daemon.Provider {
 		Demo:  true,
 		Flags: cfg.RegisterFlags,
 		Check: cfg.Check,
-		New: func(env daemon.ProviderEnv) (providers.Provider, error) {
+		New: func(env providers.Env) (providers.Provider, error) {
 			return New(env.DB, cfg)
 		},
 	}

@@ -11,37 +11,30 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/daemon"
-	"github.com/shepherd-fleet/shepherd/processes/shipped"
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/shepherdcli"
 )
 
-type biosOutdated struct{ candidates bmdb.Candidates }
-
-func (biosOutdated) Info() controlloop.Info {
-	return controlloop.Info{
-		Process:        bmdb.Process{Name: "BiosOutdated"},
-		Label:          "biosoutdated",
-		DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
-	}
-}
-
-func (b biosOutdated) Candidates() bmdb.Candidates { return b.candidates }
-
-func (biosOutdated) Run(context.Context, *controlloop.Task) error { return nil }
-
 func main() {
 	d := shepherdcli.New()
-	d.AddProcess(shipped.AgentStart())
-	d.AddProcess(shipped.Recovery())
-	d.AddProcess(daemon.Process{
-		Info: biosOutdated{}.Info(),
-		New: func(daemon.Env) (controlloop.Process, error) {
-			cand, err := bmdb.NewCandidates(bmdb.Condition{
+	d.AddProcess(agentstart.Definition())
+	d.AddProcess(recovery.Definition())
+	d.AddProcess(controlloop.Definition{
+		Info: controlloop.Info{
+			Process:        bmdb.Process{Name: "BiosOutdated"},
+			Label:          "biosoutdated",
+			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
+		},
+		// Machines listed in bios_outdated, which no trigger watches.
+		Candidates: func() (bmdb.Candidates, error) {
+			return bmdb.NewCandidates(bmdb.Condition{
 				Name: "bios_outdated",
 				SQL:  `EXISTS (SELECT 1 FROM bios_outdated b WHERE b.machine_id = m.machine_id)`,
 			})
-			return biosOutdated{cand}, err
+		},
+		New: func(controlloop.Env) (controlloop.Handler, error) {
+			return controlloop.HandlerFunc(func(context.Context, *controlloop.Task) error { return nil }), nil
 		},
 	})
 	os.Exit(d.Main(os.Args[1:], os.Stdout, os.Stderr))
