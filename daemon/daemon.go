@@ -17,8 +17,12 @@
 // A process is a controlloop.Definition: its identity, condition, flags,
 // tags and migrations, and New, which builds its controlloop.Handler (its
 // Run on one leased machine; the runner does leases, backoff, sessions,
-// limits and metrics) once the provider exists. A provider is a
-// providers.Definition, Shepherd's own (sim, static) as a program's.
+// limits and metrics) once the provider exists. A program's own provider
+// is a providers.Definition (Options.Providers), the type of Shepherd's
+// sim.Definition() and static.Definition() too; the daemon runs those two
+// built in, configured by Options.Sim and Options.Static, because the
+// static provider's heartbeat URL and its checks depend on the agents'
+// endpoint the daemon serves.
 // docs/writing-a-process.md walks through the complete example,
 // examples/firmwarecheck.
 package daemon
