@@ -108,8 +108,8 @@ func TestDefinitionValidate(t *testing.T) {
 	def.Candidates = func() (bmdb.Candidates, error) {
 		return bmdb.NewCandidates(bmdb.Condition{Name: "unbalanced", SQL: "(true"})
 	}
-	if _, err := controlloop.NewRunner(nil, def, noop, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "process testdef: candidates:") {
-		t.Errorf("NewRunner with a condition NewCandidates refuses: %v, want an error naming the process", err)
+	if _, err := controlloop.NewRunner(nil, def, noop, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "candidates: ") {
+		t.Errorf("NewRunner with a condition NewCandidates refuses: %v, want a candidates error", err)
 	}
 	def.Candidates = nil
 	if _, err := controlloop.NewRunner(nil, def, noop, controlloop.DefaultConfig(def.Info), m); err == nil || !strings.Contains(err.Error(), "no Candidates") {

@@ -62,7 +62,7 @@ func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (
 	}
 	cand, err := def.Candidates()
 	if err != nil {
-		return nil, fmt.Errorf("process %s: candidates: %w", info.Label, err)
+		return nil, fmt.Errorf("candidates: %w", err)
 	}
 	m.initProcess(info.Label, cfg.Parallelism)
 	m.limits.initProcess(info.Label, cfg.Limits)
