@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,6 +33,28 @@ import (
 // The counters of pg_stat_database and pg_stat_user_tables arrive up to
 // about a second late from busy backends; over a window of steady load the
 // delay is the same at both ends.
+
+// roundTrips counts the round trips of a BMDB pool's connections, as its
+// pgx tracer (bmdb.Options.Tracer): one per query or Exec (BEGIN and COMMIT
+// included) and one per batch, whatever its number of statements. A
+// statement's first preparation on a connection is not counted.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // rowCounts are a table's rows inserted, updated and deleted.
 type rowCounts struct{ Ins, Upd, Del int64 }
@@ -105,6 +128,9 @@ type costResult struct {
 	Units    int64   `json:"units"`
 	Seconds  float64 `json:"seconds"`
 	// Per unit of work:
+	// RoundTrips are the client's (Shepherd's BMDB pool, roundTrips; none
+	// for River).
+	RoundTrips float64 `json:"round_trips,omitempty"`
 	Xacts      float64 `json:"xacts"`
 	Statements float64 `json:"statements,omitempty"`
 	// ExecUs is pg_stat_statements' total_exec_time: time in the executor,
@@ -182,6 +208,12 @@ func costTable(cs []costResult) string {
 		return num(float64(c.Units)/c.Seconds, 0)
 	})
 	row("transactions", func(c costResult) string { return num(c.Xacts, 3) })
+	row("round trips (client)", func(c costResult) string {
+		if c.RoundTrips == 0 {
+			return "n/a"
+		}
+		return num(c.RoundTrips, 3)
+	})
 	row("statements (BEGIN, COMMIT included)", func(c costResult) string {
 		if c.Statements == 0 {
 			return "n/a"

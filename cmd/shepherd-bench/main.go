@@ -56,6 +56,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -91,6 +92,9 @@ func runChild(ctx context.Context, args ...string) ([]byte, error) {
 var allScenarios = []string{"pgbench", "seeds", "river", "throughput", "claim", "idle", "reaction", "heartbeat_db", "heartbeat", "heartbeat_pinned", "memory"}
 
 type options struct {
+	// cpuProfile is a file for a CPU profile of the benchmark's own
+	// process (the runners and pgx; not the server, pgbench or River).
+	cpuProfile string
 	dsn        string
 	fast       bool
 	pgSettings []string
@@ -152,6 +156,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("shepherd-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (runners, pgx; not the server) over the whole run to this file")
 	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL server to measure, as the DSN of a database whose role may CREATE DATABASE (default: a private cluster started from the machine's PostgreSQL binaries)")
 	fs.Func("pg_setting", "a server setting of the private cluster, name=value as postgres -c takes it (repeatable; e.g. -pg_setting shared_buffers=2GB): to measure the server as a deployment would configure it; the env line reports shared_buffers", func(v string) error {
 		if err := pgcluster.CheckSetting(v); err != nil {
@@ -327,6 +332,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.plotFrom != "" {
 		return replot(o, stderr)
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
 	logf := func(format string, args ...any) {

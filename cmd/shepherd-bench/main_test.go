@@ -107,13 +107,13 @@ func TestSmoke(t *testing.T) {
 	want("pgbench", 1, "tps", "clients")
 	want("seeds", 1, "cycles_per_s", "retried_pct", "machines")
 	want("throughput", 2, "machines", "workers", "cycles_per_s", "server_xacts_per_s", "xacts_per_cycle")
-	for _, l := range want("cost", 2, "system", "label", "unit", "units", "xacts", "wal_bytes", "rows") {
+	for _, l := range want("cost", 2, "system", "label", "unit", "units", "round_trips", "xacts", "wal_bytes", "rows") {
 		if rows, _ := l["rows"].(map[string]any); rows["work_history"] == nil {
 			t.Errorf("cost line %v: no rows written to work_history", l)
 		}
 	}
 	for _, l := range want("cost_table", 1, "markdown") {
-		if md, _ := l["markdown"].(string); !strings.Contains(md, "| transactions |") {
+		if md, _ := l["markdown"].(string); !strings.Contains(md, "| transactions |") || !strings.Contains(md, "| round trips (client) |") {
 			t.Errorf("cost table:\n%s", md)
 		}
 	}

@@ -60,7 +60,8 @@ func (b *bench) throughput(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns)})
+		trips := &roundTrips{}
+		db, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: int32(b.o.maxConns), Tracer: trips})
 		if err != nil {
 			return err
 		}
@@ -77,7 +78,7 @@ func (b *bench) throughput(ctx context.Context) error {
 			return err
 		}
 		for _, w := range b.o.workers {
-			res, err := b.cycles(ctx, db, admin, dbConn, name, n, w)
+			res, err := b.cycles(ctx, db, trips, admin, dbConn, name, n, w)
 			if err != nil {
 				dbConn.Close(ctx)
 				admin.Close(ctx)
@@ -98,7 +99,7 @@ func (b *bench) throughput(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin, dbConn *pgx.Conn, dbname string, machines, workers int) (throughputResult, error) {
+func (b *bench) cycles(ctx context.Context, db *bmdb.DB, trips *roundTrips, admin, dbConn *pgx.Conn, dbname string, machines, workers int) (throughputResult, error) {
 	rs, err := startRunners(ctx, db, []procSpec{{
 		name: "BenchNoop", label: "benchnoop", candidates: bmdb.ProvidedCandidates(),
 		workers: workers, unlimited: true,
@@ -122,11 +123,11 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin, dbConn *pgx.Conn
 	if err != nil {
 		return throughputResult{}, err
 	}
-	c0, t0 := rs.finished(), time.Now()
+	c0, t0, r0 := rs.finished(), time.Now(), trips.n.Load()
 	if !sleep.For(ctx, dur(b.o.seconds)) {
 		return throughputResult{}, ctx.Err()
 	}
-	c1, elapsed := rs.finished(), time.Since(t0)
+	c1, elapsed, r1 := rs.finished(), time.Since(t0), trips.n.Load()
 	x1, err := b.srv.xacts(ctx, admin, dbname)
 	if err != nil {
 		return throughputResult{}, err
@@ -141,7 +142,8 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, admin, dbConn *pgx.Conn
 	}
 	if b.o.costs && c1 > c0 {
 		c := costResult{System: "shepherd", Label: fmt.Sprintf("Shepherd, %d workers, %s machines", workers, humanCount(machines)),
-			Machines: machines, Workers: workers, Unit: "cycle", Seconds: seconds(elapsed)}
+			Machines: machines, Workers: workers, Unit: "cycle", Seconds: seconds(elapsed),
+			RoundTrips: round(float64(r1-r0)/float64(c1-c0), 3)}
 		if err := b.addCost(c, s0, s1, c1-c0); err != nil {
 			return throughputResult{}, err
 		}
