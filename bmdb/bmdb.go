@@ -231,16 +231,27 @@ func (db *DB) Ping(ctx context.Context) error {
 // must not have effects outside the transaction. Writes on behalf of a lease
 // use Session.Transact instead, which also checks the session.
 func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	return db.transact(ctx, nil, db.begin, fn)
+	return db.transact(ctx, nil, db.begin, checkFirst, fn)
 }
 
-// transact is Transact with an optional session check as its first
-// statement, begun by begin (db.begin, or db.probeBegin for claims).
-func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn func(ctx context.Context, tx *Tx) error) error {
+// sessionCheck is where a session transaction checks its session.
+type sessionCheck bool
+
+const (
+	// checkFirst: qSessionAlive, in a round trip of its own, before fn.
+	checkFirst sessionCheck = false
+	// checkInFn: fn checks the session itself, in the round trip of its
+	// first statement (Session.aliveWith).
+	checkInFn sessionCheck = true
+)
+
+// transact is Transact with an optional session check (where says where),
+// begun by begin (db.begin, or db.probeBegin for claims).
+func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
 	start := time.Now()
 	reconnects := 0
 	for attempt := 0; ; attempt++ {
-		err := db.transactOnce(ctx, s, begin, fn)
+		err := db.transactOnce(ctx, s, begin, where, fn)
 		var ns *notStartedError
 		switch {
 		case ctx.Value(retryUnstartedKey{}) != nil && errors.As(err, &ns) && ctx.Err() == nil && time.Since(start) < reconnectWindow:
@@ -284,7 +295,7 @@ func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, fn 
 	}
 }
 
-func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions, fn func(ctx context.Context, tx *Tx) error) error {
+func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
 	if s != nil && s.expired() {
 		return ErrSessionExpired
 	}
@@ -293,15 +304,9 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions,
 		return &notStartedError{fmt.Errorf("beginning BMDB transaction: %w", err)}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if s != nil {
-		var one int
-		err := tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			s.markExpired()
-			return ErrSessionExpired
-		}
-		if err != nil {
-			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
+	if s != nil && where == checkFirst {
+		if err := s.aliveWith(ctx, tx, "", nil, nil); err != nil {
+			return err
 		}
 	}
 	t := &Tx{tx: tx, metrics: db.metrics}

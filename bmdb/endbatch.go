@@ -131,7 +131,7 @@ func (s *Session) end(ctx context.Context, machine uuid.UUID, rec *leaseEnd, fn 
 			// ends' statements is the one made in whichever transaction
 			// ran them when it was made, and only probePlanning's keeps
 			// them from scanning the lease tables as they bloat.
-			return s.db.transact(ctx, s, s.db.probeBegin, s.endAlone(req))
+			return s.db.transact(ctx, s, s.db.probeBegin, checkInFn, s.endAlone(req))
 		default:
 			return out.err
 		}
@@ -185,7 +185,7 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	s.db.metrics.endsCommitted(len(batch))
 	if len(batch) == 1 {
 		req := batch[0]
-		req.result <- endOutcome{err: s.Transact(req.ctx, s.endAlone(req))}
+		req.result <- endOutcome{err: s.db.transact(req.ctx, s, s.db.begin, checkInFn, s.endAlone(req))}
 		return
 	}
 	// Ends in machine order: two transactions that lock rows of the same
@@ -203,15 +203,26 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	}
 }
 
-// endAlone is the body of req's end in a transaction of its own: the lease
-// ends first (a lost lease runs no commit function), then the commit
-// function runs; its failure rolls the whole transaction back.
+// endAlone is the body of req's end in a transaction of its own, which
+// checks the session (checkInFn): the lease ends first, in the round trip
+// of the session's check (a lost lease runs no commit function), then the
+// commit function runs; its failure rolls the whole transaction back.
 func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) error {
 	if req.rec == nil {
-		return req.fn
+		return func(ctx context.Context, tx *Tx) error {
+			if err := s.aliveWith(ctx, tx.tx, "", nil, nil); err != nil {
+				return err
+			}
+			return req.fn(ctx, tx)
+		}
 	}
 	return func(ctx context.Context, tx *Tx) error {
-		ended, err := recordEnds(ctx, tx.tx, s.id, []*leaseEnd{req.rec})
+		var ended map[leaseKey]bool
+		sql, args := recordEndsQuery(s.id, []*leaseEnd{req.rec})
+		err := s.aliveWith(ctx, tx.tx, sql, args, func(rows pgx.Rows) (err error) {
+			ended, err = heldLeases(rows)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -227,6 +238,16 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 
 // recordEnds runs qEndLeases for ends, returning the leases it ended.
 func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
+	sql, args := recordEndsQuery(session, ends)
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return heldLeases(rows)
+}
+
+// recordEndsQuery is qEndLeases and its arguments for ends of session.
+func recordEndsQuery(session uuid.UUID, ends []*leaseEnd) (string, []any) {
 	machines, processes := leaseColumns(ends)
 	events := make([]string, len(ends))
 	later := make([]float64, len(ends))
@@ -234,11 +255,7 @@ func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*lease
 	for i, e := range ends {
 		events[i], later[i], notes[i] = e.event, e.later, e.note
 	}
-	rows, err := tx.Query(ctx, qEndLeases, session, machines, processes, events, later, notes)
-	if err != nil {
-		return nil, err
-	}
-	return heldLeases(rows)
+	return qEndLeases, []any{session, machines, processes, events, later, notes}
 }
 
 // leaseColumns are the machines and processes of ends, as the array
@@ -286,21 +303,26 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		return nil, errRunAlone
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var one int
-	err = tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		s.markExpired()
-		db.txResult("session_expired")
-		return nil, ErrSessionExpired
-	}
-	if err != nil {
-		return nil, errRunAlone
-	}
 	errs := make([]error, len(batch))
+	recordOnly := true
 	for i, req := range batch {
 		if err := req.ctx.Err(); err != nil {
 			errs[i] = fmt.Errorf("waiting to end the lease: %w", err)
+		} else if req.rec == nil || req.fn != nil {
+			recordOnly = false
 		}
+	}
+	if recordOnly {
+		// Ends without a function (the common case): the session's
+		// check and the statement that records them share a round trip.
+		return db.recordEndsChecked(ctx, s, tx, batch, errs)
+	}
+	if err := s.aliveWith(ctx, tx, "", nil, nil); err != nil {
+		if errors.Is(err, ErrSessionExpired) {
+			db.txResult("session_expired")
+			return nil, ErrSessionExpired
+		}
+		return nil, errRunAlone
 	}
 	// The leases of ends with a commit function are locked before the
 	// functions run: a lease the reaper took meanwhile would otherwise be
@@ -397,6 +419,12 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 			}
 		}
 	}
+	return db.commitEnds(ctx, s, tx, errs, committing)
+}
+
+// commitEnds commits a batch's transaction when any end of it is to be
+// committed, and returns the ends' outcomes errs (see transactEnds).
+func (db *DB) commitEnds(ctx context.Context, s *Session, tx pgx.Tx, errs []error, committing int) ([]error, error) {
 	if committing == 0 {
 		return errs, nil
 	}
@@ -412,6 +440,46 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	db.metrics.transaction("committed")
 	db.txResult("committed")
 	return errs, nil
+}
+
+// recordEndsChecked is transactEnds for a batch whose ends have no
+// function (Finish, Reschedule and Cancel without a commit function): one
+// round trip checks the session and records every end not already failed
+// in errs, then the transaction commits.
+func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx pgx.Tx, batch []*endRequest, errs []error) ([]error, error) {
+	var record []*leaseEnd
+	var recorded []int
+	for i, req := range batch {
+		if errs[i] == nil {
+			record, recorded = append(record, req.rec), append(recorded, i)
+		}
+	}
+	if len(record) == 0 {
+		return errs, nil
+	}
+	var ended map[leaseKey]bool
+	sql, args := recordEndsQuery(s.id, record)
+	err := s.aliveWith(ctx, tx, sql, args, func(rows pgx.Rows) (err error) {
+		ended, err = heldLeases(rows)
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrSessionExpired):
+		db.txResult("session_expired")
+		return nil, ErrSessionExpired
+	case err != nil:
+		// Nothing is committed: every end may run again on its own.
+		return nil, errRunAlone
+	}
+	committing := 0
+	for j, i := range recorded {
+		if ended[leaseKey{record[j].machine, record[j].process}] {
+			committing++
+		} else {
+			errs[i] = ErrLeaseLost
+		}
+	}
+	return db.commitEnds(ctx, s, tx, errs, committing)
 }
 
 // runEnd runs req's function on tx with req's context values (its logger,

@@ -159,7 +159,64 @@ func (s *Session) Bind(parent context.Context) (context.Context, context.CancelF
 // session is alive; see DB.Transact for retries. It returns
 // ErrSessionExpired, without running fn, once the session is gone.
 func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	return s.db.transact(ctx, s, s.db.begin, fn)
+	return s.db.transact(ctx, s, s.db.begin, checkFirst, fn)
+}
+
+// aliveWith checks, in transaction tx, that the session is alive, and
+// runs the statement sql (unless "") with args in the same round trip: a pgx batch,
+// whose statements the server runs in order in the transaction. A claim
+// and a batch of lease ends each save a round trip this way, on the path
+// every cycle takes. A session found gone is marked expired and reported
+// as ErrSessionExpired, whatever sql did: the caller rolls back. A failed
+// check is a *notStartedError (nothing was done that a commit would
+// keep); the failure of sql, or of read, which reads its rows, is
+// returned as it is.
+func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, sql string, args []any, read func(pgx.Rows) error) error {
+	if sql == "" {
+		var one int
+		err := tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			s.markExpired()
+			return ErrSessionExpired
+		}
+		if err != nil {
+			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
+		}
+		return nil
+	}
+	var alive bool
+	var checkErr, readErr error
+	b := &pgx.Batch{}
+	b.Queue(qSessionAlive, s.id).QueryRow(func(row pgx.Row) error {
+		var one int
+		checkErr = row.Scan(&one)
+		alive = checkErr == nil
+		if errors.Is(checkErr, pgx.ErrNoRows) {
+			checkErr = nil
+		}
+		return checkErr
+	})
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		readErr = read(rows)
+		rows.Close()
+		if readErr == nil {
+			readErr = rows.Err()
+		}
+		return readErr
+	})
+	err := tx.SendBatch(ctx, b).Close()
+	switch {
+	case checkErr != nil:
+		return &notStartedError{fmt.Errorf("checking BMDB session: %w", checkErr)}
+	case err != nil && !alive && readErr == nil:
+		return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
+	case !alive:
+		s.markExpired()
+		return ErrSessionExpired
+	case readErr != nil:
+		return readErr
+	}
+	return err
 }
 
 // expired reports whether the session is lost, marking it lost when its

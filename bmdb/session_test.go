@@ -237,6 +237,45 @@ func TestTransactAfterSessionGone(t *testing.T) {
 			t.Errorf("session not marked lost after the database refused it")
 		}
 	})
+	// A claim and a lease end check the session in the round trip of
+	// their first statement (Session.aliveWith): a session the database
+	// expired, not yet reaped nor known lost here, leases nothing and ends
+	// nothing, and is then known lost.
+	t.Run("expired in the database, claim and end", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		e := newEnv(t, bmdb.Options{})
+		expire := func(s *bmdb.Session) {
+			t.Helper()
+			if _, err := e.raw.Exec(ctx, `UPDATE sessions SET session_deadline = now() - interval '1 second' WHERE session_id = $1`, s.ID()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m := e.addMachines(1)[0]
+		s := e.session(bmdb.SessionConfig{Interval: time.Minute})
+		expire(s)
+		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("Claim from a session the database expired: %v, want ErrSessionExpired", err)
+		}
+		select {
+		case <-s.Done():
+		default:
+			t.Errorf("session not marked lost after its claim")
+		}
+		if got := e.history(m); len(got) != 0 {
+			t.Errorf("history after the claim: %v, want nothing", bmdbtest.Events(got))
+		}
+
+		s = e.session(bmdb.SessionConfig{Interval: time.Minute})
+		w := claim(t, s, agentStart)
+		expire(s)
+		if err := w.Finish(ctx, nil); !errors.Is(err, bmdb.ErrSessionExpired) {
+			t.Errorf("Finish from a session the database expired: %v, want ErrSessionExpired", err)
+		}
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+			t.Errorf("history after the Finish: %v, want Started alone (the reaper records Lost)", got)
+		}
+	})
 	t.Run("reaped with a lease", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()

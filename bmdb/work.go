@@ -129,18 +129,31 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		var next *time.Time
 		var xid string
 		registered := true
-		err := s.db.transact(ctx, s, s.db.probeBegin, func(ctx context.Context, tx *Tx) error {
+		err := s.db.transact(ctx, s, s.db.probeBegin, checkInFn, func(ctx context.Context, tx *Tx) error {
 			leased, providerIDs, escalated, locked, blocked, next, registered, xid = leased[:0], providerIDs[:0], escalated[:0], 0, false, nil, true, ""
-			n, err := limits.budget(ctx, tx, process.Name, limit)
-			if err != nil {
+			n := limit
+			var ids []uuid.UUID
+			readIDs := func(rows pgx.Rows) (err error) {
+				ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 				return err
 			}
-			if n == 0 {
-				blocked = true
-				return nil
-			}
-			ids, err := queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qDueLock, lockArgs)
-			if err != nil {
+			if limits.set() {
+				// The budget decides whether the due rows are locked.
+				if err := s.aliveWith(ctx, tx.tx, "", nil, nil); err != nil {
+					return err
+				}
+				var err error
+				if n, err = limits.budget(ctx, tx, process.Name, limit); err != nil {
+					return err
+				}
+				if n == 0 {
+					blocked = true
+					return nil
+				}
+				if ids, err = queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qDueLock, lockArgs); err != nil {
+					return err
+				}
+			} else if err := s.aliveWith(ctx, tx.tx, qDueLock, []any{lockArgs}, readIDs); err != nil {
 				return err
 			}
 			locked = len(ids)
@@ -240,7 +253,7 @@ func (s *Session) undoClaim(ctx context.Context, process Process, machines []uui
 	for attempt := 0; ; attempt++ {
 		var undone int64
 		var outcome *string
-		err := s.db.transact(ctx, s, s.db.begin, func(ctx context.Context, tx *Tx) error {
+		err := s.db.transact(ctx, s, s.db.begin, checkFirst, func(ctx context.Context, tx *Tx) error {
 			// A COMMIT still waiting for a synchronous standby (its
 			// client gone, its server not) would commit after a DELETE
 			// that could not see its rows: wait for its outcome.
