@@ -58,10 +58,12 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 	}
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 	user := bmdb.Process{Name: "UserFirmwareCheck", ExclusionGroup: "Shepherd"}
+	register(t, s, agentStart, bmdb.AgentStartCandidates())
 	held, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}
+	register(t, s, user, everything)
 	other, err := s.Claim(ctx, user, everything)
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,7 @@ func TestClaimWithUnansweredCommitLeavesNoLease(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
+		register(t, s, agentStart, bmdb.ProvidedCandidates())
 		w, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 1)
 		done <- result{w, err}
 	}()

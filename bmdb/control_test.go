@@ -40,6 +40,7 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	e.healthy(m)
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	ctx := t.Context()
+	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim before the request: %v, want ErrNothingToDo", err)
 	}
@@ -83,6 +84,7 @@ func TestRunNowWaitsForTheGroup(t *testing.T) {
 	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", operator); err != nil {
 		t.Fatal(err)
 	}
+	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim while the group holds the machine: %v, want ErrNothingToDo", err)
 	}
@@ -161,6 +163,7 @@ func waitWorkFor(t testing.TB, s *bmdb.Session, p bmdb.Process, c bmdb.Candidate
 	var w *bmdb.Lease
 	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
+		register(t, s, p, c)
 		w, err = s.Claim(context.Background(), p, c)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
@@ -230,6 +233,7 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", operator); err != nil {
 		t.Fatal(err)
 	}
+	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim of a held machine: %v, want ErrNothingToDo", err)
 	}

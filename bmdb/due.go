@@ -106,10 +106,12 @@ func (c Candidates) fingerprint(p Process) string {
 // that every table the condition reads is watched, and (re)builds the
 // process's due rows when the condition or its parameters are new, or a
 // build of them never finished. A runner calls it when it starts; a claim
-// calls it on first use, so a process that claims is always registered. by
-// names the registrant (a replica) for operators. While another replica
-// builds the due rows of the same condition, it returns at once with
-// Building set, and the next claim registers again.
+// of a process this DB has not registered (with the same condition) fails
+// with ErrNotRegistered. by names the registrant (a replica) for
+// operators. While another replica builds the due rows of the same
+// condition, it returns at once with Building set: claims then take the
+// rows there are, and the caller registers again later, which finishes the
+// build if that replica stopped before it did (controlloop's runner does).
 func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates Candidates, by string) (Registration, error) {
 	start := time.Now()
 	if err := process.Validate(); err != nil {
@@ -176,6 +178,9 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 	}
 	reg.Took = time.Since(start)
 	if reg.Building {
+		// The registration of this condition is recorded (by the builder):
+		// claims may take the rows built so far.
+		db.registered.set(process.Name, fp)
 		return reg, nil
 	}
 	if reg.Rebuilt {
@@ -364,7 +369,21 @@ func waitForWriters(ctx context.Context, q queryer, process Process, tables []st
 	return nil
 }
 
-// ensureRegistered registers the process on its first claim through this DB.
+// checkRegistered returns ErrNotRegistered, wrapped with what to do, unless
+// process was registered with candidates through this DB. A claim checks
+// rather than registers: a registration may rebuild the process's due rows
+// over the whole fleet, which is a runner's start, not a claim's.
+func (db *DB) checkRegistered(process Process, candidates Candidates) error {
+	if db.registered.registered(process.Name, candidates.fingerprint(process)) {
+		return nil
+	}
+	return fmt.Errorf("%w through this DB with condition %s: call DB.RegisterProcess first, or run the process in a controlloop.Runner, which registers it at start",
+		ErrNotRegistered, candidates.name)
+}
+
+// ensureRegistered registers the process on its first use through this DB,
+// for the readers (Explain, Stats) that need its due rows but are not a
+// runner.
 func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates Candidates, by string) error {
 	if db.registered.registered(process.Name, candidates.fingerprint(process)) {
 		return nil

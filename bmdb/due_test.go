@@ -174,6 +174,7 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 	if err := <-writeDone; err != nil {
 		t.Fatalf("the concurrent write: %v", err)
 	}
+	register(t, s, agentStart, cand)
 	w, err := s.Claim(ctx, agentStart, cand)
 	if err != nil {
 		t.Fatalf("after the write, the machine was not leased: %v (negative control: a claim that trusts its first snapshot loses it)", err)
@@ -329,6 +330,7 @@ func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates
 	t.Helper()
 	var all []*bmdb.Lease
 	for {
+		register(t, s, p, c)
 		works, err := s.ClaimBatch(t.Context(), p, c, 16)
 		var nd *bmdb.NothingDue
 		if errors.As(err, &nd) {
@@ -390,8 +392,8 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Fatalf("RegisterProcess with an unwatched table: %v; want ErrUnwatchedTable naming the fix", err)
 	}
 	s := e.session(bmdb.SessionConfig{})
-	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrUnwatchedTable) {
-		t.Fatalf("a claim with an unwatched table: %v; want ErrUnwatchedTable", err)
+	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+		t.Fatalf("a claim of the process whose registration was refused: %v; want ErrNotRegistered", err)
 	}
 
 	e.exec(`SELECT shepherd_watch('firmware_stale', 'INSERT', 'UPDATE', 'DELETE')`)
@@ -430,6 +432,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 	machines := e.addMachines(3)
 	s := e.session(bmdb.SessionConfig{})
+	register(t, s, agentStart, cand)
 	works, err := s.ClaimBatch(ctx, agentStart, cand, 3)
 	if err != nil || len(works) != 3 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
@@ -482,6 +485,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 		}
 	}
 
+	register(t, s, recovery, cand)
 	w, err := s.Claim(ctx, recovery, cand)
 	if err != nil {
 		t.Fatal(err)
@@ -544,6 +548,11 @@ func TestUnfinishedDueBuildIsRetried(t *testing.T) {
 	reg, err = other.RegisterProcess(ctx, agentStart, cand, "b")
 	if err != nil || !reg.Building || reg.Rebuilt {
 		t.Fatalf("registration while another replica builds: %+v, %v; want Building, not Rebuilt", reg, err)
+	}
+	// Meanwhile its claims take the rows there are.
+	otherSession := startSession(t, other, bmdb.SessionConfig{})
+	if _, err := otherSession.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Errorf("claim while another replica builds the due rows: %v; want ErrNothingToDo (no row built yet)", err)
 	}
 	if err := builder.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -721,5 +730,76 @@ func TestInterruptedDueBuildContinues(t *testing.T) {
 	}
 	if err := e.raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM work_due WHERE process = $1 AND machine_id = $2 AND due_at > now() + interval '1 hour')`, agentStart.Name, ids[0]).Scan(&marked); err != nil || marked {
 		t.Errorf("a build of another condition kept a row of the old build (%v, %v)", marked, err)
+	}
+}
+
+// A claim does not register its process: a registration can rebuild the
+// due rows over the whole fleet, which is a runner's start, not a claim's.
+// Claiming for a process this DB has not registered with the claim's
+// condition, or whose registration is gone from the BMDB, fails with
+// ErrNotRegistered until the caller registers again.
+func TestClaimRequiresRegistration(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	e.addMachines(2)
+	s := e.session(bmdb.SessionConfig{})
+	cand := bmdb.ProvidedCandidates()
+
+	_, err := s.Claim(ctx, agentStart, cand)
+	if !errors.Is(err, bmdb.ErrNotRegistered) || !strings.Contains(err.Error(), "RegisterProcess") {
+		t.Fatalf("claim before registering: %v; want ErrNotRegistered saying to call RegisterProcess", err)
+	}
+	var rows int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM process_registry`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("registrations after a refused claim = %d, %v; want 0 (the claim registered nothing)", rows, err)
+	}
+	if n := e.dueRows(agentStart.Name); n != 0 {
+		t.Fatalf("due rows after a refused claim = %d, want 0", n)
+	}
+
+	if _, err := e.db.RegisterProcess(ctx, agentStart, cand, "test"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Claim(ctx, agentStart, cand)
+	if err != nil {
+		t.Fatalf("claim after registering: %v", err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Another DB (another replica) did not register it.
+	otherDB := bmdbtest.OpenWith(t, e.dsn, bmdb.Options{})
+	otherSession, err := otherDB.StartSession(ctx, bmdb.SessionConfig{Component: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherSession.Close(context.WithoutCancel(ctx))
+	if _, err := otherSession.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+		t.Errorf("claim through a DB that did not register the process: %v; want ErrNotRegistered", err)
+	}
+	// Another condition is another registration.
+	if _, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates()); !errors.Is(err, bmdb.ErrNotRegistered) {
+		t.Errorf("claim with a condition other than the registered one: %v; want ErrNotRegistered", err)
+	}
+
+	// The registration is gone (a schema migrated down and up, an
+	// operator's cleanup): the claim says so instead of registering.
+	e.exec(`DELETE FROM process_registry WHERE process = $1`, agentStart.Name)
+	e.exec(`DELETE FROM work_due WHERE process = $1`, agentStart.Name)
+	if _, err := s.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) || !strings.Contains(err.Error(), "gone") {
+		t.Fatalf("claim after the registration was deleted: %v; want ErrNotRegistered saying it is gone", err)
+	}
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM process_registry`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("registrations after the refused claim = %d, %v; want 0", rows, err)
+	}
+	if _, err := s.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+		t.Fatalf("second claim after the registration was deleted: %v; want ErrNotRegistered", err)
+	}
+	if _, err := e.db.RegisterProcess(ctx, agentStart, cand, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, agentStart, cand); err != nil {
+		t.Fatalf("claim after registering again: %v", err)
 	}
 }

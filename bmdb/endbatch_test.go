@@ -45,6 +45,7 @@ type heldEnd struct {
 func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
 	t.Helper()
 	e.addMachines(n + 1)
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.ClaimBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
 	if err != nil || len(works) != n+1 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)

@@ -39,6 +39,7 @@ func TestExplainClaim(t *testing.T) {
 		t.Errorf("history after ExplainClaim: %v (%v), want none", h, err)
 	}
 	// The machine is still free to claim.
+	register(t, s, p, bmdb.ProvidedCandidates())
 	w, err := s.Claim(ctx, p, bmdb.ProvidedCandidates())
 	if err != nil || w.Machine != machine {
 		t.Fatalf("Claim after ExplainClaim: %v, %v; want machine %s", w, err, machine)

@@ -21,6 +21,7 @@ func claimAllOf(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limit
 	t.Helper()
 	var got []uuid.UUID
 	for {
+		register(t, s, p, bmdb.ProvidedCandidates())
 		leases, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return got
@@ -51,6 +52,7 @@ func waitClaim(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limits
 	var leases []*bmdb.Lease
 	bmdbtest.WaitFor(t, 30*time.Second, p.Name+" leasing", func() (bool, string) {
 		var err error
+		register(t, s, p, bmdb.ProvidedCandidates())
 		leases, err = s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits)
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
@@ -99,6 +101,7 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 		t.Fatalf("Hold for 2s: %+v, %v", held, err)
 	}
 	// Every machine is due (finished leases): none may be leased.
+	register(t, s, p, bmdb.ProvidedCandidates())
 	leases, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 10)
 	if !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim of held machines: %d leases, %v; want nothing", len(leases), err)
@@ -170,6 +173,7 @@ func TestMachineBudgetEscalates(t *testing.T) {
 	leasedOf := map[uuid.UUID]int{}
 	// Each failure backs off a second; the budget allows 3 leases.
 	bmdbtest.WaitFor(t, 60*time.Second, "both machines escalated", func() (bool, string) {
+		register(t, s, p, bmdb.ProvidedCandidates())
 		leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits)
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
@@ -183,6 +187,7 @@ func TestMachineBudgetEscalates(t *testing.T) {
 		return len(escalated) == 2, fmt.Sprintf("%d escalations, leases %v", len(escalated), leasedOf)
 	})
 	// Held: no more claims.
+	register(t, s, p, bmdb.ProvidedCandidates())
 	if leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim of escalated machines: %v, %v; want nothing", leases, err)
 	}

@@ -136,6 +136,7 @@ func (e *env) agentStarted(machine uuid.UUID) bool {
 // claim leases one machine for p, failing the test if there is none.
 func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Lease {
 	t.Helper()
+	register(t, s, p, bmdb.ProvidedCandidates())
 	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatalf("Claim(%s): %v", p.Name, err)
@@ -146,6 +147,7 @@ func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Lease {
 // expectNothing checks that p cannot claim any machine in s.
 func expectNothing(t testing.TB, s *bmdb.Session, p bmdb.Process) {
 	t.Helper()
+	register(t, s, p, bmdb.ProvidedCandidates())
 	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 	if err == nil {
 		t.Fatalf("Claim(%s) leased %s, want ErrNothingToDo", p.Name, w.Machine)
@@ -161,6 +163,7 @@ func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Durati
 	var w *bmdb.Lease
 	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
+		register(t, s, p, bmdb.ProvidedCandidates())
 		w, err = s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
@@ -168,4 +171,14 @@ func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Durati
 		return err == nil, err
 	})
 	return w
+}
+
+// register registers p with c through the DB of s, as p's runner does at
+// start: a claim requires it. It reports a failure with t.Error, so that
+// goroutines may call it; the claim then fails with ErrNotRegistered.
+func register(t testing.TB, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates) {
+	t.Helper()
+	if err := bmdb.EnsureRegistered(context.Background(), s, p, c); err != nil {
+		t.Errorf("registering %s: %v", p.Name, err)
+	}
 }

@@ -483,6 +483,7 @@ func claimAll(t *testing.T, s *bmdb.Session, p bmdb.Process, batch int, limits b
 	t.Helper()
 	var all []*bmdb.Lease
 	for {
+		register(t, s, p, bmdb.ProvidedCandidates())
 		ws, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), batch, limits)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return all

@@ -99,9 +99,12 @@ func decodeArgs(raw []byte) (pgx.NamedArgs, map[string]string, error) {
 	return args, text, nil
 }
 
-// ErrNotRegistered is returned for a process no runner has registered in
-// the BMDB: there is no recorded condition to evaluate.
-var ErrNotRegistered = errors.New("process not registered in the BMDB (no runner of it has started against this database)")
+// ErrNotRegistered is returned for a process that is not registered:
+// by RegisteredCondition when no runner has registered it in the BMDB
+// (there is no recorded condition to evaluate), and by a claim for a
+// process that this DB has not registered with the claim's condition, or
+// whose registration is gone from the BMDB (RegisterProcess).
+var ErrNotRegistered = errors.New("process not registered")
 
 // RegisteredCondition is a process's condition as the BMDB recorded it,
 // and what the live replicas running it say.
@@ -204,7 +207,7 @@ func (db *DB) RegisteredCondition(ctx context.Context, process Process) (Registe
 		registrants = registrants[:0]
 		err := tx.tx.QueryRow(ctx, qRegistryCondition, process.Name).Scan(&rc.Name, &rc.SQL, &rc.Due, &rawArgs, &rc.Fingerprint, &rc.By, &rc.At, &rc.DueBuilt)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotRegistered
+			return fmt.Errorf("%w in the BMDB (no runner of it has started against this database)", ErrNotRegistered)
 		}
 		if err != nil {
 			return err

@@ -157,6 +157,7 @@ func TestRemoveMachineRacesClaims(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
+				register(t, s, agentStart, bmdb.ProvidedCandidates())
 				ws, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 4)
 				var nd *bmdb.NothingDue
 				switch {

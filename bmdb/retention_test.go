@@ -175,6 +175,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	}{
 		{"finish a lease taken before the prune", func() error { return early.Finish(wctx, nil) }},
 		{"claim, then fail", func() error {
+			register(t, s, agentStart, bmdb.ProvidedCandidates())
 			w, err := s.Claim(wctx, agentStart, bmdb.ProvidedCandidates())
 			if err != nil {
 				return err
@@ -189,6 +190,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 			return w.Cancel(wctx)
 		}},
 		{"claim a batch, then finish it", func() error {
+			register(t, s, recovery, bmdb.ProvidedCandidates())
 			ws, err := s.ClaimBatch(wctx, recovery, bmdb.ProvidedCandidates(), 3)
 			if err != nil {
 				return err
@@ -261,6 +263,7 @@ func TestPruneHistoryWhileClaiming(t *testing.T) {
 			err := func() error {
 				cctx, cancel := context.WithTimeout(ctx, time.Minute)
 				defer cancel()
+				register(t, s, agentStart, bmdb.ProvidedCandidates())
 				w, err := s.Claim(cctx, agentStart, bmdb.ProvidedCandidates())
 				if err != nil {
 					return err

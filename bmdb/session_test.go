@@ -41,6 +41,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	live := e.session(cfg)
 	dead := e.session(cfg)
 	ms := e.addMachines(2)
+	register(t, dead, agentStart, bmdb.ProvidedCandidates())
 	works, err := dead.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
 	if err != nil || len(works) != 2 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
@@ -126,6 +127,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	}
 
 	// The machines are free for the living.
+	register(t, live, recovery, bmdb.ProvidedCandidates())
 	got, err := live.ClaimBatch(ctx, recovery, bmdb.ProvidedCandidates(), 2)
 	if err != nil || len(got) != 2 {
 		t.Fatalf("live session claiming the released machines: %d, %v", len(got), err)
@@ -185,6 +187,7 @@ func TestSessionFencing(t *testing.T) {
 	if err := s.Transact(ctx, func(context.Context, *bmdb.Tx) error { ran = true; return nil }); !errors.Is(err, bmdb.ErrSessionExpired) || ran {
 		t.Errorf("Transact on a lost session: %v (ran: %v), want ErrSessionExpired without running", err, ran)
 	}
+	register(t, s, recovery, bmdb.ProvidedCandidates())
 	if _, err := s.Claim(ctx, recovery, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
 		t.Errorf("Claim on a lost session: %v, want ErrSessionExpired", err)
 	}
@@ -303,6 +306,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		if e.agentStarted(m) {
 			t.Errorf("Finish from a reaped session recorded its tag")
 		}
+		register(t, s, agentStart, bmdb.ProvidedCandidates())
 		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Claim from a reaped session: %v, want ErrSessionExpired", err)
 		}
@@ -329,6 +333,7 @@ func TestClaimBySessionBeingReaped(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
+		register(t, s, agentStart, bmdb.ProvidedCandidates())
 		_, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 		done <- err
 	}()
@@ -361,6 +366,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(2)
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	if _, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2); err != nil {
 		t.Fatal(err)
 	}
@@ -402,6 +408,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		dying := e.session(cfg)
+		register(t, dying, agentStart, bmdb.ProvidedCandidates())
 		if _, err := dying.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
 			t.Fatalf("round %d: claiming: %v", round, err)
 		}
@@ -419,6 +426,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 			t.Fatalf("round %d: backoff after the lost lease %+v, want %s", round, b, want)
 		}
 		live := e.session(cfg)
+		register(t, live, agentStart, bmdb.ProvidedCandidates())
 		_, err := live.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 		switch {
 		case want == 0 && err != nil:

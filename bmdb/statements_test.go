@@ -32,6 +32,7 @@ func preparedClaims(t *testing.T, db *bmdb.DB) int {
 // claimAndFinish claims one machine for AgentStart and finishes it.
 func claimAndFinish(t *testing.T, s *bmdb.Session) {
 	t.Helper()
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	w, err := s.Claim(t.Context(), agentStart, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatalf("claim: %v", err)
@@ -77,6 +78,7 @@ func TestStatementModeOfTheDSNIsKept(t *testing.T) {
 	if bmdb.StatementsPrepared(e.db) {
 		t.Error("statements prepared although the DSN names default_query_exec_mode=cache_describe")
 	}
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,7 @@ func TestStress(t *testing.T) {
 				// Ending a lease must not be cut short by the end of the run.
 				endCtx := context.WithoutCancel(ctx)
 				for ctx.Err() == nil {
+					register(t, s, p, bmdb.ProvidedCandidates())
 					works, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 1+rng.IntN(3))
 					switch {
 					case errors.Is(err, bmdb.ErrNothingToDo):

@@ -29,6 +29,7 @@ func TestTxExecCommitsWithTheLease(t *testing.T) {
 	}
 	s := e.session(bmdb.SessionConfig{})
 	e.addMachines(2)
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
 	if err != nil || len(works) != 2 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)

@@ -67,7 +67,9 @@ type Lease struct {
 }
 
 // Claim leases one machine that satisfies candidates for process. It returns
-// ErrNothingToDo when none is eligible. Losing a race against a concurrent
+// ErrNothingToDo when none is eligible, and ErrNotRegistered unless this DB
+// registered process with candidates (RegisterProcess) and the
+// registration is still in the BMDB. Losing a race against a concurrent
 // claimer is retried here, never returned.
 func (s *Session) Claim(ctx context.Context, process Process, candidates Candidates) (*Lease, error) {
 	works, err := s.ClaimBatch(ctx, process, candidates, 1)
@@ -102,8 +104,8 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 	if limit < 1 {
 		return nil, fmt.Errorf("claiming work for %s: limit %d < 1", process.Name, limit)
 	}
-	if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
-		return nil, fmt.Errorf("claiming work for %s: %w", process.Name, err)
+	if err := s.db.checkRegistered(process, candidates); err != nil {
+		return nil, fmt.Errorf("claiming for %s: %w", process.Name, err)
 	}
 	// The first round locks little more than it may lease: re-checking
 	// costs per row. A round that leased nothing was settling rows that are
@@ -208,12 +210,11 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		}
 		switch {
 		case !registered:
-			// The registration is gone: register again and look again.
+			// The registration is gone (a schema migrated down and up, an
+			// operator's cleanup, a commit lost in a failover): the
+			// caller registers again, as at its start.
 			s.db.registered.forget(process.Name)
-			if err := s.db.ensureRegistered(ctx, process, candidates, s.cfg.Component); err != nil {
-				return nil, fmt.Errorf("claiming work for %s: %w", process.Name, err)
-			}
-			continue
+			return nil, fmt.Errorf("claiming for %s: %w: its registration is gone from the BMDB; register it again (DB.RegisterProcess)", process.Name, ErrNotRegistered)
 		case blocked:
 			return nil, &NothingDue{Blocked: true}
 		case locked == 0 && next == nil:

@@ -124,6 +124,7 @@ func TestBackoffJitter(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(20)
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), len(ms))
 	if err != nil || len(works) != len(ms) {
 		t.Fatalf("ClaimBatch: %d leases, %v; want %d", len(works), err, len(ms))
@@ -202,6 +203,7 @@ func TestFinishCommitsTags(t *testing.T) {
 	ctx := t.Context()
 	e, s, m := newEnvWithMachine(t)
 
+	register(t, s, agentStart, bmdb.AgentStartCandidates())
 	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
@@ -359,6 +361,7 @@ func TestFinishOnLostLease(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(3)
+	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 3)
 	if err != nil || len(works) != 3 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
@@ -451,6 +454,7 @@ func TestClaimRacingUncommittedLease(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
+				register(t, s2, agentStart, bmdb.ProvidedCandidates())
 				w, err := s2.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
 				done <- result{w, err}
 			}()
@@ -511,6 +515,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
+				register(t, s, p, bmdb.ProvidedCandidates())
 				ws, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 1)
 				mu.Lock()
 				defer mu.Unlock()

@@ -36,6 +36,12 @@ type Runner struct {
 
 	session    atomic.Pointer[bmdb.Session]
 	limitState limitState
+	// registeredAt is when the last registration ended, and building is
+	// set while another replica was building the process's due rows then:
+	// the claim loop registers again until the rows are built. Only Run's
+	// goroutine touches them.
+	registeredAt time.Time
+	building     bool
 }
 
 // NewRunner prepares a runner of the process def, whose work h does; cfg
@@ -158,7 +164,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	if err := r.register(ctx); err != nil {
+	if _, err := r.register(ctx); err != nil {
 		// The workers wait for tasks: end them, or they outlive Run.
 		close(tasks)
 		workers.Wait()
@@ -303,6 +309,13 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			}
 			continue
 		}
+		if r.building && time.Since(r.registeredAt) >= buildingRecheck {
+			// Another replica was building the due rows: register again,
+			// which finishes the build if that replica stopped.
+			if _, err := r.register(ctx); err != nil {
+				logger.Error(err, "Registering again while another replica builds the due rows failed", "process", label)
+			}
+		}
 		if err := limiter.Wait(ctx); err != nil {
 			giveBack(n)
 			return
@@ -339,6 +352,19 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		case ctx.Err() != nil:
 			giveBack(n)
 			return
+		case errors.Is(err, bmdb.ErrNotRegistered):
+			// The start's registration failed, or the registration is gone
+			// from the BMDB: register again, then claim again.
+			giveBack(n)
+			logger.Info("the claim found the process not registered; registering again", "process", label, "err", err)
+			registered, regErr := r.register(ctx)
+			if registered {
+				r.metrics.claimErrors.WithLabelValues(label).Inc()
+				continue
+			}
+			if !onError("Claiming failed: the process is not registered, and registering it again failed", errors.Join(err, regErr)) {
+				return
+			}
 		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 			giveBack(n)
 			r.metrics.claimErrors.WithLabelValues(label).Inc()
@@ -351,6 +377,12 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		}
 	}
 }
+
+// buildingRecheck is how often a runner registers again while another
+// replica builds its process's due rows: often enough that a build whose
+// replica stopped is taken over soon, rarely enough that the checks (one
+// short transaction each) cost nothing beside the build.
+const buildingRecheck = 10 * time.Second
 
 // claimLinger is how long a claim waits for more idle workers while
 // claims lease machines. Much of a claim's cost is the same however few
@@ -603,23 +635,33 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 	}
 }
 
-// register records the process and its condition for due-time claiming
-// (the first claim would otherwise), so that a rebuild of its due rows is
-// logged with its cost, and replicas that disagree on the condition are
-// reported.
-func (r *Runner) register(ctx context.Context) error {
+// register records the process and its condition for due-time claiming,
+// which claims require (bmdb.ErrNotRegistered), so that a rebuild of its
+// due rows is logged with its cost, and replicas that disagree on the
+// condition are reported. Run calls it at start; the claim loop calls it
+// again when a claim finds the process not registered (a failed
+// registration, or one gone from the BMDB) and while another replica
+// builds the due rows, so that a build whose replica stopped is finished.
+//
+// It reports whether the process is registered; its error is the one that
+// must stop the runner (ErrUnwatchedTable).
+func (r *Runner) register(ctx context.Context) (registered bool, err error) {
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
 	reg, err := r.db.RegisterProcess(ctx, r.info.Process, r.candidates, r.cfg.Session.Component)
+	wasBuilding := r.building
+	r.registeredAt, r.building = time.Now(), err == nil && reg.Building
 	switch {
 	case errors.Is(err, bmdb.ErrUnwatchedTable):
 		// A process that cannot be woken by its own tables' writes is a
 		// bug of its migrations: refuse to run it.
-		return fmt.Errorf("%s: %w", label, err)
+		return false, fmt.Errorf("%s: %w", label, err)
 	case err != nil:
-		// The first claim registers again, and reports the error as a
-		// claiming error if it persists.
-		logger.Info("registering for due-time claiming failed; the first claim retries", "process", label, "err", err)
+		// Claims fail with ErrNotRegistered until a registration
+		// succeeds: the claim loop registers again.
+		logger.Info("registering for due-time claiming failed; the claim loop retries", "process", label, "err", err)
+	case reg.Building && wasBuilding:
+		// Logged when it began.
 	case reg.Building:
 		logger.Info("another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
 	case reg.Previous != "":
@@ -630,7 +672,7 @@ func (r *Runner) register(ctx context.Context) error {
 	default:
 		logger.V(1).Info("registered for due-time claiming", "process", label, "watches", reg.Watches)
 	}
-	return nil
+	return err == nil, nil
 }
 
 // ReconcileChunk is how many machines one statement of the reconcile pass

@@ -584,3 +584,41 @@ func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
 		t.Errorf("shepherd_work_finished_total{result=finished} = %g, want 2", got)
 	}
 }
+
+// A claim does not register its process (bmdb.ErrNotRegistered); the
+// runner registers at start and again when its registration is gone from
+// the BMDB (a schema migrated down and up, an operator's cleanup), and then
+// goes on leasing.
+func TestRunnerRegistersAgainWhenRegistrationIsGone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addMachines(1)
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		commitAgent(task)
+		return nil
+	})
+	e.start(p, fastConfig(p, 1))
+	bmdbtest.WaitForNoError(t, 20*time.Second, "the first machine to be finished", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == 1, nil
+	})
+
+	raw, err := pgx.Connect(t.Context(), e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close(context.WithoutCancel(t.Context()))
+	for _, q := range []string{`DELETE FROM process_registry WHERE process = $1`, `DELETE FROM work_due WHERE process = $1`} {
+		if _, err := raw.Exec(t.Context(), q, p.info.Process.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The deleted registration's triggers make no due row for this
+	// machine: only the registration's rebuild does.
+	e.addMachines(1)
+	bmdbtest.WaitForNoError(t, 30*time.Second, "the machine added after the registration was deleted to be finished", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == 2, nil
+	})
+	if got := e.metric("shepherd_claim_errors_total", "process", "test"); got < 1 {
+		t.Errorf("shepherd_claim_errors_total = %g, want at least the one claim that found the registration gone", got)
+	}
+}

@@ -47,6 +47,7 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 	ctx := context.Background()
 	db := openShared(t)
 	s := sessionToFreeze(t, db)
+	bmdbtest.Register(t, db, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
 	w, err := s.Claim(ctx, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatal(err)

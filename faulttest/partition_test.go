@@ -52,6 +52,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bmdbtest.Register(t, cut, process, bmdb.ProvidedCandidates())
 	work, err := partitioned.Claim(ctx, process, bmdb.ProvidedCandidates())
 	if err != nil {
 		t.Fatal(err)

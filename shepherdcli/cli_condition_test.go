@@ -57,6 +57,7 @@ func TestCLINeverRunsRegistryConditionSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bmdbtest.Register(t, db, recovery.Process, bmdb.ProvidedCandidates())
 	for range 2 {
 		l, err := s.Claim(ctx, recovery.Process, bmdb.ProvidedCandidates())
 		if err != nil {

@@ -51,6 +51,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.session.Close(context.Background()) })
+	bmdbtest.Register(t, f.db, agentstart.Process, bmdb.AgentStartCandidates())
 	w, err := f.session.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)

@@ -321,6 +321,7 @@ func TestHoldSelection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
+	bmdbtest.Register(t, db, agentstart.Process, bmdb.AgentStartCandidates())
 	for _, cause := range []string{"ssh: handshake failed: EOF", "ssh: handshake failed: EOF", "dial tcp: no route to host"} {
 		w, err := s.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
 		if err != nil {

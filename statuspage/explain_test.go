@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
@@ -74,6 +75,7 @@ func TestOverviewShowsOperatorRequests(t *testing.T) {
 	if _, err := f.DB.ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
 		t.Fatal(err)
 	}
+	bmdbtest.Register(t, f.DB, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
 	w, err := f.Session.Claim(ctx, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
 	if err != nil || w.Machine != f.Finished {
 		t.Fatalf("the forced claim: %v, %v; want %s", w, err, f.Finished)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
@@ -34,6 +35,7 @@ func TestHoldsAndEscalationsShown(t *testing.T) {
 	}
 	var escalated []bmdb.Escalation
 	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}, Escalated: func(e bmdb.Escalation) { escalated = append(escalated, e) }}
+	bmdbtest.Register(t, f.DB, agentstart.Process, bmdb.AgentStartCandidates())
 	for range 10 {
 		leases, err := f.Session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits)
 		if err != nil {

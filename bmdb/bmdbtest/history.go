@@ -61,3 +61,12 @@ func NewDB(t testing.TB, opts bmdb.Options) *bmdb.DB {
 	t.Helper()
 	return OpenWith(t, NewDatabase(t), opts)
 }
+
+// Register registers process with candidates through db, as a runner does
+// at start: a claim requires it (bmdb.ErrNotRegistered).
+func Register(t testing.TB, db *bmdb.DB, process bmdb.Process, candidates bmdb.Candidates) {
+	t.Helper()
+	if _, err := db.RegisterProcess(context.Background(), process, candidates, "test"); err != nil {
+		t.Fatalf("registering %s: %v", process.Name, err)
+	}
+}

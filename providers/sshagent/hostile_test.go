@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
 
@@ -35,7 +36,9 @@ func TestHostileSSHDisconnectText(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
-	w, err := s.Claim(ctx, bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}, bmdb.AgentStartCandidates())
+	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
+	bmdbtest.Register(t, f.db, agentStart, bmdb.AgentStartCandidates())
+	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,6 +202,7 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	process := bmdb.Process{Name: "Test"}
+	bmdbtest.Register(t, db, process, bmdb.ProvidedCandidates())
 	var lease *bmdb.Lease
 	for lease == nil || lease.Machine != first["c"].Machine {
 		if lease, err = s.Claim(ctx, process, bmdb.ProvidedCandidates()); err != nil {

@@ -69,6 +69,7 @@ func NewFleet(t testing.TB) *Fleet {
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	f := &Fleet{DSN: dsn, DB: db, Session: s}
+	bmdbtest.Register(t, db, agentstart.Process, bmdb.AgentStartCandidates())
 
 	w := f.Claim(t)
 	f.Finished = w.Machine

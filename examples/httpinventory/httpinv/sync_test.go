@@ -50,6 +50,7 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close(t.Context()) })
+	bmdbtest.Register(t, db, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates())
 	var lease *bmdb.Lease
 	for lease == nil || lease.Machine != b.Machine {
 		if lease, err = s.Claim(ctx, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates()); err != nil {
