@@ -256,6 +256,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		}
 		m := e.addMachines(1)[0]
 		s := e.session(bmdb.SessionConfig{Interval: time.Minute})
+		register(t, s, agentStart, bmdb.ProvidedCandidates())
 		expire(s)
 		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Claim from a session the database expired: %v, want ErrSessionExpired", err)
