@@ -17,12 +17,9 @@ type ExplainProcess struct {
 	// the binary does not know it (the condition is then not judged: SQL
 	// read from the database is never run).
 	Candidates *Candidates
-	// Limits are the process's lease limits as the caller knows them
-	// (the daemons' flags); zero: not judged.
+	// Limits are the process's limits as the caller knows them (the
+	// daemons' flags); a zero limit is not judged.
 	Limits Limits
-	// Budget is the process's per-machine budget as the caller knows it
-	// (zero: not judged).
-	Budget MachineBudget
 }
 
 // ExplainedLease is a lease held in a process's exclusion group.
@@ -185,9 +182,9 @@ func (db *DB) ExplainMachine(ctx context.Context, machine uuid.UUID, processes [
 				}
 				e.Holds = append(e.Holds, eh)
 			}
-			if p.Budget.Set() {
-				e.BudgetN, e.BudgetWindow = p.Budget.N, p.Budget.Window.String()
-				args := pgx.NamedArgs{"machine": machine, "process": p.Process.Name, "budget_window": p.Budget.Window.Seconds()}
+			if b := p.Limits.MachineBudget; b.Set() {
+				e.BudgetN, e.BudgetWindow = b.N, b.Window.String()
+				args := pgx.NamedArgs{"machine": machine, "process": p.Process.Name, "budget_window": b.Window.Seconds()}
 				if err := tx.tx.QueryRow(ctx, qBudgetUsed, args).Scan(&e.BudgetUsed); err != nil {
 					return fmt.Errorf("explaining %s: counting its budget: %w", p.Process.Name, err)
 				}

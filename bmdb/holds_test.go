@@ -22,7 +22,7 @@ func claimAllOf(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limit
 	var got []uuid.UUID
 	for {
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits)
+		leases, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits, nil)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return got
 		}
@@ -53,7 +53,7 @@ func waitClaim(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limits
 	bmdbtest.WaitFor(t, 30*time.Second, p.Name+" leasing", func() (bool, string) {
 		var err error
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err = s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits)
+		leases, err = s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits, nil)
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
 		}
@@ -166,15 +166,13 @@ func TestMachineBudgetEscalates(t *testing.T) {
 	defer s.Close(ctx)
 	p := bmdb.Process{Name: "BudgetTest"}
 	var escalated []bmdb.Escalation
-	limits := bmdb.Limits{
-		MachineBudget: bmdb.MachineBudget{N: 3, Window: time.Hour},
-		Escalated:     func(e bmdb.Escalation) { escalated = append(escalated, e) },
-	}
+	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 3, Window: time.Hour}}
+	onEscalated := func(e bmdb.Escalation) { escalated = append(escalated, e) }
 	leasedOf := map[uuid.UUID]int{}
 	// Each failure backs off a second; the budget allows 3 leases.
 	bmdbtest.WaitFor(t, 60*time.Second, "both machines escalated", func() (bool, string) {
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits)
+		leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits, onEscalated)
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
 		}
@@ -188,7 +186,7 @@ func TestMachineBudgetEscalates(t *testing.T) {
 	})
 	// Held: no more claims.
 	register(t, s, p, bmdb.ProvidedCandidates())
-	if leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits, onEscalated); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim of escalated machines: %v, %v; want nothing", leases, err)
 	}
 	for _, id := range ids {

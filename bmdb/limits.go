@@ -8,25 +8,57 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Limits caps the leases of one process across every replica sharing the
-// BMDB. The zero value is no limit. Claims of a process with a limit are
-// serialized by an advisory lock held for the claim's transaction, so that
-// replicas racing for the last free slot cannot both take it.
+// Limits are a process's safety limits: the one type for them, which
+// controlloop's Config carries (with flags -<p>_max_in_flight and the
+// rest) and a claim enforces. They exist because a control loop that
+// reboots machines is also a way to reboot the whole fleet: a bad agent
+// build makes every heartbeat stop, and Recovery then sees every machine as
+// needing a reboot. Each limit holds across every replica, because it is
+// enforced through the BMDB, not in one replica's memory:
+//
+//   - MaxInFlight and MaxPerHour bound the leases the process holds at once
+//     and takes per sliding hour. Claims of a process with either are
+//     serialized by an advisory lock held for the claim's transaction, so
+//     that replicas racing for the last free slot cannot both take it;
+//   - MachineBudget bounds the leases of one machine within a window;
+//   - the circuit breaker (BreakerWindow, BreakerThreshold; CheckBreaker)
+//     pauses the process when more than BreakerThreshold of its last
+//     BreakerWindow attempts failed. The pause is a row in the BMDB, so
+//     every replica stops claiming, and it lasts until an operator resumes
+//     the process.
+//
+// The zero value of each limit disables it.
 type Limits struct {
-	// MaxInFlight bounds the leases the process holds at once; 0 = no
-	// bound.
+	// MaxInFlight bounds the leases the process holds at once, across
+	// replicas; 0 = no bound.
 	MaxInFlight int
 	// MaxPerHour bounds the leases the process takes in any sliding hour
-	// (counted from Started events in history); 0 = no bound.
+	// (counted from Started events in history), across replicas; 0 = no
+	// bound.
 	MaxPerHour int
+	// BreakerWindow is the number of recent attempts (finished,
+	// rescheduled or failed, across replicas, since the last resume) the
+	// circuit breaker judges; 0 disables the breaker. It trips only on a
+	// full window.
+	BreakerWindow int
+	// BreakerThreshold is the failure ratio of the window above which the
+	// breaker trips, in [0, 1).
+	BreakerThreshold float64
 	// MachineBudget bounds the leases the process takes of one machine
-	// within a window (holds.go); unset = no bound. It takes no lock: the
-	// claim judges it per machine, under the machine's due-row lock.
+	// within a window (holds.go); unset = no bound. The claim that finds a
+	// machine over it holds the machine for the process and records
+	// Escalated instead of leasing it. It takes no lock: the claim judges
+	// it per machine, under the machine's due-row lock.
 	MachineBudget MachineBudget
-	// Escalated, when set, is called after the commit of a claim for each
-	// machine the claim held for human attention instead of leasing it,
-	// its budget used up (for the runner's counter and log).
-	Escalated func(Escalation)
+	// ExpectedDuration is how long one lease should be held at most: not
+	// enforced, but exported by the runner for the alert that compares it
+	// with the age of the oldest lease; 0 = not stated.
+	ExpectedDuration time.Duration
+}
+
+// Breaker is the circuit breaker the limits set, for CheckBreaker.
+func (l Limits) Breaker() Breaker {
+	return Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold}
 }
 
 // set reports whether any limit that takes the claim lock applies.

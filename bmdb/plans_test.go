@@ -98,7 +98,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	limits := bmdb.Limits{MaxInFlight: 100, MaxPerHour: 1000, MachineBudget: bmdb.MachineBudget{N: 50, Window: time.Hour}}
 	p := bmdb.Process{Name: "PlansTest"}
 	register(t, s, p, provided)
-	leases, err := s.ClaimBatchLimited(ctx, p, provided, 12, limits)
+	leases, err := s.ClaimBatchLimited(ctx, p, provided, 12, limits, nil)
 	if err != nil || len(leases) != 12 {
 		t.Fatalf("claim: %d leases, %v; want 12", len(leases), err)
 	}
@@ -134,7 +134,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	rp := bmdb.Process{Name: "PlansTestRecovery"}
 	bmdbtest.WaitFor(t, 30*time.Second, "a Recovery claim", func() (bool, string) {
 		register(t, s, rp, recovery)
-		l, err := s.ClaimBatchLimited(ctx, rp, recovery, 5, limits)
+		l, err := s.ClaimBatchLimited(ctx, rp, recovery, 5, limits, nil)
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, "nothing due yet"
 		}
@@ -151,7 +151,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	// A claim that finds nothing due.
 	idle := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	register(t, s, bmdb.Process{Name: "PlansTestIdle"}, idle)
-	if l, err := s.ClaimBatchLimited(ctx, bmdb.Process{Name: "PlansTestIdle"}, idle, 5, limits); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if l, err := s.ClaimBatchLimited(ctx, bmdb.Process{Name: "PlansTestIdle"}, idle, 5, limits, nil); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("a claim with nothing due: %d leases, %v; want %v", len(l), err, bmdb.ErrNothingToDo)
 	}
 

@@ -83,13 +83,17 @@ func (s *Session) Claim(ctx context.Context, process Process, candidates Candida
 // claimer feeding many workers pays one round of queries per batch instead of
 // one per machine. It returns at least one lease, or ErrNothingToDo.
 func (s *Session) ClaimBatch(ctx context.Context, process Process, candidates Candidates, limit int) ([]*Lease, error) {
-	return s.ClaimBatchLimited(ctx, process, candidates, limit, Limits{})
+	return s.ClaimBatchLimited(ctx, process, candidates, limit, Limits{}, nil)
 }
 
 // ClaimBatchLimited is ClaimBatch under lease limits that hold across every
-// replica (see Limits); it returns ErrNothingToDo while a limit is reached
-// or the process is paused. The error is then a *NothingDue that says when
-// the process's next machine comes due.
+// replica (see Limits; the breaker and ExpectedDuration are not a claim's);
+// it returns ErrNothingToDo while a limit is reached or the process is
+// paused. The error is then a *NothingDue that says when the process's
+// next machine comes due. onEscalated, when not nil, is called after the
+// claim's commit for each machine the claim held for human attention
+// instead of leasing it, its MachineBudget used up (for the runner's
+// counter and log).
 //
 // A claim reads the process's due rows (due.go): it locks up to a few
 // hundred due rows by index, re-checks the process's condition and the
@@ -97,7 +101,7 @@ func (s *Session) ClaimBatch(ctx context.Context, process Process, candidates Ca
 // leases up to limit of the eligible ones and moves the others' rows to
 // when they may next be candidates. Its cost follows the due work, not the
 // fleet.
-func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits) ([]*Lease, error) {
+func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits, onEscalated func(Escalation)) ([]*Lease, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
@@ -182,9 +186,9 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			})
 			return err
 		})
-		if err == nil && limits.Escalated != nil {
+		if err == nil && onEscalated != nil {
 			for _, e := range escalated {
-				limits.Escalated(e)
+				onEscalated(e)
 			}
 		}
 		var unknown *commitUnknownError

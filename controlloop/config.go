@@ -111,8 +111,14 @@ type Config struct {
 	// and the eligible count costs a scan of the fleet, hence a default
 	// well above IdlePoll.
 	MetricsRefresh time.Duration
-	// Limits are the process's safety limits (limits.go).
-	Limits Limits
+	// Limits are the process's safety limits (bmdb.Limits says each one's
+	// purpose). The runner enforces them through the BMDB, so each holds
+	// across every replica; when the circuit breaker trips, it logs why,
+	// sets shepherd_process_paused{reason="breaker"} and leaves the
+	// process paused until an operator runs 'shepherd resume'. Each limit's
+	// zero value disables it, which is the default: the deployment
+	// manifests set them for production.
+	Limits bmdb.Limits
 	// EndRetry is how long a worker keeps retrying to record the end of a
 	// lease (Fail, Cancel) that the database refuses (a lock, a failover)
 	// before it abandons its session, so that the reaper records the lease
@@ -249,7 +255,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.Var(floatFlag{f: &c.Backoff.Exponent, set: &c.backoffExponentSet, want: "a number"}, p+"backoff_exponent", "factor between consecutive "+prefix+" backoffs (at least 1; 1 = constant)")
 	fs.DurationVar(&c.RunTimeout, p+"run_timeout", c.RunTimeout, "bound on one "+prefix+" run (its context's deadline); a run past it fails with \"run timed out after D\"")
 	fs.Float64Var(&c.Backoff.Jitter, p+"backoff_jitter", c.Backoff.Jitter, "fraction of the backoff added at random to its end, so that a fleet-wide failure does not return in one wave (0..1)")
-	c.Limits.registerFlags(fs, prefix)
+	registerLimitFlags(&c.Limits, fs, prefix)
 }
 
 // Check validates the configuration; its errors name the flag.
@@ -285,5 +291,5 @@ func (c *Config) Check(prefix string) error {
 	case c.Backoff.Jitter < 0 || c.Backoff.Jitter > 1:
 		return fmt.Errorf("%sbackoff_jitter %g: must be between 0 and 1", p, c.Backoff.Jitter)
 	}
-	return c.Limits.check(prefix)
+	return checkLimits(&c.Limits, prefix)
 }

@@ -16,59 +16,15 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
-// Limits are a process's safety limits. They exist because a control loop
-// that reboots machines is also a way to reboot the whole fleet: a bad agent
-// build makes every heartbeat stop, and Recovery then sees every machine as
-// needing a reboot. Each limit holds across every replica, because it is
-// enforced through the BMDB, not in one replica's memory:
-//
-//   - MaxInFlight and MaxPerHour bound the leases the process holds at once
-//     and takes per sliding hour (checked by every claim, under a lock shared
-//     by the replicas; see bmdb.Limits);
-//   - the circuit breaker pauses the process when more than BreakerThreshold
-//     of its last BreakerWindow attempts failed. The pause is a row in the
-//     BMDB, so every replica stops claiming, and it lasts until an operator
-//     runs 'shepherd resume'. The runner logs why, sets
-//     shepherd_process_paused{reason="breaker"} and the status page shows
-//     it.
-//
-// The zero value of each limit disables it, which is the default: the
-// deployment manifests set them for production.
-type Limits struct {
-	// MaxInFlight bounds the process's leases at once, across replicas;
-	// 0 = unbounded.
-	MaxInFlight int
-	// MaxPerHour bounds the leases the process takes in any hour, across
-	// replicas; 0 = unbounded.
-	MaxPerHour int
-	// BreakerWindow is the number of recent attempts (finished, rescheduled or failed,
-	// across replicas, since the last resume) the breaker judges; 0 disables
-	// the breaker. It trips only on a full window.
-	BreakerWindow int
-	// BreakerThreshold is the failure ratio of the window above which the
-	// breaker trips, in [0, 1).
-	BreakerThreshold float64
-	// MachineBudget bounds the leases the process takes of one machine
-	// within a window (-<p>_machine_budget N/DURATION): the claim that
-	// finds a machine over it holds the machine for the process and
-	// records Escalated instead of acting (bmdb.MachineBudget). Zero is no
-	// budget.
-	MachineBudget bmdb.MachineBudget
-	// ExpectedDuration is how long one piece of work should take at most.
-	// It is exported as shepherd_work_expected_duration_seconds, which the
-	// ShepherdWorkOverdue alert compares with the age of the oldest lease.
-	ExpectedDuration time.Duration
-}
-
 // DefaultLimits are the limits before flags: none, a breaker threshold
 // ready for when a window is set, and a generous expected duration.
-func DefaultLimits() Limits {
-	return Limits{BreakerThreshold: 0.5, ExpectedDuration: 15 * time.Minute}
+func DefaultLimits() bmdb.Limits {
+	return bmdb.Limits{BreakerThreshold: 0.5, ExpectedDuration: 15 * time.Minute}
 }
 
 // defaultLimits are DefaultLimits with the process's default per-machine
 // budget.
-func defaultLimits(info Info) Limits {
+func defaultLimits(info Info) bmdb.Limits {
 	l := DefaultLimits()
 	l.MachineBudget = info.DefaultMachineBudget
 	return l
@@ -122,8 +78,8 @@ func (v budgetValue) Set(s string) error {
 	return nil
 }
 
-// registerFlags registers the limits' flags as <prefix>_<name>.
-func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
+// registerLimitFlags registers the flags of l as <prefix>_<name>.
+func registerLimitFlags(l *bmdb.Limits, fs *flag.FlagSet, prefix string) {
 	p := prefix + "_"
 	fs.IntVar(&l.MaxInFlight, p+"max_in_flight", l.MaxInFlight, "most machines "+prefix+" acts on at once, across all replicas (0 = no limit)")
 	fs.IntVar(&l.MaxPerHour, p+"max_per_hour", l.MaxPerHour, "most machines "+prefix+" starts work on in any hour, across all replicas (0 = no limit)")
@@ -133,8 +89,8 @@ func (l *Limits) registerFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&l.ExpectedDuration, p+"expected_work_duration", l.ExpectedDuration, "how long one "+prefix+" action should take at most; a lease held longer raises the ShepherdWorkOverdue alert")
 }
 
-// check validates the limits; its errors name the flag.
-func (l *Limits) check(prefix string) error {
+// checkLimits validates l; its errors name the flag.
+func checkLimits(l *bmdb.Limits, prefix string) error {
 	p := "-" + prefix + "_"
 	switch {
 	case l.MaxInFlight < 0:
@@ -151,18 +107,11 @@ func (l *Limits) check(prefix string) error {
 	return nil
 }
 
-// lease is what the claim enforces.
-func (l Limits) lease() bmdb.Limits {
-	return bmdb.Limits{MaxInFlight: l.MaxInFlight, MaxPerHour: l.MaxPerHour, MachineBudget: l.MachineBudget}
-}
-
-// leaseLimits are the limits the runner's claims enforce, with the
-// runner's record of escalations, which logs to logger (the claim loop's:
-// bmdb calls it after a claim's commit, with no context of its own).
-func (r *Runner) leaseLimits(logger klog.Logger) bmdb.Limits {
-	l := r.cfg.Limits.lease()
-	l.Escalated = func(e bmdb.Escalation) { r.escalated(logger, e) }
-	return l
+// onEscalated is the runner's record of escalations, for its claims,
+// which logs to logger (the claim loop's: bmdb calls it after a claim's
+// commit, with no context of its own).
+func (r *Runner) onEscalated(logger klog.Logger) func(bmdb.Escalation) {
+	return func(e bmdb.Escalation) { r.escalated(logger, e) }
 }
 
 // escalated counts and logs a machine a claim held because it used up the
@@ -207,7 +156,7 @@ func newLimitMetrics(reg prometheus.Registerer) *limitMetrics {
 	}
 }
 
-func (m *limitMetrics) initProcess(label string, l Limits) {
+func (m *limitMetrics) initProcess(label string, l bmdb.Limits) {
 	for _, reason := range pauseReasons {
 		m.paused.WithLabelValues(label, reason)
 	}
@@ -227,7 +176,7 @@ func (m *limitMetrics) initProcess(label string, l Limits) {
 func (r *Runner) Candidates() bmdb.Candidates { return r.candidates }
 
 // Limits are the runner's safety limits.
-func (r *Runner) Limits() Limits { return r.cfg.Limits }
+func (r *Runner) Limits() bmdb.Limits { return r.cfg.Limits }
 
 // checkBreaker runs after each failure this replica records: it judges the
 // process's last attempts, across replicas, and pauses the process when the
@@ -240,7 +189,7 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	}
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
-	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, bmdb.Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold})
+	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, l.Breaker())
 	if err != nil {
 		logger.Error(err, "Checking the circuit breaker failed", "process", label)
 		return

@@ -46,7 +46,7 @@ func TestLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := controlloop.Limits{MaxInFlight: 20, MaxPerHour: 200, BreakerWindow: 50, BreakerThreshold: 0.25, ExpectedDuration: 5 * time.Minute}
+	want := bmdb.Limits{MaxInFlight: 20, MaxPerHour: 200, BreakerWindow: 50, BreakerThreshold: 0.25, ExpectedDuration: 5 * time.Minute}
 	if cfg.Limits != want {
 		t.Errorf("limits %+v, want %+v", cfg.Limits, want)
 	}

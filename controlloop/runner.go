@@ -205,7 +205,7 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
-	leaseLimits := r.leaseLimits(logger)
+	onEscalated := r.onEscalated(logger)
 	limiter := r.cfg.QueryRate.Limiter()
 	var errorPause time.Duration
 	pause := func(d time.Duration) bool { return sleep.For(ctx, d) }
@@ -324,7 +324,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		// database mid-claim gives up at its local deadline instead of
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
-		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, leaseLimits)
+		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits, onEscalated)
 		cancelClaim()
 		switch {
 		case err == nil:

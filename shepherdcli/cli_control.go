@@ -60,7 +60,7 @@ func (c *cli) explainProcesses(only string) []bmdb.ExplainProcess {
 		if only != "" && p.process.Name != only {
 			continue
 		}
-		out = append(out, bmdb.ExplainProcess{Process: p.process, Candidates: p.candidates, Budget: p.budget})
+		out = append(out, bmdb.ExplainProcess{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}})
 	}
 	if len(out) == 0 && only != "" {
 		out = append(out, bmdb.ExplainProcess{Process: bmdb.Process{Name: only}})
@@ -132,7 +132,7 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 
 // explainProcessesFor is p as ExplainMachine takes it.
 func (c *cli) explainProcessesFor(p cliProcess) []bmdb.ExplainProcess {
-	return []bmdb.ExplainProcess{{Process: p.process, Candidates: p.candidates, Budget: p.budget}}
+	return []bmdb.ExplainProcess{{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}}}
 }
 
 // blockingReasons are the reasons of e that keep a run-now request
@@ -286,13 +286,13 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	}
 	procs := c.explainProcesses(only)
 	if only != "" {
-		procs[0].Limits = bmdb.Limits{MaxInFlight: ctl.maxInFlight, MaxPerHour: ctl.maxPerHour}
+		procs[0].Limits.MaxInFlight, procs[0].Limits.MaxPerHour = ctl.maxInFlight, ctl.maxPerHour
 		if ctl.budget != "" {
 			b, err := controlloop.ParseMachineBudget(ctl.budget)
 			if err != nil {
 				return usagef("-machine_budget: %v", err)
 			}
-			procs[0].Budget = b
+			procs[0].Limits.MachineBudget = b
 		}
 	}
 	ex, err := c.db.ExplainMachine(ctx, id, procs)

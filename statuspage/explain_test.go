@@ -11,7 +11,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
-	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
@@ -44,7 +43,7 @@ func TestMachinePageExplains(t *testing.T) {
 	}
 	// The daemon's limits and budget, judged as a claim would.
 	limited := slices.Clone(processes)
-	limited[0].Limits = controlloop.Limits{MaxInFlight: 1, MachineBudget: bmdb.MachineBudget{N: 5, Window: time.Hour}}
+	limited[0].Limits = bmdb.Limits{MaxInFlight: 1, MachineBudget: bmdb.MachineBudget{N: 5, Window: time.Hour}}
 	lsrv := httptest.NewServer(New(f.DB, limited, Options{}))
 	defer lsrv.Close()
 	_, _, lbody := get(t, lsrv, MachinePath(f.Leased))

@@ -34,10 +34,11 @@ func TestHoldsAndEscalationsShown(t *testing.T) {
 		t.Fatal(err)
 	}
 	var escalated []bmdb.Escalation
-	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}, Escalated: func(e bmdb.Escalation) { escalated = append(escalated, e) }}
+	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}}
+	onEscalated := func(e bmdb.Escalation) { escalated = append(escalated, e) }
 	bmdbtest.Register(t, f.DB, agentstart.Process, bmdb.AgentStartCandidates())
 	for range 10 {
-		leases, err := f.Session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits)
+		leases, err := f.Session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits, onEscalated)
 		if err != nil {
 			break
 		}

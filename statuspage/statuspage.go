@@ -46,7 +46,7 @@ type Process struct {
 	// Limits are the process's safety limits and per-machine budget as
 	// this daemon runs it, which the machine view's explanation judges
 	// (zero: not judged).
-	Limits controlloop.Limits
+	Limits bmdb.Limits
 }
 
 // Tag is one line of a process's tags on a machine's page (a
@@ -456,7 +456,7 @@ func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explana
 	ps := make([]bmdb.ExplainProcess, len(h.processes))
 	for i, p := range h.processes {
 		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates,
-			Limits: bmdb.Limits{MaxInFlight: p.Limits.MaxInFlight, MaxPerHour: p.Limits.MaxPerHour}, Budget: p.Limits.MachineBudget}
+			Limits: p.Limits}
 	}
 	ex, err := h.db.ExplainMachine(ctx, machine, ps)
 	if err != nil {
