@@ -17,12 +17,13 @@
 // A process is a controlloop.Definition: its identity, condition, flags,
 // tags and migrations, and New, which builds its controlloop.Handler (its
 // Run on one leased machine; the runner does leases, backoff, sessions,
-// limits and metrics) once the provider exists. A program's own provider
-// is a providers.Definition (Options.Providers), the type of Shepherd's
-// sim.Definition() and static.Definition() too; the daemon runs those two
-// built in, configured by Options.Sim and Options.Static, because the
-// static provider's heartbeat URL and its checks depend on the agents'
-// endpoint the daemon serves.
+// limits and metrics) once the provider exists. The provider is a
+// providers.Definition (Options.Provider): sim.Definition(),
+// static.Definition() or a program's own, all run the same way. The daemon
+// builds it with New (giving it the URL of the agents' endpoint it serves,
+// for a provider whose agents report there), then uses what it implements
+// of providers.Preparer (before the loops), providers.Runner (beside them)
+// and providers.Reloader (on Reload); none is special to the daemon.
 // docs/writing-a-process.md walks through the complete example,
 // examples/firmwarecheck.
 package daemon
@@ -31,10 +32,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -52,7 +51,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
-	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // Options configure a daemon: what the command line's flags produce. The
@@ -72,7 +70,7 @@ type Options struct {
 	Gatherer   prometheus.Gatherer
 
 	// DSN is the BMDB's. Empty: demo mode, a private PostgreSQL under
-	// StateDir, migrated, which only a Provider with Demo (or sim) may use.
+	// StateDir, migrated, which only a Provider with Demo may use.
 	DSN string
 	// StateDir is demo mode's directory (DefaultStateDir if empty).
 	StateDir string
@@ -87,14 +85,11 @@ type Options struct {
 	// At least one.
 	Loops []Loop
 
-	// Provider names the provider the processes act through: sim, static
-	// or one of Providers. Empty: sim.
-	Provider string
-	// Sim and Static configure the built-in providers.
-	Sim    sim.Config
-	Static static.Config
-	// Providers are the program's own providers.
-	Providers []providers.Definition
+	// Provider is the provider the processes act through, with its flags
+	// (if it has any) already parsed and checked: sim.Definition(),
+	// static.Definition() or a program's own. The daemon calls its New
+	// once, in Run. Zero: sim.Definition() with its defaults.
+	Provider providers.Definition
 
 	// Listen is the HTTP server's address (port 0 picks a free one).
 	Listen string
@@ -125,9 +120,12 @@ type AgentOptions struct {
 	Listen string
 	// TLSCert and TLSKey, if set, make it serve HTTPS.
 	TLSCert, TLSKey string
-	// HeartbeatURLFromListen makes the static provider's heartbeat URL
-	// take the port Listen bound (Listen's port is 0).
-	HeartbeatURLFromListen bool
+	// HeartbeatURL is the endpoint's URL as the machines reach it, which
+	// the provider gets (providers.Env.HeartbeatURL). Empty: derived from
+	// Listen and the port it bound, when Listen names a host; none when it
+	// listens on every address, which says nothing of the one machines
+	// reach.
+	HeartbeatURL string
 	// The limits of heartbeat.Options.
 	SourceRate        rate.Limit
 	SourceBurst       int
@@ -156,12 +154,6 @@ type readyzCheck struct {
 	check func(*http.Request) error
 }
 
-// The providers built in.
-const (
-	providerSim    = "sim"
-	providerStatic = "static"
-)
-
 // DefaultStateDir is demo mode's directory when Options.StateDir is empty,
 // and where the operator commands look for a running demo.
 const DefaultStateDir = ".shepherd"
@@ -171,8 +163,8 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Name == "" {
 		opts.Name = "shepherd"
 	}
-	if opts.Provider == "" {
-		opts.Provider = providerSim
+	if opts.Provider.Name == "" && opts.Provider.New == nil {
+		opts.Provider = sim.Definition()
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = DefaultStateDir
@@ -186,12 +178,13 @@ func New(opts Options) (*Daemon, error) {
 	if len(opts.Loops) == 0 {
 		return nil, errors.New("no process to run")
 	}
-	known := []string{providerSim, providerStatic}
-	for _, p := range opts.Providers {
-		known = append(known, p.Name)
-	}
-	if !slices.Contains(known, opts.Provider) {
-		return nil, fmt.Errorf("unknown provider %q (known: %s)", opts.Provider, strings.Join(known, ", "))
+	switch p := opts.Provider; {
+	case p.Name == "" || p.New == nil:
+		return nil, fmt.Errorf("provider %q: want a Name and a New function", p.Name)
+	case opts.DSN == "" && !p.Demo:
+		// Demo mode's database is private, shared with no other replica,
+		// and its timeouts are a demo's: not for real machines.
+		return nil, fmt.Errorf("provider %s: no DSN given, and demo mode runs only with a provider made for it (providers.Definition.Demo)", p.Name)
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, reg: opts.Registerer, gatherer: opts.Gatherer, reload: make(chan struct{}, 1)}
 	if d.reg == nil {
@@ -322,9 +315,8 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 			return err
 		}
 		g.start(stageAgents, agents)
-		if o.Agents.HeartbeatURLFromListen {
-			host, _, _ := net.SplitHostPort(o.Agents.Listen)
-			o.Static.SSH.HeartbeatURL = heartbeatURL(o.Agents.TLSCert != "", net.JoinHostPort(host, agents.port()))
+		if o.Agents.HeartbeatURL == "" {
+			o.Agents.HeartbeatURL = derivedHeartbeatURL(o.Agents.Listen, o.Agents.TLSCert != "", agents.port())
 		}
 	}
 
@@ -381,11 +373,11 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	// Opening does not connect, so the fleet and the loops can be built
 	// now: their metrics series then exist, at zero, while the database is
 	// away.
-	f, err := newFleet(ctx, o, db, d.reg)
+	f, err := newFleet(o.Provider, providers.Env{DB: db, Registerer: d.reg, HeartbeatURL: o.Agents.HeartbeatURL, Logger: log})
 	if err != nil {
 		return err
 	}
-	runners, err := buildLoops(db, f.provider(), o.Loops, dbMetrics, loopMetrics)
+	runners, err := buildLoops(db, f.Provider, o.Loops, dbMetrics, loopMetrics)
 	if err != nil {
 		return err
 	}
@@ -465,7 +457,7 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 
 // runFleet runs the provider's own work until ctx is done, reloading it on
 // each request of Reload.
-func runFleet(ctx context.Context, f fleet, reload <-chan struct{}) error {
+func runFleet(ctx context.Context, f *fleet, reload <-chan struct{}) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -267,6 +268,17 @@ func (e *agentEndpoint) check(*http.Request) error {
 		return nil
 	}
 	return errors.New("heartbeat endpoint: not serving")
+}
+
+// derivedHeartbeatURL is the URL of the heartbeat endpoint listening at
+// listen, on the port it bound, or "" when listen names no host (or every
+// address), which says nothing of the address machines reach.
+func derivedHeartbeatURL(listen string, tls bool, port string) string {
+	host, _, err := net.SplitHostPort(listen)
+	if ip, perr := netip.ParseAddr(host); err != nil || host == "" || (perr == nil && ip.IsUnspecified()) {
+		return ""
+	}
+	return heartbeatURL(tls, net.JoinHostPort(host, port))
 }
 
 // heartbeatURL is the URL of the heartbeat endpoint at hostPort.

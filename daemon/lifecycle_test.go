@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +34,13 @@ var urlRE = regexp.MustCompile(`"msg"="Serving /metrics, /healthz and /readyz" "
 
 func newTestDaemon(t *testing.T) *testDaemon {
 	t.Helper()
+	return newTestDaemonWith(t, nil)
+}
+
+// newTestDaemonWith is newTestDaemon with its options changed by edit
+// (nil: none).
+func newTestDaemonWith(t *testing.T, edit func(*daemon.Options)) *testDaemon {
+	t.Helper()
 	td := &testDaemon{url: make(chan string, 1)}
 	var once sync.Once
 	// A line logged after the test ended (none should be: Run waits for
@@ -55,16 +63,26 @@ func newTestDaemon(t *testing.T) *testDaemon {
 		}
 	}, funcr.Options{})
 	def := agentstart.Definition()
-	simCfg := sim.DefaultConfig()
-	simCfg.Machines = 3
-	d, err := daemon.New(daemon.Options{
+	// The simulated provider as a command line configures it: its
+	// definition, with its flags parsed.
+	simDef := sim.Definition()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	simDef.Flags(fs)
+	if err := fs.Parse([]string{"-sim_machines=3"}); err != nil {
+		t.Fatal(err)
+	}
+	opts := daemon.Options{
 		Logger:           log,
 		DSN:              bmdbtest.NewDatabase(t),
 		Loops:            []daemon.Loop{{Process: def, Config: controlloop.DefaultConfig(def.Info)}},
-		Sim:              simCfg,
+		Provider:         simDef,
 		Listen:           "127.0.0.1:0",
 		HistoryRetention: time.Hour,
-	})
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	d, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -12,7 +13,9 @@ import (
 // Definition is a provider a binary can run with (-provider NAME): the
 // world its machines live in, by name, with its flags and New. The
 // providers shipped with Shepherd define themselves the same way
-// (sim.Definition(), static.Definition()) as a user's provider does.
+// (sim.Definition(), static.Definition()) as a user's provider does, and
+// the command line registers and the daemon runs them through this type
+// alone: nothing a built-in provider does is out of a user's reach.
 type Definition struct {
 	// Name is the -provider value. Required.
 	Name string
@@ -38,6 +41,17 @@ type Definition struct {
 	// dash: "simfirmware_machines": "20"), as a process definition's
 	// DemoFlags do: so that a binary's zero-flag demo shows its own fleet.
 	DemoFlags map[string]string
+	// Preparing says, on /readyz while Prepare runs and is retried, what
+	// the provider is doing ("syncing the inventory into the BMDB").
+	// Empty: "preparing the provider NAME".
+	Preparing string
+	// HeartbeatURLFlag, for a provider whose machines' agents send
+	// heartbeats to the daemon's endpoint, names the provider's own flag
+	// (without the dash) that gives that endpoint's URL as the machines
+	// reach it. When that flag is empty, the command line requires
+	// -agent_listen and derives the URL from it (Env.HeartbeatURL), since
+	// agents with nowhere to report would all look dead.
+	HeartbeatURLFlag string
 }
 
 // Env is what a provider is built with.
@@ -50,6 +64,10 @@ type Env struct {
 	// -agent_listen), for a provider that starts real agents; empty when
 	// the daemon serves none.
 	HeartbeatURL string
+	// Logger is the daemon's, for what New has to say (what it loaded,
+	// what an operator must do): Prepare, Run and Reload log through
+	// their context's logger instead.
+	Logger logr.Logger
 }
 
 // Preparer is implemented by a provider that must make the BMDB ready
@@ -69,6 +87,11 @@ type Runner interface {
 
 // Reloader is implemented by a provider that can re-read its configuration
 // on SIGHUP. A failed Reload leaves the last good configuration in force.
+// Reload logs, through ctx's logger, what it rereads and its outcome,
+// failure included, in the provider's own words (the operator is told
+// "reloading the inventory FILE", not "reloading a provider"): the daemon
+// only calls it, and logs nothing more. A provider that is not a Reloader
+// gets a log line that there is nothing to reload.
 type Reloader interface {
 	Reload(ctx context.Context) error
 }

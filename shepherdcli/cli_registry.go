@@ -12,6 +12,8 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
+	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
 // CLI is a Shepherd binary in the making: the processes and providers a
@@ -25,7 +27,7 @@ type CLI struct {
 	// test binary (which runs Main in process).
 	Name string
 	// DefaultProvider is -provider's default: a registered provider's name
-	// (AddProvider) or a built-in one. Empty: sim.
+	// (AddProvider), sim or static. Empty: sim.
 	DefaultProvider string
 
 	processes []controlloop.Definition
@@ -56,12 +58,20 @@ func (d *CLI) defaultProvider() string {
 	if d.DefaultProvider != "" {
 		return d.DefaultProvider
 	}
-	return providerSim
+	return sim.Name
 }
 
-// New returns a CLI with no process and the built-in providers (sim and
-// static). Register processes with AddProcess, then call Main.
-func New() *CLI { return &CLI{} }
+// New returns a CLI with no process and Shepherd's two providers, sim and
+// static, registered as AddProvider registers a program's own (their
+// definitions, sim.Definition() and static.Definition(), are all the
+// command line and the daemon know of them). Register processes with
+// AddProcess, then call Main.
+func New() *CLI {
+	d := &CLI{}
+	d.AddProvider(sim.Definition())
+	d.AddProvider(static.Definition())
+	return d
+}
 
 // AddProcess registers a process (agentstart.Definition(), a definition of
 // the program's own). Processes are listed (-processes, the status page)
@@ -92,7 +102,10 @@ func (d *CLI) validate() error {
 		}
 		labels, names = append(labels, label), append(names, p.Info.Process.Name)
 	}
-	known := []string{providerSim, providerStatic}
+	if len(d.providers) == 0 {
+		return errors.New("no provider registered (a CLI made by New has sim and static)")
+	}
+	var known []string
 	for _, p := range d.providers {
 		switch {
 		case !labelRE.MatchString(p.Name):

@@ -21,9 +21,9 @@ import (
 // demoGroups are the flag defaults demo mode changes, so that a visitor
 // sees Recovery reboot machines and failed machines retried within a minute
 // or two, not after the production timeouts (10 min, 30 min, 5 min
-// backoffs): each process's DemoFlags, the selected provider's (provider,
-// nil for a built-in one), the simulated fleet's heartbeat loss, and every
-// process's backoff shortened to 10s..2m. Flags are grouped: a group is
+// backoffs): each process's DemoFlags, the selected provider's (provider;
+// the simulated fleet's make its agents die often), and every process's
+// backoff shortened to 10s..2m. Flags are grouped: a group is
 // changed only if the operator set none of its flags, so that an explicit
 // -agentstart_backoff_initial 10m is not met by a demo maximum below it.
 func demoGroups(processes []controlloop.Definition, provider *providers.Definition) [][][2]string {
@@ -44,7 +44,6 @@ func demoGroups(processes []controlloop.Definition, provider *providers.Definiti
 	if provider != nil {
 		addEach(provider.DemoFlags)
 	}
-	groups = append(groups, [][2]string{{"sim_heartbeat_loss_rate", "0.5"}})
 	for _, p := range processes {
 		l := p.Info.Label
 		groups = append(groups, [][2]string{{l + "_backoff_initial", "10s"}, {l + "_backoff_maximum", "2m"}})
@@ -53,8 +52,7 @@ func demoGroups(processes []controlloop.Definition, provider *providers.Definiti
 }
 
 // applyDemoDefaults sets the demo defaults of the flags the command line did
-// not set, for processes and the selected provider (nil: a built-in one),
-// and returns them as -name=value for the log.
+// not set, for processes and the selected provider (nil: none), and returns them as -name=value for the log.
 func applyDemoDefaults(fs *flag.FlagSet, processes []controlloop.Definition, provider *providers.Definition) ([]string, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -77,8 +75,7 @@ group:
 	return applied, nil
 }
 
-// provider returns the registered provider named name, or nil (a built-in
-// one, or none).
+// provider returns the registered provider named name, or nil.
 func (d *CLI) provider(name string) *providers.Definition {
 	for i := range d.providers {
 		if d.providers[i].Name == name {
@@ -89,19 +86,11 @@ func (d *CLI) provider(name string) *providers.Definition {
 }
 
 // demoProvider reports whether demo mode may run with the provider named
-// name: the simulator, or a registered provider that declares itself a
-// simulation (Provider.Demo). Never the static inventory, whose machines
-// are real.
+// name: one that declares itself a simulation (Definition.Demo), as sim
+// does. Never the static inventory, whose machines are real.
 func (d *CLI) demoProvider(name string) bool {
-	if name == providerSim {
-		return true
-	}
-	for _, p := range d.providers {
-		if p.Name == name {
-			return p.Demo
-		}
-	}
-	return false
+	p := d.provider(name)
+	return p != nil && p.Demo
 }
 
 // runningDemoDSN returns the DSN of the demo running in stateDir, or "" when

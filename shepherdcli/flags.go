@@ -21,24 +21,27 @@ import (
 	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/providers"
-	"github.com/shepherd-fleet/shepherd/providers/sim"
-	"github.com/shepherd-fleet/shepherd/providers/static"
 )
 
-// The providers -provider selects.
-const (
-	providerSim    = "sim"
-	providerStatic = "static"
-)
-
-// providerNames lists the providers -provider takes: the built-in ones,
-// then those the binary registered.
+// providerNames lists the providers -provider takes, in the order they
+// were registered (the built-in ones first).
 func (c *daemonConfig) providerNames() []string {
-	names := []string{providerSim, providerStatic}
-	for _, p := range c.userProviders {
+	var names []string
+	for _, p := range c.providers {
 		names = append(names, p.Name)
 	}
 	return names
+}
+
+// selected is the definition of the provider -provider selects, or nil
+// for an unknown one.
+func (c *daemonConfig) selected() *providers.Definition {
+	for i := range c.providers {
+		if c.providers[i].Name == c.provider {
+			return &c.providers[i]
+		}
+	}
+	return nil
 }
 
 // daemonConfig is the daemon's command line, parsed and checked.
@@ -78,17 +81,14 @@ type daemonConfig struct {
 	agentListen  string
 	agentTLSCert string
 	agentTLSKey  string
-	// heartbeatURLFromListen says that -agent_heartbeat_url is derived
-	// from an -agent_listen with port 0, so that the daemon sets its port
-	// once the listener is bound.
-	heartbeatURLFromListen bool
 
-	sim    sim.Config
-	static static.Config
-	// userProviders are the providers the binary registered.
-	userProviders []providers.Definition
-	// providerFlags maps every provider-specific flag to its provider.
-	providerFlags map[string]string
+	// providers are the providers the binary registered, sim and static
+	// first.
+	providers []providers.Definition
+	// providerFlags maps every provider-specific flag to its provider, and
+	// providerValues to its value.
+	providerFlags  map[string]string
+	providerValues map[string]flag.Value
 	// given names the flags the command line set (not demo mode).
 	given []string
 	// loops holds every known process with its runner config, in catalogue
@@ -109,10 +109,9 @@ type loop struct {
 // -h shows them all.
 func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
 	c := &daemonConfig{
-		sim:           sim.DefaultConfig(),
-		static:        static.DefaultConfig(),
-		userProviders: d.providers,
-		providerFlags: map[string]string{},
+		providers:      d.providers,
+		providerFlags:  map[string]string{},
+		providerValues: map[string]flag.Value{},
 	}
 	var byDefault []string
 	for _, def := range d.processes {
@@ -122,9 +121,15 @@ func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
 		}
 	}
 	known := strings.Join(c.labels(), ",")
-	providerUsage := "where machines live and how to act on them: sim (a simulated fleet) or static (the machines of -inventory, reached over SSH and Redfish)"
-	for _, p := range d.providers {
-		providerUsage += "; " + p.Name
+	providerUsage := "where machines live and how to act on them: "
+	for i, p := range d.providers {
+		switch {
+		case i == 1:
+			providerUsage += " or "
+		case i > 1:
+			providerUsage += "; "
+		}
+		providerUsage += p.Name
 		if p.Usage != "" {
 			providerUsage += " (" + p.Usage + ")"
 		}
@@ -148,8 +153,6 @@ func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
 	fs.IntVar(&c.agentMaxConnsPerSource, "agent_max_conns_per_source", heartbeat.DefaultMaxConnsPerSource, "connections one source address (IPv6: one /64) may keep open to the heartbeat endpoint; at the cap, a new one from that address closes the address's least recently used connection that carries no request, or is closed at once. More agents than this behind one NAT still report, each heartbeat on a new connection")
 	fs.DurationVar(&c.agentIdleTimeout, "agent_idle_timeout", heartbeat.DefaultIdleTimeout, "how long the heartbeat endpoint keeps a keep-alive connection that carries no request; longer than -agent_heartbeat_interval, so that agents reuse theirs")
 
-	c.registerProviderFlags(fs, providerSim, c.sim.RegisterFlags)
-	c.registerProviderFlags(fs, providerStatic, c.static.RegisterFlags)
 	for _, p := range d.providers {
 		if p.Flags != nil {
 			c.registerProviderFlags(fs, p.Name, p.Flags)
@@ -174,6 +177,7 @@ func (c *daemonConfig) registerProviderFlags(fs *flag.FlagSet, provider string, 
 	own.VisitAll(func(f *flag.Flag) {
 		fs.Var(f.Value, f.Name, f.Usage)
 		c.providerFlags[f.Name] = provider
+		c.providerValues[f.Name] = f.Value
 	})
 }
 
@@ -189,7 +193,8 @@ func (c *daemonConfig) check() error {
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return usagef("-log_format %q: want text or json", c.logFormat)
 	}
-	if !slices.Contains(c.providerNames(), c.provider) {
+	provider := c.selected()
+	if provider == nil {
 		return usagef("-provider %q: unknown provider (known: %s)", c.provider, strings.Join(c.providerNames(), ", "))
 	}
 	// A flag of another provider is a mistake (most likely a forgotten
@@ -250,34 +255,19 @@ func (c *daemonConfig) check() error {
 			}
 		}
 	}
-	if err := c.sim.Check(); err != nil {
-		return usageError{err.Error()}
-	}
-	if c.provider == providerStatic && c.static.InventoryFile == "" {
-		return usagef("-inventory: required with -provider static") // the first thing missing
-	}
-	if err := c.checkHeartbeat(); err != nil {
-		return err
-	}
-	if c.provider == providerStatic {
-		if err := c.static.Check(); err != nil {
+	if provider.Check != nil {
+		if err := provider.Check(); err != nil {
 			return usageError{err.Error()}
 		}
 	}
-	for _, p := range c.userProviders {
-		if p.Name == c.provider && p.Check != nil {
-			if err := p.Check(); err != nil {
-				return usageError{err.Error()}
-			}
-		}
-	}
-	return nil
+	return c.checkHeartbeat(provider)
 }
 
-// checkHeartbeat checks the heartbeat endpoint's flags and, with -provider
-// static and no -agent_heartbeat_url, derives the URL sent to agents from
-// -agent_listen.
-func (c *daemonConfig) checkHeartbeat() error {
+// checkHeartbeat checks the heartbeat endpoint's flags and, for a provider
+// whose agents report to it (HeartbeatURLFlag) without that flag given,
+// that the URL sent to agents can be derived from -agent_listen (the
+// daemon derives it).
+func (c *daemonConfig) checkHeartbeat(provider *providers.Definition) error {
 	if c.agentTLSCert != "" || c.agentTLSKey != "" {
 		switch {
 		case c.agentTLSCert == "" || c.agentTLSKey == "":
@@ -299,30 +289,22 @@ func (c *daemonConfig) checkHeartbeat() error {
 			return usagef("-agent_listen %q: want host:port or :port, e.g. :7443", c.agentListen)
 		}
 	}
-	if c.provider != providerStatic || c.static.SSH.HeartbeatURL != "" {
+	urlFlag := provider.HeartbeatURLFlag
+	if urlFlag == "" {
+		return nil
+	}
+	if v, ok := c.providerValues[urlFlag]; !ok || v.String() != "" {
+		// Given (or not a flag of the provider: a mistake of its
+		// definition, which then gets what it asked for).
 		return nil
 	}
 	if c.agentListen == "" {
-		return usagef("-agent_listen: required with -provider static: the heartbeat endpoint agents report to (or -agent_heartbeat_url, when another replica serves it)")
+		return usagef("-agent_listen: required with -provider %s: the heartbeat endpoint agents report to (or -%s, when another replica serves it)", provider.Name, urlFlag)
 	}
 	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
-		return usagef("-agent_heartbeat_url: required, since -agent_listen %s listens on every address and the one machines reach this daemon at cannot be derived from it (e.g. -agent_heartbeat_url https://shepherd.example:%s%s)", c.agentListen, port, heartbeat.Path)
+		return usagef("-%s: required, since -agent_listen %s listens on every address and the one machines reach this daemon at cannot be derived from it (e.g. -%s https://shepherd.example:%s%s)", urlFlag, c.agentListen, urlFlag, port, heartbeat.Path)
 	}
-	c.heartbeatURLFromListen = port == "0"
-	if c.heartbeatURLFromListen {
-		port = "1" // a placeholder for the checks; the daemon sets the bound port
-	}
-	c.static.SSH.HeartbeatURL = c.heartbeatURL(net.JoinHostPort(host, port))
 	return nil
-}
-
-// heartbeatURL is the URL of the heartbeat endpoint at hostPort.
-func (c *daemonConfig) heartbeatURL(hostPort string) string {
-	scheme := "http"
-	if c.agentTLSCert != "" {
-		scheme = "https"
-	}
-	return scheme + "://" + hostPort + heartbeat.Path
 }
 
 // options are the daemon's Options the command line gives, with the DSN
@@ -334,25 +316,21 @@ func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Option
 		StateDir:             c.stateDir,
 		DemoDefaults:         c.demoDefaults,
 		Extensions:           exts,
-		Provider:             c.provider,
-		Sim:                  c.sim,
-		Static:               c.static,
-		Providers:            c.userProviders,
+		Provider:             *c.selected(),
 		Listen:               c.listen,
 		StatusToken:          c.statusToken,
 		SessionInterval:      c.sessionInterval,
 		HistoryRetention:     c.retention.retention,
 		HistoryPruneInterval: c.retention.every,
 		Agents: daemon.AgentOptions{
-			Listen:                 c.agentListen,
-			TLSCert:                c.agentTLSCert,
-			TLSKey:                 c.agentTLSKey,
-			HeartbeatURLFromListen: c.heartbeatURLFromListen,
-			SourceRate:             rate.Limit(c.heartbeatRefusalRate),
-			SourceBurst:            c.heartbeatRefusalBurst,
-			MaxConns:               c.agentMaxConns,
-			MaxConnsPerSource:      c.agentMaxConnsPerSource,
-			IdleTimeout:            c.agentIdleTimeout,
+			Listen:            c.agentListen,
+			TLSCert:           c.agentTLSCert,
+			TLSKey:            c.agentTLSKey,
+			SourceRate:        rate.Limit(c.heartbeatRefusalRate),
+			SourceBurst:       c.heartbeatRefusalBurst,
+			MaxConns:          c.agentMaxConns,
+			MaxConnsPerSource: c.agentMaxConnsPerSource,
+			IdleTimeout:       c.agentIdleTimeout,
 		},
 	}
 	for _, l := range c.enabled {

@@ -144,12 +144,12 @@ func TestDemoDefaultsOfRegisteredProcesses(t *testing.T) {
 	if _, err := parseFlags(fs, []string{"-fw_backoff_maximum=1h"}); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := applyDemoDefaults(fs, d.processes, nil)
+	applied, err := applyDemoDefaults(fs, d.processes, d.provider("sim"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(applied, " "); got != "-fw_period=2m -sim_heartbeat_loss_rate=0.5" {
-		t.Errorf("applied %q, want the period and the loss rate (the backoff group was set)", got)
+		t.Errorf("applied %q, want the period and sim's loss rate (the backoff group was set)", got)
 	}
 	if period != 2*time.Minute {
 		t.Errorf("-fw_period %s, want 2m", period)
@@ -187,14 +187,15 @@ func TestDemoDefaultsOfRegisteredProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(applied, " "); got != "-mine_machines=20 -sim_heartbeat_loss_rate=0.5" {
-		t.Errorf("applied %q, want the provider's machines and the loss rate", got)
+	if got := strings.Join(applied, " "); got != "-mine_machines=20" {
+		t.Errorf("applied %q, want the provider's machines alone (sim's are sim's)", got)
 	}
 	if machines != 20 {
 		t.Errorf("-mine_machines %d, want 20", machines)
 	}
-	if d.provider("sim") != nil || d.provider("nope") != nil {
-		t.Error("a built-in or unknown provider is a registered one")
+	// sim and static are registered as mine is.
+	if d.provider("sim") == nil || d.provider("static") == nil || d.provider("nope") != nil {
+		t.Error("sim and static are not registered, or an unknown provider is")
 	}
 
 	// Set on the command line: kept.

@@ -431,6 +431,11 @@ func TestStaticReload(t *testing.T) {
 	bmdbtest.WaitFor(t, 20*time.Second, "the rejected reload in the log", func() (bool, string) {
 		return d.LogCount(wantErr) > 0 && d.LogCount(`"Inventory not reloaded, the last good one stays in force"`) > 0, "not logged yet"
 	})
+	// Each SIGHUP is announced as docs/real-fleet.md quotes it, by the
+	// provider's own Reload.
+	if n := d.LogCount(`"Received SIGHUP: reloading the inventory" file="` + inventory + `"`); n != 2 {
+		t.Errorf("%d reloads of %s announced after two SIGHUPs, want 2", n, inventory)
+	}
 	m, _ := d.Metrics()
 	if v := m.Value("shepherd_inventory_last_reload_successful"); v != 0 {
 		t.Errorf("shepherd_inventory_last_reload_successful %g after a rejected reload, want 0", v)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -47,10 +46,6 @@ func (d *CLI) runDaemon(args []string, stdout, stderr io.Writer) int {
 			// A mistake of a process definition, not of the command line.
 			fmt.Fprintf(stderr, "%s: %v\n", prog, demoErr)
 			return exitFailure
-		}
-		if cfg.provider != providerSim {
-			// Set, but unused: not worth a line in the log.
-			cfg.demoDefaults = slices.DeleteFunc(cfg.demoDefaults, func(f string) bool { return strings.HasPrefix(f, "-sim_") })
 		}
 	}
 	if err == nil {

@@ -9,7 +9,10 @@ import (
 // Definition defines the simulated provider for a binary to register
 // (-provider sim): a fleet of -sim_machines machines, seeded at start
 // (Prepare), whose agents heartbeat from inside the daemon (Run). It
-// touches no real machine, so demo mode may run it.
+// touches no real machine, so demo mode may run it, and there its agents
+// die often (-sim_heartbeat_loss_rate 0.5), so that a visitor sees
+// Recovery at work within a minute or two. It has nothing to reload on
+// SIGHUP.
 func Definition() providers.Definition {
 	cfg := DefaultConfig()
 	return providers.Definition{
@@ -20,7 +23,9 @@ func Definition() providers.Definition {
 		New: func(env providers.Env) (providers.Provider, error) {
 			return New(env.DB, cfg), nil
 		},
-		Demo: true,
+		Demo:      true,
+		DemoFlags: map[string]string{"sim_heartbeat_loss_rate": "0.5"},
+		Preparing: "seeding the simulated fleet",
 	}
 }
 

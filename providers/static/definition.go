@@ -2,7 +2,8 @@ package static
 
 import (
 	"context"
-	"fmt"
+
+	"github.com/go-logr/logr"
 
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/providers"
@@ -13,13 +14,15 @@ import (
 // Redfish or IPMI. The inventory is synced into the BMDB at start
 // (Prepare) and on SIGHUP (Reload); Run removes the unlisted machines a
 // lease kept once their leases end. Its agents heartbeat to the daemon's
-// endpoint: -agent_heartbeat_url, or env.HeartbeatURL.
+// endpoint: -agent_heartbeat_url, or env.HeartbeatURL (HeartbeatURLFlag).
 func Definition() providers.Definition {
 	cfg := DefaultConfig()
 	return providers.Definition{
-		Name:  Name,
-		Usage: "the machines of -inventory, reached over SSH and Redfish",
-		Flags: cfg.RegisterFlags,
+		Name:             Name,
+		Usage:            "the machines of -inventory, reached over SSH and Redfish",
+		Flags:            cfg.RegisterFlags,
+		Preparing:        "syncing the inventory into the BMDB",
+		HeartbeatURLFlag: "agent_heartbeat_url",
 		Check: func() error {
 			c := cfg
 			if c.SSH.HeartbeatURL == "" {
@@ -34,13 +37,22 @@ func Definition() providers.Definition {
 			if c.SSH.HeartbeatURL == "" {
 				c.SSH.HeartbeatURL = env.HeartbeatURL
 			}
+			// Errors name the flag; the daemon adds "-provider static".
 			if err := c.SSH.Check(); err != nil {
-				return nil, fmt.Errorf("-provider static: %w", err)
+				return nil, err
 			}
 			p, err := Open(c, env.DB, env.Registerer)
 			if err != nil {
-				return nil, fmt.Errorf("-provider static: %w", err)
+				return nil, err
 			}
+			log := env.Logger
+			if log.GetSink() == nil {
+				log = logr.Discard()
+			}
+			log.Info("Static provider: inventory loaded; agents will send heartbeats to heartbeat_url",
+				"file", c.InventoryFile, "machines", len(p.Inventory().Machines), "heartbeat_url", c.SSH.HeartbeatURL)
+			log.Info("Static provider: logging in with -ssh_key_file, whose public key the machines' login users must authorize",
+				"ssh_key_file", c.SSH.KeyFile, "public_key", p.SSHPublicKey())
 			return p, nil
 		},
 	}

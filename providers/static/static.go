@@ -201,10 +201,24 @@ func (p *Provider) Inventory() *Inventory {
 // format, for operators to install on machines.
 func (p *Provider) SSHPublicKey() string { return p.ssh.PublicKey() }
 
-// Reload reads the inventory file again and syncs it into the BMDB. On any
-// error (the file does not parse or validate, or the BMDB cannot be
-// written) it returns the error and the previous inventory stays in force.
+// Reload reads the inventory file again and syncs it into the BMDB: the
+// provider's answer to SIGHUP (providers.Reloader), which it logs with its
+// outcome. On any error (the file does not parse or validate, or the BMDB
+// cannot be written) it returns the error and the previous inventory stays
+// in force.
 func (p *Provider) Reload(ctx context.Context) error {
+	log := klog.FromContext(ctx)
+	last := p.Inventory()
+	log.Info("Received SIGHUP: reloading the inventory", "file", last.File)
+	err := p.reload(ctx)
+	if err != nil {
+		log.Error(err, "Inventory not reloaded, the last good one stays in force", "file", last.File, "machines", len(last.Machines))
+	}
+	return err
+}
+
+// reload is Reload without its log lines.
+func (p *Provider) reload(ctx context.Context) error {
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	inv, err := Load(p.cfg.InventoryFile)
