@@ -178,10 +178,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		hosts.connected(ctx, conn)
 		return nil
 	}
+	begin := beginQuery(cc.RuntimeParams, opts)
 	db = &DB{
 		metrics:    opts.Metrics,
-		begin:      pgx.TxOptions{BeginQuery: beginQuery(cc.RuntimeParams, opts, "")},
-		probeBegin: pgx.TxOptions{BeginQuery: beginQuery(cc.RuntimeParams, opts, probePlanning)},
+		begin:      pgx.TxOptions{BeginQuery: begin},
+		probeBegin: pgx.TxOptions{BeginQuery: begin + probePlanning},
 		hosts:      hosts,
 	}
 	db.statements.fixed = fixedMode

@@ -266,7 +266,7 @@ SELECT
   (SELECT count(*) FROM work WHERE process = @process)`
 
 	// probePlanning ends the BEGIN of the transactions of claims and of
-	// batched lease ends (select-list items of beginQuery's SELECT). A claim re-checks the condition on the few due
+	// batched lease ends. A claim re-checks the condition on the few due
 	// rows it locked, and a batch of ends deletes a few leases, so probing
 	// tables by index is their right plan at any fleet size; with the
 	// default random_page_cost (4, the cost of a page read from a spinning
@@ -286,7 +286,7 @@ SELECT
 	// window bloats").
 	// The setting is no promise of probes: the lease ends' generic plans
 	// still read work's process index whole, whose cost follows its bloat.
-	probePlanning = `set_config('random_page_cost', current_setting('seq_page_cost'), true),
+	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
        set_config('enable_seqscan', 'off', true)`
 
 	// qAnalyzeDue refreshes work_due's statistics after a rebuild.
