@@ -101,7 +101,7 @@ func TestClaimWithUnansweredCommitLeavesNoLease(t *testing.T) {
 		t.Errorf("%d leases held after the unanswered claim, want 0", n)
 	}
 	h := e.history(m)
-	if got := bmdbtest.Events(h); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventCanceled}) {
+	if got := bmdbtest.Events(h); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventCanceled}) {
 		t.Fatalf("history %v, want Started then Canceled", got)
 	}
 	if cause := h[1].Cause; cause == "" {
@@ -159,7 +159,7 @@ func TestUndoClaimFences(t *testing.T) {
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatalf("Finish after the undos: %v", err)
 	}
-	if got := bmdbtest.Events(e.history(ms[0])); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventFinished}) {
+	if got := bmdbtest.Events(e.history(ms[0])); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished}) {
 		t.Errorf("history %v, want Started, Finished", got)
 	}
 }

@@ -24,7 +24,7 @@ import (
 // EventForcedRun records, just before a lease's Started, that an operator
 // made the process act on the machine whether or not its condition held
 // (run-now): its cause is the operator's reason, its actor theirs.
-const EventForcedRun = "Forced"
+const EventForcedRun Event = "Forced"
 
 // ForceResult says what a run-now request found.
 type ForceResult struct {

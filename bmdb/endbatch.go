@@ -44,7 +44,7 @@ var errRunAlone = errors.New("bmdb: run this lease end in its own transaction")
 type leaseEnd struct {
 	machine uuid.UUID
 	process string
-	event   string
+	event   Event
 	// later is a Rescheduled end's seconds before the process may lease
 	// the machine again.
 	later float64
@@ -253,7 +253,7 @@ func recordEndsQuery(session uuid.UUID, ends []*leaseEnd) (string, []any) {
 	later := make([]float64, len(ends))
 	notes := make([]string, len(ends))
 	for i, e := range ends {
-		events[i], later[i], notes[i] = e.event, e.later, e.note
+		events[i], later[i], notes[i] = string(e.event), e.later, e.note
 	}
 	return qEndLeases, []any{session, machines, processes, events, later, notes}
 }

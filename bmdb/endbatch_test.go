@@ -126,8 +126,8 @@ func TestConcurrentEndsShareATransaction(t *testing.T) {
 		t.Errorf("lease ends per transaction: %d transactions carried %v ends, want 2 carrying %d (1, then %d together)", txs, ends, n+1, n)
 	}
 	for i, w := range h.works[1:] {
-		event := []string{bmdb.EventFinished, bmdb.EventFailed, bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventCanceled}[i%5]
-		want := []string{bmdb.EventStarted, event}
+		event := []bmdb.Event{bmdb.EventFinished, bmdb.EventFailed, bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventCanceled}[i%5]
+		want := []bmdb.Event{bmdb.EventStarted, event}
 		if got := bmdbtest.Events(e.history(w.Machine)); !slices.Equal(got, want) {
 			t.Errorf("history of %s: %v, want %v", w.Machine, got, want)
 		}
@@ -242,7 +242,7 @@ func TestSharedTransactionIsolatesEachEnd(t *testing.T) {
 	if !e.agentStarted(fine.Machine) {
 		t.Errorf("the successful end's tag is missing")
 	}
-	for w, want := range map[*bmdb.Lease][]string{
+	for w, want := range map[*bmdb.Lease][]bmdb.Event{
 		failing:   {bmdb.EventStarted},
 		lost:      {bmdb.EventStarted},
 		fine:      {bmdb.EventStarted, bmdb.EventFinished},

@@ -257,11 +257,11 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var events []string
+	var events []bmdb.Event
 	for _, m := range ms {
 		events = append(events, bmdbtest.Events(e.history(m))...)
 	}
-	for _, want := range []string{bmdb.EventRescheduled, bmdb.EventBackoffCleared, bmdb.EventRetried} {
+	for _, want := range []bmdb.Event{bmdb.EventRescheduled, bmdb.EventBackoffCleared, bmdb.EventRetried} {
 		if !slices.Contains(events, want) {
 			t.Fatalf("history %v lacks %s", events, want)
 		}

@@ -16,7 +16,7 @@ type HistoryEntry struct {
 	ID        int64
 	Machine   uuid.UUID
 	Process   string
-	Event     string
+	Event     Event
 	Timestamp time.Time
 	// Cause is the failure cause of Failed, the reason of Lost and Canceled
 	// events when there is one, and empty otherwise.

@@ -22,12 +22,12 @@ import (
 const (
 	// EventHeld records that a machine was held for a process ("" for
 	// every process), with the reason and the actor.
-	EventHeld = "Held"
+	EventHeld Event = "Held"
 	// EventReleased records that a hold was released.
-	EventReleased = "Released"
+	EventReleased Event = "Released"
 	// EventEscalated records that a machine used up a process's
 	// per-machine budget and was held for a human.
-	EventEscalated = "Escalated"
+	EventEscalated Event = "Escalated"
 )
 
 // Sources of a hold.

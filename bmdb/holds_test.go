@@ -142,7 +142,7 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 			if e.Actor.Name == "" || e.Actor.Role == "" || e.Cause == "" {
 				t.Errorf("%s without actor or reason: %+v", e.Event, e)
 			}
-			events = append(events, e.Event+" "+e.Actor.Name)
+			events = append(events, string(e.Event)+" "+e.Actor.Name)
 		}
 	}
 	slices.Sort(events)

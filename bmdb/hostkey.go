@@ -51,7 +51,7 @@ func (t *Tx) DeleteSSHHostKey(ctx context.Context, machine uuid.UUID) (bool, err
 // SSH host key (after a reinstall), so that the next connection pins the key
 // it then presents: a trust decision, audited like the other operator
 // actions.
-const EventHostKeyForgotten = "HostKeyForgotten"
+const EventHostKeyForgotten Event = "HostKeyForgotten"
 
 // PinnedHostKey is a machine's pinned SSH host key, in authorized_keys
 // format, with the machine's names.

@@ -11,24 +11,29 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// State is a machine's state for one process, as Machines lists it and the
+// CLI's -state and -o json name it: its values are part of the operators'
+// interface (scripts, dashboards), and never change.
+type State string
+
 // Machine states of a process, as listed by Machines.
 const (
 	// StateEligible: a claim of the process could lease the machine now.
-	StateEligible = "eligible"
+	StateEligible State = "eligible"
 	// StateLeased: the process holds a lease on the machine.
-	StateLeased = "leased"
+	StateLeased State = "leased"
 	// StateBackoff: the process is backing off from the machine.
-	StateBackoff = "backoff"
+	StateBackoff State = "backoff"
 	// StateRescheduled: the process ended its work on the machine
 	// successfully and asked to check it again later (Task.CheckAgainAfter):
 	// the machine is no candidate of the process until then. Not a failure:
 	// without this state such a machine would be in none, and a periodic
 	// process's fleet would look idle.
-	StateRescheduled = "rescheduled"
+	StateRescheduled State = "rescheduled"
 )
 
 // States are the machine states, in the order listings show them.
-var States = []string{StateEligible, StateLeased, StateBackoff, StateRescheduled, StateHeld}
+var States = []State{StateEligible, StateLeased, StateBackoff, StateRescheduled, StateHeld}
 
 // MachineState is one machine in one state of one process.
 type MachineState struct {
@@ -36,7 +41,7 @@ type MachineState struct {
 	Process string
 	// State is StateEligible, StateLeased, StateBackoff, StateRescheduled
 	// or StateHeld.
-	State string
+	State State
 	// Session and Since describe a lease.
 	Session uuid.UUID
 	Since   time.Time
@@ -56,7 +61,7 @@ type MachineQuery struct {
 	// StateEligible only.
 	Candidates *Candidates
 	// State is one of States.
-	State string
+	State State
 	// Limit bounds the rows returned (default 1000).
 	Limit int
 	// After continues an eligible listing after this machine id (keyset

@@ -24,10 +24,10 @@ import (
 // History events written by operators.
 const (
 	// EventBackoffCleared records that an operator deleted a backoff.
-	EventBackoffCleared = "BackoffCleared"
+	EventBackoffCleared Event = "BackoffCleared"
 	// EventRetried records that an operator made a machine eligible again
 	// for a process.
-	EventRetried = "Retried"
+	EventRetried Event = "Retried"
 )
 
 // ErrReasonRequired is returned by operator actions given no reason: the

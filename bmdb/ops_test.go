@@ -206,7 +206,7 @@ func TestMachinesByState(t *testing.T) {
 	failed := failOne(t, s, agentStart, "boom")
 	provided := bmdb.ProvidedCandidates()
 
-	list := func(state string) []bmdb.MachineState {
+	list := func(state bmdb.State) []bmdb.MachineState {
 		t.Helper()
 		ms, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, Candidates: &provided, State: state})
 		if err != nil {
@@ -346,7 +346,7 @@ func TestMachineDetail(t *testing.T) {
 	if len(d.Backoffs) != 1 || d.Backoffs[0].Process != recovery.Name || !d.Backoffs[0].Active {
 		t.Errorf("backoffs = %+v", d.Backoffs)
 	}
-	wantEvents := []string{"Started", "Failed", "Retried", "Started", "Finished", "Started", "Failed", "Started"}
+	wantEvents := []bmdb.Event{"Started", "Failed", "Retried", "Started", "Finished", "Started", "Failed", "Started"}
 	if got := bmdbtest.Events(d.History); !slices.Equal(got, wantEvents) || d.HistoryTruncated {
 		t.Errorf("history = %v (truncated %v), want %v", got, d.HistoryTruncated, wantEvents)
 	}

@@ -30,10 +30,10 @@ const (
 	// EventRecovered: a machine a process reset heartbeated with a new
 	// boot identity; the cause says when it was reset and how long it
 	// took.
-	EventRecovered = "Recovered"
+	EventRecovered Event = "Recovered"
 	// EventNotRecovered: a machine a process reset did not heartbeat with
 	// a new boot identity within the verify timeout.
-	EventNotRecovered = "NotRecovered"
+	EventNotRecovered Event = "NotRecovered"
 )
 
 // Recovered is a machine that came back from a reset.

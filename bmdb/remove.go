@@ -13,7 +13,7 @@ import (
 // EventRemoved records that a provider removed a machine from the fleet
 // (RemoveMachine). Its cause names the machine's provider id, which no
 // other row keeps once the machine is gone, and the provider's reason.
-const EventRemoved = "Removed"
+const EventRemoved Event = "Removed"
 
 // ErrLeased is returned by RemoveMachine for a machine a process holds a
 // lease on: the process is acting on it, and deleting the machine would

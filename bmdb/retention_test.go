@@ -2,7 +2,7 @@ package bmdb_test
 
 import (
 	"context"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -76,7 +76,7 @@ func TestPruneHistoryDeletesOnlyOldEvents(t *testing.T) {
 	if older != 0 || younger != 4+6+3 {
 		t.Errorf("after pruning: %d events older than the retention (want 0), %d younger (want 13)", older, younger)
 	}
-	if after := bmdbtest.Events(e.history(open.Machine)); strings.Join(after, ",") != strings.Join(before, ",") {
+	if after := bmdbtest.Events(e.history(open.Machine)); !slices.Equal(after, before) {
 		t.Errorf("history of the held lease's machine: %v before pruning, %v after", before, after)
 	}
 

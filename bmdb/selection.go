@@ -12,10 +12,19 @@ import (
 
 // StateHeld: the machine is held for the process (holds.go); listed by
 // Machines and selectable by Selector.
-const StateHeld = "held"
+const StateHeld State = "held"
 
 // SelectableStates are the states a Selector takes.
-var SelectableStates = []string{StateLeased, StateBackoff, StateRescheduled, StateHeld}
+var SelectableStates = []State{StateLeased, StateBackoff, StateRescheduled, StateHeld}
+
+// joinStates lists states for a message: "leased, backoff".
+func joinStates(states []State) string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
 
 // Selector picks machines for an operator command that acts on many
 // (shepherd hold, release, retry, backoff clear, cancel) instead of naming
@@ -27,7 +36,7 @@ type Selector struct {
 	// Process and State select the machines in that state of the process
 	// (SelectableStates); State needs Process.
 	Process string
-	State   string
+	State   State
 	// Cause is a substring (case-insensitive) of the last failure cause:
 	// of the process's backoff on the machine when Process is set, of any
 	// process's otherwise.
@@ -60,7 +69,7 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 			return nil, fmt.Errorf("selecting machines in state %q: of which process?", sel.State)
 		}
 		if !slices.Contains(SelectableStates, sel.State) {
-			return nil, fmt.Errorf("selecting machines in state %q: want one of %s", sel.State, strings.Join(SelectableStates, ", "))
+			return nil, fmt.Errorf("selecting machines in state %q: want one of %s", sel.State, joinStates(SelectableStates))
 		}
 	}
 	var process *string
@@ -76,7 +85,7 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 	args := pgx.NamedArgs{
 		"location": nullIfEmpty(sel.Location),
 		"process":  process,
-		"state":    nullIfEmpty(sel.State),
+		"state":    nullIfEmpty(string(sel.State)),
 		"cause":    nullIfEmpty(sel.Cause),
 		"limit":    sel.Limit,
 	}

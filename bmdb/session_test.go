@@ -80,7 +80,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	}
 	for _, m := range ms {
 		h := e.history(m)
-		if got := bmdbtest.Events(h); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(h); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Fatalf("history of %s: %v, want Started, Lost", m, got)
 		}
 		lost := h[1]
@@ -113,7 +113,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	}))
 	late(works[1].Fail(ctx, bmdb.Backoff{}, "late"))
 	for _, m := range ms {
-		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Errorf("history of %s after the late outcome: %v, want Started, Lost", m, got)
 		}
 		if e.agentStarted(m) {
@@ -276,7 +276,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		if err := w.Finish(ctx, nil); !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Finish from a session the database expired: %v, want ErrSessionExpired", err)
 		}
-		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted}) {
 			t.Errorf("history after the Finish: %v, want Started alone (the reaper records Lost)", got)
 		}
 	})
@@ -301,7 +301,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		if !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Finish from a reaped session: %v, want ErrSessionExpired", err)
 		}
-		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventLost}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventLost}) {
 			t.Errorf("history: %v, want Started, Lost", got)
 		}
 		if e.agentStarted(m) {
@@ -383,7 +383,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 		t.Errorf("%d leases left after Close", n)
 	}
 	for _, m := range ms {
-		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventCanceled}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventCanceled}) {
 			t.Errorf("history of %s: %v, want Started, Canceled", m, got)
 		}
 	}

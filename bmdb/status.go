@@ -99,7 +99,7 @@ func (db *DB) Activity(ctx context.Context, process string, width time.Duration,
 		return nil, fmt.Errorf("reading the activity of %s: %w", process, err)
 	}
 	var bucket int
-	var event string
+	var event Event
 	var count int64
 	if _, err := pgx.ForEachRow(rows, []any{&bucket, &event, &count}, func() error {
 		if bucket < 0 || bucket >= n {

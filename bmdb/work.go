@@ -17,28 +17,33 @@ import (
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
-// History events.
+// Event is a history event's kind, as the BMDB stores it in
+// work_history.event and tools print it: its values are part of the
+// operators' interface (scripts, dashboards), and never change.
+type Event string
+
+// History events of leases.
 const (
-	EventStarted  = "Started"
-	EventFinished = "Finished"
-	EventFailed   = "Failed"
-	EventCanceled = "Canceled"
+	EventStarted  Event = "Started"
+	EventFinished Event = "Finished"
+	EventFailed   Event = "Failed"
+	EventCanceled Event = "Canceled"
 	// EventLost records a lease released by the reaper because its session
 	// expired: the worker may or may not have completed its action.
-	EventLost = "Lost"
+	EventLost Event = "Lost"
 	// EventRescheduled records a successful end after which the machine is
 	// not a candidate of the process again before a time ("check again
 	// later"); its cause says when.
-	EventRescheduled = "Rescheduled"
+	EventRescheduled Event = "Rescheduled"
 )
 
 // EndEvents are the history events that end a lease, each following the
 // lease's Started: the list an audit of lease overlaps checks against.
 // Operator events (BackoffCleared, Retried, HostKeyForgotten) end nothing.
-var EndEvents = []string{EventFinished, EventRescheduled, EventFailed, EventCanceled, EventLost}
+var EndEvents = []Event{EventFinished, EventRescheduled, EventFailed, EventCanceled, EventLost}
 
 // EndsLease reports whether a history event ends a lease.
-func EndsLease(event string) bool { return slices.Contains(EndEvents, event) }
+func EndsLease(event Event) bool { return slices.Contains(EndEvents, event) }
 
 // Lease is an exclusive lease of one machine for one process, held by a
 // session. Exactly one of Finish, Fail or Cancel ends it; until then no other

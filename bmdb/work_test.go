@@ -246,7 +246,7 @@ func TestHistoryOfCycles(t *testing.T) {
 	end(s2, recovery, func(w *bmdb.Lease) error { return w.Finish(ctx, nil) })
 
 	type want struct {
-		event   string
+		event   bmdb.Event
 		process bmdb.Process
 		session *bmdb.Session
 		cause   string
@@ -326,7 +326,7 @@ func TestFinishCommitFailure(t *testing.T) {
 	if e.agentStarted(m) {
 		t.Errorf("the failed commit function's tag was committed")
 	}
-	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted}) {
 		t.Errorf("history after a failed Finish: %v, want only Started", got)
 	}
 	if n := e.leaseCount(agentStart); n != 1 {
@@ -335,7 +335,7 @@ func TestFinishCommitFailure(t *testing.T) {
 	if err := w.Fail(ctx, bmdb.Backoff{}, "recording the outcome failed"); err != nil {
 		t.Fatalf("Fail after a failed Finish: %v", err)
 	}
-	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted, bmdb.EventFailed}) {
+	if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventFailed}) {
 		t.Errorf("history: %v, want Started, Failed", got)
 	}
 	if n := e.leaseCount(agentStart); n != 0 {
@@ -390,7 +390,7 @@ func TestFinishOnLostLease(t *testing.T) {
 		t.Errorf("Cancel: %v, want ErrLeaseLost", err)
 	}
 	for _, m := range ms {
-		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []string{bmdb.EventStarted}) {
+		if got := bmdbtest.Events(e.history(m)); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted}) {
 			t.Errorf("history of %s: %v, want only Started", m, got)
 		}
 	}

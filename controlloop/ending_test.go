@@ -108,7 +108,7 @@ func TestLeaseEndAbandonsSession(t *testing.T) {
 	release()
 	bmdbtest.WaitForNoError(t, time.Minute, "the abandoned lease to be reaped as Lost, and the machine done by a new session", func() (bool, error) {
 		ev := eventsByMachine(e.history())[machine]
-		return strings.Join(ev, " ") == "Started Lost Started Finished", nil
+		return bmdbtest.JoinEvents(ev, " ") == "Started Lost Started Finished", nil
 	})
 	h := e.history()
 	if h[0].Session == h[2].Session {

@@ -6,23 +6,28 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 )
 
-// Results of work, the values of the result label.
+// Result is how the runner ended a lease: the value of the result label of
+// shepherd_work_finished_total and shepherd_work_duration_seconds, which
+// dashboards and alerts select by, so its values never change.
+type Result string
+
+// Results of leases.
 const (
-	ResultFinished = "finished"
-	ResultFailed   = "failed"
-	ResultCanceled = "canceled"
+	ResultFinished Result = "finished"
+	ResultFailed   Result = "failed"
+	ResultCanceled Result = "canceled"
 	// ResultLost: the lease was gone when the worker tried to end it (its
 	// session expired and the reaper released it).
-	ResultLost = "lost"
+	ResultLost Result = "lost"
 	// ResultRescheduled: finished with a time before which the machine is
 	// not a candidate again (Task.CheckAgainAfter); not a failure.
-	ResultRescheduled = "rescheduled"
+	ResultRescheduled Result = "rescheduled"
 	// ResultTimeout: Run did not return within -<p>_run_timeout; the work
 	// failed (backed off) with the cause "run timed out after D".
-	ResultTimeout = "timeout"
+	ResultTimeout Result = "timeout"
 )
 
-var results = []string{ResultFinished, ResultRescheduled, ResultFailed, ResultTimeout, ResultCanceled, ResultLost}
+var results = []Result{ResultFinished, ResultRescheduled, ResultFailed, ResultTimeout, ResultCanceled, ResultLost}
 
 // Metrics are the runner's Prometheus metrics, shared by all processes of a
 // daemon and labelled by process. Names follow controller-runtime's
@@ -98,8 +103,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) initProcess(label string, parallelism int) {
 	m.started.WithLabelValues(label)
 	for _, r := range results {
-		m.finished.WithLabelValues(label, r)
-		m.duration.WithLabelValues(label, r)
+		m.finished.WithLabelValues(label, string(r))
+		m.duration.WithLabelValues(label, string(r))
 	}
 	m.eligible.WithLabelValues(label)
 	m.oldestDue.WithLabelValues(label)

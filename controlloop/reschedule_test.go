@@ -39,7 +39,7 @@ func TestCheckAgainAfterIsNeitherFailureNorBackoff(t *testing.T) {
 	byMachine := eventsByMachine(e.history())
 	for _, m := range machines {
 		ev := byMachine[m]
-		if len(ev) < 4 || strings.Join(ev[:4], " ") != "Started Rescheduled Started Rescheduled" {
+		if len(ev) < 4 || bmdbtest.JoinEvents(ev[:4], " ") != "Started Rescheduled Started Rescheduled" {
 			t.Errorf("%s: events %v, want Started Rescheduled Started Rescheduled", m, ev)
 		}
 		if b, err := e.db.BackoffOf(context.Background(), m, p.info.Process); err != nil || b != nil {

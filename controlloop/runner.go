@@ -547,7 +547,7 @@ func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut b
 func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task, runErr error, stopped bool) {
 	label := r.info.Label
 	logger := klog.FromContext(endCtx)
-	var result string
+	var result Result
 	var err error
 	switch {
 	case runErr == nil:
@@ -597,8 +597,8 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 		r.checkBreaker(breakerCtx)
 		cancel()
 	}
-	r.metrics.finished.WithLabelValues(label, result).Inc()
-	r.metrics.duration.WithLabelValues(label, result).Observe(time.Since(t.work.Started).Seconds())
+	r.metrics.finished.WithLabelValues(label, string(result)).Inc()
+	r.metrics.duration.WithLabelValues(label, string(result)).Observe(time.Since(t.work.Started).Seconds())
 }
 
 func isLeaseGone(err error) bool {

@@ -155,8 +155,8 @@ func (e *env) history() []bmdb.HistoryEntry {
 }
 
 // eventsByMachine groups the history's events per machine, in order.
-func eventsByMachine(h []bmdb.HistoryEntry) map[uuid.UUID][]string {
-	m := map[uuid.UUID][]string{}
+func eventsByMachine(h []bmdb.HistoryEntry) map[uuid.UUID][]bmdb.Event {
+	m := map[uuid.UUID][]bmdb.Event{}
 	for _, e := range h {
 		m[e.Machine] = append(m[e.Machine], e.Event)
 	}
@@ -183,13 +183,13 @@ func checkFinishedOnce(t *testing.T, h []bmdb.HistoryEntry, machines []uuid.UUID
 	checkNoOverlap(t, h)
 	byMachine := eventsByMachine(h)
 	for _, m := range machines {
-		if got := strings.Join(byMachine[m], ","); got != "Started,Finished" {
+		if got := bmdbtest.JoinEvents(byMachine[m], ","); got != "Started,Finished" {
 			t.Errorf("history of %s: %s, want Started,Finished", m, got)
 		}
 	}
 }
 
-func (e *env) count(event string) int {
+func (e *env) count(event bmdb.Event) int {
 	n := 0
 	for _, h := range e.history() {
 		if h.Event == event {
@@ -336,7 +336,7 @@ func TestRunnerPanic(t *testing.T) {
 			t.Errorf("%s: last event %s %q, want Failed with a panic cause", m, last.Event, last.Cause)
 		}
 	}
-	if h := eventsByMachine(e.history())[late]; strings.Join(h, ",") != "Started,Finished" {
+	if h := eventsByMachine(e.history())[late]; bmdbtest.JoinEvents(h, ",") != "Started,Finished" {
 		t.Errorf("late machine: %v", h)
 	}
 	if got := e.metric("shepherd_work_panics_total", "process", "test"); got != 2 {
@@ -370,7 +370,7 @@ func TestRunnerShutdownCancelsAfterGrace(t *testing.T) {
 
 	byMachine := eventsByMachine(e.history())
 	for _, m := range machines {
-		if got := strings.Join(byMachine[m], ","); got != "Started,Canceled" {
+		if got := bmdbtest.JoinEvents(byMachine[m], ","); got != "Started,Canceled" {
 			t.Errorf("history of %s: %s, want Started,Canceled", m, got)
 		}
 		if b, err := e.db.BackoffOf(context.Background(), m, p.info.Process); err != nil || b != nil {
@@ -507,7 +507,7 @@ func TestRunnerSessionLoss(t *testing.T) {
 		if !errors.Is(causes[m], bmdb.ErrSessionExpired) {
 			t.Errorf("%s: first run stopped with %v, want %v", m, causes[m], bmdb.ErrSessionExpired)
 		}
-		if got := strings.Join(byMachine[m], ","); got != "Started,Lost,Started,Finished" {
+		if got := bmdbtest.JoinEvents(byMachine[m], ","); got != "Started,Lost,Started,Finished" {
 			t.Errorf("history of %s: %s, want Started,Lost,Started,Finished", m, got)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +109,7 @@ func TestPartitionMidTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(bmdbtest.Events(h), ","); got != "Started,Lost" {
+	if got := bmdbtest.JoinEvents(bmdbtest.Events(h), ","); got != "Started,Lost" {
 		t.Errorf("history %s, want Started,Lost", got)
 	}
 }

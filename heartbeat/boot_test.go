@@ -73,7 +73,7 @@ func reset(t *testing.T, db *bmdb.DB, a agent, verify time.Duration) bmdb.ResetV
 	return v
 }
 
-func events(t *testing.T, db *bmdb.DB, machine uuid.UUID, event string) []bmdb.HistoryEntry {
+func events(t *testing.T, db *bmdb.DB, machine uuid.UUID, event bmdb.Event) []bmdb.HistoryEntry {
 	t.Helper()
 	h, err := db.History(context.Background(), machine)
 	if err != nil {

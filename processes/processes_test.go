@@ -207,7 +207,7 @@ func (e *env) history() []bmdb.HistoryEntry {
 }
 
 // count counts events per machine of process.
-func count(h []bmdb.HistoryEntry, process bmdb.Process, event string) map[uuid.UUID]int {
+func count(h []bmdb.HistoryEntry, process bmdb.Process, event bmdb.Event) map[uuid.UUID]int {
 	n := map[uuid.UUID]int{}
 	for _, e := range h {
 		if e.Process == process.Name && e.Event == event {

@@ -451,7 +451,7 @@ func when(t time.Time) string {
 type machineJSON struct {
 	Machine             uuid.UUID  `json:"machine"`
 	Process             string     `json:"process"`
-	State               string     `json:"state"`
+	State               bmdb.State `json:"state"`
 	Session             *uuid.UUID `json:"session,omitempty"`
 	Since               *time.Time `json:"since,omitempty"`
 	Until               *time.Time `json:"until,omitempty"`
@@ -468,11 +468,12 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		return c.fleet(ctx)
 	}
 	states := bmdb.States
-	if c.opts.state != "" {
-		if !slices.Contains(bmdb.States, c.opts.state) {
-			return usagef("-state %q: want one of %s", c.opts.state, strings.Join(bmdb.States, ", "))
+	state := bmdb.State(c.opts.state)
+	if state != "" {
+		if !slices.Contains(bmdb.States, state) {
+			return usagef("-state %q: want one of %s", state, joinStates(bmdb.States))
 		}
-		states = []string{c.opts.state}
+		states = []bmdb.State{state}
 	}
 	var procs []cliProcess
 	if c.opts.process != "" {
@@ -480,12 +481,12 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if c.opts.state == "" || c.opts.state == bmdb.StateEligible {
+		if state == "" || state == bmdb.StateEligible {
 			if p, err = c.withRecordedCondition(ctx, p); err != nil {
 				return err
 			}
 		}
-		if c.opts.state == bmdb.StateEligible && p.candidates == nil {
+		if state == bmdb.StateEligible && p.candidates == nil {
 			return usagef("-state eligible: eligibility of %s is unknown: this binary does not define it, and it does not run condition SQL read from the BMDB (shepherd condition %s shows it)", p.process.Name, p.process.Name)
 		}
 		procs = []cliProcess{p}
@@ -556,7 +557,7 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if m.State == bmdb.StateHeld {
 			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
 		}
-		table = append(table, []string{m.Machine.String(), m.Process, m.State, when(m.Since), when(m.Until), interval, session, cause})
+		table = append(table, []string{m.Machine.String(), m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
 	}
 	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
 }
@@ -566,7 +567,7 @@ type historyJSON struct {
 	ID        int64      `json:"id"`
 	Machine   uuid.UUID  `json:"machine"`
 	Process   string     `json:"process"`
-	Event     string     `json:"event"`
+	Event     bmdb.Event `json:"event"`
 	Timestamp time.Time  `json:"timestamp"`
 	Cause     string     `json:"cause,omitempty"`
 	Session   *uuid.UUID `json:"session,omitempty"`
@@ -619,7 +620,7 @@ func (c *cli) history(ctx context.Context, args []string) error {
 		if e.Actor.Name != "" || e.Actor.Role != "" {
 			actor = e.Actor.Name + " (role " + e.Actor.Role + ")"
 		}
-		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, e.Event, session, actor, e.Cause})
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, string(e.Event), session, actor, e.Cause})
 	}
 	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SESSION", "ACTOR", "CAUSE"}, rows)
 }
@@ -806,4 +807,13 @@ func (c *cli) sessions(ctx context.Context, _ []string) error {
 		rows = append(rows, []string{s.ID.String(), s.Component, state, when(s.Created), when(s.Deadline), s.Interval.String(), s.RuntimeInfo})
 	}
 	return c.table([]string{"SESSION", "COMPONENT", "STATE", "CREATED", "DEADLINE", "INTERVAL", "RUNTIME"}, rows)
+}
+
+// joinStates lists states for a message: "eligible, leased".
+func joinStates(states []bmdb.State) string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
 }

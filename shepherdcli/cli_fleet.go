@@ -68,7 +68,7 @@ func (c *cli) fleet(ctx context.Context) error {
 		out := map[string]string{}
 		for _, p := range procs {
 			if eligible[p.process.Name][m.Machine] {
-				out[p.label] = bmdb.StateEligible
+				out[p.label] = string(bmdb.StateEligible)
 			}
 		}
 		name := func(process string) string {
@@ -80,22 +80,22 @@ func (c *cli) fleet(ctx context.Context) error {
 			return process
 		}
 		for _, p := range m.Rescheduled {
-			out[name(p)] = bmdb.StateRescheduled
+			out[name(p)] = string(bmdb.StateRescheduled)
 		}
 		for _, p := range m.BackingOff {
-			out[name(p)] = bmdb.StateBackoff
+			out[name(p)] = string(bmdb.StateBackoff)
 		}
 		for _, h := range holds[m.Machine] {
 			if h.Process != "" {
-				out[name(h.Process)] = bmdb.StateHeld
+				out[name(h.Process)] = string(bmdb.StateHeld)
 				continue
 			}
 			for _, p := range procs {
-				out[p.label] = bmdb.StateHeld
+				out[p.label] = string(bmdb.StateHeld)
 			}
 		}
 		for _, p := range m.Leased {
-			out[name(p)] = bmdb.StateLeased
+			out[name(p)] = string(bmdb.StateLeased)
 		}
 		return out
 	}

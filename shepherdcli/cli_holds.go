@@ -99,7 +99,7 @@ func operatorActor(as string) bmdb.Actor {
 
 // selector is the command line's selection; Process is set by the caller.
 func (c *cli) selector(process string) bmdb.Selector {
-	return bmdb.Selector{Location: c.opts.hold.location, Process: process, State: c.opts.state, Cause: c.opts.hold.cause}
+	return bmdb.Selector{Location: c.opts.hold.location, Process: process, State: bmdb.State(c.opts.state), Cause: c.opts.hold.cause}
 }
 
 // selectMachines resolves the machines a command acts on: those named in
@@ -118,7 +118,7 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	case sel.State != "" && process == "":
 		return nil, usagef("-state %q: give -process too (the state of which process?)", sel.State)
 	case sel.State != "" && !slices.Contains(bmdb.SelectableStates, sel.State):
-		return nil, usagef("-state %q: want one of %s", sel.State, strings.Join(bmdb.SelectableStates, ", "))
+		return nil, usagef("-state %q: want one of %s", sel.State, joinStates(bmdb.SelectableStates))
 	}
 	var out []bmdb.SelectedMachine
 	if len(args) > 0 {

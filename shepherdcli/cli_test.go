@@ -104,7 +104,7 @@ func TestCLIMachines(t *testing.T) {
 	// header's does.
 	col := strings.Index(lines[0], "STATE")
 	for _, l := range lines[1:] {
-		if state := strings.Fields(l[col:])[0]; !slices.Contains(bmdb.States, state) {
+		if state := strings.Fields(l[col:])[0]; !slices.Contains(bmdb.States, bmdb.State(state)) {
 			t.Errorf("misaligned row %q (STATE column reads %q)", l, state)
 		}
 	}
@@ -370,7 +370,7 @@ func TestCLIMachinesAll(t *testing.T) {
 		if r.Provider != "test" || r.ProviderID != fmt.Sprintf("m%d", i) {
 			t.Errorf("row %d: %s/%s, want test/m%d in order", i, r.Provider, r.ProviderID, i)
 		}
-		want := ""
+		var want bmdb.State
 		switch r.Machine {
 		case f.failed:
 			want = bmdb.StateBackoff
@@ -379,12 +379,12 @@ func TestCLIMachinesAll(t *testing.T) {
 		default:
 			want = bmdb.StateEligible
 		}
-		if got := r.Processes["agentstart"]; got != want {
+		if got := bmdb.State(r.Processes["agentstart"]); got != want {
 			t.Errorf("%s: agentstart %q, want %q", r.Machine, got, want)
 		}
 		states[r.Processes["agentstart"]]++
 	}
-	if states[bmdb.StateEligible] != 2 {
+	if states[string(bmdb.StateEligible)] != 2 {
 		t.Errorf("states %v, want 2 eligible", states)
 	}
 	out, _ = f.expect(t, exitOK, "machines", "-all")

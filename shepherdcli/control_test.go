@@ -325,7 +325,7 @@ func TestRunNowHealthyMachine(t *testing.T) {
 		return err == nil, fmt.Sprint(err)
 	}
 	bmdbtest.WaitFor(t, 60*time.Second, "an agent started and heartbeating", healthy)
-	count := func(process, event string) int {
+	count := func(process string, event bmdb.Event) int {
 		h, err := db.History(ctx, m)
 		if err != nil {
 			t.Fatal(err)

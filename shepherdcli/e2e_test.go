@@ -212,7 +212,7 @@ func TestShutdown(t *testing.T) {
 			t.Errorf("shutdown took %s, want the 1s grace and at most 5s more", took)
 		}
 		assertNoLeases(t, db)
-		events := map[string]int{}
+		events := map[bmdb.Event]int{}
 		for _, e := range bmdbtest.History(t, db) {
 			events[e.Event]++
 		}

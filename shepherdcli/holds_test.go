@@ -141,7 +141,7 @@ func TestHoldTwoReplicas(t *testing.T) {
 			if e.ActorRole == "" {
 				t.Errorf("%s without the database role: %+v", e.Event, e)
 			}
-			seen = append(seen, e.Event+" by "+e.Actor+": "+e.Cause)
+			seen = append(seen, string(e.Event)+" by "+e.Actor+": "+e.Cause)
 		}
 	}
 	if len(seen) != 2 || seen[0] != "Held by tech-anna: DIMM swap, ticket 4711" || !strings.HasPrefix(seen[1], "Released by tech-carl: DIMM swapped") {
@@ -278,7 +278,7 @@ func TestHoldSelection(t *testing.T) {
 	}
 	heldIn := 0
 	for _, m := range fleet {
-		if m.Processes["agentstart"] == bmdb.StateHeld && m.Processes["recovery"] == bmdb.StateHeld {
+		if m.Processes["agentstart"] == string(bmdb.StateHeld) && m.Processes["recovery"] == string(bmdb.StateHeld) {
 			heldIn++
 		}
 	}

@@ -69,7 +69,8 @@ func TestRecoveryReadsPowerThroughTheBinary(t *testing.T) {
 	recordSilentAgents(t, db, machines)
 
 	want := map[string]struct {
-		event, cause string
+		event bmdb.Event
+		cause string
 	}{
 		"ipmi-off":   {bmdb.EventFinished, "power was off; powered on"},
 		"ipmi-on":    {bmdb.EventFinished, "power was on; reset (ipmi power_cycle)"},

@@ -201,7 +201,7 @@ func (f *realFleet) agentPID() int {
 }
 
 // countEvents counts the history entries of process with event.
-func countEvents(history []bmdb.HistoryEntry, process, event string) int {
+func countEvents(history []bmdb.HistoryEntry, process string, event bmdb.Event) int {
 	n := 0
 	for _, e := range history {
 		if e.Process == process && e.Event == event {

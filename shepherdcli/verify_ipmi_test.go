@@ -160,7 +160,7 @@ func TestVerifiedRebootThroughIPMI(t *testing.T) {
 	if b := bootOf(); b != secondBoot {
 		t.Errorf("boot identity %s after the machine came back, want %s", b, secondBoot)
 	}
-	var sequence []string
+	var sequence []bmdb.Event
 	for _, e := range history {
 		if e.Process != recovery.Process.Name {
 			continue
@@ -183,7 +183,7 @@ func TestVerifiedRebootThroughIPMI(t *testing.T) {
 		}
 	}
 	t.Logf("Recovery's events: %v", sequence)
-	want := []string{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
+	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
 	if !hasSubsequence(sequence, want) {
 		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
 	}

@@ -105,7 +105,7 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		nr, rec := countEvents(history, recovery.Process.Name, bmdb.EventNotRecovered), countEvents(history, recovery.Process.Name, bmdb.EventRecovered)
 		return nr >= 1 && rec >= 1, fmt.Sprintf("%d NotRecovered, %d Recovered", nr, rec)
 	})
-	var sequence []string
+	var sequence []bmdb.Event
 	for _, e := range history {
 		if e.Process != recovery.Process.Name {
 			continue
@@ -128,7 +128,7 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 	// The reset (Started, Finished); Recovery looks again (Started) and
 	// records why (NotRecovered) before it acts (Finished: powered on);
 	// then the machine is back (Recovered).
-	want := []string{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
+	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
 	if !hasSubsequence(sequence, want) {
 		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
 	}
@@ -173,7 +173,7 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 
 // hasSubsequence reports whether want appears in got in order, not
 // necessarily adjacent.
-func hasSubsequence(got, want []string) bool {
+func hasSubsequence(got, want []bmdb.Event) bool {
 	i := 0
 	for _, g := range got {
 		if i < len(want) && g == want[i] {

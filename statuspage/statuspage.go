@@ -619,7 +619,7 @@ func fingerprint(key []byte) string {
 }
 
 // eventClass colours history events.
-func eventClass(event string) string {
+func eventClass(event bmdb.Event) string {
 	switch event {
 	case bmdb.EventFinished, bmdb.EventRescheduled, bmdb.EventRecovered:
 		return "ok"

@@ -15,7 +15,7 @@ import (
 // is and what ends one.
 type LeaseAudit struct {
 	// Events counts the history's events by name.
-	Events map[string]int
+	Events map[bmdb.Event]int
 	// Leases is the number of leases (Started events) checked.
 	Leases int
 	// Overlaps lists every Started on a machine while another lease of its
@@ -35,17 +35,17 @@ type LeaseAudit struct {
 // operatorEvents are recorded by operators' commands: they neither start
 // nor end a lease, even when they fall between a lease's Started and its
 // end.
-var operatorEvents = []string{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten,
+var operatorEvents = []bmdb.Event{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten,
 	bmdb.EventForcedRun}
 
 // holdEvents are recorded by holds and per-machine budgets (bmdb's
 // holds.go): they neither start nor end a lease either.
-var holdEvents = []string{bmdb.EventHeld, bmdb.EventReleased, bmdb.EventEscalated}
+var holdEvents = []bmdb.Event{bmdb.EventHeld, bmdb.EventReleased, bmdb.EventEscalated}
 
 // verifyEvents are recorded when a machine a process reset comes back
 // (Recovered, written by the heartbeat that proves it) or does not in time
 // (NotRecovered): they neither start nor end a lease.
-var verifyEvents = []string{bmdb.EventRecovered, bmdb.EventNotRecovered}
+var verifyEvents = []bmdb.Event{bmdb.EventRecovered, bmdb.EventNotRecovered}
 
 // GroupsOf maps processes to their exclusion groups as the BMDB does (a
 // process without one is its own group), for AuditLeases.
@@ -70,7 +70,7 @@ func AuditLeases(history []bmdb.HistoryEntry, groups map[string]string) (LeaseAu
 		machine uuid.UUID
 		group   string
 	}
-	res := LeaseAudit{Events: map[string]int{}}
+	res := LeaseAudit{Events: map[bmdb.Event]int{}}
 	// open holds the leases not yet ended, per machine and group: more than
 	// one only after an overlap, which keeps later events matched to their
 	// own lease so that one fault is not reported many times.

@@ -19,7 +19,7 @@ func TestAuditLeases(t *testing.T) {
 		bmdb.Process{Name: "B", ExclusionGroup: "G"},
 		bmdb.Process{Name: "C"}, // its own group
 	)
-	ev := func(id int64, m uuid.UUID, p, event string, s uuid.UUID) bmdb.HistoryEntry {
+	ev := func(id int64, m uuid.UUID, p string, event bmdb.Event, s uuid.UUID) bmdb.HistoryEntry {
 		return bmdb.HistoryEntry{ID: id, Machine: m, Process: p, Event: event, Session: s}
 	}
 	for _, c := range []struct {

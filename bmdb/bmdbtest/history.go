@@ -2,6 +2,7 @@ package bmdbtest
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -29,8 +30,8 @@ func History(t testing.TB, db *bmdb.DB) []bmdb.HistoryEntry {
 
 // Events lists the event names of h, in its order (Started, Finished,
 // ...), for comparing a history with the one a test expects.
-func Events(h []bmdb.HistoryEntry) []string {
-	var out []string
+func Events(h []bmdb.HistoryEntry) []bmdb.Event {
+	var out []bmdb.Event
 	for _, e := range h {
 		out = append(out, e.Event)
 	}
@@ -69,4 +70,14 @@ func Register(t testing.TB, db *bmdb.DB, process bmdb.Process, candidates bmdb.C
 	if _, err := db.RegisterProcess(context.Background(), process, candidates, "test"); err != nil {
 		t.Fatalf("registering %s: %v", process.Name, err)
 	}
+}
+
+// JoinEvents joins events with sep, for comparing a history with a line
+// ("Started,Finished").
+func JoinEvents(events []bmdb.Event, sep string) string {
+	s := make([]string, len(events))
+	for i, e := range events {
+		s[i] = string(e)
+	}
+	return strings.Join(s, sep)
 }

@@ -129,7 +129,7 @@ func (rs *runners) finished() int64 {
 	if err != nil {
 		return 0
 	}
-	return int64(byResult[controlloop.ResultFinished])
+	return int64(byResult[string(controlloop.ResultFinished)])
 }
 
 // counterBy sums the counter family name of reg by the value of its label.

@@ -260,7 +260,7 @@ func TestInventoryd(t *testing.T) {
 		t.Errorf("machines -all after the removal: exit %d, want 3 machines without %s\n%s%s", code, removed.Machine, out, errOut)
 	}
 	code, out, errOut = command(t, bin, "history", removed.Machine.String(), dsnFlag)
-	if code != 0 || !strings.Contains(out, bmdb.EventRemoved) || !strings.Contains(out, "no longer listed in the inventory") {
+	if code != 0 || !strings.Contains(out, string(bmdb.EventRemoved)) || !strings.Contains(out, "no longer listed in the inventory") {
 		t.Errorf("history of the removed machine: exit %d, want its Removed event\n%s%s", code, out, errOut)
 	}
 	d.stop()
