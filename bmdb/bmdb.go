@@ -1,6 +1,6 @@
 // Package bmdb is Shepherd's only door to PostgreSQL, the bare-metal database
 // (BMDB): connection, schema checks, worker sessions, transactions with retry,
-// exclusive work leases, backoff and the audit history.
+// exclusive leases, backoff and the audit history.
 //
 // The semantics it guarantees: leases are exclusive per machine and
 // exclusion group (enforced by a primary key, so they hold under READ
@@ -35,10 +35,10 @@ var (
 	ErrNothingToDo = errors.New("no machine to work on")
 	// ErrLeaseLost is returned by Finish, Fail and Cancel when the lease is no
 	// longer held (reaped after its session expired). Nothing was committed.
-	ErrLeaseLost = errors.New("work lease no longer held")
-	// ErrWorkDone is returned when Finish, Fail or Cancel is called on work
-	// that has already ended.
-	ErrWorkDone = errors.New("work already ended")
+	ErrLeaseLost = errors.New("lease no longer held")
+	// ErrLeaseEnded is returned when Finish, Reschedule, Fail or Cancel is
+	// called on a lease that has already ended.
+	ErrLeaseEnded = errors.New("lease already ended")
 )
 
 // commitTimeout bounds a COMMIT that runs after its caller's context was

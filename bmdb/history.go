@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// HistoryEntry is one row of the work audit history.
+// HistoryEntry is one row of the audit history of leases and operator
+// actions (the work_history table).
 type HistoryEntry struct {
 	// ID orders entries causally: an event that depends on another has a
 	// larger ID.
@@ -45,7 +46,7 @@ func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
 	return e, err
 }
 
-// History returns the work history of machine in causal order.
+// History returns the history of machine in causal order.
 func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, error) {
 	h, err := queryRows(ctx, db.pool, scanHistory, qHistoryOfMachine, machine)
 	if err != nil {

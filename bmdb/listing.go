@@ -24,7 +24,7 @@ const (
 	StateLeased State = "leased"
 	// StateBackoff: the process is backing off from the machine.
 	StateBackoff State = "backoff"
-	// StateRescheduled: the process ended its work on the machine
+	// StateRescheduled: the process ended its lease of the machine
 	// successfully and asked to check it again later (Task.CheckAgainAfter):
 	// the machine is no candidate of the process until then. Not a failure:
 	// without this state such a machine would be in none, and a periodic
@@ -201,7 +201,7 @@ func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]
 	return h, nil
 }
 
-// LeaseInfo is a work row, as an operator sees it.
+// LeaseInfo is a lease (a row of the work table), as an operator sees it.
 type LeaseInfo struct {
 	Process        string
 	ExclusionGroup string
@@ -307,7 +307,7 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 }
 
 // Rescheduled is a machine's "check again later" time for a process: the
-// process ended its work successfully (Rescheduled) and leases the machine
+// process ended its lease successfully (Rescheduled) and leases the machine
 // again no sooner than Until.
 type Rescheduled struct {
 	Process string

@@ -90,7 +90,7 @@ type RetryResult struct {
 	// ended: the machine was waiting, not failing.
 	RescheduleEnded bool
 	// Leased is true when the process holds a lease on the machine now: the
-	// retry then matters only if that work fails.
+	// retry then matters only if that lease fails.
 	Leased bool
 }
 

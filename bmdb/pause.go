@@ -46,8 +46,8 @@ func scanPause(row pgx.CollectableRow) (Pause, error) {
 }
 
 // PauseProcess pauses process on an operator's word: from their next claim
-// on, no replica leases a machine for it, until ResumeProcess. Work already
-// leased runs to its end. Pausing a paused process replaces the reason and
+// on, no replica leases a machine for it, until ResumeProcess. A lease
+// already taken runs to its end. Pausing a paused process replaces the reason and
 // makes the operator its owner (a breaker's pause becomes the operator's).
 func (db *DB) PauseProcess(ctx context.Context, process, reason string) (Pause, error) {
 	if err := checkProcessName(process); err != nil {

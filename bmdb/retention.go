@@ -74,7 +74,7 @@ func (db *DB) PruneHistory(ctx context.Context, olderThan time.Duration, batch i
 	}
 }
 
-// RunRetention prunes work history older than olderThan (see PruneHistory)
+// RunRetention prunes history older than olderThan (see PruneHistory)
 // once at start and then every period, until ctx is done; it returns nil
 // then. Every replica may run it: the pruning lock makes them take turns.
 // A failed round (database unreachable) is logged and retried at the next

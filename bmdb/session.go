@@ -56,7 +56,7 @@ func (c SessionConfig) withDefaults() SessionConfig {
 	return c
 }
 
-// Session is a heartbeating worker session: the owner of work leases. A
+// Session is a heartbeating worker session: the owner of leases. A
 // session is lost when a heartbeat finds it expired in the database or when
 // its local deadline passes without a successful heartbeat, which happens
 // before the database would let anyone reap it. Once lost, every context
@@ -416,7 +416,7 @@ func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, oth
 
 // Close ends the session: it stops the heartbeat, releases the leases still
 // held (each recorded as Canceled) and deletes the session. Callers should
-// first end their work themselves; Close is the safety net. Closing a lost
+// first end their leases themselves; Close is the safety net. Closing a lost
 // session only stops its heartbeat: the reaper records its leases as Lost.
 func (s *Session) Close(ctx context.Context) error {
 	s.halt()

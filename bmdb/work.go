@@ -111,7 +111,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		return nil, err
 	}
 	if limit < 1 {
-		return nil, fmt.Errorf("claiming work for %s: limit %d < 1", process.Name, limit)
+		return nil, fmt.Errorf("claiming for %s: limit %d < 1", process.Name, limit)
 	}
 	if err := s.db.checkRegistered(process, candidates); err != nil {
 		return nil, fmt.Errorf("claiming for %s: %w", process.Name, err)
@@ -201,13 +201,13 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			s.undoClaim(ctx, process, leased, xid)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, err)
+			return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
 		}
 		if len(leased) > 0 && s.expired() {
 			// Committed, but the session was lost meanwhile (a COMMIT whose
 			// answer was held up past the local deadline): the leases are
 			// the reaper's to record as Lost, not ours to act on.
-			return nil, fmt.Errorf("claiming work for %s (%s): %w", process.Name, candidates.name, ErrSessionExpired)
+			return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, ErrSessionExpired)
 		}
 		if len(leased) > 0 {
 			now := time.Now()
@@ -330,7 +330,7 @@ func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Cont
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.done {
-		return ErrWorkDone
+		return ErrLeaseEnded
 	}
 	err := w.s.end(retryUnstarted(ctx), w.Machine, rec, fn)
 	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {

@@ -346,8 +346,8 @@ func TestFinishCommitFailure(t *testing.T) {
 		func() error { return w.Fail(ctx, bmdb.Backoff{}, "again") },
 		func() error { return w.Cancel(ctx) },
 	} {
-		if err := end(); !errors.Is(err, bmdb.ErrWorkDone) {
-			t.Errorf("ending ended work: %v, want ErrWorkDone", err)
+		if err := end(); !errors.Is(err, bmdb.ErrLeaseEnded) {
+			t.Errorf("ending an ended lease: %v, want ErrLeaseEnded", err)
 		}
 	}
 }

@@ -99,7 +99,8 @@ type Config struct {
 	// fleet, in small chunks, for machines a claim would lease that have no
 	// due row (drift: a write the triggers did not see). 0 disables it.
 	ReconcileInterval time.Duration
-	// Backoff is the default backoff of failed work.
+	// Backoff is the default backoff of a failed lease (Run returned an
+	// error).
 	Backoff bmdb.Backoff
 	// Session configures the process's BMDB session.
 	Session bmdb.SessionConfig

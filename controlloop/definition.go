@@ -105,7 +105,7 @@ type Handler interface {
 	// Run acts on one leased machine. ctx is cancelled when the lease may
 	// no longer be held (session lost) or at shutdown after the grace
 	// period; Run must then stop acting on the world and return. Returning
-	// nil finishes the work (running t.Commit in the finishing
+	// nil finishes the lease (running t.Commit in the finishing
 	// transaction); returning an error fails it with t.Backoff.
 	Run(ctx context.Context, t *Task) error
 }

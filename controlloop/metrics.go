@@ -22,7 +22,7 @@ const (
 	// ResultRescheduled: finished with a time before which the machine is
 	// not a candidate again (Task.CheckAgainAfter); not a failure.
 	ResultRescheduled Result = "rescheduled"
-	// ResultTimeout: Run did not return within -<p>_run_timeout; the work
+	// ResultTimeout: Run did not return within -<p>_run_timeout; the lease
 	// failed (backed off) with the cause "run timed out after D".
 	ResultTimeout Result = "timeout"
 )

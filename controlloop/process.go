@@ -71,7 +71,7 @@ type Task struct {
 }
 
 // CheckAgainAfter makes a successful Run (one that returns nil) end the
-// work as "check again later": the machine is not a candidate of this
+// lease as "check again later": the machine is not a candidate of this
 // process again for d (at least a second), like controller-runtime's
 // RequeueAfter or River's JobSnooze. It is no failure: history records
 // Rescheduled (with the time) instead of Finished, no backoff is set, and
@@ -80,7 +80,7 @@ type Task struct {
 // that still matches the condition is a candidate again at once.
 func (t *Task) CheckAgainAfter(d time.Duration) { t.checkAgain = max(d, time.Second) }
 
-// BackoffError is an error for which the failing work backs off with
+// BackoffError is an error for which the failing lease backs off with
 // Backoff instead of the task's. Return it (see WithBackoff), wrapped or
 // not, from Run or from a provider: the runner finds it anywhere in the
 // chain of Run's error, so a process never has to remember to apply it. A
@@ -93,7 +93,7 @@ type BackoffError struct {
 	Backoff bmdb.Backoff
 }
 
-// WithBackoff wraps err so that the work failing with it backs off with b.
+// WithBackoff wraps err so that the lease failing with it backs off with b.
 // It returns nil for a nil err.
 func WithBackoff(err error, b bmdb.Backoff) error {
 	if err == nil {
