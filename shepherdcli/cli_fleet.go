@@ -14,18 +14,18 @@ import (
 
 // fleetJSON is a row of `machines -all` in JSON.
 type fleetJSON struct {
-	Machine       uuid.UUID         `json:"machine"`
-	Provider      string            `json:"provider"`
-	ProviderID    string            `json:"provider_id"`
-	Address       string            `json:"address"`
-	Location      string            `json:"location,omitempty"`
-	Power         string            `json:"power,omitempty"`
-	PowerState    string            `json:"power_state,omitempty"`
-	PowerCause    string            `json:"power_cause,omitempty"`
-	PowerReadAt   *time.Time        `json:"power_read_at,omitempty"`
-	AgentStarted  *time.Time        `json:"agent_started,omitempty"`
-	LastHeartbeat *time.Time        `json:"last_heartbeat,omitempty"`
-	Processes     map[string]string `json:"processes"`
+	Machine       uuid.UUID             `json:"machine"`
+	Provider      string                `json:"provider"`
+	ProviderID    string                `json:"provider_id"`
+	Address       string                `json:"address"`
+	Location      string                `json:"location,omitempty"`
+	Power         string                `json:"power,omitempty"`
+	PowerState    string                `json:"power_state,omitempty"`
+	PowerCause    string                `json:"power_cause,omitempty"`
+	PowerReadAt   *time.Time            `json:"power_read_at,omitempty"`
+	AgentStarted  *time.Time            `json:"agent_started,omitempty"`
+	LastHeartbeat *time.Time            `json:"last_heartbeat,omitempty"`
+	Processes     map[string]bmdb.State `json:"processes"`
 }
 
 // fleet lists every machine with its tags and each process's state on it:
@@ -64,11 +64,11 @@ func (c *cli) fleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	states := func(m bmdb.FleetMachine) map[string]string {
-		out := map[string]string{}
+	states := func(m bmdb.FleetMachine) map[string]bmdb.State {
+		out := map[string]bmdb.State{}
 		for _, p := range procs {
 			if eligible[p.process.Name][m.Machine] {
-				out[p.label] = string(bmdb.StateEligible)
+				out[p.label] = bmdb.StateEligible
 			}
 		}
 		name := func(process string) string {
@@ -80,22 +80,22 @@ func (c *cli) fleet(ctx context.Context) error {
 			return process
 		}
 		for _, p := range m.Rescheduled {
-			out[name(p)] = string(bmdb.StateRescheduled)
+			out[name(p)] = bmdb.StateRescheduled
 		}
 		for _, p := range m.BackingOff {
-			out[name(p)] = string(bmdb.StateBackoff)
+			out[name(p)] = bmdb.StateBackoff
 		}
 		for _, h := range holds[m.Machine] {
 			if h.Process != "" {
-				out[name(h.Process)] = string(bmdb.StateHeld)
+				out[name(h.Process)] = bmdb.StateHeld
 				continue
 			}
 			for _, p := range procs {
-				out[p.label] = string(bmdb.StateHeld)
+				out[p.label] = bmdb.StateHeld
 			}
 		}
 		for _, p := range m.Leased {
-			out[name(p)] = string(bmdb.StateLeased)
+			out[name(p)] = bmdb.StateLeased
 		}
 		return out
 	}
@@ -121,7 +121,7 @@ func (c *cli) fleet(ctx context.Context) error {
 		byProcess := states(m)
 		var cells []string
 		for _, p := range slices.Sorted(maps.Keys(byProcess)) {
-			cells = append(cells, p+"="+byProcess[p])
+			cells = append(cells, p+"="+string(byProcess[p]))
 		}
 		power, powerRead := "", ""
 		if p, ok := powers[m.Machine]; ok {

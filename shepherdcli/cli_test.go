@@ -365,7 +365,7 @@ func TestCLIMachinesAll(t *testing.T) {
 	if len(rows) != 4 {
 		t.Fatalf("%d machines, want 4:\n%s", len(rows), out)
 	}
-	states := map[string]int{}
+	states := map[bmdb.State]int{}
 	for i, r := range rows {
 		if r.Provider != "test" || r.ProviderID != fmt.Sprintf("m%d", i) {
 			t.Errorf("row %d: %s/%s, want test/m%d in order", i, r.Provider, r.ProviderID, i)
@@ -379,12 +379,12 @@ func TestCLIMachinesAll(t *testing.T) {
 		default:
 			want = bmdb.StateEligible
 		}
-		if got := bmdb.State(r.Processes["agentstart"]); got != want {
+		if got := r.Processes["agentstart"]; got != want {
 			t.Errorf("%s: agentstart %q, want %q", r.Machine, got, want)
 		}
 		states[r.Processes["agentstart"]]++
 	}
-	if states[string(bmdb.StateEligible)] != 2 {
+	if states[bmdb.StateEligible] != 2 {
 		t.Errorf("states %v, want 2 eligible", states)
 	}
 	out, _ = f.expect(t, exitOK, "machines", "-all")

@@ -278,7 +278,7 @@ func TestHoldSelection(t *testing.T) {
 	}
 	heldIn := 0
 	for _, m := range fleet {
-		if m.Processes["agentstart"] == string(bmdb.StateHeld) && m.Processes["recovery"] == string(bmdb.StateHeld) {
+		if m.Processes["agentstart"] == bmdb.StateHeld && m.Processes["recovery"] == bmdb.StateHeld {
 			heldIn++
 		}
 	}
