@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 func TestParseMachineBudget(t *testing.T) {

@@ -122,7 +122,7 @@ type Env struct {
 	// Provider acts on the machines.
 	Provider providers.Provider
 	// DB is the BMDB, for a process that reads it outside its work.
-	DB *bmdb.DB
+	DB bmdb.DB
 }
 
 // Tag is one line of a process's tags on a machine's status page and in

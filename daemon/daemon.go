@@ -43,9 +43,9 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
 	"github.com/shepherd-fleet/shepherd/internal/pgdsn"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"

@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // readyPingTimeout bounds the database ping of /readyz: a probe that hangs

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // keyLoader reads agent keys from the BMDB for the key cache's misses,

@@ -56,7 +56,9 @@ type Definition struct {
 
 // Env is what a provider is built with.
 type Env struct {
-	DB *bmdb.DB
+	// DB is the BMDB, in which the provider adds, updates and removes its
+	// machines (DB.Transact).
+	DB bmdb.DB
 	// Registerer takes the provider's metrics, served on /metrics.
 	Registerer prometheus.Registerer
 	// HeartbeatURL is the URL of the daemon's heartbeat endpoint as the

@@ -9,13 +9,13 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // Operator control of single machines: run-now, cancel and explain (issue
-// 28). The requests are rows in the BMDB (bmdb/control.go), so that
+// 28). The requests are rows in the BMDB (internal/bmdb/control.go), so that
 // whichever replica claims or holds the machine honours them.
 
 // controlOptions are the flags of run-now, cancel and explain (-as and

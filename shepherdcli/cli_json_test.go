@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // rawControls holds a character of each class a terminal acts on or

@@ -5,7 +5,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgdsn"
 )
 

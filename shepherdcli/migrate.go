@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 const migrateUsage = `Usage: shepherd migrate [flags] up|down|version|force N

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // minHistoryRetention is the shortest -history_retention accepted. History

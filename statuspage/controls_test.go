@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 	"github.com/shepherd-fleet/shepherd/untrusted"

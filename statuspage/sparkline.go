@@ -5,7 +5,7 @@ import (
 	"html/template"
 	"strings"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // Sparkline geometry, in SVG user units.

@@ -45,7 +45,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 

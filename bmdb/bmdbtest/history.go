@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // History reads the whole work history of db in causal order, page by page,
 // for the audits that prove from history alone that no two exclusive leases
 // overlapped.
-func History(t testing.TB, db *bmdb.DB) []bmdb.HistoryEntry {
+func History(t testing.TB, db *DB) []bmdb.HistoryEntry {
 	t.Helper()
 	var all []bmdb.HistoryEntry
 	var after int64
@@ -40,13 +40,13 @@ func Events(h []bmdb.HistoryEntry) []bmdb.Event {
 
 // Open opens the BMDB at dsn for a test's own checks, closed when the test
 // ends.
-func Open(t testing.TB, dsn string) *bmdb.DB {
+func Open(t testing.TB, dsn string) *DB {
 	t.Helper()
-	return OpenWith(t, dsn, bmdb.Options{})
+	return OpenWith(t, dsn, Options{})
 }
 
 // OpenWith is Open with options (metrics, pool size).
-func OpenWith(t testing.TB, dsn string, opts bmdb.Options) *bmdb.DB {
+func OpenWith(t testing.TB, dsn string, opts Options) *DB {
 	t.Helper()
 	db, err := bmdb.Open(context.Background(), dsn, opts)
 	if err != nil {
@@ -58,14 +58,14 @@ func OpenWith(t testing.TB, dsn string, opts bmdb.Options) *bmdb.DB {
 
 // NewDB opens a new migrated database of its own (NewDatabase) with opts,
 // closed when the test ends: the BMDB of a test that needs nothing else.
-func NewDB(t testing.TB, opts bmdb.Options) *bmdb.DB {
+func NewDB(t testing.TB, opts Options) *DB {
 	t.Helper()
 	return OpenWith(t, NewDatabase(t), opts)
 }
 
 // Register registers process with candidates through db, as a runner does
 // at start: a claim requires it (bmdb.ErrNotRegistered).
-func Register(t testing.TB, db *bmdb.DB, process bmdb.Process, candidates bmdb.Candidates) {
+func Register(t testing.TB, db *DB, process bmdb.Process, candidates bmdb.Candidates) {
 	t.Helper()
 	if _, err := db.RegisterProcess(context.Background(), process, candidates, "test"); err != nil {
 		t.Fatalf("registering %s: %v", process.Name, err)

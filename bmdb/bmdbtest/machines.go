@@ -9,14 +9,14 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // AddMachines adds n machines of provider "test" to db in one transaction,
 // each with a provider id of its own and a documentation address
 // (192.0.2.0/24), and returns their ids in the order added. Tests of every
 // package build their fleets with it.
-func AddMachines(t testing.TB, db *bmdb.DB, n int) []uuid.UUID {
+func AddMachines(t testing.TB, db *DB, n int) []uuid.UUID {
 	t.Helper()
 	ids := make([]uuid.UUID, 0, n)
 	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
@@ -42,7 +42,7 @@ func AddMachines(t testing.TB, db *bmdb.DB, n int) []uuid.UUID {
 
 // LastHeartbeat is the machine's last recorded agent heartbeat, zero if it
 // has none.
-func LastHeartbeat(t testing.TB, db *bmdb.DB, machine uuid.UUID) time.Time {
+func LastHeartbeat(t testing.TB, db *DB, machine uuid.UUID) time.Time {
 	t.Helper()
 	var at time.Time
 	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
@@ -60,7 +60,7 @@ func LastHeartbeat(t testing.TB, db *bmdb.DB, machine uuid.UUID) time.Time {
 }
 
 // ProvidedBy returns the machines that provider lists, by provider id.
-func ProvidedBy(t testing.TB, db *bmdb.DB, provider string) map[string]bmdb.Provided {
+func ProvidedBy(t testing.TB, db *DB, provider string) map[string]bmdb.Provided {
 	t.Helper()
 	got := map[string]bmdb.Provided{}
 	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {

@@ -27,8 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // heartbeatResult is the heartbeat endpoint's ingestion rate: simulated

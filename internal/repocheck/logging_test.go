@@ -20,6 +20,7 @@ import (
 var libraryRoots = []string{
 	"agentproto",
 	"bmdb",
+	"internal/bmdb",
 	"controlloop",
 	"daemon",
 	"heartbeat",

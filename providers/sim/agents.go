@@ -127,7 +127,7 @@ const unrecordedGrace = time.Minute
 // the old agent stops for good, so that two replicas never keep one
 // machine looking alive.
 type Agents struct {
-	db  *bmdb.DB
+	db  bmdb.DB
 	cfg AgentConfig
 
 	mu     sync.Mutex
@@ -152,14 +152,14 @@ var (
 
 // NewAgents returns simulated agents that heartbeat into db. Its error,
 // for a cfg that fails Check, names the field.
-func NewAgents(db *bmdb.DB, cfg AgentConfig) (*Agents, error) {
+func NewAgents(db bmdb.DB, cfg AgentConfig) (*Agents, error) {
 	if err := cfg.Check(""); err != nil {
 		return nil, fmt.Errorf("sim: agent configuration: %w", err)
 	}
 	return newAgents(db, cfg), nil
 }
 
-func newAgents(db *bmdb.DB, cfg AgentConfig) *Agents {
+func newAgents(db bmdb.DB, cfg AgentConfig) *Agents {
 	return &Agents{
 		db:     db,
 		cfg:    cfg,

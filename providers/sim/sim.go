@@ -108,12 +108,12 @@ func (c Config) AgentConfig() AgentConfig {
 // Agents, which refuse machines of other providers).
 type Provider struct {
 	*Agents
-	db  *bmdb.DB
+	db  bmdb.DB
 	cfg Config
 }
 
 // New returns a simulated provider over db; cfg must have passed Check.
-func New(db *bmdb.DB, cfg Config) *Provider {
+func New(db bmdb.DB, cfg Config) *Provider {
 	return &Provider{Agents: newAgents(db, cfg.AgentConfig()), db: db, cfg: cfg}
 }
 

@@ -53,7 +53,7 @@ type PinStore interface {
 // (the first key wins, by primary key), so a lease lost meanwhile does no
 // harm.
 type BMDBPins struct {
-	DB *bmdb.DB
+	DB bmdb.DB
 }
 
 // Pinned implements PinStore.

@@ -120,7 +120,7 @@ func (c *Config) Check() error {
 // Provider is the static provider. It implements providers.Provider.
 type Provider struct {
 	cfg     Config
-	db      *bmdb.DB
+	db      bmdb.DB
 	ssh     *sshagent.Client
 	redfish *redfish.Client
 	ipmi    *ipmi.Client
@@ -140,7 +140,7 @@ var _ providers.Provider = (*Provider)(nil)
 // New loads the inventory, syncs it into the BMDB and returns the provider.
 // Its metrics are registered with reg (nil: not registered). Host keys are
 // pinned in db unless cfg.SSH names a known_hosts file.
-func New(ctx context.Context, cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
+func New(ctx context.Context, cfg Config, db bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
 	p, err := Open(cfg, db, reg)
 	if err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func New(ctx context.Context, cfg Config, db *bmdb.DB, reg prometheus.Registerer
 // once (its metrics are registered with reg, nil: not registered) and calls
 // Sync until the database answers. The inventory is in force, but its
 // machines may not be in the BMDB until Sync succeeds.
-func Open(cfg Config, db *bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
+func Open(cfg Config, db bmdb.DB, reg prometheus.Registerer) (*Provider, error) {
 	ssh, err := sshagent.New(cfg.SSH, sshagent.BMDBPins{DB: db})
 	if err != nil {
 		return nil, err

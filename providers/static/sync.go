@@ -47,7 +47,7 @@ type SyncOptions struct {
 // logged and the machine kept too: the additions and updates, committed,
 // stay in force. A machine another replica removed first counts in
 // neither list.
-func Sync(ctx context.Context, db *bmdb.DB, inv *Inventory, opts SyncOptions) (SyncResult, error) {
+func Sync(ctx context.Context, db bmdb.DB, inv *Inventory, opts SyncOptions) (SyncResult, error) {
 	var res SyncResult
 	var unlisted []bmdb.Provided
 	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {

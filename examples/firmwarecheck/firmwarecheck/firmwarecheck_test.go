@@ -59,10 +59,11 @@ func (c *checker) times(id string) []time.Time {
 	return append([]time.Time(nil), c.checks[id]...)
 }
 
-// env is a migrated database (Shepherd's schema and FirmwareCheck's).
+// env is a migrated database (Shepherd's schema and FirmwareCheck's). Its
+// db is bmdbtest's, which a runner takes: more than a process's bmdb.DB.
 type env struct {
 	t  *testing.T
-	db *bmdb.DB
+	db *bmdbtest.DB
 }
 
 func newEnv(t *testing.T) *env {
@@ -71,12 +72,7 @@ func newEnv(t *testing.T) *env {
 	if err := bmdb.MigrateUp(t.Context(), dsn, firmwarecheck.Migrations); err != nil {
 		t.Fatalf("MigrateUp: %v", err)
 	}
-	db, err := bmdb.Open(context.Background(), dsn, bmdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return &env{t: t, db: db}
+	return &env{t: t, db: bmdbtest.Open(t, dsn)}
 }
 
 // machine adds a provided machine, with a heartbeating agent if alive.

@@ -67,7 +67,7 @@ type Provider struct {
 }
 
 // New returns the provider over db.
-func New(db *bmdb.DB, cfg Config) *Provider {
+func New(db bmdb.DB, cfg Config) *Provider {
 	sc := sim.DefaultConfig()
 	sc.Machines = cfg.Machines
 	sc.HeartbeatLossRate = cfg.HeartbeatLossRate

@@ -100,7 +100,7 @@ var notListedBackoff = bmdb.Backoff{Initial: time.Hour, Maximum: 24 * time.Hour,
 // serve this provider's machines only).
 type Provider struct {
 	*sim.Agents
-	db     *bmdb.DB
+	db     bmdb.DB
 	cfg    Config
 	client *http.Client
 
@@ -111,7 +111,7 @@ type Provider struct {
 }
 
 // New returns the provider over db; cfg must have passed Check.
-func New(db *bmdb.DB, cfg Config) (*Provider, error) {
+func New(db bmdb.DB, cfg Config) (*Provider, error) {
 	ac := cfg.Agents
 	ac.Providers = []string{Name}
 	agents, err := sim.NewAgents(db, ac)

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 // lease soon); once the lease ended, the next sync removes it.
 func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	ctx := t.Context()
-	db := bmdbtest.NewDB(t, bmdb.Options{})
+	db := bmdbtest.NewDB(t, bmdbtest.Options{})
 	var mu sync.Mutex
 	listed := []httpinv.Machine{{ID: "a", Address: "10.0.0.1"}, {ID: "b", Address: "10.0.0.2"}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -45,13 +45,13 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	}
 	b := bmdbtest.ProvidedBy(t, db, httpinv.Name)["b"]
 
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "test"})
+	s, err := db.StartSession(ctx, bmdbtest.SessionConfig{Component: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close(t.Context()) })
 	bmdbtest.Register(t, db, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates())
-	var lease *bmdb.Lease
+	var lease *bmdbtest.Lease
 	for lease == nil || lease.Machine != b.Machine {
 		if lease, err = s.Claim(ctx, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates()); err != nil {
 			t.Fatalf("claiming b: %v", err)

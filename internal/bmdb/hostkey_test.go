@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // TestSSHHostKeyPinFirstWins pins different keys for one machine from many

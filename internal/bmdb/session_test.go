@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // A session whose heartbeat stops loses its leases to the reaper that

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // sequence returns the intervals persisted by n consecutive failures, the

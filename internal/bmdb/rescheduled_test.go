@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // TestRescheduledState: a machine whose process ended with "check again

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // The registry gives back the condition a runner registered, parameters of
