@@ -213,91 +213,41 @@ func Fetch(ctx context.Context, client *http.Client, url string) ([]Machine, err
 	return ms, nil
 }
 
-// SyncResult is what one Sync changed, by provider id.
-type SyncResult struct {
-	Added, Updated, Removed []string
-	// Kept are the machines the inventory no longer lists that are still
-	// in the BMDB: leased by a process (bmdb.ErrLeased), or whose removal
-	// failed. The next Sync tries again.
-	Kept []string
-}
+// SyncResult is what one Sync changed, by provider id. Kept are the
+// machines no longer listed that are still in the BMDB: leased by a
+// process (bmdb.ErrLeased), or whose removal failed. The next Sync tries
+// again.
+type SyncResult = providers.SyncResult
 
 // Sync reads the inventory and makes the BMDB's machines of this provider
-// match it: new entries become machines and changed ones are updated, in
-// one transaction; then each machine no longer listed is removed in a
-// transaction of its own (bmdb.Tx.RemoveMachine, which waits for claims
-// holding the machine and must not hold the other machines' locks
-// meanwhile). A removed machine's history stays, ending with Removed.
+// match it with providers.SyncMachines: new entries become machines and
+// changed ones are updated; each machine no longer listed is removed, and
+// its history stays, ending with Removed.
 //
 // The policy is to remove: an inventory is the truth about which machines
 // exist. A provider whose inventory may drop machines by mistake would
-// keep them instead and fail their actions (as ErrNotListed does here for
-// a machine whose removal must wait for its lease to end).
+// keep them instead (SyncOptions.KeepUnlisted) and fail their actions (as
+// ErrNotListed does here for a machine whose removal must wait for its
+// lease to end).
 func (p *Provider) Sync(ctx context.Context) (SyncResult, error) {
 	listed, err := Fetch(ctx, p.client, p.cfg.URL)
 	if err != nil {
 		return SyncResult{}, err
 	}
-	var res SyncResult
-	var unlisted []bmdb.Provided
-	err = p.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-		res, unlisted = SyncResult{}, nil // the function may run again after a retry
-		existing, err := tx.ProvidedBy(ctx, Name)
-		if err != nil {
-			return err
-		}
-		have := make(map[string]bmdb.Provided, len(existing))
-		for _, m := range existing {
-			have[m.ProviderID] = m
-		}
-		for _, m := range listed {
-			want := bmdb.Provided{Provider: Name, ProviderID: m.ID, Address: m.Address, Location: m.Location}
-			old, ok := have[m.ID]
-			delete(have, m.ID)
-			switch {
-			case !ok:
-				if _, err := tx.AddMachine(ctx, want); err != nil {
-					return err
-				}
-				res.Added = append(res.Added, m.ID)
-			case old.Address != want.Address || old.Location != want.Location:
-				want.Machine = old.Machine
-				if _, err := tx.UpdateProvided(ctx, want); err != nil {
-					return err
-				}
-				res.Updated = append(res.Updated, m.ID)
-			}
-		}
-		for _, m := range existing {
-			if _, gone := have[m.ProviderID]; gone {
-				unlisted = append(unlisted, m)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return SyncResult{}, fmt.Errorf("syncing the inventory into the BMDB: %w", err)
+	want := make([]bmdb.Provided, 0, len(listed))
+	for _, m := range listed {
+		want = append(want, bmdb.Provided{ProviderID: m.ID, Address: m.Address, Location: m.Location})
 	}
-	kept := map[string]bool{}
-	for _, m := range unlisted {
-		err := p.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			return tx.RemoveMachine(ctx, m.Machine, "no longer listed in the inventory "+p.cfg.URL)
-		})
-		switch {
-		case err == nil:
-			res.Removed = append(res.Removed, m.ProviderID)
-			p.Forget(m.Machine)
-		case errors.Is(err, bmdb.ErrNotFound):
-			// Another replica, syncing the same inventory, was first.
-			p.Forget(m.Machine)
-		case errors.Is(err, bmdb.ErrLeased):
-			res.Kept = append(res.Kept, m.ProviderID)
-			kept[m.ProviderID] = true
-		default:
-			klog.FromContext(ctx).Error(err, "Removing a machine no longer listed failed; it is kept and tried again", "machine", m.ProviderID)
-			res.Kept = append(res.Kept, m.ProviderID)
-			kept[m.ProviderID] = true
-		}
+	res, err := providers.SyncMachines(ctx, p.db, Name, want, providers.SyncOptions{Source: "the inventory " + p.cfg.URL})
+	if err != nil {
+		return SyncResult{}, err
+	}
+	for _, machine := range res.Gone {
+		p.Forget(machine)
+	}
+	kept := make(map[string]bool, len(res.Kept))
+	for _, id := range res.Kept {
+		kept[id] = true
 	}
 	p.mu.Lock()
 	p.unlisted = kept
