@@ -116,11 +116,15 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 	if err := s.db.checkRegistered(process, candidates); err != nil {
 		return nil, fmt.Errorf("claiming for %s: %w", process.Name, err)
 	}
-	// The first round locks little more than it may lease: re-checking
-	// costs per row. A round that leased nothing was settling rows that are
-	// due but not wanted (deadlines that fresh heartbeats moved): the next
-	// rounds take many at once.
-	scan := 2*limit + 8
+	// The first round locks little more than it may lease: locking and
+	// re-checking cost per row, and an eligible row locked beyond the
+	// limit is paid for and left due. A round that leases fewer than
+	// limit (some locked rows were not eligible) returns what it leased;
+	// the runner claims again at once for its other idle workers. A round
+	// that leased nothing was settling rows that are due but not wanted
+	// (deadlines that fresh heartbeats moved): the next rounds take many
+	// at once.
+	scan := limit + limit/8 + 4
 	query, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
