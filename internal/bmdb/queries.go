@@ -134,17 +134,21 @@ FROM sessions ORDER BY session_created_at`
 	// records it as Lost) returns nothing. One statement records the ends
 	// of a whole batch (endbatch.go).
 	//
-	// The session is compared with IS NOT DISTINCT FROM, which no index
-	// serves, so that the leases are found by (machine_id, process): the
-	// session's index holds an entry for every lease a busy session took
-	// since the last vacuum, and a plan that reads the session's leases
-	// by it reads them all, dead ones included.
+	// The leases are found by their machines, "machine_id = ANY ($2)", a
+	// probe of work's keys per machine, and the session and the process
+	// are compared in ways no index serves (IS NOT DISTINCT FROM,
+	// w.process || ''): the session's index holds an entry for every lease
+	// a busy session took since the last vacuum, and the process's index
+	// one for every lease of the process, dead ones included, and a
+	// generic plan that probed either, or hashed the leases, read them all
+	// for each batch (TestClaimAndEndGenericPlans).
 	qEndLeases = `
 WITH ends AS (
     SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::text[]) AS e(machine_id, process, event, later, note)
 ), lease AS (
     DELETE FROM work w USING ends e
-    WHERE w.machine_id = e.machine_id AND w.process = e.process AND w.session_id IS NOT DISTINCT FROM $1
+    WHERE w.machine_id = ANY ($2::uuid[]) AND w.machine_id = e.machine_id AND w.process || '' = e.process
+      AND w.session_id IS NOT DISTINCT FROM $1
     RETURNING e.machine_id, e.process, e.event, e.later, e.note
 ), cleared AS (
     DELETE FROM work_backoff b USING lease l
@@ -173,12 +177,12 @@ SELECT machine_id, process FROM lease`
 	// processes $3, returning those still held (machine, process): a batch of ends locks them
 	// before it runs the processes' commit functions, so that each end it
 	// then records finds its lease (the reaper waits for the lock). The
-	// session is compared as in qEndLeases.
+	// session and the process are compared as in qEndLeases.
 	qLockLeases = `
 SELECT w.machine_id, w.process FROM work w
 JOIN unnest($2::uuid[], $3::text[]) AS e(machine_id, process)
-  ON w.machine_id = e.machine_id AND w.process = e.process
-WHERE w.session_id IS NOT DISTINCT FROM $1
+  ON w.machine_id = e.machine_id AND w.process || '' = e.process
+WHERE w.machine_id = ANY ($2::uuid[]) AND w.session_id IS NOT DISTINCT FROM $1
 ORDER BY w.machine_id
 FOR UPDATE OF w`
 
@@ -205,10 +209,10 @@ INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)
 SELECT machine_id, $2, 'Canceled', $3, $5 FROM lease ORDER BY machine_id`
 
 	// qWorkFail ends a lease with Failed and a cause ($4). The other ends
-	// are qEndLeases'.
+	// are qEndLeases'. The lease is found by its machine, as there.
 	qWorkFail = `
 WITH lease AS (
-    DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3
+    DELETE FROM work WHERE machine_id = $1 AND process || '' = $2 AND session_id IS NOT DISTINCT FROM $3
     RETURNING machine_id
 )
 INSERT INTO work_history (machine_id, process, event, session_id, failed_cause)

@@ -288,8 +288,8 @@ SELECT
 	// (plan_cache_mode): PostgreSQL would otherwise plan the due rows' lock
 	// anew at each claim, a custom plan for its LIMIT, which cost about
 	// what running it does.
-	// The setting is no promise of probes: the lease ends' generic plans
-	// still read work's process index whole, whose cost follows its bloat.
+	// The setting is no promise of probes: the statements name their rows
+	// in forms that only a probe by machine serves (TestClaimAndEndGenericPlans).
 	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
        set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true)`
