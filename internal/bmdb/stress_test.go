@@ -17,7 +17,9 @@ import (
 )
 
 // TestStress runs 32 workers in 4 sessions (each with its own connection
-// pool, like 4 replicas) over 200 machines for 10 s. Half the workers run
+// pool, like 4 replicas) over 200 machines until 4,000 leases have started
+// (at most a minute: the run is a count of leases, not a time, so that a
+// loaded machine makes it longer rather than failing it). Half the workers run
 // AgentStart and half Recovery, one exclusion group; each cycle claims one or
 // a few machines and randomly finishes, fails (with a short backoff) or
 // cancels. Then the whole history is audited: per machine and exclusion
@@ -29,7 +31,11 @@ func TestStress(t *testing.T) {
 		replicas          = 4
 		workersPerReplica = 8
 		machines          = 200
-		duration          = 10 * time.Second
+		leases            = 4000
+		// maxDuration bounds a run on a machine too loaded to reach
+		// leases; fewer than minLeases by then proves too little.
+		maxDuration = time.Minute
+		minLeases   = 500
 	)
 	e := newEnv(t, bmdb.Options{})
 	e.addMachines(machines)
@@ -53,7 +59,7 @@ func TestStress(t *testing.T) {
 	}
 	backoff := bmdb.Backoff{Initial: time.Second}
 
-	ctx, cancel := context.WithTimeout(t.Context(), duration)
+	ctx, cancel := context.WithTimeout(t.Context(), maxDuration)
 	defer cancel()
 	var wg sync.WaitGroup
 	for r, s := range sessions {
@@ -78,7 +84,9 @@ func TestStress(t *testing.T) {
 						report(fmt.Errorf("%s: claiming: %w", p.Name, err))
 						continue
 					}
-					started.Add(int64(len(works)))
+					if started.Add(int64(len(works))) >= leases {
+						cancel()
+					}
 					for _, w := range works {
 						switch rng.IntN(3) {
 						case 0:
@@ -107,8 +115,8 @@ func TestStress(t *testing.T) {
 	for _, err := range errs {
 		t.Errorf("unexpected error: %v", err)
 	}
-	if started.Load() < 500 {
-		t.Errorf("only %d leases in %v: too few to prove anything", started.Load(), duration)
+	if started.Load() < minLeases {
+		t.Errorf("only %d leases in %v: too few to prove anything", started.Load(), maxDuration)
 	}
 
 	// The audit, from history alone, by the shared auditor.
