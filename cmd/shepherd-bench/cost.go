@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -67,14 +68,18 @@ type costSnap struct {
 	haveStmts  bool
 	wal        int64
 	cpu        float64
+	// clientCPU is the client process's CPU seconds (haveClient: read).
+	clientCPU  float64
+	haveClient bool
 	rows       map[string]rowCounts
 }
 
 // costSnapshot reads the counters of database dbname: admin is a
 // connection to the admin database (where pg_stat_statements is
 // installed), dbConn one to dbname itself (pg_stat_user_tables is per
-// database).
-func (b *bench) costSnapshot(ctx context.Context, admin, dbConn *pgx.Conn, dbname string) (costSnap, error) {
+// database), client the process that does the work (this one for
+// Shepherd's runners, `river bench` for River; 0: none).
+func (b *bench) costSnapshot(ctx context.Context, admin, dbConn *pgx.Conn, dbname string, client int) (costSnap, error) {
 	s := costSnap{rows: map[string]rowCounts{}}
 	var err error
 	if s.xacts, err = b.srv.xacts(ctx, admin, dbname); err != nil {
@@ -91,6 +96,12 @@ func (b *bench) costSnapshot(ctx context.Context, admin, dbConn *pgx.Conn, dbnam
 	}
 	if s.cpu, err = b.srv.cpuSeconds(); err != nil {
 		return s, err
+	}
+	if client != 0 && runtime.GOOS == "linux" {
+		if s.clientCPU, err = processCPUSeconds(client); err != nil {
+			return s, err
+		}
+		s.haveClient = true
 	}
 	rows, err := dbConn.Query(ctx, qTableWrites)
 	if err != nil {
@@ -138,6 +149,10 @@ type costResult struct {
 	ExecUs      float64 `json:"exec_us,omitempty"`
 	WALBytes    float64 `json:"wal_bytes"`
 	ServerCPUUs float64 `json:"server_cpu_us,omitempty"`
+	// ClientCPUUs is the client process's CPU (/proc): this benchmark's
+	// process (the runners, pgx and the harness) for Shepherd, `river
+	// bench` (its inserts, fetches, workers and completions) for River.
+	ClientCPUUs float64 `json:"client_cpu_us,omitempty"`
 	// Rows are the rows written per table (tables with none left out).
 	Rows map[string]rowsPerUnit `json:"rows"`
 }
@@ -155,6 +170,9 @@ func (b *bench) addCost(c costResult, s0, s1 costSnap, units int64) error {
 	}
 	c.WALBytes = per(float64(s1.wal-s0.wal), 0)
 	c.ServerCPUUs = per(1e6*(s1.cpu-s0.cpu), 1)
+	if s0.haveClient && s1.haveClient {
+		c.ClientCPUUs = per(1e6*(s1.clientCPU-s0.clientCPU), 1)
+	}
 	c.Rows = map[string]rowsPerUnit{}
 	for name, r1 := range s1.rows {
 		r0 := s0.rows[name]
@@ -232,6 +250,12 @@ func costTable(cs []costResult) string {
 			return "n/a"
 		}
 		return num(c.ServerCPUUs, 1)
+	})
+	row("client CPU µs (/proc)", func(c costResult) string {
+		if c.ClientCPUUs == 0 {
+			return "n/a"
+		}
+		return num(c.ClientCPUUs, 1)
 	})
 	var tables []string
 	for _, c := range cs {

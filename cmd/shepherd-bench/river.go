@@ -208,7 +208,7 @@ func (b *bench) river(ctx context.Context, phase string) error {
 		if l.Period == 0 || snapErr != nil || !b.o.costs {
 			continue // the first line: nothing worked yet
 		}
-		s, err := b.costSnapshot(ctx, admin, dbConn, name)
+		s, err := b.costSnapshot(ctx, admin, dbConn, name, cmd.Process.Pid)
 		if err != nil {
 			snapErr = err
 			continue

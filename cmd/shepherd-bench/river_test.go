@@ -51,7 +51,7 @@ func TestCostTable(t *testing.T) {
 	table := costTable([]costResult{
 		{Label: "Shepherd, 16 workers, 10k machines", Unit: "cycle", Units: 1000, Seconds: 10, Xacts: 2, Statements: 6.5, ExecUs: 40, WALBytes: 900, ServerCPUUs: 120,
 			Rows: map[string]rowsPerUnit{"work": {Ins: 1, Del: 1}}},
-		{Label: "River (before)", Unit: "job", Units: 500, Seconds: 2, Xacts: 0.1, WALBytes: 300,
+		{Label: "River (before)", Unit: "job", Units: 500, Seconds: 2, Xacts: 0.1, WALBytes: 300, ClientCPUUs: 25.5,
 			Rows: map[string]rowsPerUnit{"river_job": {Ins: 1, Upd: 2}}},
 	})
 	lines := strings.Split(strings.TrimSpace(table), "\n")
@@ -61,6 +61,7 @@ func TestCostTable(t *testing.T) {
 		"| statements (BEGIN, COMMIT included) | 6.500 | n/a |",
 		"| transactions | 2.000 | 0.100 |",
 		"| server CPU µs (/proc) | 120.0 | n/a |",
+		"| client CPU µs (/proc) | n/a | 25.5 |",
 		"| rows river_job (ins / upd / del) |  | 1.00 / 2.00 / 0.00 |",
 		"| rows work (ins / upd / del) | 1.00 / 0.00 / 1.00 |  |",
 	} {

@@ -115,7 +115,7 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, trips *roundTrips, admi
 	}
 	var s0, s1 costSnap
 	if b.o.costs {
-		if s0, err = b.costSnapshot(ctx, admin, dbConn, dbname); err != nil {
+		if s0, err = b.costSnapshot(ctx, admin, dbConn, dbname, os.Getpid()); err != nil {
 			return throughputResult{}, err
 		}
 	}
@@ -133,7 +133,7 @@ func (b *bench) cycles(ctx context.Context, db *bmdb.DB, trips *roundTrips, admi
 		return throughputResult{}, err
 	}
 	if b.o.costs {
-		if s1, err = b.costSnapshot(ctx, admin, dbConn, dbname); err != nil {
+		if s1, err = b.costSnapshot(ctx, admin, dbConn, dbname, os.Getpid()); err != nil {
 			return throughputResult{}, err
 		}
 	}

@@ -331,29 +331,11 @@ func (s *server) cpuSeconds() (float64, error) {
 	if !ok {
 		return 0, errors.New("reading server CPU: no running server")
 	}
-	const ticks = 100 // USER_HZ on Linux
-	fields := func(p string) ([]string, error) {
-		b, err := os.ReadFile(filepath.Join("/proc", p, "stat"))
-		if err != nil {
-			return nil, err
-		}
-		// The command name may hold spaces: fields start after its ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			return nil, errors.New("unexpected /proc stat format")
-		}
-		return strings.Fields(string(b[i+2:])), nil
-	}
-	// After the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
-	num := func(f []string, i int) float64 {
-		v, _ := strconv.ParseFloat(f[i], 64)
-		return v
-	}
-	root, err := fields(strconv.Itoa(pid))
+	root, err := procStat(strconv.Itoa(pid))
 	if err != nil {
 		return 0, fmt.Errorf("reading server CPU: %w", err)
 	}
-	total := num(root, 11) + num(root, 12) + num(root, 13) + num(root, 14)
+	total := statNum(root, 11) + statNum(root, 12) + statNum(root, 13) + statNum(root, 14)
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, fmt.Errorf("reading server CPU: %w", err)
@@ -362,11 +344,48 @@ func (s *server) cpuSeconds() (float64, error) {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		f, err := fields(e.Name())
+		f, err := procStat(e.Name())
 		if err != nil || len(f) < 15 || f[1] != strconv.Itoa(pid) {
 			continue
 		}
-		total += num(f, 11) + num(f, 12)
+		total += statNum(f, 11) + statNum(f, 12)
 	}
-	return total / ticks, nil
+	return total / clockTicks, nil
+}
+
+// clockTicks is USER_HZ on Linux, the unit of /proc's CPU times.
+const clockTicks = 100
+
+// procStat reads /proc/<pid>/stat, returning its fields after the command
+// name (which may hold spaces): state(0) ppid(1) ... utime(11) stime(12)
+// cutime(13) cstime(14).
+func procStat(pid string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 > len(b) {
+		return nil, errors.New("unexpected /proc stat format")
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 15 {
+		return nil, errors.New("unexpected /proc stat format")
+	}
+	return f, nil
+}
+
+func statNum(f []string, i int) float64 {
+	v, _ := strconv.ParseFloat(f[i], 64)
+	return v
+}
+
+// processCPUSeconds is the CPU time process pid has used (user and
+// system, not its children's): the client's side of a unit of work.
+func processCPUSeconds(pid int) (float64, error) {
+	f, err := procStat(strconv.Itoa(pid))
+	if err != nil {
+		return 0, fmt.Errorf("reading the CPU time of process %d: %w", pid, err)
+	}
+	return (statNum(f, 11) + statNum(f, 12)) / clockTicks, nil
 }
