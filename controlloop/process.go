@@ -57,8 +57,9 @@ type Task struct {
 	// after Run returned, possibly while the worker runs its next task:
 	// it should use what it captured from its own run only. Its statements
 	// are planned as the lease ends' are, with no sequential scan where an
-	// index serves (enable_seqscan off): writes and reads of one machine's
-	// rows suit it, reports over a table do not.
+	// index serves (enable_seqscan off) and a generic plan from their first
+	// execution (plan_cache_mode): writes and reads of one machine's rows
+	// suit it, reports over a table do not.
 	Commit func(ctx context.Context, tx *bmdb.Tx) error
 	// Note, if set by a successful Run, is recorded as the cause of its
 	// Finished (or Rescheduled) history event: what the process saw and
