@@ -120,6 +120,9 @@ type DB struct {
 	// pooler is whether a transaction pooler stands between the DB and
 	// PostgreSQL, once probed (TransactionPooled).
 	pooler poolerProbe
+	// positional holds the claims' statements rewritten to positional
+	// parameters once (query.go).
+	positional positionalQueries
 	// dueBuildChunk is the machines per transaction of a due-row build
 	// (due.go); zero means the constant of that name. Tests make it small.
 	dueBuildChunk int

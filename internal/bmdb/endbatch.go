@@ -218,7 +218,7 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 	}
 	return func(ctx context.Context, tx *Tx) error {
 		var ended map[leaseKey]bool
-		sql, args := recordEndsQuery(s.id, []*leaseEnd{req.rec})
+		sql, args := recordEndsQuery(s.param(), []*leaseEnd{req.rec})
 		err := s.aliveWith(ctx, tx.tx, sql, args, func(rows pgx.Rows) (err error) {
 			ended, err = heldLeases(rows)
 			return err
@@ -237,7 +237,7 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 }
 
 // recordEnds runs qEndLeases for ends, returning the leases it ended.
-func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
+func recordEnds(ctx context.Context, tx pgx.Tx, session pgtype.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
 	sql, args := recordEndsQuery(session, ends)
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -247,7 +247,7 @@ func recordEnds(ctx context.Context, tx pgx.Tx, session uuid.UUID, ends []*lease
 }
 
 // recordEndsQuery is qEndLeases and its arguments for ends of session.
-func recordEndsQuery(session uuid.UUID, ends []*leaseEnd) (string, []any) {
+func recordEndsQuery(session pgtype.UUID, ends []*leaseEnd) (string, []any) {
 	machines, processes := leaseColumns(ends)
 	events := make([]string, len(ends))
 	later := make([]float64, len(ends))
@@ -337,7 +337,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	var locked map[leaseKey]bool
 	if len(lock) > 0 {
 		machines, processes := leaseColumns(lock)
-		rows, err := tx.Query(ctx, qLockLeases, s.id, machines, processes)
+		rows, err := tx.Query(ctx, qLockLeases, s.param(), machines, processes)
 		if err == nil {
 			locked, err = heldLeases(rows)
 		}
@@ -405,7 +405,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		errs[i] = ferr
 	}
 	if len(record) > 0 {
-		ended, err := recordEnds(ctx, tx, s.id, record)
+		ended, err := recordEnds(ctx, tx, s.param(), record)
 		if err != nil {
 			// The transaction is aborted: nothing is committed, every
 			// end may run again on its own.
@@ -458,7 +458,7 @@ func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx pgx.Tx, batc
 		return errs, nil
 	}
 	var ended map[leaseKey]bool
-	sql, args := recordEndsQuery(s.id, record)
+	sql, args := recordEndsQuery(s.param(), record)
 	err := s.aliveWith(ctx, tx, sql, args, func(rows pgx.Rows) (err error) {
 		ended, err = heldLeases(rows)
 		return err

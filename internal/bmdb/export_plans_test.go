@@ -68,10 +68,16 @@ func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[stri
 }
 
 // ClaimStatement is the text of a claim with candidates, as a claim sends
-// it (before named parameters are rewritten).
+// it: its named parameters rewritten to positional ones (query.go).
 func ClaimStatement(candidates Candidates) string {
-	sql, _ := candidates.query(claimDueTemplate, nil)
-	return sql
+	sql, args := candidates.query(claimDueTemplate, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
+	MachineBudget{}.args(args)
+	var positional positionalQueries
+	q, err := positional.get(sql, args)
+	if err != nil {
+		panic(err)
+	}
+	return q.sql
 }
 
 // EndStatements are statements every batch of ends, with a failure among

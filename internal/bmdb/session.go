@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"k8s.io/klog/v2"
 )
 
@@ -132,6 +133,12 @@ func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, er
 // ID is the session's identifier in the sessions table and in history.
 func (s *Session) ID() uuid.UUID { return s.id }
 
+// param is the session's id as a statement parameter. pgx encodes a
+// uuid.UUID through its driver.Valuer (a string, parsed back), after a
+// failed attempt that builds an error each time; a pgtype.UUID it encodes
+// directly. The statements of every claim and lease end take it.
+func (s *Session) param() pgtype.UUID { return pgtype.UUID{Bytes: s.id, Valid: true} }
+
 // Done is closed when the session is lost or closed.
 func (s *Session) Done() <-chan struct{} { return s.lost }
 
@@ -174,7 +181,7 @@ func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx 
 func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, sql string, args []any, read func(pgx.Rows) error) error {
 	if sql == "" {
 		var one int
-		err := tx.QueryRow(ctx, qSessionAlive, s.id).Scan(&one)
+		err := tx.QueryRow(ctx, qSessionAlive, s.param()).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
 			s.markExpired()
 			return ErrSessionExpired
@@ -187,7 +194,7 @@ func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, sql string, args []a
 	var alive bool
 	var checkErr, readErr error
 	b := &pgx.Batch{}
-	b.Queue(qSessionAlive, s.id).QueryRow(func(row pgx.Row) error {
+	b.Queue(qSessionAlive, s.param()).QueryRow(func(row pgx.Row) error {
 		var one int
 		checkErr = row.Scan(&one)
 		alive = checkErr == nil

@@ -128,7 +128,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 	query, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
-		"session": s.id,
+		"session": s.param(),
 	})
 	limits.MachineBudget.args(args)
 	for round := 0; round < maxClaimRounds; round++ {
@@ -176,7 +176,11 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
 			}
 			args["ids"], args["limit"] = uuidArray(ids), n
-			rows, err := tx.tx.Query(ctx, query, args)
+			claim, err := s.db.positional.get(query, args)
+			if err != nil {
+				return err
+			}
+			rows, err := tx.tx.Query(ctx, claim.sql, claim.args(args)...)
 			if err != nil {
 				return err
 			}
