@@ -18,6 +18,9 @@
 CREATE FUNCTION shepherd_hold_row_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     p TEXT;
+    blocked TEXT;
+    machine UUID;
+    due TIMESTAMPTZ;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         -- A hold until released has no end (NULL); one that gets an end,
@@ -25,36 +28,28 @@ BEGIN
         IF NEW.until IS NULL OR (OLD.until IS NOT NULL AND NEW.until >= OLD.until) THEN
             RETURN NULL;
         END IF;
-        FOR p IN
-            INSERT INTO work_due AS d (process, machine_id, due_at)
-            SELECT r.process, NEW.machine_id, GREATEST(NEW.until, now())
-            FROM process_registry r
-            WHERE (NEW.process = '' OR r.process = NEW.process)
-              AND EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = NEW.machine_id)
-            ORDER BY r.process
-            ON CONFLICT (process, machine_id) DO UPDATE
-            SET due_at = LEAST(d.due_at, excluded.due_at)
-            WHERE d.due_at > excluded.due_at
-            RETURNING d.process
-        LOOP
-            PERFORM pg_notify('shepherd_due', p);
-        END LOOP;
+        blocked := NEW.process;
+        machine := NEW.machine_id;
+        due := GREATEST(NEW.until, now());
     ELSE
-        FOR p IN
-            INSERT INTO work_due AS d (process, machine_id, due_at)
-            SELECT r.process, OLD.machine_id, now()
-            FROM process_registry r
-            WHERE (OLD.process = '' OR r.process = OLD.process)
-              AND EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = OLD.machine_id)
-            ORDER BY r.process
-            ON CONFLICT (process, machine_id) DO UPDATE
-            SET due_at = LEAST(d.due_at, excluded.due_at)
-            WHERE d.due_at > excluded.due_at
-            RETURNING d.process
-        LOOP
-            PERFORM pg_notify('shepherd_due', p);
-        END LOOP;
+        blocked := OLD.process;
+        machine := OLD.machine_id;
+        due := now();
     END IF;
+    FOR p IN
+        INSERT INTO work_due AS d (process, machine_id, due_at)
+        SELECT r.process, machine, due
+        FROM process_registry r
+        WHERE (blocked = '' OR r.process = blocked)
+          AND EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = machine)
+        ORDER BY r.process
+        ON CONFLICT (process, machine_id) DO UPDATE
+        SET due_at = LEAST(d.due_at, excluded.due_at)
+        WHERE d.due_at > excluded.due_at
+        RETURNING d.process
+    LOOP
+        PERFORM pg_notify('shepherd_due', p);
+    END LOOP;
     RETURN NULL;
 END $$;
 

@@ -1,10 +1,8 @@
 package bmdb_test
 
 import (
-	"context"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -33,34 +31,7 @@ func TestBlockEndsMarkTheProcessDue(t *testing.T) {
 	ms := e.addMachines(2)
 	m1, m2 := ms[0], ms[1]
 
-	listener, err := e.raw.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Release()
-	if _, err := listener.Exec(ctx, `LISTEN shepherd_due`); err != nil {
-		t.Fatal(err)
-	}
-	// notified collects the notifications up to a sentinel sent after the
-	// writes committed: notifications arrive in commit order.
-	notified := func() []string {
-		t.Helper()
-		e.exec(`SELECT pg_notify('shepherd_due', 'sentinel')`)
-		var got []string
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			n, err := listener.Conn().WaitForNotification(waitCtx)
-			cancel()
-			if err != nil {
-				t.Fatalf("waiting for notifications: %v", err)
-			}
-			if n.Payload == "sentinel" {
-				slices.Sort(got)
-				return got
-			}
-			got = append(got, n.Payload)
-		}
-	}
+	notified := e.dueNotifications()
 	type dueRow struct {
 		process string
 		machine uuid.UUID

@@ -437,33 +437,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	if err != nil || len(works) != 3 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
-	listener, err := e.raw.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Release()
-	if _, err := listener.Exec(ctx, `LISTEN shepherd_due`); err != nil {
-		t.Fatal(err)
-	}
-	// notified collects the notifications up to a sentinel sent after the
-	// writes committed: notifications arrive in commit order.
-	notified := func() []string {
-		t.Helper()
-		e.exec(`SELECT pg_notify('shepherd_due', 'sentinel')`)
-		var got []string
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			n, err := listener.Conn().WaitForNotification(waitCtx)
-			cancel()
-			if err != nil {
-				t.Fatalf("waiting for notifications: %v", err)
-			}
-			if n.Payload == "sentinel" {
-				return got
-			}
-			got = append(got, n.Payload)
-		}
-	}
+	notified := e.dueNotifications()
 	due := func(p bmdb.Process) []uuid.UUID {
 		t.Helper()
 		rows := must(e.raw.Query(ctx, `SELECT machine_id FROM work_due WHERE process = $1 AND due_at <= now() ORDER BY machine_id`, p.Name))
@@ -497,6 +471,41 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 	if got := notified(); !slices.Equal(got, []string{agentStart.Name}) {
 		t.Errorf("notifications after Recovery's Finish: %v, want [%s]", got, agentStart.Name)
+	}
+}
+
+// dueNotifications listens for shepherd_due and returns a function that
+// collects, sorted, the notifications sent since its last call: up to a
+// sentinel it sends after the writes committed (notifications arrive in
+// commit order).
+func (e *env) dueNotifications() func() []string {
+	e.t.Helper()
+	ctx := context.Background()
+	listener, err := e.raw.Acquire(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(listener.Release)
+	if _, err := listener.Exec(ctx, `LISTEN shepherd_due`); err != nil {
+		e.t.Fatal(err)
+	}
+	return func() []string {
+		e.t.Helper()
+		e.exec(`SELECT pg_notify('shepherd_due', 'sentinel')`)
+		var got []string
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			n, err := listener.Conn().WaitForNotification(waitCtx)
+			cancel()
+			if err != nil {
+				e.t.Fatalf("waiting for notifications: %v", err)
+			}
+			if n.Payload == "sentinel" {
+				slices.Sort(got)
+				return got
+			}
+			got = append(got, n.Payload)
+		}
 	}
 }
 

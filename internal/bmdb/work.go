@@ -131,6 +131,11 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 		"session": s.param(),
 	})
 	limits.MachineBudget.args(args)
+	args["ids"], args["limit"] = nil, 0 // set by each round
+	claim, err := s.db.positional.get(query, args)
+	if err != nil {
+		return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
+	}
 	for round := 0; round < maxClaimRounds; round++ {
 		if round > 0 {
 			scan = max(scan, dueScan)
@@ -176,10 +181,6 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
 			}
 			args["ids"], args["limit"] = uuidArray(ids), n
-			claim, err := s.db.positional.get(query, args)
-			if err != nil {
-				return err
-			}
 			rows, err := tx.tx.Query(ctx, claim.sql, claim.args(args)...)
 			if err != nil {
 				return err
