@@ -126,38 +126,40 @@ func (e *Extension) schemaName() string {
 }
 
 // recordDeclarations records decls, e's, in migration_declarations if the
-// table exists (it is itself created by a migration). Each release records
-// its files' declarations, replacing what an earlier one recorded for the
-// same version: a later release may correct a declaration.
+// table exists. Each release records its files' declarations, replacing
+// what an earlier one recorded for the same version: a later release may
+// correct a declaration.
 func recordDeclarations(ctx context.Context, dsn string, e *Extension, decls []Declaration) error {
-	conn, err := connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var exists bool
-	if err := conn.QueryRow(ctx, qDeclarationsExist).Scan(&exists); err != nil {
-		return fmt.Errorf("looking for the migration declarations table: %w", err)
-	}
-	if !exists {
+	return withDeclarations(ctx, dsn, func(conn *pgx.Conn) error {
+		versions := make([]int64, len(decls))
+		compatible := make([]bool, len(decls))
+		releases := make([]string, len(decls))
+		for i, d := range decls {
+			versions[i], compatible[i], releases[i] = int64(d.Version), d.CompatibleWithPrevious, d.Release
+		}
+		if _, err := conn.Exec(ctx, qRecordDeclarations, e.schemaName(), versions, compatible, releases); err != nil {
+			return fmt.Errorf("recording the declarations of the migrations of %s: %w", e.label(), err)
+		}
 		return nil
-	}
-	versions := make([]int64, len(decls))
-	compatible := make([]bool, len(decls))
-	releases := make([]string, len(decls))
-	for i, d := range decls {
-		versions[i], compatible[i], releases[i] = int64(d.Version), d.CompatibleWithPrevious, d.Release
-	}
-	if _, err := conn.Exec(ctx, qRecordDeclarations, e.schemaName(), versions, compatible, releases); err != nil {
-		return fmt.Errorf("recording the declarations of the migrations of %s: %w", e.label(), err)
-	}
-	return nil
+	})
 }
 
 // forgetDeclarations deletes the recorded declarations of e's versions
 // above version, after a migrate down: the versions are no longer applied,
 // and the next 'migrate up' records its own.
 func forgetDeclarations(ctx context.Context, dsn string, e *Extension, version uint) error {
+	return withDeclarations(ctx, dsn, func(conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, qForgetDeclarations, e.schemaName(), int64(version)); err != nil {
+			return fmt.Errorf("forgetting the declarations of reverted migrations of %s: %w", e.label(), err)
+		}
+		return nil
+	})
+}
+
+// withDeclarations runs fn on a connection to dsn if the migration
+// declarations table exists (a migration creates it, so an older schema
+// has none and there is nothing to record or forget).
+func withDeclarations(ctx context.Context, dsn string, fn func(conn *pgx.Conn) error) error {
 	conn, err := connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -170,10 +172,7 @@ func forgetDeclarations(ctx context.Context, dsn string, e *Extension, version u
 	if !exists {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, qForgetDeclarations, e.schemaName(), int64(version)); err != nil {
-		return fmt.Errorf("forgetting the declarations of reverted migrations of %s: %w", e.label(), err)
-	}
-	return nil
+	return fn(conn)
 }
 
 // checkNewer decides whether this binary, which knows e's versions up to
