@@ -63,7 +63,10 @@ due AS (
 	// provider ids, and settles every other locked row:
 	// a machine that another process of the group holds, or that the
 	// condition does not want and time will not make wanted, leaves the
-	// table (the lease's end or a watched write brings it back); one held
+	// table (the lease's end or a watched write brings it back), as does
+	// the row of a machine that is gone (work_due has no foreign key on
+	// machines, migration 0023: a row inserted as its machine was deleted
+	// lives until a claim locks it); one held
 	// by a backoff, a "check again later" or a hold with an end comes due
 	// when that ends; one held until released leaves the table (the
 	// release brings it back, migration 0017); one the condition does not
@@ -151,7 +154,9 @@ WITH ` + dueFacts + `, judged AS (
              OR leased
              OR exhausted
              OR (wanted AND held_until = 'infinity')
-             OR (NOT wanted AND due_at IS NULL)))
+             OR (NOT wanted AND due_at IS NULL)
+          UNION ALL
+          (SELECT unnest(@ids::uuid[]) EXCEPT ALL SELECT machine_id FROM due)))
 ), moved AS (
     SELECT machine_id,
            CASE WHEN wanted THEN held_until

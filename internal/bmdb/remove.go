@@ -49,10 +49,8 @@ var ErrLeased = errors.New("machine is leased")
 // the same, work's ON DELETE RESTRICT foreign key refuses the delete, and
 // that is reported as ErrLeased too: a live lease is never deleted.
 //
-// Cost: the cascade of work_due's foreign key reads work_due by machine_id,
-// which no index leads with, so each removal scans work_due. Removals are
-// rare provider decisions; a provider that removes thousands at once
-// should expect that.
+// The delete's trigger (migration 0023) deletes the machine's due rows by
+// work_due's primary key, one probe per registered process.
 func (t *Tx) RemoveMachine(ctx context.Context, machine uuid.UUID, reason string) error {
 	fail := func(err error) error { return fmt.Errorf("removing machine %s: %w", machine, err) }
 	if _, err := t.tx.Exec(ctx, qRemoveWaitBuilds); err != nil {
@@ -126,8 +124,8 @@ SELECT machine_id FROM (
 	// qRemoveWaitBuilds takes, shared, the registration lock of every
 	// process whose due rows are being built (due.go). A chunk of a build
 	// reads machines with one snapshot and inserts their due rows after:
-	// a machine deleted in between fails the insert's foreign key, and
-	// with it the chunk. The shared lock waits for the chunk under way to
+	// a machine deleted in between would keep a due row until a claim
+	// locked it. The shared lock waits for the chunk under way to
 	// commit, and the next chunk's try-lock fails while it is held (the
 	// build goes on at the next registration, from where it stopped).
 	// Taken first, before any row lock a chunk's inserts could wait for.

@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 
@@ -219,5 +220,56 @@ func TestRemoveMachineRacesClaims(t *testing.T) {
 	}
 	if a := e.auditRemovals(); len(a.Open) > 0 {
 		t.Errorf("leases left open: %v", a.Open)
+	}
+}
+
+// work_due has no foreign key on machines (migration 0023): deleting
+// machines by any statement deletes their due rows (the machines trigger),
+// and a due row of a machine that is gone (inserted as its machine was
+// deleted) is settled by the first claim that locks it, which goes on to
+// lease the machines that exist.
+func TestDueRowsOfDeletedMachines(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	cand := bmdb.ProvidedCandidates()
+	s := e.session(bmdb.SessionConfig{})
+	register(t, s, agentStart, cand)
+	register(t, s, recovery, cand)
+	machines := e.addMachines(3)
+	dueRows := func(machine uuid.UUID) int {
+		t.Helper()
+		var n int
+		if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work_due WHERE machine_id = $1`, machine).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := dueRows(machines[0]); n != 2 {
+		t.Fatalf("due rows of a new machine: %d, want one per process (2)", n)
+	}
+	e.exec(`DELETE FROM machines WHERE machine_id = $1`, machines[0])
+	if n := dueRows(machines[0]); n != 0 {
+		t.Errorf("due rows of a machine deleted by SQL: %d, want 0", n)
+	}
+
+	gone := uuid.New()
+	e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() - interval '1 hour')`, agentStart.Name, gone)
+	works, err := s.ClaimBatch(ctx, agentStart, cand, 10)
+	if err != nil {
+		t.Fatalf("ClaimBatch with a due row of a machine that is gone: %v", err)
+	}
+	got := make([]uuid.UUID, 0, len(works))
+	for _, w := range works {
+		got = append(got, w.Machine)
+	}
+	slices.SortFunc(got, uuidCmp)
+	want := slices.Clone(machines[1:])
+	slices.SortFunc(want, uuidCmp)
+	if !slices.Equal(got, want) {
+		t.Errorf("leased %v, want the machines that exist %v", got, want)
+	}
+	if n := dueRows(gone); n != 0 {
+		t.Errorf("the due row of a machine that is gone is still there after a claim locked it (%d rows)", n)
 	}
 }
