@@ -309,16 +309,12 @@ func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions,
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if s != nil && where == checkFirst {
-		if err := s.aliveWith(ctx, tx, "", nil, nil); err != nil {
+		if err := s.aliveWith(ctx, tx, qSessionAlive, "", nil, nil); err != nil {
 			return err
 		}
 	}
 	t := &Tx{tx: tx, metrics: db.metrics}
 	if err := fn(ctx, t); err != nil {
-		if s != nil && isForeignKeyOn(err, "work_session_id_fkey") {
-			s.markExpired()
-			return ErrSessionExpired
-		}
 		return err
 	}
 	// A session lost while fn ran (its owner frozen or partitioned past the

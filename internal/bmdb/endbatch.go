@@ -210,7 +210,7 @@ func (s *Session) commitEnds(batch []*endRequest) {
 func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) error {
 	if req.rec == nil {
 		return func(ctx context.Context, tx *Tx) error {
-			if err := s.aliveWith(ctx, tx.tx, "", nil, nil); err != nil {
+			if err := s.aliveWith(ctx, tx.tx, qSessionAlive, "", nil, nil); err != nil {
 				return err
 			}
 			return req.fn(ctx, tx)
@@ -219,7 +219,7 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 	return func(ctx context.Context, tx *Tx) error {
 		var ended map[leaseKey]bool
 		sql, args := recordEndsQuery(s.param(), []*leaseEnd{req.rec})
-		err := s.aliveWith(ctx, tx.tx, sql, args, func(rows pgx.Rows) (err error) {
+		err := s.aliveWith(ctx, tx.tx, qSessionAlive, sql, args, func(rows pgx.Rows) (err error) {
 			ended, err = heldLeases(rows)
 			return err
 		})
@@ -317,7 +317,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		// check and the statement that records them share a round trip.
 		return db.recordEndsChecked(ctx, s, tx, batch, errs)
 	}
-	if err := s.aliveWith(ctx, tx, "", nil, nil); err != nil {
+	if err := s.aliveWith(ctx, tx, qSessionAlive, "", nil, nil); err != nil {
 		if errors.Is(err, ErrSessionExpired) {
 			db.txResult("session_expired")
 			return nil, ErrSessionExpired
@@ -363,9 +363,6 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 				committing++
 			case errors.Is(ferr, ErrLeaseLost):
 				errs[i] = ferr
-			case isForeignKeyOn(ferr, "work_session_id_fkey"):
-				s.markExpired()
-				return nil, ErrSessionExpired
 			default:
 				// The transaction is aborted: nothing is committed,
 				// every end may run again on its own.
@@ -389,10 +386,6 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		if ferr == nil {
 			record, recorded = append(record, req.rec), append(recorded, i)
 			continue
-		}
-		if isForeignKeyOn(ferr, "work_session_id_fkey") {
-			s.markExpired()
-			return nil, ErrSessionExpired
 		}
 		if _, err := tx.Exec(ctx, qEndRollback); err != nil {
 			// The transaction itself is broken: nothing is committed,
@@ -459,7 +452,7 @@ func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx pgx.Tx, batc
 	}
 	var ended map[leaseKey]bool
 	sql, args := recordEndsQuery(s.param(), record)
-	err := s.aliveWith(ctx, tx, sql, args, func(rows pgx.Rows) (err error) {
+	err := s.aliveWith(ctx, tx, qSessionAlive, sql, args, func(rows pgx.Rows) (err error) {
 		ended, err = heldLeases(rows)
 		return err
 	})

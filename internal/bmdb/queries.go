@@ -33,6 +33,14 @@ RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now()),
 
 	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
 
+	// qSessionAliveToClaim is qSessionAlive for a claim: it also locks the
+	// session row until the claim commits, so that the session cannot be
+	// reaped or closed while the claim inserts leases under it (work has
+	// no foreign key on sessions, migration 0024). The reaper's and
+	// Close's FOR UPDATE conflict with it; the session's own heartbeat
+	// (an UPDATE of no key) does not.
+	qSessionAliveToClaim = qSessionAlive + ` FOR KEY SHARE`
+
 	// qEndSavepoint, qEndRelease and qEndRollback keep each lease end of a
 	// shared transaction (group commit, endbatch.go) apart: one that fails
 	// is rolled back alone.
@@ -92,6 +100,22 @@ RETURNING process`
 	qNotifyDue = `SELECT count(pg_notify('shepherd_due', p)) FROM (SELECT DISTINCT unnest($1::text[]) AS p) ps`
 
 	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
+
+	// qLeasesOrphaned lists the sessions that hold leases but no longer
+	// exist: a claim by a binary of the schema before 0024, which relied
+	// on work's foreign key and does not lock its session, can commit a
+	// lease as its session is reaped. It reads work_session_idx once per
+	// session that holds leases (a loose index scan), never every lease.
+	qLeasesOrphaned = `
+WITH RECURSIVE held AS (
+    (SELECT session_id FROM work ORDER BY session_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.session_id FROM work w WHERE w.session_id > held.session_id ORDER BY w.session_id LIMIT 1)
+    FROM held WHERE held.session_id IS NOT NULL
+)
+SELECT held.session_id FROM held
+WHERE held.session_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = held.session_id)`
 
 	qSessionsList = `
 SELECT session_id, session_component_name, session_runtime_info, session_created_at,

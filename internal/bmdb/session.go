@@ -169,7 +169,8 @@ func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx 
 	return s.db.transact(ctx, s, s.db.begin, checkFirst, fn)
 }
 
-// aliveWith checks, in transaction tx, that the session is alive, and
+// aliveWith checks, in transaction tx, that the session is alive (by the
+// statement check: qSessionAlive, or qSessionAliveToClaim for a claim), and
 // runs the statement sql (unless "") with args in the same round trip: a pgx batch,
 // whose statements the server runs in order in the transaction. A claim
 // and a batch of lease ends each save a round trip this way, on the path
@@ -178,10 +179,10 @@ func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx 
 // check is a *notStartedError (nothing was done that a commit would
 // keep); the failure of sql, or of read, which reads its rows, is
 // returned as it is.
-func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, sql string, args []any, read func(pgx.Rows) error) error {
+func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, check, sql string, args []any, read func(pgx.Rows) error) error {
 	if sql == "" {
 		var one int
-		err := tx.QueryRow(ctx, qSessionAlive, s.param()).Scan(&one)
+		err := tx.QueryRow(ctx, check, s.param()).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
 			s.markExpired()
 			return ErrSessionExpired
@@ -194,7 +195,7 @@ func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, sql string, args []a
 	var alive bool
 	var checkErr, readErr error
 	b := &pgx.Batch{}
-	b.Queue(qSessionAlive, s.param()).QueryRow(func(row pgx.Row) error {
+	b.Queue(check, s.param()).QueryRow(func(row pgx.Row) error {
 		var one int
 		checkErr = row.Scan(&one)
 		alive = checkErr == nil
@@ -466,17 +467,36 @@ const (
 // Reap deletes expired sessions (of any owner), releasing their leases,
 // recording each release as a Lost event and, when the machine's leases
 // keep being lost, backing the process off it (see LostBackoffInitial). Every live session runs it
-// periodically; concurrent reapers skip each other's rows.
+// periodically; concurrent reapers skip each other's rows. It releases
+// the same way the leases of sessions that no longer exist, which a claim
+// by a binary of the schema before migration 0024 can leave (see
+// qLeasesOrphaned); leases counts both.
 func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
+	var orphaned int
 	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		sessions, leases = 0, 0
+		sessions, leases, orphaned = 0, 0, 0
 		ids, err := queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qSessionsExpiredLock)
-		if err != nil || len(ids) == 0 {
+		if err != nil {
 			return err
 		}
-		processes, err := queryRows(ctx, tx.tx, pgx.RowTo[string], qLeasesReap, ids, "session expired: the worker's replica stopped, crashed or was cut off",
-			int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
+		gone, err := queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qLeasesOrphaned)
 		if err != nil {
+			return err
+		}
+		var processes []string
+		release := func(sessions []uuid.UUID, cause string) (int, error) {
+			if len(sessions) == 0 {
+				return 0, nil
+			}
+			released, err := queryRows(ctx, tx.tx, pgx.RowTo[string], qLeasesReap, sessions, cause,
+				int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
+			processes = append(processes, released...)
+			return len(released), err
+		}
+		if _, err := release(ids, "session expired: the worker's replica stopped, crashed or was cut off"); err != nil {
+			return err
+		}
+		if orphaned, err = release(gone, "session gone: the lease was committed as its session was reaped"); err != nil {
 			return err
 		}
 		leases = len(processes)
@@ -484,6 +504,9 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 			if _, err := tx.tx.Exec(ctx, qNotifyDue, processes); err != nil {
 				return err
 			}
+		}
+		if len(ids) == 0 {
+			return nil
 		}
 		tag, err := tx.tx.Exec(ctx, qSessionsDelete, ids)
 		sessions = int(tag.RowsAffected())
@@ -493,7 +516,10 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 		return 0, 0, fmt.Errorf("reaping expired BMDB sessions: %w", err)
 	}
 	if sessions > 0 {
-		klog.FromContext(ctx).Info("Reaped expired BMDB sessions", "sessions", sessions, "leases_released", leases)
+		klog.FromContext(ctx).Info("Reaped expired BMDB sessions", "sessions", sessions, "leases_released", leases-orphaned)
+	}
+	if orphaned > 0 {
+		klog.FromContext(ctx).Info("Released leases of BMDB sessions that no longer exist", "leases_released", orphaned)
 	}
 	db.metrics.reaped(sessions, leases)
 	return sessions, leases, nil

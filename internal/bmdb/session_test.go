@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
@@ -314,9 +316,10 @@ func TestTransactAfterSessionGone(t *testing.T) {
 	})
 }
 
-// A claim racing the reaper of its own session: the session check passed,
-// but the session row is deleted before the lease is written. The foreign key
-// refuses the lease and the claim reports ErrSessionExpired.
+// A claim racing the reaper of its own session: the session row is being
+// deleted when the claim checks it. The check's lock (FOR KEY SHARE) waits
+// for the delete, then finds no session: the claim writes no lease and
+// reports ErrSessionExpired.
 func TestClaimBySessionBeingReaped(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -439,5 +442,50 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 		case !errors.Is(err, bmdb.ErrNothingToDo):
 			t.Fatalf("round %d: after a repeated loss the machine was claimed again at once: %v", round, err)
 		}
+	}
+}
+
+// A lease whose session no longer exists (left by a claim of a binary of
+// the schema before migration 0024, which did not lock its session, as
+// the session was reaped) is released by the next reap as Lost, with a
+// cause that says so, and its machine is due again.
+func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	live := e.session(bmdb.SessionConfig{})
+	register(t, live, agentStart, bmdb.ProvidedCandidates())
+	ms := e.addMachines(2)
+	kept := claim(t, live, agentStart)
+	orphan := ms[0]
+	if orphan == kept.Machine {
+		orphan = ms[1]
+	}
+	gone := uuid.New()
+	e.exec(`INSERT INTO work (machine_id, exclusion_group, process, session_id) VALUES ($1, 'Shepherd', $2, $3)`, orphan, agentStart.Name, gone)
+	e.exec(`INSERT INTO work_history (machine_id, process, event, session_id) VALUES ($1, $2, 'Started', $3)`, orphan, agentStart.Name, gone)
+
+	sessions, leases, err := e.db.Reap(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sessions != 0 || leases != 1 {
+		t.Errorf("Reap: %d sessions, %d leases; want 0 sessions (none expired) and the gone session's lease", sessions, leases)
+	}
+	h := e.history(orphan)
+	if got := bmdbtest.Events(h); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventLost}) {
+		t.Fatalf("history of the orphaned lease's machine: %v, want Started, Lost", got)
+	}
+	if cause := h[len(h)-1].Cause; !strings.Contains(cause, "session gone") {
+		t.Errorf("Lost cause %q does not say the session was gone", cause)
+	}
+	if n := e.leaseCount(agentStart); n != 1 {
+		t.Errorf("%d leases after the reap, want the live session's 1", n)
+	}
+	if w := claim(t, live, agentStart); w.Machine != orphan {
+		t.Errorf("claimed %s after the reap, want the released machine %s", w.Machine, orphan)
+	}
+	if err := kept.Finish(ctx, nil); err != nil {
+		t.Errorf("the live session's lease: %v", err)
 	}
 }

@@ -159,7 +159,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			}
 			if limits.set() {
 				// The budget decides whether the due rows are locked.
-				if err := s.aliveWith(ctx, tx.tx, "", nil, nil); err != nil {
+				if err := s.aliveWith(ctx, tx.tx, qSessionAliveToClaim, "", nil, nil); err != nil {
 					return err
 				}
 				var err error
@@ -173,7 +173,7 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 				if ids, err = queryRows(ctx, tx.tx, pgx.RowTo[uuid.UUID], qDueLock, lockArgs); err != nil {
 					return err
 				}
-			} else if err := s.aliveWith(ctx, tx.tx, qDueLock, []any{lockArgs}, readIDs); err != nil {
+			} else if err := s.aliveWith(ctx, tx.tx, qSessionAliveToClaim, qDueLock, []any{lockArgs}, readIDs); err != nil {
 				return err
 			}
 			locked = len(ids)

@@ -1,0 +1,16 @@
+-- shepherd: compatible-with-previous
+-- work loses its foreign key to sessions (issue 31). The key's check ran a
+-- query for every lease a claim inserted, each taking the same lock on
+-- the claimer's own session row. A claim now takes that lock once, in
+-- the statement that checks its session is alive (FOR KEY SHARE): the
+-- reaper's lock of an expired session (FOR UPDATE SKIP LOCKED) passes
+-- over a session whose claim is under way, and a claim that comes after
+-- the reaper's lock waits for it, then finds the session gone.
+--
+-- Binaries of the previous schema relied on the key and do not take the
+-- lock: during a rolling upgrade, a claim of theirs that races the reaping
+-- of its own session could leave a lease of a session that no longer
+-- exists. The reaper of this release releases such leases as Lost, as it
+-- releases those of an expired session, so a lease is never left without
+-- a session that will end it.
+ALTER TABLE work DROP CONSTRAINT work_session_id_fkey;
