@@ -9,8 +9,28 @@
 --
 -- Binaries of the previous schema relied on the key and do not take the
 -- lock: during a rolling upgrade, a claim of theirs that races the reaping
--- of its own session could leave a lease of a session that no longer
--- exists. The reaper of this release releases such leases as Lost, as it
--- releases those of an expired session, so a lease is never left without
--- a session that will end it.
+-- of its own session could commit a lease of a session that no longer
+-- exists. sessions_ended remembers the sessions deleted in the last hour
+-- (by any binary: a trigger writes it), a session heartbeat of this
+-- release asks whether any of them still holds a lease (a probe of
+-- work_session_idx per row of a table of a few rows), and the reap that
+-- follows releases such leases as Lost, as it releases those of an
+-- expired session. A lease is never left without a session that ends it.
 ALTER TABLE work DROP CONSTRAINT work_session_id_fkey;
+
+CREATE TABLE sessions_ended (
+    session_id UUID PRIMARY KEY,
+    ended_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+CREATE FUNCTION shepherd_sessions_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sessions_ended (session_id)
+    SELECT session_id FROM shepherd_sessions_old ORDER BY session_id
+    ON CONFLICT (session_id) DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER shepherd_sessions_ended AFTER DELETE ON sessions
+    REFERENCING OLD TABLE AS shepherd_sessions_old
+    FOR EACH STATEMENT EXECUTE FUNCTION shepherd_sessions_ended();

@@ -254,10 +254,10 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"hostKeys", stmts["qHostKeys"], []any{"seed", "", 1000}, tiny, "machine_provided_provider_provider_id_key"},
 		tc{"hostKeyForget", stmts["qHostKeyForget"], []any{machine, "why", "ssh-ed25519 AAAA", "alice"}, tiny, "machine_ssh_host_key_pkey"},
 	)
-	// The reaper's sweep of leases whose session is gone, every reap of
-	// every replica: one probe of work's session index per session that
-	// holds leases, never the leases themselves (a row per session).
-	cases = append(cases, tc{"leasesOrphaned", stmts["qLeasesOrphaned"], nil, []string{"sessions"}, "work_session_idx"})
+	// The check for leases whose session is gone, in every session
+	// heartbeat: a probe of work's session index per session that ended
+	// in the last hour (a few rows, read whole), never the leases.
+	cases = append(cases, tc{"leasesOrphaned", stmts["qLeasesOrphaned"], nil, []string{"sessions_ended"}, "work_session_idx"})
 	// Operator control of single machines (queries_control.go): each
 	// reads a few rows by key. Its request tables hold a row per pending
 	// operator request and the sessions table a row per process and

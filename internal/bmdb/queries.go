@@ -19,16 +19,18 @@ VALUES ($1, $2, $3, $4::int, now() + make_interval(secs => $4::int))`
 
 	// qSessionPoke extends a live session; it changes nothing (and the caller
 	// learns the session is gone) once the deadline has passed. It also
-	// reports whether any session has expired, so that the reap that
-	// releases their leases runs only when there is something to reap
-	// instead of on a timer of its own (a transaction saved per period).
+	// reports whether any session has expired, or a session that ended
+	// still holds leases (qLeasesOrphaned), so that the reap that releases
+	// their leases runs only when there is something to reap instead of on
+	// a timer of its own (a transaction saved per period).
 	// And it reports whether an operator asked to cancel one of the
 	// session's leases (a probe of an index of a table that is nearly
 	// always empty), for a replica that missed the notification.
 	qSessionPoke = `
 UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds)
 WHERE session_id = $1 AND session_deadline > now()
-RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now()),
+RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now())
+          OR EXISTS (` + qLeasesOrphaned + `),
           EXISTS (SELECT 1 FROM work_cancel c WHERE c.session_id = $1)`
 
 	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
@@ -101,21 +103,25 @@ RETURNING process`
 
 	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
 
-	// qLeasesOrphaned lists the sessions that hold leases but no longer
-	// exist: a claim by a binary of the schema before 0024, which relied
-	// on work's foreign key and does not lock its session, can commit a
-	// lease as its session is reaped. It reads work_session_idx once per
-	// session that holds leases (a loose index scan), never every lease.
+	// qLeasesOrphaned lists the sessions deleted in the last hour that
+	// still hold leases: a claim by a binary of the schema before 0024,
+	// which relied on work's foreign key and does not lock its session,
+	// can commit a lease as its session is reaped (migration 0024). It
+	// probes work_session_idx for each row of sessions_ended, which the
+	// sessions' delete trigger fills and qSessionsEndedPrune keeps to the
+	// last hour: a few rows. The probe is the first lease at or after the
+	// ended session in the index's order, so that the planner reads the
+	// index (an ORDER BY ... LIMIT 1) even where one session holds every
+	// lease and an equality looks as if it matched them all.
 	qLeasesOrphaned = `
-WITH RECURSIVE held AS (
-    (SELECT session_id FROM work ORDER BY session_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT w.session_id FROM work w WHERE w.session_id > held.session_id ORDER BY w.session_id LIMIT 1)
-    FROM held WHERE held.session_id IS NOT NULL
-)
-SELECT held.session_id FROM held
-WHERE held.session_id IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = held.session_id)`
+SELECT e.session_id FROM sessions_ended e
+WHERE (SELECT w.session_id FROM work w WHERE w.session_id >= e.session_id
+       ORDER BY w.session_id LIMIT 1) = e.session_id`
+
+	// qSessionsEndedPrune forgets the sessions deleted over an hour ago:
+	// any claim that began under one of them has long committed or failed
+	// (each of its statements has statement_timeout).
+	qSessionsEndedPrune = `DELETE FROM sessions_ended WHERE ended_at < now() - interval '1 hour'`
 
 	qSessionsList = `
 SELECT session_id, session_component_name, session_runtime_info, session_created_at,

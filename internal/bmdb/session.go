@@ -445,6 +445,9 @@ func (s *Session) Close(ctx context.Context) error {
 		if _, err := tx.tx.Exec(ctx, qLeasesRelease, ids, EventCanceled, "session closed"); err != nil {
 			return err
 		}
+		if _, err := tx.tx.Exec(ctx, qSessionsEndedPrune); err != nil {
+			return err
+		}
 		_, err = tx.tx.Exec(ctx, qSessionsDelete, ids)
 		return err
 	})
@@ -467,10 +470,10 @@ const (
 // Reap deletes expired sessions (of any owner), releasing their leases,
 // recording each release as a Lost event and, when the machine's leases
 // keep being lost, backing the process off it (see LostBackoffInitial). Every live session runs it
-// periodically; concurrent reapers skip each other's rows. It releases
-// the same way the leases of sessions that no longer exist, which a claim
-// by a binary of the schema before migration 0024 can leave (see
-// qLeasesOrphaned); leases counts both.
+// when a heartbeat finds something to reap; concurrent reapers skip each
+// other's rows. It releases the same way the leases of sessions that no
+// longer exist, which a claim by a binary of the schema before migration
+// 0024 can leave (see qLeasesOrphaned); leases counts both.
 func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 	var orphaned int
 	err = db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
@@ -504,6 +507,9 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 			if _, err := tx.tx.Exec(ctx, qNotifyDue, processes); err != nil {
 				return err
 			}
+		}
+		if _, err := tx.tx.Exec(ctx, qSessionsEndedPrune); err != nil {
+			return err
 		}
 		if len(ids) == 0 {
 			return nil

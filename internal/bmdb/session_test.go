@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -447,13 +448,15 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 
 // A lease whose session no longer exists (left by a claim of a binary of
 // the schema before migration 0024, which did not lock its session, as
-// the session was reaped) is released by the next reap as Lost, with a
-// cause that says so, and its machine is due again.
+// the session was reaped) is found by a live session's heartbeat and
+// released by the reap it starts, as Lost, with a cause that says so; its
+// machine is due again. No session expired, so nothing else starts that
+// reap.
 func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
-	live := e.session(bmdb.SessionConfig{})
+	live := e.session(bmdb.SessionConfig{Interval: time.Second})
 	register(t, live, agentStart, bmdb.ProvidedCandidates())
 	ms := e.addMachines(2)
 	kept := claim(t, live, agentStart)
@@ -461,17 +464,20 @@ func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
 	if orphan == kept.Machine {
 		orphan = ms[1]
 	}
+	// The old binary's session, its claim committed after the session's
+	// row was deleted: the delete comes first here, as the reaper's
+	// commit did.
 	gone := uuid.New()
+	e.exec(`INSERT INTO sessions (session_id, session_component_name, session_runtime_info, session_interval_seconds, session_deadline)
+		VALUES ($1, 'old', 'old binary', 10, now() - interval '1 second')`, gone)
+	e.exec(`DELETE FROM sessions WHERE session_id = $1`, gone)
 	e.exec(`INSERT INTO work (machine_id, exclusion_group, process, session_id) VALUES ($1, 'Shepherd', $2, $3)`, orphan, agentStart.Name, gone)
 	e.exec(`INSERT INTO work_history (machine_id, process, event, session_id) VALUES ($1, $2, 'Started', $3)`, orphan, agentStart.Name, gone)
 
-	sessions, leases, err := e.db.Reap(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sessions != 0 || leases != 1 {
-		t.Errorf("Reap: %d sessions, %d leases; want 0 sessions (none expired) and the gone session's lease", sessions, leases)
-	}
+	bmdbtest.WaitFor(t, 10*time.Second, "a heartbeat's reap to release the lease of the gone session", func() (bool, string) {
+		n := e.leaseCount(agentStart)
+		return n == 1, fmt.Sprintf("%d leases", n)
+	})
 	h := e.history(orphan)
 	if got := bmdbtest.Events(h); !slices.Equal(got, []bmdb.Event{bmdb.EventStarted, bmdb.EventLost}) {
 		t.Fatalf("history of the orphaned lease's machine: %v, want Started, Lost", got)
@@ -479,13 +485,24 @@ func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
 	if cause := h[len(h)-1].Cause; !strings.Contains(cause, "session gone") {
 		t.Errorf("Lost cause %q does not say the session was gone", cause)
 	}
-	if n := e.leaseCount(agentStart); n != 1 {
-		t.Errorf("%d leases after the reap, want the live session's 1", n)
-	}
 	if w := claim(t, live, agentStart); w.Machine != orphan {
 		t.Errorf("claimed %s after the reap, want the released machine %s", w.Machine, orphan)
 	}
 	if err := kept.Finish(ctx, nil); err != nil {
 		t.Errorf("the live session's lease: %v", err)
+	}
+
+	// An ended session is remembered for an hour, then forgotten by the
+	// next reap.
+	e.exec(`UPDATE sessions_ended SET ended_at = now() - interval '2 hours'`)
+	if _, _, err := e.db.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM sessions_ended`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d ended sessions remembered after a reap, want those of the last hour (none)", n)
 	}
 }
