@@ -10,12 +10,12 @@
 -- Binaries of the previous schema relied on the key and do not take the
 -- lock: during a rolling upgrade, a claim of theirs that races the reaping
 -- of its own session could commit a lease of a session that no longer
--- exists. sessions_ended remembers the sessions deleted in the last hour
--- (by any binary: a trigger writes it), a session heartbeat of this
--- release asks whether any of them still holds a lease (a probe of
--- work_session_idx per row of a table of a few rows), and the reap that
--- follows releases such leases as Lost, as it releases those of an
--- expired session. A lease is never left without a session that ends it.
+-- exists. sessions_ended remembers the sessions deleted in the last ten
+-- minutes (by any binary: a trigger writes it). While it is not empty, a
+-- session heartbeat of this release starts a reap now and then, which
+-- releases such leases as Lost, as it releases those of an expired
+-- session, and then forgets the sessions ended over ten minutes ago. A
+-- lease is never left without a session that ends it.
 ALTER TABLE work DROP CONSTRAINT work_session_id_fkey;
 
 CREATE TABLE sessions_ended (

@@ -19,18 +19,21 @@ VALUES ($1, $2, $3, $4::int, now() + make_interval(secs => $4::int))`
 
 	// qSessionPoke extends a live session; it changes nothing (and the caller
 	// learns the session is gone) once the deadline has passed. It also
-	// reports whether any session has expired, or a session that ended
-	// still holds leases (qLeasesOrphaned), so that the reap that releases
-	// their leases runs only when there is something to reap instead of on
-	// a timer of its own (a transaction saved per period).
+	// reports whether any session has expired, so that the reap that
+	// releases their leases runs only when there is something to reap
+	// instead of on a timer of its own (a transaction saved per period),
+	// and whether a session ended in the last minutes (sessions_ended),
+	// whose leases a reap looks for (qLeasesOrphaned) now and then. It
+	// reads no lease: a lock on work (a migration, an operator's LOCK
+	// TABLE) must not hold up the heartbeats that keep sessions alive.
 	// And it reports whether an operator asked to cancel one of the
 	// session's leases (a probe of an index of a table that is nearly
 	// always empty), for a replica that missed the notification.
 	qSessionPoke = `
 UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds)
 WHERE session_id = $1 AND session_deadline > now()
-RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now())
-          OR EXISTS (` + qLeasesOrphaned + `),
+RETURNING EXISTS (SELECT 1 FROM sessions o WHERE o.session_deadline <= now()),
+          EXISTS (SELECT 1 FROM sessions_ended),
           EXISTS (SELECT 1 FROM work_cancel c WHERE c.session_id = $1)`
 
 	qSessionAlive = `SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now()`
@@ -103,13 +106,13 @@ RETURNING process`
 
 	qSessionsDelete = `DELETE FROM sessions WHERE session_id = ANY($1)`
 
-	// qLeasesOrphaned lists the sessions deleted in the last hour that
+	// qLeasesOrphaned lists the sessions deleted in the last minutes that
 	// still hold leases: a claim by a binary of the schema before 0024,
 	// which relied on work's foreign key and does not lock its session,
 	// can commit a lease as its session is reaped (migration 0024). It
 	// probes work_session_idx for each row of sessions_ended, which the
 	// sessions' delete trigger fills and qSessionsEndedPrune keeps to the
-	// last hour: a few rows. The probe is the first lease at or after the
+	// last minutes: a few rows. The probe is the first lease at or after the
 	// ended session in the index's order, so that the planner reads the
 	// index (an ORDER BY ... LIMIT 1) even where one session holds every
 	// lease and an equality looks as if it matched them all.
@@ -118,10 +121,12 @@ SELECT e.session_id FROM sessions_ended e
 WHERE (SELECT w.session_id FROM work w WHERE w.session_id >= e.session_id
        ORDER BY w.session_id LIMIT 1) = e.session_id`
 
-	// qSessionsEndedPrune forgets the sessions deleted over an hour ago:
-	// any claim that began under one of them has long committed or failed
-	// (each of its statements has statement_timeout).
-	qSessionsEndedPrune = `DELETE FROM sessions_ended WHERE ended_at < now() - interval '1 hour'`
+	// qSessionsEndedPrune forgets the sessions deleted over ten minutes
+	// ago, after the reap's release of their leases in the same
+	// transaction: a claim that began under one of them has long
+	// committed or failed (each of its statements has statement_timeout,
+	// and the transaction idle_in_transaction_session_timeout).
+	qSessionsEndedPrune = `DELETE FROM sessions_ended WHERE ended_at < now() - interval '10 minutes'`
 
 	qSessionsList = `
 SELECT session_id, session_component_name, session_runtime_info, session_created_at,

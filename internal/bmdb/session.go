@@ -318,6 +318,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 	poke := time.NewTimer(s.cfg.Interval / 2)
 	defer poke.Stop()
 	silence := s.silence
+	var lastEndedReap time.Time
 
 	for {
 		select {
@@ -336,7 +337,7 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 			return
 		case <-poke.C:
 			sent := time.Now()
-			alive, othersExpired, cancels, err := s.poke(ctx, localDeadline)
+			alive, othersExpired, ended, cancels, err := s.poke(ctx, localDeadline)
 			switch {
 			case ctx.Err() != nil:
 				// Silenced, halted or lost meanwhile: the next round sees which.
@@ -356,6 +357,12 @@ func (s *Session) heartbeat(localDeadline time.Time) {
 					// An operator's cancel request whose notification
 					// this replica missed (or a stale one to forget).
 					s.checkCancelsAsync(ctx)
+				}
+				// A session that ended in the last minutes may have
+				// left a lease (qLeasesOrphaned): a reap looks, now
+				// and then, until the ended sessions are forgotten.
+				if ended && time.Since(lastEndedReap) >= endedReapInterval {
+					othersExpired, lastEndedReap = true, time.Now()
 				}
 				if othersExpired {
 					select {
@@ -402,12 +409,13 @@ func (s *Session) reapWhenDue(ctx context.Context, reapNow <-chan struct{}, done
 }
 
 // poke extends the session's deadline; it reports false when the session
-// was already expired in the database, whether any other session is, and
+// was already expired in the database, whether any other session is,
+// whether a session ended in the last minutes (sessions_ended), and
 // whether an operator's cancel request names one of its leases.
-func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, othersExpired, cancels bool, err error) {
+func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, othersExpired, ended, cancels bool, err error) {
 	ctx, cancel := context.WithDeadline(ctx, localDeadline)
 	defer cancel()
-	err = s.db.pool.QueryRow(ctx, qSessionPoke, s.id).Scan(&othersExpired, &cancels)
+	err = s.db.pool.QueryRow(ctx, qSessionPoke, s.id).Scan(&othersExpired, &ended, &cancels)
 	alive = err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
@@ -417,9 +425,9 @@ func (s *Session) poke(ctx context.Context, localDeadline time.Time) (alive, oth
 		s.db.pokeResult(s.cfg.Component, err)
 	}
 	if err != nil {
-		return false, false, false, fmt.Errorf("poking session: %w", err)
+		return false, false, false, false, fmt.Errorf("poking session: %w", err)
 	}
-	return alive, othersExpired, cancels, nil
+	return alive, othersExpired, ended, cancels, nil
 }
 
 // Close ends the session: it stops the heartbeat, releases the leases still
@@ -456,6 +464,12 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	return nil
 }
+
+// endedReapInterval is how often a session's heartbeat starts a reap while
+// sessions_ended is not empty, for the leases an ended session may have
+// left: a transaction a minute per live session, for the ten minutes
+// after a session ends.
+const endedReapInterval = time.Minute
 
 // Backoff after a lease is lost with its session again (a second loss, or
 // a loss after a failure, with no success in between): LostBackoffInitial,

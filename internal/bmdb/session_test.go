@@ -492,9 +492,9 @@ func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
 		t.Errorf("the live session's lease: %v", err)
 	}
 
-	// An ended session is remembered for an hour, then forgotten by the
-	// next reap.
-	e.exec(`UPDATE sessions_ended SET ended_at = now() - interval '2 hours'`)
+	// An ended session is remembered for ten minutes, then forgotten by
+	// the next reap.
+	e.exec(`UPDATE sessions_ended SET ended_at = now() - interval '11 minutes'`)
 	if _, _, err := e.db.Reap(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -503,6 +503,6 @@ func TestReapReleasesLeasesOfGoneSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n != 0 {
-		t.Errorf("%d ended sessions remembered after a reap, want those of the last hour (none)", n)
+		t.Errorf("%d ended sessions remembered after a reap, want those of the last ten minutes (none)", n)
 	}
 }
