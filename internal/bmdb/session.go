@@ -501,11 +501,11 @@ func (db *DB) Reap(ctx context.Context) (sessions, leases int, err error) {
 			return err
 		}
 		var processes []string
-		release := func(sessions []uuid.UUID, cause string) (int, error) {
-			if len(sessions) == 0 {
+		release := func(of []uuid.UUID, cause string) (int, error) {
+			if len(of) == 0 {
 				return 0, nil
 			}
-			released, err := queryRows(ctx, tx.tx, pgx.RowTo[string], qLeasesReap, sessions, cause,
+			released, err := queryRows(ctx, tx.tx, pgx.RowTo[string], qLeasesReap, of, cause,
 				int64(LostBackoffInitial/time.Second), int64(LostBackoffMaximum/time.Second))
 			processes = append(processes, released...)
 			return len(released), err
