@@ -23,11 +23,7 @@ func TestBlockEndsMarkTheProcessDue(t *testing.T) {
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
 	cand := bmdb.ProvidedCandidates()
-	for _, p := range []bmdb.Process{agentStart, recovery} {
-		if _, err := e.db.RegisterProcess(ctx, p, cand, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.registerAll(cand, agentStart, recovery)
 	ms := e.addMachines(2)
 	m1, m2 := ms[0], ms[1]
 

@@ -425,11 +425,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
 	cand := bmdb.ProvidedCandidates()
-	for _, p := range []bmdb.Process{agentStart, recovery} {
-		if _, err := e.db.RegisterProcess(ctx, p, cand, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.registerAll(cand, agentStart, recovery)
 	machines := e.addMachines(3)
 	s := e.session(bmdb.SessionConfig{})
 	register(t, s, agentStart, cand)
@@ -471,6 +467,17 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 	if got := notified(); !slices.Equal(got, []string{agentStart.Name}) {
 		t.Errorf("notifications after Recovery's Finish: %v, want [%s]", got, agentStart.Name)
+	}
+}
+
+// registerAll registers processes with condition cand, as their runners'
+// first registration does, without a session.
+func (e *env) registerAll(cand bmdb.Candidates, processes ...bmdb.Process) {
+	e.t.Helper()
+	for _, p := range processes {
+		if _, err := e.db.RegisterProcess(context.Background(), p, cand, "test"); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 }
 
