@@ -99,12 +99,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// initProcess makes every series of a process exist at zero.
-func (m *Metrics) initProcess(label string, parallelism int) {
-	m.started.WithLabelValues(label)
+// leaseSeries are the series of one process that every lease updates,
+// looked up once: a lookup by label values hashes them under the
+// vector's lock, several times a cycle.
+type leaseSeries struct {
+	started       prometheus.Counter
+	workersActive prometheus.Gauge
+	finished      map[Result]prometheus.Counter
+	duration      map[Result]prometheus.Observer
+}
+
+// initProcess makes every series of a process exist at zero, and returns
+// those its leases update.
+func (m *Metrics) initProcess(label string, parallelism int) leaseSeries {
+	ls := leaseSeries{
+		started:       m.started.WithLabelValues(label),
+		workersActive: m.workersActive.WithLabelValues(label),
+		finished:      map[Result]prometheus.Counter{},
+		duration:      map[Result]prometheus.Observer{},
+	}
 	for _, r := range results {
-		m.finished.WithLabelValues(label, string(r))
-		m.duration.WithLabelValues(label, string(r))
+		ls.finished[r] = m.finished.WithLabelValues(label, string(r))
+		ls.duration[r] = m.duration.WithLabelValues(label, string(r))
 	}
 	m.eligible.WithLabelValues(label)
 	m.oldestDue.WithLabelValues(label)
@@ -116,7 +132,6 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.abandoned.WithLabelValues(label)
 	m.backoffs.WithLabelValues(label)
 	m.leases.WithLabelValues(label)
-	m.workersActive.WithLabelValues(label)
 	m.workersMax.WithLabelValues(label).Set(float64(parallelism))
 	m.sessionHeld.WithLabelValues(label)
 	m.claims.WithLabelValues(label, "leased")
@@ -125,4 +140,5 @@ func (m *Metrics) initProcess(label string, parallelism int) {
 	m.panics.WithLabelValues(label)
 	m.endRetries.WithLabelValues(label, "retried")
 	m.endRetries.WithLabelValues(label, "abandoned")
+	return ls
 }

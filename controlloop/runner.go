@@ -32,6 +32,7 @@ type Runner struct {
 	info       Info
 	cfg        Config
 	metrics    *Metrics
+	series     leaseSeries
 	candidates bmdb.Candidates
 
 	session    atomic.Pointer[bmdb.Session]
@@ -70,9 +71,9 @@ func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (
 	if err != nil {
 		return nil, fmt.Errorf("candidates: %w", err)
 	}
-	m.initProcess(info.Label, cfg.Parallelism)
+	series := m.initProcess(info.Label, cfg.Parallelism)
 	m.limits.initProcess(info.Label, cfg.Limits)
-	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, candidates: cand}, nil
+	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, series: series, candidates: cand}, nil
 }
 
 // Info is the process's description.
@@ -125,36 +126,41 @@ func (r *Runner) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	// A worker whose process succeeded hands the end of its lease to a
-	// goroutine of its own and takes its next machine while that end
-	// commits (River's asynchronous completer): a worker's cycle is then
-	// its process and a claim, not a claim and a commit, and the ends of
-	// many workers still share a transaction (bmdb's group commit). An end
-	// is retried until it is recorded or its session is gone (endLease),
-	// as before; only the worker no longer waits for it. endSlots bounds
-	// the ends in flight to twice Parallelism: room for a batch of every
-	// worker's end in flight and the next one filling (with room for one
-	// batch only, workers waited for slots while a batch committed, and
-	// went back to the claimer late; bench-results/HISTORY.md,
-	// "Asynchronous lease ends"), so that a replica holds at most three
-	// times Parallelism leases while its database is slow to commit them.
-	// Run waits for every end before it closes the session. A failed
-	// or stopped run is ended before the worker goes on: the circuit
-	// breaker counts a failure before its worker takes another machine.
-	endSlots := make(chan struct{}, 2*r.cfg.Parallelism)
-	var ends sync.WaitGroup
+	// A worker whose process succeeded hands the end of its lease to an
+	// ender and takes its next machine while that end commits (River's
+	// asynchronous completer): a worker's cycle is then its process and a
+	// claim, not a claim and a commit, and the ends of many workers still
+	// share a transaction (bmdb's group commit). An end is retried until
+	// it is recorded or its session is gone (endLease), as before; only
+	// the worker no longer waits for it. Twice Parallelism enders bound
+	// the ends in flight: room for a batch of every worker's end in flight
+	// and the next one filling (with room for one batch only, workers
+	// waited while a batch committed, and went back to the claimer late;
+	// bench-results/HISTORY.md, "Asynchronous lease ends"), so that a
+	// replica holds at most three times Parallelism leases while its
+	// database is slow to commit them. The enders live as long as Run: a
+	// goroutine started per end grew its stack through the commit path
+	// every time. Run waits for every end before it closes the session. A
+	// failed or stopped run is ended before the worker goes on: the
+	// circuit breaker counts a failure before its worker takes another
+	// machine.
+	endQueue := make(chan func())
+	var enders sync.WaitGroup
+	for range 2 * r.cfg.Parallelism {
+		enders.Go(func() {
+			for end := range endQueue {
+				end()
+				wakeClaimer()
+			}
+		})
+	}
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
 			for t := range tasks {
 				end, succeeded := r.work(workCtx, t)
 				if succeeded {
-					endSlots <- struct{}{}
-					ends.Go(func() {
-						end()
-						<-endSlots
-						wakeClaimer()
-					})
+					endQueue <- end
 				} else {
 					end()
 					wakeClaimer()
@@ -164,10 +170,17 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	if _, err := r.register(ctx); err != nil {
-		// The workers wait for tasks: end them, or they outlive Run.
+	// stopWorkers ends the workers, then the enders once every end queued
+	// is recorded.
+	stopWorkers := func() {
 		close(tasks)
 		workers.Wait()
+		close(endQueue)
+		enders.Wait()
+	}
+	if _, err := r.register(ctx); err != nil {
+		// The workers wait for tasks: end them, or they outlive Run.
+		stopWorkers()
 		return err
 	}
 	gaugesCtx, stopGauges := context.WithCancel(ctx)
@@ -181,9 +194,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	gauges.Go(func() error { r.watchCancels(gaugesCtx, listener); return nil })
 
 	r.claimLoop(ctx, tasks, idle, ended, listener)
-	close(tasks)
-	workers.Wait()
-	ends.Wait()
+	stopWorkers()
 	stopGauges()
 	gauges.Wait()
 
@@ -333,7 +344,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			r.metrics.claims.WithLabelValues(label, "leased").Inc()
 			giveBack(n - len(works))
 			for _, w := range works {
-				r.metrics.started.WithLabelValues(label).Inc()
+				r.series.started.Inc()
 				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w}
 			}
 		case errors.Is(err, bmdb.ErrNothingToDo):
@@ -443,8 +454,8 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 // own lines about the task add result and cause.
 func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded bool) {
 	label := r.info.Label
-	r.metrics.workersActive.WithLabelValues(label).Inc()
-	defer r.metrics.workersActive.WithLabelValues(label).Dec()
+	r.series.workersActive.Inc()
+	defer r.series.workersActive.Dec()
 
 	// The runner's lines about the process rather than the task (the
 	// circuit breaker's) keep the run's logger.
@@ -545,7 +556,6 @@ func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut b
 // carries the task's logger; runLogger is the run's, for lines about the
 // process as a whole.
 func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task, runErr error, stopped bool) {
-	label := r.info.Label
 	logger := klog.FromContext(endCtx)
 	var result Result
 	var err error
@@ -597,8 +607,8 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 		r.checkBreaker(breakerCtx)
 		cancel()
 	}
-	r.metrics.finished.WithLabelValues(label, string(result)).Inc()
-	r.metrics.duration.WithLabelValues(label, string(result)).Observe(time.Since(t.work.Started).Seconds())
+	r.series.finished[result].Inc()
+	r.series.duration[result].Observe(time.Since(t.work.Started).Seconds())
 }
 
 func isLeaseGone(err error) bool {

@@ -233,10 +233,10 @@ type boundLease struct {
 // operator cancels the lease (cause *CanceledByOperator; Cancel then
 // records the operator's end). The returned function releases it.
 func (w *Lease) Bind(parent context.Context) (context.Context, context.CancelFunc) {
-	outer, cancelOuter := context.WithCancelCause(parent)
-	ctx, cancel := w.s.Bind(outer)
+	ctx, cancel := context.WithCancelCause(parent)
+	release := w.s.cancelOnLoss(cancel)
 	key := leaseKey{w.Machine, w.Process.Name}
-	b := &boundLease{w: w, cancel: cancelOuter}
+	b := &boundLease{w: w, cancel: cancel}
 	reg := &w.s.bound
 	reg.mu.Lock()
 	if reg.m == nil {
@@ -250,8 +250,8 @@ func (w *Lease) Bind(parent context.Context) (context.Context, context.CancelFun
 			delete(reg.m, key)
 		}
 		reg.mu.Unlock()
-		cancel()
-		cancelOuter(context.Canceled)
+		release()
+		cancel(context.Canceled)
 	}
 }
 

@@ -79,6 +79,9 @@ type Session struct {
 
 	lost     chan struct{}
 	lostOnce sync.Once
+	// onLoss are the cancel functions of the contexts bound to the
+	// session (Bind, Lease.Bind), called when it is lost or closed.
+	onLoss lossWatchers
 	// silence stops the pokes and reaps (StopHeartbeat), silenced confirms
 	// it; stop ends the heartbeat goroutine (Close), stopped confirms it.
 	silence     chan struct{}
@@ -147,19 +150,74 @@ func (s *Session) Done() <-chan struct{} { return s.lost }
 // under such a context, so that it stops when the lease may no longer be its.
 func (s *Session) Bind(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
-	// A session already lost (or past its local deadline) yields a context
-	// cancelled now, not a moment later: work must not start under it.
+	release := s.cancelOnLoss(cancel)
+	return ctx, func() {
+		release()
+		cancel(context.Canceled)
+	}
+}
+
+// cancelOnLoss arranges for cancel to be called with ErrSessionExpired
+// when the session is lost or closed, or calls it now if the session is
+// already lost or past its local deadline: work must not start under it.
+// The returned function undoes the arrangement. It binds a context to the
+// session without a goroutine per context: every lease's work is bound,
+// on the path each cycle takes.
+func (s *Session) cancelOnLoss(cancel context.CancelCauseFunc) (release func()) {
+	// Alive before the lock: past the local deadline it marks the session
+	// lost, which takes the lock.
 	if !s.Alive() {
 		cancel(ErrSessionExpired)
+		return func() {}
 	}
-	go func() {
-		select {
-		case <-s.lost:
-			cancel(ErrSessionExpired)
-		case <-ctx.Done():
+	w := &s.onLoss
+	w.mu.Lock()
+	if w.fired {
+		w.mu.Unlock()
+		cancel(ErrSessionExpired)
+		return func() {}
+	}
+	if w.m == nil {
+		w.m = map[uint64]context.CancelCauseFunc{}
+	}
+	id := w.next
+	w.next++
+	w.m[id] = cancel
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		delete(w.m, id)
+		w.mu.Unlock()
+	}
+}
+
+// lossWatchers are the cancel functions a session calls when it is lost
+// or closed (Session.cancelOnLoss).
+type lossWatchers struct {
+	mu    sync.Mutex
+	fired bool
+	next  uint64
+	m     map[uint64]context.CancelCauseFunc
+}
+
+// markLost closes s.lost and cancels every context bound to the session,
+// once, first calling announce (unless nil); later calls do nothing.
+func (s *Session) markLost(announce func()) {
+	s.lostOnce.Do(func() {
+		if announce != nil {
+			announce()
 		}
-	}()
-	return ctx, func() { cancel(context.Canceled) }
+		close(s.lost)
+		w := &s.onLoss
+		w.mu.Lock()
+		w.fired = true
+		m := w.m
+		w.m = nil
+		w.mu.Unlock()
+		for _, cancel := range m {
+			cancel(ErrSessionExpired)
+		}
+	})
 }
 
 // Transact runs fn in a transaction whose first statement checks that the
@@ -248,10 +306,9 @@ func (s *Session) expired() bool {
 func (s *Session) Alive() bool { return !s.expired() }
 
 func (s *Session) markExpired() {
-	s.lostOnce.Do(func() {
+	s.markLost(func() {
 		s.logger.Error(ErrSessionExpired, "BMDB session lost: cancelling all work under it", "session", s.id, "component", s.cfg.Component)
 		s.db.metrics.sessionExpired(s.cfg.Component)
-		close(s.lost)
 	})
 }
 
@@ -439,7 +496,7 @@ func (s *Session) Close(ctx context.Context) error {
 	if s.expired() {
 		return nil
 	}
-	defer s.lostOnce.Do(func() { close(s.lost) })
+	defer s.markLost(nil)
 	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		var one int
 		err := tx.tx.QueryRow(ctx, qSessionOwnLock, s.id).Scan(&one)

@@ -207,6 +207,57 @@ func TestSessionFencing(t *testing.T) {
 	}
 }
 
+// A bound context is released by its cancel function, so that a session
+// running many leases keeps none of their contexts; one still bound when
+// the session closes is cancelled with ErrSessionExpired, as on a loss,
+// and the operator's cancel of a lease reaches its context with its cause.
+func TestBindReleaseAndClose(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	e.addMachines(1)
+	w := claim(t, s, agentStart)
+	for range 100 {
+		_, cancel := s.Bind(ctx)
+		cancel()
+		_, cancel = w.Bind(ctx)
+		cancel()
+	}
+	if n := s.BoundToLoss(); n != 0 {
+		t.Errorf("%d contexts still bound after their release, want 0", n)
+	}
+
+	parent, cancelParent := context.WithCancel(ctx)
+	child, release := s.Bind(parent)
+	defer release()
+	cancelParent()
+	<-child.Done()
+	if cause := context.Cause(child); !errors.Is(cause, context.Canceled) {
+		t.Errorf("cause after the parent's cancel: %v, want context.Canceled", cause)
+	}
+
+	workCtx, releaseWork := w.Bind(ctx)
+	defer releaseWork()
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-workCtx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("context bound to a closed session not cancelled")
+	}
+	if cause := context.Cause(workCtx); !errors.Is(cause, bmdb.ErrSessionExpired) {
+		t.Errorf("cause after Close: %v, want ErrSessionExpired", cause)
+	}
+	if n := s.BoundToLoss(); n != 0 {
+		t.Errorf("%d contexts still bound after Close, want 0", n)
+	}
+}
+
 // Transact (and everything built on it) returns ErrSessionExpired once the
 // session is gone, whether its owner closed it or the database expired it
 // behind the owner's back; in the latter case the owner learns it then.
