@@ -21,7 +21,9 @@ import (
 // Runner runs one process: a claimer that claims machines in batches for
 // the idle workers, and Parallelism workers that act on them. A worker
 // whose run succeeded takes its next machine while the end of its lease
-// commits (at most twice Parallelism such ends at once). All workers
+// commits (at most twice Parallelism such ends at once). While runs are
+// shorter than claims, the claimer also queues one machine behind each
+// worker's run (claimPace). All workers
 // share one BMDB session (one heartbeat per process and replica); when it
 // is lost the workers' contexts are cancelled and the claimer starts a new
 // one. Idle workers do not touch the database: only the claimer polls, once
@@ -33,6 +35,7 @@ type Runner struct {
 	cfg        Config
 	metrics    *Metrics
 	series     leaseSeries
+	pace       claimPace
 	candidates bmdb.Candidates
 
 	session    atomic.Pointer[bmdb.Session]
@@ -110,10 +113,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	tasks := make(chan *Task)
+	// tasks holds a machine claimed ahead for each worker (claimPace).
+	tasks := make(chan *Task, r.cfg.Parallelism)
 	ended := make(chan struct{}, 1)
-	idle := make(chan struct{}, r.cfg.Parallelism)
-	for range r.cfg.Parallelism {
+	// A token is a lease the runner may hold between a claim and its
+	// worker's end of it: one per worker, and one more per worker that
+	// the claimer holds back unless it claims ahead (claimLoop).
+	idle := make(chan struct{}, 2*r.cfg.Parallelism)
+	for range 2 * r.cfg.Parallelism {
 		idle <- struct{}{}
 	}
 
@@ -138,7 +145,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// waited while a batch committed, and went back to the claimer late;
 	// bench-results/HISTORY.md, "Asynchronous lease ends"), so that a
 	// replica holds at most three times Parallelism leases while its
-	// database is slow to commit them. The enders live as long as Run: a
+	// database is slow to commit them (four times while it claims ahead). The enders live as long as Run: a
 	// goroutine started per end grew its stack through the commit path
 	// every time. Run waits for every end before it closes the session. A
 	// failed or stopped run is ended before the worker goes on: the
@@ -158,7 +165,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
 			for t := range tasks {
+				if ctx.Err() != nil || !t.work.Session().Alive() {
+					// Claimed ahead, and Run was told to stop or the
+					// session was lost before the task started:
+					// released, not run.
+					r.endWork(context.WithoutCancel(workCtx), klog.FromContext(workCtx), t, errNotStarted, true)
+					idle <- struct{}{}
+					continue
+				}
+				started := time.Now()
 				end, succeeded := r.work(workCtx, t)
+				r.pace.noteRun(time.Since(started), succeeded)
 				if succeeded {
 					endQueue <- end
 				} else {
@@ -210,9 +227,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// claimLoop claims machines for idle workers until ctx is done. It holds one
-// idle token per worker it may feed; a task carries its token to the worker,
-// which returns it when done.
+// claimLoop claims machines for idle workers until ctx is done, and for
+// each worker one more to queue behind its run while the runner claims
+// ahead (claimPace). A claim takes one idle token per machine it may
+// lease; a task carries its token to its worker, which returns it when
+// done.
 func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
@@ -286,25 +305,49 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	// flowing is set while claims lease machines: workers then come back
 	// one after another, and a claim waits a moment for them (gatherMore).
 	flowing := false
+	// held are tokens the claimer keeps back: each worker's second one,
+	// while it does not claim ahead (claimPace), so that the runner then
+	// holds at most one lease per worker.
+	held := 0
+	tokens := 2 * r.cfg.Parallelism
 	for {
-		// Wait for one idle worker, then take every other idle one.
-		select {
-		case <-ctx.Done():
-			return
-		case <-idle:
+		keep := r.cfg.Parallelism
+		if r.pace.ahead() {
+			keep = 0
 		}
-		n := 1
+		for ; held > keep; held-- {
+			idle <- struct{}{}
+		}
+		// take counts a free token towards the claim, once held has
+		// what it keeps back.
+		n := 0
+		take := func() {
+			if held < keep {
+				held++
+			} else {
+				n++
+			}
+		}
+		// Wait for one token to claim with, then take every other free one.
+		for n == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-idle:
+				take()
+			}
+		}
 	gather:
-		for n < r.cfg.Parallelism {
+		for n+held < tokens {
 			select {
 			case <-idle:
-				n++
+				take()
 			default:
 				break gather
 			}
 		}
-		if flowing && n < r.cfg.Parallelism {
-			n += gatherMore(idle, r.cfg.Parallelism-n)
+		if flowing && held == keep && n+held < tokens {
+			n += gatherMore(idle, tokens-n-held)
 		}
 		giveBack := func(k int) {
 			for range k {
@@ -335,10 +378,12 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		// database mid-claim gives up at its local deadline instead of
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
+		claimStart := time.Now()
 		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits, onEscalated)
 		cancelClaim()
 		switch {
 		case err == nil:
+			r.pace.noteClaim(time.Since(claimStart))
 			errorPause = 0
 			flowing = true
 			r.metrics.claims.WithLabelValues(label, "leased").Inc()
@@ -474,6 +519,11 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	// session, whose transactions check it.
 	return func() { r.endWork(context.WithoutCancel(workCtx), runLogger, t, runErr, stopped) }, runErr == nil && !stopped
 }
+
+// errNotStarted is the outcome of a task claimed ahead whose run never
+// started: Run was told to stop, or the session was lost, first. It is
+// ended as stopped (Canceled), with no verdict on the machine.
+var errNotStarted = errors.New("claimed ahead; not started before the stop")
 
 // errRunTimeout is the cause of a run context that reached RunTimeout.
 var errRunTimeout = errors.New("run timed out")

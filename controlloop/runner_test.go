@@ -622,3 +622,83 @@ func TestRunnerRegistersAgainWhenRegistrationIsGone(t *testing.T) {
 		t.Errorf("shepherd_claim_errors_total = %g, want at least the one claim that found the registration gone", got)
 	}
 }
+
+// While runs are shorter than claims, the claimer queues a machine behind
+// each worker's run, and no more: one worker has two machines at most. A
+// machine claimed ahead whose run had not started when the runner was
+// stopped is released as Canceled without being run.
+func TestRunnerClaimsAhead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(20)
+
+	const fast = 8
+	var calls atomic.Int32
+	blocked := make(chan struct{})
+	release := make(chan struct{})
+	ran := map[uuid.UUID]bool{}
+	var mu sync.Mutex
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		mu.Lock()
+		ran[task.Machine] = true
+		mu.Unlock()
+		if calls.Add(1) == fast+1 {
+			close(blocked)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		commitAgent(task)
+		return nil
+	})
+	cfg := fastConfig(p, 1)
+	cfg.ShutdownGrace = time.Minute
+	r := e.start(p, cfg)
+	select {
+	case <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d runs after 30 s, want %d", calls.Load(), fast+1)
+	}
+	var releaseOnce sync.Once
+	releaseRun := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseRun)
+	// Started events count claims: the fast runs', the blocked one's, and
+	// the one queued behind it, and no more while it blocks.
+	bmdbtest.WaitForNoError(t, 20*time.Second, "a machine claimed ahead of the blocked run", func() (bool, error) {
+		n := e.count(bmdb.EventStarted)
+		if n > fast+2 {
+			return false, fmt.Errorf("%d machines claimed with one worker blocked after %d runs, want %d", n, fast+1, fast+2)
+		}
+		return n == fast+2, nil
+	})
+	time.AfterFunc(300*time.Millisecond, releaseRun)
+	r.Stop(t, 30*time.Second)
+
+	if got := calls.Load(); got != fast+1 {
+		t.Errorf("%d runs, want %d: the machine claimed ahead must not run after the stop", got, fast+1)
+	}
+	byMachine := eventsByMachine(e.history())
+	canceled := 0
+	for _, m := range machines {
+		h := bmdbtest.JoinEvents(byMachine[m], ",")
+		mu.Lock()
+		wasRun := ran[m]
+		mu.Unlock()
+		switch {
+		case wasRun && h != "Started,Finished":
+			t.Errorf("history of %s, which ran: %s, want Started,Finished", m, h)
+		case !wasRun && h == "Started,Canceled":
+			canceled++
+		case !wasRun && h != "":
+			t.Errorf("history of %s, which did not run: %s, want Started,Canceled or nothing", m, h)
+		}
+	}
+	if canceled != 1 {
+		t.Errorf("%d machines claimed ahead and released unrun, want 1", canceled)
+	}
+	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
+		t.Errorf("leases after the stop: %d (%v), want 0", n, err)
+	}
+}
