@@ -145,12 +145,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	// waited while a batch committed, and went back to the claimer late;
 	// bench-results/HISTORY.md, "Asynchronous lease ends"), so that a
 	// replica holds at most three times Parallelism leases while its
-	// database is slow to commit them (four times while it claims ahead). The enders live as long as Run: a
-	// goroutine started per end grew its stack through the commit path
-	// every time. Run waits for every end before it closes the session. A
-	// failed or stopped run is ended before the worker goes on: the
-	// circuit breaker counts a failure before its worker takes another
-	// machine.
+	// database is slow to commit them (four times while it claims
+	// ahead). The enders live as long as Run: a goroutine started per end
+	// grew its stack through the commit path every time. Run waits for
+	// every end before it closes the session. A failed or stopped run is
+	// ended before the worker goes on: the circuit breaker counts a
+	// failure before its worker takes another machine.
 	endQueue := make(chan func())
 	var enders sync.WaitGroup
 	for range 2 * r.cfg.Parallelism {
@@ -169,7 +169,9 @@ func (r *Runner) Run(ctx context.Context) error {
 					// Claimed ahead, and Run was told to stop or the
 					// session was lost before the task started:
 					// released, not run.
-					r.endWork(context.WithoutCancel(workCtx), klog.FromContext(workCtx), t, errNotStarted, true)
+					runLogger := klog.FromContext(workCtx)
+					endCtx := klog.NewContext(context.WithoutCancel(workCtx), r.taskLogger(runLogger, t))
+					r.endWork(endCtx, runLogger, t, errNotStarted, true)
 					idle <- struct{}{}
 					continue
 				}
@@ -498,16 +500,13 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 // code that logs through it names its machine for free, and the runner's
 // own lines about the task add result and cause.
 func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded bool) {
-	label := r.info.Label
 	r.series.workersActive.Inc()
 	defer r.series.workersActive.Dec()
 
 	// The runner's lines about the process rather than the task (the
 	// circuit breaker's) keep the run's logger.
 	runLogger := klog.FromContext(workCtx)
-	logger := klog.LoggerWithValues(runLogger,
-		"process", label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
-	workCtx = klog.NewContext(workCtx, logger)
+	workCtx = klog.NewContext(workCtx, r.taskLogger(runLogger, t))
 	// Bound to the lease: an operator's cancel request (shepherd cancel)
 	// cancels this context alone.
 	ctx, cancel := t.work.Bind(workCtx)
@@ -518,6 +517,13 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
 	return func() { r.endWork(context.WithoutCancel(workCtx), runLogger, t, runErr, stopped) }, runErr == nil && !stopped
+}
+
+// taskLogger is runLogger with the keys an operator searches a task's
+// lines by.
+func (r *Runner) taskLogger(runLogger klog.Logger, t *Task) klog.Logger {
+	return klog.LoggerWithValues(runLogger,
+		"process", r.info.Label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
 }
 
 // errNotStarted is the outcome of a task claimed ahead whose run never
