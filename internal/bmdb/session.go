@@ -146,8 +146,10 @@ func (s *Session) param() pgtype.UUID { return pgtype.UUID{Bytes: s.id, Valid: t
 func (s *Session) Done() <-chan struct{} { return s.lost }
 
 // Bind returns a context that is cancelled (with cause ErrSessionExpired)
-// when the session is lost, or when parent is done. Work under a lease runs
-// under such a context, so that it stops when the lease may no longer be its.
+// when the session is lost or closed, or when parent is done. Work under a
+// lease runs under such a context, so that it stops when the lease may no
+// longer be its. Call the returned function when the work is done: until
+// then the session keeps the context's cancel function.
 func (s *Session) Bind(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	release := s.cancelOnLoss(cancel)
