@@ -84,3 +84,65 @@ func ClaimStatement(candidates Candidates) string {
 // them, runs: plans_test.go requires to have seen them, so that a watch
 // that sees nothing cannot pass.
 var EndStatements = []string{qLockLeases, qEndLeases, qWorkFail, qBackoffUpsert}
+
+// EndBatchRowsHandled runs the generic plan of the statement that records
+// a batch of lease ends (qEndLeases) for leases, each ended Finished, under
+// EXPLAIN ANALYZE in a transaction begun as a batch's is, and rolls it back.
+// It returns how many rows the plan's nodes produced and filtered out in
+// all, each node's counts times its loops: linear in the batch for a plan
+// that probes each lease once, quadratic for one that rescans the batch
+// per lease.
+func EndBatchRowsHandled(ctx context.Context, db *DB, s *Session, leases []*Lease) (float64, error) {
+	ends := make([]*leaseEnd, len(leases))
+	for i, l := range leases {
+		ends[i] = &leaseEnd{machine: l.Machine, process: l.Process.Name, event: EventFinished}
+	}
+	sql, args := recordEndsQuery(s.param(), ends)
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, db.probeBegin)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Conn().Prepare(ctx, "end_batch", sql); err != nil {
+		return 0, err
+	}
+	params := make([]string, len(args))
+	for i := range args {
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
+	var plan []map[string]any
+	err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE end_batch("+strings.Join(params, ", ")+")",
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...).Scan(&plan)
+	if err != nil {
+		return 0, err
+	}
+	var walk func(node map[string]any) float64
+	walk = func(node map[string]any) float64 {
+		loops, _ := node["Actual Loops"].(float64)
+		var rows float64
+		for _, k := range []string{"Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter"} {
+			n, _ := node[k].(float64)
+			rows += n * loops
+		}
+		children, _ := node["Plans"].([]any)
+		for _, c := range children {
+			if child, ok := c.(map[string]any); ok {
+				rows += walk(child)
+			}
+		}
+		return rows
+	}
+	if len(plan) != 1 {
+		return 0, fmt.Errorf("EXPLAIN returned %d plans", len(plan))
+	}
+	root, _ := plan[0]["Plan"].(map[string]any)
+	return walk(root), nil
+}

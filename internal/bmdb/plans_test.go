@@ -67,7 +67,7 @@ func (w *probeWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // theirs may scan a table, whatever the statistics: here each lease table
 // holds a handful of rows at most, freshly analyzed, the case that
 // invites a scan. Nor may a claim or a lease end read work's indexes
-// other than by machine, as a hash of every lease of the group, or a probe
+// other than by machine (or, after a probe by machine, by a row's address), as a hash of every lease of the group, or a probe
 // of the process's index that reads every lease of the process, does: the
 // indexes bloat with the table.
 //
@@ -197,9 +197,48 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 			continue
 		}
 		for _, node := range workScan.FindAllString(plan+"\n", -1) {
-			if !strings.Contains(node, "Index Cond: ((machine_id =") && !strings.Contains(node, "Index Cond: (machine_id =") {
+			byMachine := strings.Contains(node, "Index Cond: ((machine_id =") || strings.Contains(node, "Index Cond: (machine_id =")
+			// A lease found by its machine is then deleted by its address.
+			byAddress := strings.HasPrefix(node, "Scan on work") && strings.Contains(node, "TID Cond: (ctid =")
+			if !byMachine && !byAddress {
 				t.Errorf("%s: the generic plan reads work other than by machine:\n%s\nwhole plan:\n%s", name, node, plan)
 			}
 		}
 	}
+}
+
+// A batch of lease ends finds each lease by one probe of work's keys and
+// deletes it by its address: the rows its generic plan handles grow with
+// the batch, not with its square. A join of the batch's ends to the
+// leases found by "machine_id = ANY (...)" rescanned every end for each
+// lease, most of the statement's executor time at a busy fleet's batch
+// sizes.
+func TestEndBatchPlanIsLinear(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := bmdbtest.Open(t, bmdbtest.NewDatabase(t))
+	const n = 100
+	bmdbtest.AddMachines(t, db, n)
+	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	provided := bmdb.ProvidedCandidates()
+	p := bmdb.Process{Name: "PlansLinear"}
+	register(t, s, p, provided)
+	leases, err := s.ClaimBatchLimited(ctx, p, provided, n, bmdb.Limits{}, nil)
+	if err != nil || len(leases) != n {
+		t.Fatalf("claim: %d leases, %v; want %d", len(leases), err, n)
+	}
+	rows, err := bmdb.EndBatchRowsHandled(ctx, db, s, leases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each node of the plan handles each lease a few times at most; a
+	// quadratic plan handles n*n rows in one node alone.
+	if limit := 40.0 * n; rows > limit {
+		t.Errorf("ending a batch of %d leases handled %.0f rows in its plan's nodes, more than %.0f: a plan quadratic in the batch", n, rows, limit)
+	}
+	t.Logf("ending a batch of %d leases handled %.0f rows", n, rows)
 }

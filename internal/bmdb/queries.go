@@ -169,21 +169,32 @@ FROM sessions ORDER BY session_created_at`
 	// records it as Lost) returns nothing. One statement records the ends
 	// of a whole batch (endbatch.go).
 	//
-	// The leases are found by their machines, "machine_id = ANY ($2)", a
-	// probe of work's keys per machine, and the session and the process
-	// are compared in ways no index serves (IS NOT DISTINCT FROM,
-	// w.process || ''): the session's index holds an entry for every lease
-	// a busy session took since the last vacuum, and the process's index
-	// one for every lease of the process, dead ones included, and a
-	// generic plan that probed either, or hashed the leases, read them all
-	// for each batch (TestClaimAndEndGenericPlans).
+	// Each lease is found by a probe of work's keys per end: a LATERAL
+	// subquery that OFFSET 0 keeps from being flattened into a join, so
+	// that the planner cannot hash every lease of the table (the plan a
+	// generic plan made while work held a few rows would keep as the table
+	// bloats), nor rescan the batch's ends once per lease (a join on
+	// "machine_id = ANY ($2)" did: quadratic in the batch). The session and
+	// the process are compared in ways no index serves (IS NOT DISTINCT
+	// FROM, w.process || ''): the session's index holds an entry for every
+	// lease a busy session took since the last vacuum, and the process's
+	// index one for every lease of the process, dead ones included
+	// (TestClaimAndEndGenericPlans). The lease is then deleted by its
+	// address (ctid), which the statement's snapshot keeps from being
+	// reused; a lease the reaper deleted meanwhile is skipped, as work's
+	// rows are never updated.
 	qEndLeases = `
 WITH ends AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::text[]) AS e(machine_id, process, event, later, note)
+    SELECT e.*, x.tid
+    FROM unnest($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::text[]) AS e(machine_id, process, event, later, note)
+    CROSS JOIN LATERAL (
+        SELECT w.ctid AS tid FROM work w
+        WHERE w.machine_id = e.machine_id AND w.process || '' = e.process
+          AND w.session_id IS NOT DISTINCT FROM $1
+        OFFSET 0) x
 ), lease AS (
     DELETE FROM work w USING ends e
-    WHERE w.machine_id = ANY ($2::uuid[]) AND w.machine_id = e.machine_id AND w.process || '' = e.process
-      AND w.session_id IS NOT DISTINCT FROM $1
+    WHERE w.ctid = e.tid
     RETURNING e.machine_id, e.process, e.event, e.later, e.note
 ), cleared AS (
     DELETE FROM work_backoff b USING lease l
@@ -212,14 +223,16 @@ SELECT machine_id, process FROM lease`
 	// processes $3, returning those still held (machine, process): a batch of ends locks them
 	// before it runs the processes' commit functions, so that each end it
 	// then records finds its lease (the reaper waits for the lock). The
-	// session and the process are compared as in qEndLeases.
+	// leases are found, and compared, as in qEndLeases, and locked in the
+	// order of $2 (the batch sorts its ends by machine).
 	qLockLeases = `
-SELECT w.machine_id, w.process FROM work w
-JOIN unnest($2::uuid[], $3::text[]) AS e(machine_id, process)
-  ON w.machine_id = e.machine_id AND w.process || '' = e.process
-WHERE w.machine_id = ANY ($2::uuid[]) AND w.session_id IS NOT DISTINCT FROM $1
-ORDER BY w.machine_id
-FOR UPDATE OF w`
+SELECT x.machine_id, x.process
+FROM unnest($2::uuid[], $3::text[]) AS e(machine_id, process)
+CROSS JOIN LATERAL (
+    SELECT w.machine_id, w.process FROM work w
+    WHERE w.machine_id = e.machine_id AND w.process || '' = e.process
+      AND w.session_id IS NOT DISTINCT FROM $1
+    FOR UPDATE OF w) x`
 
 	// qClaimOutcome says whether transaction $1 (its pg_current_xact_id)
 	// committed, aborted or still runs (a COMMIT waiting for a synchronous
