@@ -182,7 +182,10 @@ FROM sessions ORDER BY session_created_at`
 	// (TestClaimAndEndGenericPlans). The lease is then deleted by its
 	// address (ctid), which the statement's snapshot keeps from being
 	// reused; a lease the reaper deleted meanwhile is skipped, as work's
-	// rows are never updated.
+	// rows are never updated. The backoffs and "check again later" rows
+	// are read among the batch's machines only ("machine_id = ANY ($2)",
+	// and their process compared as the lease's is), whatever join the
+	// planner picks: a fleet can hold many of them.
 	qEndLeases = `
 WITH ends AS (
     SELECT e.*, x.tid
@@ -198,10 +201,12 @@ WITH ends AS (
     RETURNING e.machine_id, e.process, e.event, e.later, e.note
 ), cleared AS (
     DELETE FROM work_backoff b USING lease l
-    WHERE b.machine_id = l.machine_id AND b.process = l.process AND l.event <> 'Canceled'
+    WHERE b.machine_id = ANY ($2::uuid[])
+      AND b.machine_id = l.machine_id AND b.process || '' = l.process AND l.event <> 'Canceled'
 ), not_before_cleared AS (
     DELETE FROM work_not_before nb USING lease l
-    WHERE nb.machine_id = l.machine_id AND nb.process = l.process AND l.event = 'Finished'
+    WHERE nb.machine_id = ANY ($2::uuid[])
+      AND nb.machine_id = l.machine_id AND nb.process || '' = l.process AND l.event = 'Finished'
 ), deferred AS (
     INSERT INTO work_not_before (machine_id, process, until)
     SELECT machine_id, process, now() + make_interval(secs => later) FROM lease
