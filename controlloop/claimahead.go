@@ -13,8 +13,9 @@ import (
 // Claiming ahead keeps one machine queued behind each running one
 // instead. It is allowed only while runs are, on average, shorter than
 // claims, so that a queued lease waits for the run ahead of it, on
-// average shorter than a claim, before its own starts, and only while the last run to end succeeded, so that a
-// failing process is not fed faster than its circuit breaker judges it.
+// average shorter than a claim, before its own starts; and only while the
+// last run to end succeeded, so that a failing process is not fed faster
+// than its circuit breaker judges it.
 // The averages are estimates: concurrent updates may lose one, which
 // moves them by a sample.
 type claimPace struct {

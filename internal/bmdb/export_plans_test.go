@@ -20,25 +20,42 @@ type Statement struct {
 	Args []any
 }
 
+// genericPlanTx begins a transaction on a connection of its own, as those
+// of claims and lease ends are begun, in which prepared statements run
+// their generic plans at once. done rolls it back and releases the
+// connection.
+func genericPlanTx(ctx context.Context, db *DB) (tx pgx.Tx, done func(), err error) {
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tx, err = conn.BeginTx(ctx, db.probeBegin)
+	if err != nil {
+		conn.Release()
+		return nil, nil, err
+	}
+	done = func() {
+		tx.Rollback(context.WithoutCancel(ctx))
+		conn.Release()
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return tx, done, nil
+}
+
 // GenericPlans prepares statements on one connection, in a transaction
 // begun as those of claims and lease ends are, and returns each one's
 // generic plan by its text: the plan PostgreSQL caches for a prepared
 // statement after a few executions and keeps until the tables'
 // statistics change, however the tables grow meanwhile.
 func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[string]string, error) {
-	conn, err := db.pool.Acquire(ctx)
+	tx, done, err := genericPlanTx(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, db.probeBegin)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-		return nil, err
-	}
+	defer done()
 	plans := map[string]string{}
 	for i, st := range statements {
 		sql := st.SQL
@@ -98,19 +115,11 @@ func EndBatchRowsHandled(ctx context.Context, db *DB, s *Session, leases []*Leas
 		ends[i] = &leaseEnd{machine: l.Machine, process: l.Process.Name, event: EventFinished}
 	}
 	sql, args := recordEndsQuery(s.param(), ends)
-	conn, err := db.pool.Acquire(ctx)
+	tx, done, err := genericPlanTx(ctx, db)
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, db.probeBegin)
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-		return 0, err
-	}
+	defer done()
 	if _, err := tx.Conn().Prepare(ctx, "end_batch", sql); err != nil {
 		return 0, err
 	}
