@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -104,11 +105,12 @@ type DB struct {
 	pool       *pgxpool.Pool
 	metrics    *Metrics
 	maxRetries int
-	// begin starts every transaction and sets its timeouts (beginQuery).
-	begin pgx.TxOptions
-	// probeBegin starts the transactions of claims and of batched lease
-	// ends: begin, and probePlanning.
-	probeBegin pgx.TxOptions
+	// begin starts every transaction and sets its timeouts
+	// (beginStatements).
+	begin []string
+	// probeBegin starts the transactions of claims and of lease ends:
+	// begin, and probePlanning.
+	probeBegin []string
 	hosts      *hostLog
 	health     health
 	// registered remembers the process conditions registered for
@@ -181,11 +183,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		hosts.connected(ctx, conn)
 		return nil
 	}
-	begin := beginQuery(cc.RuntimeParams, opts)
+	begin := beginStatements(cc.RuntimeParams, opts)
 	db = &DB{
 		metrics:    opts.Metrics,
-		begin:      pgx.TxOptions{BeginQuery: begin},
-		probeBegin: pgx.TxOptions{BeginQuery: begin + probePlanning},
+		begin:      begin,
+		probeBegin: append(slices.Clip(begin), probePlanning),
 		hosts:      hosts,
 	}
 	db.statements.fixed = fixedMode
@@ -251,7 +253,7 @@ const (
 
 // transact is Transact with an optional session check (where says where),
 // begun by begin (db.begin, or db.probeBegin for claims).
-func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
+func (db *DB) transact(ctx context.Context, s *Session, begin []string, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
 	start := time.Now()
 	reconnects := 0
 	for attempt := 0; ; attempt++ {
@@ -299,11 +301,11 @@ func (db *DB) transact(ctx context.Context, s *Session, begin pgx.TxOptions, whe
 	}
 }
 
-func (db *DB) transactOnce(ctx context.Context, s *Session, begin pgx.TxOptions, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
+func (db *DB) transactOnce(ctx context.Context, s *Session, begin []string, where sessionCheck, fn func(ctx context.Context, tx *Tx) error) error {
 	if s != nil && s.expired() {
 		return ErrSessionExpired
 	}
-	tx, err := db.pool.BeginTx(ctx, begin)
+	tx, err := db.beginTx(ctx, begin)
 	if err != nil {
 		return &notStartedError{fmt.Errorf("beginning BMDB transaction: %w", err)}
 	}

@@ -204,7 +204,7 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 // condition: a build is a pass over the whole fleet. For anything
 // else (another registration, a build of another condition) it waits, as
 // registrations of one process must follow each other.
-func lockRegistry(ctx context.Context, tx pgx.Tx, process, fp string) (busy bool, err error) {
+func lockRegistry(ctx context.Context, tx txConn, process, fp string) (busy bool, err error) {
 	var got bool
 	if err := tx.QueryRow(ctx, qRegistryTryLock, process).Scan(&got); err != nil {
 		return false, err
@@ -395,7 +395,7 @@ func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates 
 // conditionTables names the tables a condition and its due time read, from
 // the plan of a statement that evaluates them: the planner's list, not a
 // parse of the SQL, so it is what the database reads.
-func conditionTables(ctx context.Context, tx pgx.Tx, c Candidates) ([]string, error) {
+func conditionTables(ctx context.Context, tx txConn, c Candidates) ([]string, error) {
 	query, args := c.query(explainJSON+watchProbeTemplate, nil)
 	var plan []byte
 	if err := tx.QueryRow(ctx, query, args).Scan(&plan); err != nil {
@@ -433,7 +433,7 @@ func conditionTables(ctx context.Context, tx pgx.Tx, c Candidates) ([]string, er
 
 // watchedTables maps each table carrying shepherd_watch's triggers to its
 // watched events.
-func watchedTables(ctx context.Context, tx pgx.Tx) (map[string][]string, error) {
+func watchedTables(ctx context.Context, tx txConn) (map[string][]string, error) {
 	rows, err := tx.Query(ctx, qWatchedTables)
 	if err != nil {
 		return nil, fmt.Errorf("listing watched tables: %w", err)

@@ -176,8 +176,9 @@ func (b *endBatcher) handOff() {
 
 // commitEnds runs batch in one transaction and tells each request its
 // outcome. A batch of one runs as any session transaction does, retries
-// included; it still holds the lead meanwhile, so that the ends arriving
-// during it wait and share the next transaction.
+// included, but begun as a batch is (see endAlone's other caller); it
+// still holds the lead meanwhile, so that the ends arriving during it wait
+// and share the next transaction.
 func (s *Session) commitEnds(batch []*endRequest) {
 	if len(batch) == 0 {
 		return
@@ -185,7 +186,7 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	s.db.metrics.endsCommitted(len(batch))
 	if len(batch) == 1 {
 		req := batch[0]
-		req.result <- endOutcome{err: s.db.transact(req.ctx, s, s.db.begin, checkInFn, s.endAlone(req))}
+		req.result <- endOutcome{err: s.db.transact(req.ctx, s, s.db.probeBegin, checkInFn, s.endAlone(req))}
 		return
 	}
 	// Ends in machine order: two transactions that lock rows of the same
@@ -237,7 +238,7 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 }
 
 // recordEnds runs qEndLeases for ends, returning the leases it ended.
-func recordEnds(ctx context.Context, tx pgx.Tx, session pgtype.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
+func recordEnds(ctx context.Context, tx txConn, session pgtype.UUID, ends []*leaseEnd) (map[leaseKey]bool, error) {
 	sql, args := recordEndsQuery(session, ends)
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -298,7 +299,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 	// bounded as a commit is.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), commitTimeout)
 	defer cancel()
-	tx, err := db.pool.BeginTx(ctx, db.probeBegin)
+	tx, err := db.beginTx(ctx, db.probeBegin)
 	if err != nil {
 		return nil, errRunAlone
 	}
@@ -417,7 +418,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 
 // commitEnds commits a batch's transaction when any end of it is to be
 // committed, and returns the ends' outcomes errs (see transactEnds).
-func (db *DB) commitEnds(ctx context.Context, s *Session, tx pgx.Tx, errs []error, committing int) ([]error, error) {
+func (db *DB) commitEnds(ctx context.Context, s *Session, tx txConn, errs []error, committing int) ([]error, error) {
 	if committing == 0 {
 		return errs, nil
 	}
@@ -439,7 +440,7 @@ func (db *DB) commitEnds(ctx context.Context, s *Session, tx pgx.Tx, errs []erro
 // function (Finish, Reschedule and Cancel without a commit function): one
 // round trip checks the session and records every end not already failed
 // in errs, then the transaction commits.
-func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx pgx.Tx, batch []*endRequest, errs []error) ([]error, error) {
+func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx txConn, batch []*endRequest, errs []error) ([]error, error) {
 	var record []*leaseEnd
 	var recorded []int
 	for i, req := range batch {
@@ -478,7 +479,7 @@ func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx pgx.Tx, batc
 // runEnd runs req's function on tx with req's context values (its logger,
 // say) but the batch's deadline: a caller's cancellation must not cancel a
 // statement of a transaction that others share.
-func runEnd(batchCtx context.Context, req *endRequest, tx pgx.Tx) error {
+func runEnd(batchCtx context.Context, req *endRequest, tx txConn) error {
 	ctx := context.WithoutCancel(req.ctx)
 	if deadline, ok := batchCtx.Deadline(); ok {
 		var cancel context.CancelFunc

@@ -27,7 +27,7 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 		return "", fmt.Errorf("explaining the claim of %s: %w", process.Name, err)
 	}
 	// Begun as a claim's transaction is, so that the plans are a claim's.
-	tx, err := s.db.pool.BeginTx(ctx, s.db.probeBegin)
+	tx, err := s.db.beginTx(ctx, s.db.probeBegin)
 	if err != nil {
 		return fail(err)
 	}
@@ -60,7 +60,7 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 	return fmt.Sprintf("-- 1. lock due rows (%d locked)\n%s-- 2. re-check and lease\n%s", len(ids), lockPlan, claimPlan), nil
 }
 
-func explainLines(ctx context.Context, tx pgx.Tx, query string, args pgx.NamedArgs) (string, error) {
+func explainLines(ctx context.Context, tx txConn, query string, args pgx.NamedArgs) (string, error) {
 	lines, err := queryRows(ctx, tx, pgx.RowTo[string], query, args)
 	if err != nil {
 		return "", err

@@ -8,10 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ProbeBeginQuery is the BEGIN of the transactions of claims and lease
-// ends (probePlanning), as their connections send it: plans_test.go
-// watches for it to tell which statements run in those transactions.
-func ProbeBeginQuery(db *DB) string { return db.probeBegin.BeginQuery }
+// ProbePlanning is the statement that follows the BEGIN of the
+// transactions of claims and lease ends (probePlanning), in their first
+// batch: plans_test.go watches for it to tell which statements run in
+// those transactions.
+const ProbePlanning = probePlanning
 
 // Statement is one statement as pgx traced it: its text, named
 // parameters (@name) not yet rewritten, and its arguments.
@@ -24,25 +25,17 @@ type Statement struct {
 // of claims and lease ends are begun, in which prepared statements run
 // their generic plans at once. done rolls it back and releases the
 // connection.
-func genericPlanTx(ctx context.Context, db *DB) (tx pgx.Tx, done func(), err error) {
-	conn, err := db.pool.Acquire(ctx)
+func genericPlanTx(ctx context.Context, db *DB) (tx *pipelinedTx, done func(), err error) {
+	ptx, err := db.beginTx(ctx, db.probeBegin)
 	if err != nil {
 		return nil, nil, err
 	}
-	tx, err = conn.BeginTx(ctx, db.probeBegin)
-	if err != nil {
-		conn.Release()
-		return nil, nil, err
-	}
-	done = func() {
-		tx.Rollback(context.WithoutCancel(ctx))
-		conn.Release()
-	}
-	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+	done = func() { ptx.Rollback(context.WithoutCancel(ctx)) }
+	if _, err := ptx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 		done()
 		return nil, nil, err
 	}
-	return tx, done, nil
+	return ptx, done, nil
 }
 
 // GenericPlans prepares statements on one connection, in a transaction
@@ -61,13 +54,13 @@ func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[stri
 		sql := st.SQL
 		if len(st.Args) > 0 {
 			if named, ok := st.Args[0].(pgx.NamedArgs); ok {
-				if sql, _, err = named.RewriteQuery(ctx, tx.Conn(), sql, nil); err != nil {
+				if sql, _, err = named.RewriteQuery(ctx, tx.conn.Conn(), sql, nil); err != nil {
 					return nil, fmt.Errorf("rewriting the named parameters of %s: %w", st.SQL, err)
 				}
 			}
 		}
 		name := fmt.Sprintf("generic_plan_%d", i)
-		sd, err := tx.Conn().Prepare(ctx, name, sql)
+		sd, err := tx.conn.Conn().Prepare(ctx, name, sql)
 		if err != nil {
 			return nil, fmt.Errorf("preparing %s: %w", st.SQL, err)
 		}
@@ -76,7 +69,7 @@ func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[stri
 		if err != nil {
 			return nil, fmt.Errorf("explaining %s: %w", st.SQL, err)
 		}
-		if err := tx.Conn().Deallocate(ctx, name); err != nil {
+		if err := tx.conn.Conn().Deallocate(ctx, name); err != nil {
 			return nil, err
 		}
 		plans[st.SQL] = strings.Join(lines, "\n")
@@ -120,7 +113,7 @@ func EndBatchRowsHandled(ctx context.Context, db *DB, s *Session, leases []*Leas
 		return 0, err
 	}
 	defer done()
-	if _, err := tx.Conn().Prepare(ctx, "end_batch", sql); err != nil {
+	if _, err := tx.conn.Conn().Prepare(ctx, "end_batch", sql); err != nil {
 		return 0, err
 	}
 	params := make([]string, len(args))

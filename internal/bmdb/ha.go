@@ -65,18 +65,16 @@ func dialer() *net.Dialer {
 	}
 }
 
-// sessionSettings are the server settings every framework transaction sets
-// with SET LOCAL, in its BEGIN round trip. SET LOCAL rather than startup
-// parameters: PgBouncer refuses unknown startup parameters ("unsupported
-// startup parameter", SQLSTATE 08P01), and a session-level SET would leak
-// to other clients of a transaction-mode pooler. A parameter the DSN sets
-// itself (as a startup parameter, for a direct connection) is left alone.
-// The statements share one round trip; folding them into one SELECT of
-// set_config calls was measured to cost the server the same CPU (issue
-// 31), so they stay readable.
-func beginQuery(runtimeParams map[string]string, opts Options) string {
-	var b strings.Builder
-	b.WriteString("BEGIN")
+// beginStatements are the statements that begin every framework
+// transaction: BEGIN, and a SET LOCAL of each server setting it needs. SET
+// LOCAL rather than startup parameters: PgBouncer refuses unknown startup
+// parameters ("unsupported startup parameter", SQLSTATE 08P01), and a
+// session-level SET would leak to other clients of a transaction-mode
+// pooler. A parameter the DSN sets itself (as a startup parameter, for a
+// direct connection) is left alone. They travel with the transaction's
+// first statements (pipelinedTx), one protocol message each.
+func beginStatements(runtimeParams map[string]string, opts Options) []string {
+	begin := []string{"BEGIN"}
 	for _, s := range []struct {
 		name string
 		d    time.Duration
@@ -88,9 +86,9 @@ func beginQuery(runtimeParams map[string]string, opts Options) string {
 		if _, inDSN := runtimeParams[s.name]; inDSN || s.d <= 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "; SET LOCAL %s = %d", s.name, max(s.d.Milliseconds(), 1))
+		begin = append(begin, fmt.Sprintf("SET LOCAL %s = %d", s.name, max(s.d.Milliseconds(), 1)))
 	}
-	return b.String()
+	return begin
 }
 
 // hostLog logs which server the pool's connections reach: the first one,

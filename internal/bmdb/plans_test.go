@@ -30,10 +30,9 @@ var leaseTableScan = regexp.MustCompile(`Scan (?:using \w+ )?on (work|work_backo
 var preparable = regexp.MustCompile(`(?i)^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b`)
 
 // probeWatch is a pgx tracer that collects the statements run in the
-// transactions begun with begin: those of claims and lease ends.
+// transactions whose first batch sets bmdb.ProbePlanning: those of claims
+// and lease ends.
 type probeWatch struct {
-	begin string
-
 	mu   sync.Mutex
 	open map[*pgx.Conn]bool
 	seen map[string]bmdb.Statement
@@ -43,8 +42,6 @@ func (w *probeWatch) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
-	case data.SQL == w.begin:
-		w.open[conn] = true
 	case !w.open[conn]:
 	case data.SQL == "commit" || data.SQL == "rollback": // pgx's Tx
 		delete(w.open, conn)
@@ -57,6 +54,22 @@ func (w *probeWatch) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 }
 
 func (w *probeWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (w *probeWatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery opens a transaction at its probe planning setting, which
+// follows its BEGIN in the transaction's first batch.
+func (w *probeWatch) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if data.SQL == bmdb.ProbePlanning && data.Err == nil {
+		w.mu.Lock()
+		w.open[conn] = true
+		w.mu.Unlock()
+	}
+}
+
+func (w *probeWatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // The statements of claims and lease ends are prepared once per pooled
 // connection, and after a few executions PostgreSQL keeps their generic
@@ -84,9 +97,6 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	watch := &probeWatch{open: map[*pgx.Conn]bool{}, seen: map[string]bmdb.Statement{}}
 	db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Tracer: watch})
-	watch.mu.Lock()
-	watch.begin = bmdb.ProbeBeginQuery(db)
-	watch.mu.Unlock()
 	bmdbtest.AddMachines(t, db, 40)
 	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
 	if err != nil {

@@ -295,7 +295,7 @@ SELECT
 	// what running it does.
 	// The setting is no promise of probes: the statements name their rows
 	// in forms that only a probe by machine serves (TestClaimAndEndGenericPlans).
-	probePlanning = `; SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
+	probePlanning = `SELECT set_config('random_page_cost', current_setting('seq_page_cost'), true),
        set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true)`
 

@@ -231,27 +231,16 @@ func (s *Session) Transact(ctx context.Context, fn func(ctx context.Context, tx 
 
 // aliveWith checks, in transaction tx, that the session is alive (by the
 // statement check: qSessionAlive, or qSessionAliveToClaim for a claim), and
-// runs the statement sql (unless "") with args in the same round trip: a pgx batch,
-// whose statements the server runs in order in the transaction. A claim
-// and a batch of lease ends each save a round trip this way, on the path
-// every cycle takes. A session found gone is marked expired and reported
-// as ErrSessionExpired, whatever sql did: the caller rolls back. A failed
-// check is a *notStartedError (nothing was done that a commit would
-// keep); the failure of sql, or of read, which reads its rows, is
-// returned as it is.
-func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, check, sql string, args []any, read func(pgx.Rows) error) error {
-	if sql == "" {
-		var one int
-		err := tx.QueryRow(ctx, check, s.param()).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			s.markExpired()
-			return ErrSessionExpired
-		}
-		if err != nil {
-			return &notStartedError{fmt.Errorf("checking BMDB session: %w", err)}
-		}
-		return nil
-	}
+// runs the statement sql (unless "") with args in the same round trip: a
+// pgx batch, whose statements the server runs in order in the
+// transaction, after the transaction's BEGIN when it is the first
+// (pipelinedTx). A claim and a batch of lease ends each save round trips
+// this way, on the path every cycle takes. A session found gone is marked
+// expired and reported as ErrSessionExpired, whatever sql did: the caller
+// rolls back. A failed check is a *notStartedError (nothing was done that
+// a commit would keep); the failure of sql, or of read, which reads its
+// rows, is returned as it is.
+func (s *Session) aliveWith(ctx context.Context, tx txConn, check, sql string, args []any, read func(pgx.Rows) error) error {
 	var alive bool
 	var checkErr, readErr error
 	b := &pgx.Batch{}
@@ -264,14 +253,16 @@ func (s *Session) aliveWith(ctx context.Context, tx pgx.Tx, check, sql string, a
 		}
 		return checkErr
 	})
-	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-		readErr = read(rows)
-		rows.Close()
-		if readErr == nil {
-			readErr = rows.Err()
-		}
-		return readErr
-	})
+	if sql != "" {
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			readErr = read(rows)
+			rows.Close()
+			if readErr == nil {
+				readErr = rows.Err()
+			}
+			return readErr
+		})
+	}
 	err := tx.SendBatch(ctx, b).Close()
 	switch {
 	case checkErr != nil:

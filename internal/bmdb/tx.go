@@ -23,7 +23,7 @@ import (
 // (work, work_backoff, work_history, sessions, the machine_* tags): those
 // keep invariants only this package's statements maintain.
 type Tx struct {
-	tx pgx.Tx
+	tx txConn
 	// metrics and committed: what a method counts once the transaction
 	// committed (DB.Transact runs committed then; a lease end's
 	// transaction, whose Tx has none, counts nothing).
