@@ -348,8 +348,18 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 				break gather
 			}
 		}
+		// While claims lease machines, the claim waits a moment for more
+		// workers (gatherMore), once its due rows are locked: the wait
+		// overlaps the round trip that locks them. It locks rows for
+		// every token it may gather.
+		var gather func() int
+		upTo := n
 		if flowing && held == keep && n+held < tokens {
-			n += gatherMore(idle, tokens-n-held)
+			upTo = tokens - held
+			gather = func() int {
+				n += gatherMore(idle, tokens-n-held)
+				return n
+			}
 		}
 		giveBack := func(k int) {
 			for range k {
@@ -381,7 +391,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 		// waiting for the partition to heal.
 		claimCtx, cancelClaim := sess.Bind(ctx)
 		claimStart := time.Now()
-		works, err := sess.ClaimBatchLimited(claimCtx, r.info.Process, r.candidates, n, r.cfg.Limits, onEscalated)
+		works, err := sess.ClaimGathering(claimCtx, r.info.Process, r.candidates, upTo, gather, r.cfg.Limits, onEscalated)
 		cancelClaim()
 		switch {
 		case err == nil:
@@ -448,7 +458,9 @@ const buildingRecheck = 10 * time.Second
 // last claim fed come back just after the next claim started, and without
 // this wait each claim serves a few of them while the rest wait for the
 // next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
-// the machines per claim with and without the wait).
+// the machines per claim with and without the wait). The claim waits
+// with its due rows locked (bmdb's ClaimGathering), so that the wait and
+// the round trip that locks them overlap.
 const claimLinger = 500 * time.Microsecond
 
 // gatherMore takes up to limit more idle tokens from idle, for at most

@@ -270,8 +270,8 @@ SELECT
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
 
-	// probePlanning ends the BEGIN of the transactions of claims and of
-	// batched lease ends. A claim re-checks the condition on the few due
+	// probePlanning follows the BEGIN of the transactions of claims and of
+	// lease ends (DB.probeBegin). A claim re-checks the condition on the few due
 	// rows it locked, and a batch of ends deletes a few leases, so probing
 	// tables by index is their right plan at any fleet size; with the
 	// default random_page_cost (4, the cost of a page read from a spinning

@@ -107,6 +107,18 @@ func (s *Session) ClaimBatch(ctx context.Context, process Process, candidates Ca
 // when they may next be candidates. Its cost follows the due work, not the
 // fleet.
 func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candidates Candidates, limit int, limits Limits, onEscalated func(Escalation)) ([]*Lease, error) {
+	return s.ClaimGathering(ctx, process, candidates, limit, nil, limits, onEscalated)
+}
+
+// ClaimGathering is ClaimBatchLimited for a claimer whose idle workers are
+// still coming back: it locks due rows for up to limit machines, then asks
+// gather (when not nil) how many to lease, and leases up to that many
+// (at least one, at most limit). gather is called with the due rows
+// locked, in the claim's transaction: the claimer waits for more of its
+// workers while the round trip that locks the rows is under way, instead
+// of before it (controlloop's claimLinger). It may be called again, on a
+// transaction's retry or a later round, and returns the count so far.
+func (s *Session) ClaimGathering(ctx context.Context, process Process, candidates Candidates, limit int, gather func() int, limits Limits, onEscalated func(Escalation)) ([]*Lease, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
@@ -179,6 +191,9 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 			locked = len(ids)
 			if locked == 0 {
 				return tx.tx.QueryRow(ctx, qDueNext, process.Name).Scan(&next, &registered)
+			}
+			if gather != nil {
+				n = min(n, max(gather(), 1))
 			}
 			args["ids"], args["limit"] = uuidArray(ids), n
 			rows, err := tx.tx.Query(ctx, claim.sql, claim.args(args)...)

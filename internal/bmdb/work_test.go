@@ -548,3 +548,52 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 		t.Errorf("history has %d events, want %d", len(h), 2*rounds)
 	}
 }
+
+// A claim that gathers its workers while its due rows are locked
+// (ClaimGathering, as the runner's claimer does) leases as many machines
+// as gather says, at least one and at most the limit, and gather runs
+// with the rows locked: another claimer's lock skips them meanwhile.
+func TestClaimGathering(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	e.addMachines(10)
+	provided := bmdb.ProvidedCandidates()
+	register(t, s, agentStart, provided)
+
+	for _, c := range []struct{ limit, gathered, want int }{
+		{limit: 5, gathered: 3, want: 3},
+		{limit: 2, gathered: 4, want: 2},
+		{limit: 3, gathered: 0, want: 1},
+	} {
+		var lockable int
+		calls := 0
+		gather := func() int {
+			calls++
+			// The claim holds its due rows: a lock of the process's due
+			// rows from another transaction, skipping locked ones,
+			// finds only those beyond them.
+			err := e.raw.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM work_due
+				WHERE process = $1 AND due_at <= now() FOR UPDATE SKIP LOCKED) d`, agentStart.Name).Scan(&lockable)
+			if err != nil {
+				t.Errorf("locking due rows beside the claim: %v", err)
+			}
+			return c.gathered
+		}
+		var due int
+		if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work_due WHERE process = $1 AND due_at <= now()`, agentStart.Name).Scan(&due); err != nil {
+			t.Fatal(err)
+		}
+		leases, err := s.ClaimGathering(ctx, agentStart, provided, c.limit, gather, bmdb.Limits{}, nil)
+		if err != nil {
+			t.Fatalf("limit %d, gathered %d: %v", c.limit, c.gathered, err)
+		}
+		if len(leases) != c.want || calls != 1 {
+			t.Errorf("limit %d, gathered %d: %d leases (gather called %d times), want %d (once)", c.limit, c.gathered, len(leases), calls, c.want)
+		}
+		if lockable >= due {
+			t.Errorf("limit %d: %d of %d due rows lockable while the claim gathered, want its own locked", c.limit, lockable, due)
+		}
+	}
+}
