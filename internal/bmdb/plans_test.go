@@ -39,18 +39,23 @@ type probeWatch struct {
 }
 
 func (w *probeWatch) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	w.saw(conn, data.SQL, data.Args)
+	return ctx
+}
+
+// saw collects a statement sent alone or in a batch.
+func (w *probeWatch) saw(conn *pgx.Conn, sql string, args []any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
 	case !w.open[conn]:
-	case data.SQL == "commit" || data.SQL == "rollback": // pgx's Tx
+	case sql == "commit" || sql == "rollback": // pgx's Tx
 		delete(w.open, conn)
-	case preparable.MatchString(data.SQL):
-		if _, ok := w.seen[data.SQL]; !ok {
-			w.seen[data.SQL] = bmdb.Statement{SQL: data.SQL, Args: data.Args}
+	case preparable.MatchString(sql):
+		if _, ok := w.seen[sql]; !ok {
+			w.seen[sql] = bmdb.Statement{SQL: sql, Args: args}
 		}
 	}
-	return ctx
 }
 
 func (w *probeWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -60,13 +65,16 @@ func (w *probeWatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 }
 
 // TraceBatchQuery opens a transaction at its probe planning setting, which
-// follows its BEGIN in the transaction's first batch.
+// follows its BEGIN in the transaction's first batch, and collects the
+// statements of its batches.
 func (w *probeWatch) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if data.SQL == bmdb.ProbePlanning && data.Err == nil {
 		w.mu.Lock()
 		w.open[conn] = true
 		w.mu.Unlock()
+		return
 	}
+	w.saw(conn, data.SQL, data.Args)
 }
 
 func (w *probeWatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -85,8 +85,9 @@ func (db *DB) chooseStatements(ctx context.Context) {
 	}
 }
 
-// traceStatements watches statement errors for a pooler the probe missed.
-// It is the pool's pgx.QueryTracer.
+// traceStatements watches statement errors for a pooler the probe missed,
+// of statements sent alone and in batches. It is the pool's
+// pgx.QueryTracer and pgx.BatchTracer.
 type traceStatements struct{ db *DB }
 
 func (t traceStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -94,7 +95,23 @@ func (t traceStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 
 func (t traceStatements) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	if data.Err == nil || !lostPreparedStatement(data.Err) {
+	t.failed(ctx, data.Err)
+}
+
+func (t traceStatements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (t traceStatements) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	t.failed(ctx, data.Err)
+}
+
+func (t traceStatements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// failed turns preparing off at the first error of a lost prepared
+// statement.
+func (t traceStatements) failed(ctx context.Context, err error) {
+	if err == nil || !lostPreparedStatement(err) {
 		return
 	}
 	m := &t.db.statements
@@ -102,7 +119,7 @@ func (t traceStatements) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pg
 		return
 	}
 	t.db.metrics.statementsPrepared(false)
-	klog.FromContext(ctx).Error(data.Err, "BMDB: a prepared statement was missing or already existed on the server connection (a transaction-mode pooler the probe did not detect); statements are sent unnamed from now on")
+	klog.FromContext(ctx).Error(err, "BMDB: a prepared statement was missing or already existed on the server connection (a transaction-mode pooler the probe did not detect); statements are sent unnamed from now on")
 	// The connection that met the error is acquired: the pool closes it
 	// when it is released, so the transaction's retry (isRetryable) gets
 	// a new one.

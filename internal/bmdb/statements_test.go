@@ -119,3 +119,32 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 		t.Errorf("claim lock statements prepared on the replaced connection = %d, want 0", n)
 	}
 }
+
+// A lost prepared statement met in a batch (a lease end's first round
+// trip sends its BEGIN, the session's check and the end's record in one)
+// turns preparing off as one sent alone does, and the end runs again.
+func TestMissingPreparedStatementInBatchTurnsPreparingOff(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{MaxConns: 1})
+	e.addMachines(3)
+	s := e.session(bmdb.SessionConfig{})
+	claimAndFinish(t, s)
+	claimAndFinish(t, s)
+	if !bmdb.StatementsPrepared(e.db) {
+		t.Fatal("statements not prepared on a direct connection")
+	}
+	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error { return tx.DeallocateAll(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatalf("finish after the prepared statements went missing: %v", err)
+	}
+	if bmdb.StatementsPrepared(e.db) {
+		t.Error("statements still prepared after a batch met a missing prepared statement")
+	}
+}
