@@ -58,7 +58,7 @@ func TestCostTable(t *testing.T) {
 	for _, want := range []string{
 		"| per unit of work | Shepherd, 16 workers, 10k machines | River (before) |",
 		"| units/s in the window | 100 | 250 |",
-		"| statements (BEGIN, COMMIT included) | 6.500 | n/a |",
+		"| statements (pg_stat_statements) | 6.500 | n/a |",
 		"| transactions | 2.000 | 0.100 |",
 		"| server CPU µs (/proc) | 120.0 | n/a |",
 		"| client CPU µs (/proc) | n/a | 25.5 |",
