@@ -134,20 +134,19 @@ func (t *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 // a connection left in a transaction (a COMMIT whose answer was lost)
 // rather than reuse it.
 func (t *pipelinedTx) Commit(ctx context.Context) error {
-	if t.released {
-		return pgx.ErrTxClosed
-	}
-	defer t.release()
-	if t.tx == nil {
-		return nil
-	}
-	return t.tx.Commit(ctx)
+	return t.end(ctx, pgx.Tx.Commit)
 }
 
 // Rollback rolls the transaction back and gives its connection back;
 // after Commit it returns pgx.ErrTxClosed and does nothing, as
 // pgx.Tx.Rollback does, so that it may be deferred.
 func (t *pipelinedTx) Rollback(ctx context.Context) error {
+	return t.end(ctx, pgx.Tx.Rollback)
+}
+
+// end ends the transaction by finish, if it began, and gives the
+// connection back.
+func (t *pipelinedTx) end(ctx context.Context, finish func(pgx.Tx, context.Context) error) error {
 	if t.released {
 		return pgx.ErrTxClosed
 	}
@@ -155,7 +154,7 @@ func (t *pipelinedTx) Rollback(ctx context.Context) error {
 	if t.tx == nil {
 		return nil
 	}
-	return t.tx.Rollback(ctx)
+	return finish(t.tx, ctx)
 }
 
 func (t *pipelinedTx) release() {
