@@ -105,11 +105,11 @@ type DB struct {
 	pool       *pgxpool.Pool
 	metrics    *Metrics
 	maxRetries int
-	// begin starts every transaction and sets its timeouts
-	// (beginStatements).
+	// begin follows every transaction's BEGIN and sets its timeouts
+	// (beginSettings).
 	begin []string
-	// probeBegin starts the transactions of claims and of lease ends:
-	// begin, and probePlanning.
+	// probeBegin follows the BEGIN of the transactions of claims and of
+	// lease ends: begin, and probePlanning.
 	probeBegin []string
 	hosts      *hostLog
 	health     health
@@ -183,7 +183,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		hosts.connected(ctx, conn)
 		return nil
 	}
-	begin := beginStatements(cc.RuntimeParams, opts)
+	begin := beginSettings(cc.RuntimeParams, opts)
 	db = &DB{
 		metrics:    opts.Metrics,
 		begin:      begin,

@@ -12,7 +12,7 @@ import (
 // batch's error, whether that error says nothing was done
 // (*notStartedError), and the commit's error.
 func SendFirstBatch(ctx context.Context, db *DB, settings []string, b *pgx.Batch) (batchErr error, notStarted bool, commitErr error) {
-	tx, err := db.beginTx(ctx, append([]string{"BEGIN"}, settings...))
+	tx, err := db.beginTx(ctx, settings)
 	if err != nil {
 		return err, false, nil
 	}

@@ -65,16 +65,16 @@ func dialer() *net.Dialer {
 	}
 }
 
-// beginStatements are the statements that begin every framework
-// transaction: BEGIN, and a SET LOCAL of each server setting it needs. SET
+// beginSettings are the statements that follow every framework
+// transaction's BEGIN: a SET LOCAL of each server setting it needs. SET
 // LOCAL rather than startup parameters: PgBouncer refuses unknown startup
 // parameters ("unsupported startup parameter", SQLSTATE 08P01), and a
 // session-level SET would leak to other clients of a transaction-mode
 // pooler. A parameter the DSN sets itself (as a startup parameter, for a
 // direct connection) is left alone. They travel with the transaction's
 // first statements (pipelinedTx), one protocol message each.
-func beginStatements(runtimeParams map[string]string, opts Options) []string {
-	begin := []string{"BEGIN"}
+func beginSettings(runtimeParams map[string]string, opts Options) []string {
+	var begin []string
 	for _, s := range []struct {
 		name string
 		d    time.Duration

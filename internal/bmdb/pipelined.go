@@ -21,7 +21,7 @@ type txConn interface {
 }
 
 // pipelinedTx is a transaction on a pooled connection whose BEGIN (and
-// SET LOCALs, beginStatements) travels with its first batch of statements
+// SET LOCALs, beginSettings) travels with its first batch of statements
 // (pgx's Batch.BeginTx) instead of taking a round trip of its own, as
 // pgx's BeginTx does. A claim's first batch checks its session and locks
 // its due rows, and a batch of lease ends' checks the session and records
@@ -39,7 +39,7 @@ type txConn interface {
 // A pipelinedTx is not safe for concurrent use, as no pgx.Tx is.
 type pipelinedTx struct {
 	conn *pgxpool.Conn
-	// settings are the statements that follow BEGIN (beginStatements).
+	// settings are the statements that follow BEGIN (beginSettings).
 	settings []string
 	// tx is the transaction once its BEGIN was sent (whatever came of it).
 	tx pgx.Tx
@@ -47,16 +47,15 @@ type pipelinedTx struct {
 	released bool
 }
 
-// beginTx takes a connection for a transaction that begin (BEGIN and the
-// statements that follow it) begins with its first statements
-// (pipelinedTx). An error means no connection was to be had: nothing was
-// sent.
-func (db *DB) beginTx(ctx context.Context, begin []string) (*pipelinedTx, error) {
+// beginTx takes a connection for a transaction whose BEGIN, followed by
+// settings, goes with its first statements (pipelinedTx). An error means
+// no connection was to be had: nothing was sent.
+func (db *DB) beginTx(ctx context.Context, settings []string) (*pipelinedTx, error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &pipelinedTx{conn: conn, settings: begin[1:]}, nil
+	return &pipelinedTx{conn: conn, settings: settings}, nil
 }
 
 // SendBatch sends b's statements, preceded by the BEGIN if none was sent.

@@ -270,13 +270,13 @@ SELECT
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
 
-	// probePlanning follows the BEGIN of the transactions of claims and of
-	// lease ends (DB.probeBegin). A claim re-checks the condition on the few due
-	// rows it locked, and a batch of ends deletes a few leases, so probing
-	// tables by index is their right plan at any fleet size; with the
-	// default random_page_cost (4, the cost of a page read from a spinning
-	// disk) the planner instead hashes a whole table of up to a few
-	// hundred thousand rows into every claim. The BMDB's hot pages are in
+	// probePlanning follows the BEGIN of the transactions of claims and
+	// of lease ends (DB.probeBegin). A claim re-checks the condition on
+	// the few due rows it locked, and a batch of ends deletes a few
+	// leases, so probing tables by index is their right plan at any
+	// fleet size; with the default random_page_cost (4, the cost of a
+	// page read from a spinning disk) the planner instead hashes a whole
+	// table of up to a few hundred thousand rows into every claim. The BMDB's hot pages are in
 	// memory, so for these statements a random page costs what a
 	// sequential one does.
 	//
