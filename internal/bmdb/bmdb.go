@@ -244,7 +244,8 @@ func (db *DB) Transact(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 type sessionCheck bool
 
 const (
-	// checkFirst: qSessionAlive, in a round trip of its own, before fn.
+	// checkFirst: qSessionAlive, before fn, in the round trip that
+	// begins the transaction (Session.aliveWith).
 	checkFirst sessionCheck = false
 	// checkInFn: fn checks the session itself, in the round trip of its
 	// first statement (Session.aliveWith).
