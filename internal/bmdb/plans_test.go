@@ -102,15 +102,11 @@ func (w *probeWatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func TestClaimAndEndGenericPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := bmdbtest.NewDatabase(t)
 	watch := &probeWatch{open: map[*pgx.Conn]bool{}, seen: map[string]bmdb.Statement{}}
-	db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Tracer: watch})
-	bmdbtest.AddMachines(t, db, 40)
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	e := newEnv(t, bmdb.Options{Tracer: watch})
+	db := e.db
+	e.addMachines(40)
+	s := e.session(bmdb.SessionConfig{Component: "plans-test"})
 
 	provided := bmdb.ProvidedCandidates()
 	// With a per-machine budget, so that its reads of the machines'
@@ -190,12 +186,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	}
 	t.Logf("%d statements run in the transactions of claims and lease ends", len(statements))
 
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines, machine_hold, work_history`); err != nil {
+	if _, err := e.raw.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines, machine_hold, work_history`); err != nil {
 		t.Fatal(err)
 	}
 	plans, err := bmdb.GenericPlans(ctx, db, statements)
@@ -238,14 +229,10 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 func TestEndBatchPlanIsLinear(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := bmdbtest.Open(t, bmdbtest.NewDatabase(t))
+	e := newEnv(t, bmdb.Options{})
 	const n = 100
-	bmdbtest.AddMachines(t, db, n)
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "plans-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	e.addMachines(n)
+	s := e.session(bmdb.SessionConfig{Component: "plans-test"})
 	provided := bmdb.ProvidedCandidates()
 	p := bmdb.Process{Name: "PlansLinear"}
 	register(t, s, p, provided)
@@ -253,7 +240,7 @@ func TestEndBatchPlanIsLinear(t *testing.T) {
 	if err != nil || len(leases) != n {
 		t.Fatalf("claim: %d leases, %v; want %d", len(leases), err, n)
 	}
-	rows, err := bmdb.EndBatchRowsHandled(ctx, db, s, leases)
+	rows, err := bmdb.EndBatchRowsHandled(ctx, e.db, s, leases)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -84,13 +83,9 @@ func TestClaimAndEndRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	watch := &roundTripWatch{open: map[*pgx.Conn][]string{}}
-	db := bmdbtest.OpenWith(t, bmdbtest.NewDatabase(t), bmdb.Options{Tracer: watch})
-	bmdbtest.AddMachines(t, db, 1)
-	s, err := db.StartSession(ctx, bmdb.SessionConfig{Component: "round-trips-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	e := newEnv(t, bmdb.Options{Tracer: watch})
+	e.addMachines(1)
+	s := e.session(bmdb.SessionConfig{Component: "round-trips-test"})
 	provided := bmdb.ProvidedCandidates()
 	p := bmdb.Process{Name: "RoundTrips"}
 	register(t, s, p, provided)
