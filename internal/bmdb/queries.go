@@ -330,10 +330,12 @@ SELECT machine_id, agent_public_key FROM machine_agent_started WHERE machine_id 
 	qAgentStartedDelete = `DELETE FROM machine_agent_started WHERE machine_id = $1`
 
 	// qHeartbeatDelete runs after the agent_started row of the machine was
-	// written or deleted in the same transaction. That write waited for any
-	// heartbeat statement holding the row (qHeartbeatAgents locks it), so this
-	// statement, with a newer snapshot, sees and deletes the heartbeat such a
-	// statement wrote: no heartbeat of an old agent outlives it.
+	// written or deleted in the same transaction: no heartbeat of an old
+	// agent outlives it. A heartbeat statement that updated the row holds
+	// it, and this delete waits for it and deletes what it wrote; one that
+	// inserted the row held the agent_started row, so the write before
+	// waited for it, and this statement, with a newer snapshot, sees the
+	// row (see qHeartbeatAgents).
 	qHeartbeatDelete = `DELETE FROM machine_agent_heartbeat WHERE machine_id = $1`
 
 	qHeartbeatUpsert = `
@@ -348,16 +350,28 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// replica, or after a restart, is not). It returns every machine whose
 	// key matched, whether its heartbeat was recorded, and, for a machine
 	// that a Recovery reset and that is now back (recovered), how many
-	// seconds that took. FOR SHARE holds the agent_started rows until
-	// commit: a concurrent change of the agent (SetAgentStarted,
-	// DeleteAgentTags, RecordReset) either waits for this statement and
-	// then deletes its heartbeat, or commits first and this statement,
-	// re-checking the row, skips the machine. ORDER BY takes the locks in
-	// one order. The last line is an IN over written, not a LEFT JOIN:
-	// PostgreSQL joins two CTE scans by a nested loop, quadratic in the
-	// batch (at 2000 heartbeats, 4 million comparisons, most of the
-	// statement's time), while IN hashes written once. written holds each
-	// machine once, and no NULL, so the result is the same.
+	// seconds that took.
+	//
+	// A concurrent change of the agent (SetAgentStarted, DeleteAgentTags,
+	// RecordReset) writes the agent_started row and then deletes the
+	// heartbeat row, in one transaction; no heartbeat of the old agent may
+	// outlive it. A machine with a heartbeat row (nearly every heartbeat)
+	// is updated in place, fenced by that row: if the change deleted it
+	// first, the update waits for the change to commit and then finds no
+	// row; if the update comes first, the change's delete waits for this
+	// transaction and then deletes the row it wrote. Every other matched
+	// machine (no heartbeat row, or the update skipped it: a replay, or a
+	// row a committed change deleted) goes the way every heartbeat went
+	// before: FOR SHARE holds its agent_started row until commit, so that
+	// a change either waits for this statement and then deletes its
+	// heartbeat, or commits first and this statement, re-checking the
+	// key, skips the machine. The agent_started rows of the updated
+	// machines are only read, not locked: a lock writes the row's page,
+	// as an update does, and locking them doubled the pages a batch
+	// wrote. ORDER BY takes the row locks of either way in one order.
+	// The IN over inserted, not a LEFT JOIN: PostgreSQL joins two CTE
+	// scans by a nested loop, quadratic in the batch, while IN hashes
+	// inserted once.
 	//
 	// The boot identity rides in the same HOT update of the row as the
 	// timestamps. back deletes the machine_reset row (issue 29) of a
@@ -371,19 +385,36 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// nearly empty table, and no trigger fires on its deletes.
 	qHeartbeatAgents = `
 WITH matched AS (
-    SELECT s.machine_id, a.ts, a.boot_id
+    SELECT s.machine_id, a.agent_public_key, a.ts, a.boot_id
     FROM machine_agent_started s
     JOIN unnest($1::uuid[], $2::bytea[], $3::timestamptz[], $4::uuid[]) AS a(machine_id, agent_public_key, ts, boot_id)
       ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
     ORDER BY s.machine_id
+), updated AS (
+    UPDATE machine_agent_heartbeat AS h
+    SET agent_heartbeat_at = now(), agent_timestamp = m.ts, boot_id = m.boot_id
+    FROM matched m
+    WHERE h.machine_id = m.machine_id
+      AND (m.ts IS NULL OR h.agent_timestamp IS NULL OR m.ts > h.agent_timestamp)
+    RETURNING h.machine_id, h.boot_id
+), fresh AS (
+    SELECT s.machine_id, m.ts, m.boot_id
+    FROM matched m
+    JOIN machine_agent_started s ON s.machine_id = m.machine_id AND s.agent_public_key = m.agent_public_key
+    WHERE m.machine_id NOT IN (SELECT machine_id FROM updated)
+    ORDER BY s.machine_id
     FOR SHARE OF s
-), written AS (
+), inserted AS (
     INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp, boot_id)
-    SELECT machine_id, now(), ts, boot_id FROM matched
+    SELECT machine_id, now(), ts, boot_id FROM fresh
     ON CONFLICT (machine_id) DO UPDATE
     SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp, boot_id = excluded.boot_id
     WHERE excluded.agent_timestamp IS NULL OR h.agent_timestamp IS NULL OR excluded.agent_timestamp > h.agent_timestamp
     RETURNING machine_id, boot_id
+), written AS (
+    SELECT machine_id, boot_id FROM updated
+    UNION ALL
+    SELECT machine_id, boot_id FROM inserted
 ), back AS (
     DELETE FROM machine_reset r USING written w
     WHERE r.machine_id = w.machine_id
@@ -398,9 +429,12 @@ WITH matched AS (
     FROM back WHERE verified ORDER BY machine_id
     RETURNING machine_id, took_seconds
 )
-SELECT m.machine_id, m.machine_id IN (SELECT machine_id FROM written),
-       (SELECT r.took_seconds FROM recovered r WHERE r.machine_id = m.machine_id)
-FROM matched m`
+SELECT u.machine_id, true, (SELECT r.took_seconds FROM recovered r WHERE r.machine_id = u.machine_id)
+FROM updated u
+UNION ALL
+SELECT f.machine_id, f.machine_id IN (SELECT machine_id FROM inserted),
+       (SELECT r.took_seconds FROM recovered r WHERE r.machine_id = f.machine_id)
+FROM fresh f`
 
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )
