@@ -4,7 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // The heartbeat endpoint's readiness check fails until it serves and once
@@ -23,7 +25,7 @@ func TestAgentEndpointReadiness(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.Start(ctx) }()
-	e.serve(nil, heartbeat.Options{}) // no request reaches the database
+	e.serve(bmdbtest.NewDB(t, bmdb.Options{}), heartbeat.Options{})
 	if err := e.check(nil); err != nil {
 		t.Errorf("not ready while serving: %v", err)
 	}

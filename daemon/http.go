@@ -254,12 +254,37 @@ func (e *agentEndpoint) Start(ctx context.Context) error {
 		e.ln.Close()
 		return nil
 	}
+	preloadCtx, stopPreload := context.WithCancel(ctx)
+	preloaded := make(chan struct{})
+	go func() {
+		defer close(preloaded)
+		preloadKeys(preloadCtx, srv)
+	}()
 	err := srv.Serve(ctx, e.ln, e.certFile, e.keyFile)
+	stopPreload()
+	<-preloaded
 	e.serving.Store(false)
 	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("agent heartbeats are no longer served: %w", err)
 	}
 	return nil
+}
+
+// preloadKeys fills the endpoint's key cache with the fleet's agent keys
+// while it serves (heartbeat.Server.Preload), so that a replica started
+// under a large fleet does not read a key for each agent's first
+// heartbeat. A failure leaves the keys to be read as heartbeats need them.
+func preloadKeys(ctx context.Context, srv *heartbeat.Server) {
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	n, err := srv.Preload(ctx)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		logger.Error(err, "Preloading agent keys failed; they are read as heartbeats need them", "cached", n)
+	default:
+		logger.Info("Agent keys preloaded", "cached", n, "took", time.Since(start).Round(time.Millisecond))
+	}
 }
 
 // check is a readiness check: the endpoint must be serving.

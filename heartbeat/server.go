@@ -265,6 +265,9 @@ type Server struct {
 	// durations since then, on the monotonic clock.
 	epoch time.Time
 
+	// preloadPage is how many keys Preload reads a transaction.
+	preloadPage int
+
 	mu        sync.Mutex
 	machines  map[uuid.UUID]machineState
 	lastSweep time.Time
@@ -296,6 +299,8 @@ func New(db *bmdb.DB, opts Options) *Server {
 		verifier: newVerifier(),
 		epoch:    time.Now(),
 		machines: make(map[uuid.UUID]machineState),
+
+		preloadPage: defaultPreloadPage,
 	}
 }
 

@@ -119,6 +119,7 @@ type options struct {
 	heartbeatSeconds float64
 	heartbeatClients int
 	heartbeatProfile string
+	heartbeatPreload bool
 	heartbeatSender  string // internal: run as the heartbeat scenario's sender, to this address
 	heartbeatBodies  string // internal: the sender's file of request bodies
 	// heartbeatSenderCPUs: internal, the CPUs the sender pins itself to.
@@ -184,6 +185,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.heartbeatSeconds, "heartbeat_seconds", 20, "sending time of the heartbeat scenario, in seconds")
 	fs.IntVar(&o.heartbeatClients, "heartbeat_clients", 3000, "concurrent senders (keep-alive connections) of the heartbeat scenario: enough to keep the endpoint busy (with 1,000 its batching delays left a fifth of two cores idle)")
 	fs.StringVar(&o.heartbeatProfile, "heartbeat_cpuprofile", "", "write a CPU profile of the heartbeat scenario's sending time to this file")
+	fs.BoolVar(&o.heartbeatPreload, "heartbeat_preload", true, "heartbeat scenarios: preload the endpoint's key cache before sending, as the daemon does at start (false: every agent's key is read at its first heartbeat, a cold cache)")
 	fs.StringVar(&o.heartbeatSender, "heartbeat_sender", "", "internal: run as the heartbeat scenario's sender process, to this address")
 	fs.StringVar(&o.heartbeatBodies, "heartbeat_bodies", "", "internal: the heartbeat sender's file of request bodies")
 	fs.StringVar(&o.heartbeatSenderCPUs, "heartbeat_sender_cpus", "", "internal: the CPUs (comma-separated) the heartbeat sender pins itself to")

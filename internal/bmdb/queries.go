@@ -327,6 +327,12 @@ SELECT agent_started_at, agent_public_key FROM machine_agent_started WHERE machi
 	qAgentKeysGet = `
 SELECT machine_id, agent_public_key FROM machine_agent_started WHERE machine_id = ANY($1::uuid[])`
 
+	// qAgentKeysAfter reads a page of agent keys in machine order, by
+	// the primary key.
+	qAgentKeysAfter = `
+SELECT machine_id, agent_public_key FROM machine_agent_started
+WHERE machine_id > $1 ORDER BY machine_id LIMIT $2`
+
 	qAgentStartedDelete = `DELETE FROM machine_agent_started WHERE machine_id = $1`
 
 	// qHeartbeatDelete runs after the agent_started row of the machine was

@@ -170,6 +170,29 @@ func (t *Tx) AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID
 	return keys, nil
 }
 
+// AgentKeysAfter reads the public keys of up to limit agents, those of
+// the machines after after in machine order (uuid.Nil: from the first):
+// a page of all the fleet's keys, which the heartbeat endpoint reads at
+// start. Pages follow one another by key, each in a transaction of its
+// own, so that reading a large fleet holds no snapshot for long.
+func (t *Tx) AgentKeysAfter(ctx context.Context, after uuid.UUID, limit int) ([]AgentKey, error) {
+	rows, err := t.tx.Query(ctx, qAgentKeysAfter, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys after %s: %w", after, err)
+	}
+	var keys []AgentKey
+	var id pgtype.UUID
+	var key []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error {
+		keys = append(keys, AgentKey{Machine: id.Bytes, PublicKey: append([]byte(nil), key...)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading agent keys after %s: %w", after, err)
+	}
+	return keys, nil
+}
+
 // DeleteAgentTags removes the agent-started and heartbeat tags of machine,
 // which hands it back to AgentStart.
 func (t *Tx) DeleteAgentTags(ctx context.Context, machine uuid.UUID) error {
