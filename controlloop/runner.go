@@ -349,9 +349,10 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			}
 		}
 		// While claims lease machines, the claim waits a moment for more
-		// workers (gatherMore), once its due rows are locked: the wait
-		// overlaps the round trip that locks them. It locks rows for
-		// every token it may gather.
+		// workers (gatherMore) once its due rows are locked, not before
+		// it begins: those that come back during the round trip that
+		// locks the rows are gathered at once. It locks rows for every
+		// token it may gather.
 		var gather func() int
 		upTo := n
 		if flowing && held == keep && n+held < tokens {
@@ -459,8 +460,9 @@ const buildingRecheck = 10 * time.Second
 // this wait each claim serves a few of them while the rest wait for the
 // next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
 // the machines per claim with and without the wait). The claim waits
-// with its due rows locked (bmdb's ClaimGathering), so that the wait and
-// the round trip that locks them overlap.
+// with its due rows locked (bmdb's ClaimGathering), not before it begins,
+// so that the workers that come back during the round trip that locks
+// them count at once.
 const claimLinger = 500 * time.Microsecond
 
 // gatherMore takes up to limit more idle tokens from idle, for at most

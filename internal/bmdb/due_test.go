@@ -206,9 +206,7 @@ func (e *env) waitBlocked() {
 	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		var n int
-		err := e.raw.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		n, err := e.lockWaiters(context.Background())
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -218,6 +216,14 @@ func (e *env) waitBlocked() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.t.Fatal("the concurrent write never waited on the claim's lock")
+}
+
+// lockWaiters counts the backends of the test database waiting for a lock.
+func (e *env) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := e.raw.QueryRow(ctx,
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+	return n, err
 }
 
 // mutate applies one random change of facts to machine id, through the

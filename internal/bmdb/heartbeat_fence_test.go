@@ -169,8 +169,7 @@ func (h *heldTx) waitRanOrLockWait(t *testing.T, e *env) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
-		var n int
-		err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		n, err := e.lockWaiters(ctx)
 		if err != nil {
 			t.Fatalf("waiting for the second transaction: %v", err)
 		}

@@ -114,9 +114,9 @@ func (s *Session) ClaimBatchLimited(ctx context.Context, process Process, candid
 // still coming back: it locks due rows for up to limit machines, then asks
 // gather (when not nil) how many to lease, and leases up to that many
 // (at least one, at most limit). gather is called with the due rows
-// locked, in the claim's transaction: the claimer waits for more of its
-// workers while the round trip that locks the rows is under way, instead
-// of before it (controlloop's claimLinger). It may be called again, on a
+// locked, in the claim's transaction: the claim begins without waiting,
+// and the workers that come back during the round trip that locks the
+// rows count towards it (controlloop's claimLinger). It may be called again, on a
 // transaction's retry or a later round, and returns the count so far.
 func (s *Session) ClaimGathering(ctx context.Context, process Process, candidates Candidates, limit int, gather func() int, limits Limits, onEscalated func(Escalation)) ([]*Lease, error) {
 	if err := process.Validate(); err != nil {
