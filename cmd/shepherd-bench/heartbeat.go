@@ -300,8 +300,8 @@ func (b *bench) ingestScenario(ctx context.Context, scenario string) error {
 }
 
 // seedHeartbeatAgents seeds n provided machines (set-based, qSeedMachines),
-// gives each an agent key derived from its index (COPY), and a heartbeat
-// row without a signed timestamp, as in a running fleet. It returns the
+// gives each an agent key derived from its index (COPY), and the heartbeat
+// row its agent's last heartbeat wrote, as in a running fleet. It returns the
 // identities in a shuffled order, the order their heartbeats are sent in.
 func (b *bench) seedHeartbeatAgents(ctx context.Context, dsn string, n int) ([]hbIdentity, time.Duration, error) {
 	t0 := time.Now()
@@ -339,7 +339,7 @@ func (b *bench) seedHeartbeatAgents(ctx context.Context, dsn string, n int) ([]h
 	if copied != int64(n) {
 		return nil, 0, fmt.Errorf("copied %d agent keys, want %d", copied, n)
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) SELECT machine_id, now() FROM machines`); err != nil {
+	if _, err := conn.Exec(ctx, qSeedHeartbeatRows); err != nil {
 		return nil, 0, fmt.Errorf("seeding heartbeat rows: %w", err)
 	}
 	if err := vacuum(ctx, conn); err != nil {

@@ -57,7 +57,7 @@ func (b *bench) heartbeatDB(ctx context.Context) error {
 	}
 	// Every machine has heartbeated once: the measured batches update rows,
 	// as in a running fleet.
-	if _, err := conn.Exec(ctx, `INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) SELECT machine_id, now() FROM machines`); err != nil {
+	if _, err := conn.Exec(ctx, qSeedHeartbeatRows); err != nil {
 		return err
 	}
 	if err := vacuum(ctx, conn); err != nil {

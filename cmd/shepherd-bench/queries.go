@@ -32,6 +32,15 @@ INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_ke
 SELECT machine_id, now(), '\x00'::bytea FROM machines
 ON CONFLICT (machine_id) DO NOTHING`
 
+	// qSeedHeartbeatRows gives every machine with an agent the heartbeat
+	// row its agent's last heartbeat wrote (a signed timestamp, the
+	// agent's key), in machine order: the measured heartbeats update
+	// rows, as in a running fleet.
+	qSeedHeartbeatRows = `
+INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at, agent_timestamp, agent_public_key)
+SELECT machine_id, now(), now(), agent_public_key FROM machine_agent_started
+ORDER BY machine_id`
+
 	// qFlushStats makes this backend report its pending statistics (the
 	// rows it inserted) as soon as it is idle, before the VACUUM that
 	// follows resets them: otherwise they arrive after it and autovacuum

@@ -100,6 +100,101 @@ func TestHeartbeatOfReplacedAgent(t *testing.T) {
 	}
 }
 
+// TestHeartbeatRowKey checks the key a heartbeat row carries, by which a
+// batch updates the row without reading machine_agent_started: a row
+// written before the key was kept (or by a binary of the previous schema)
+// gets its key from the next heartbeat, and a heartbeat of a replaced agent
+// is not recorded over its successor's row, however new its timestamp, nor
+// after the agent was changed by SQL of someone else's.
+func TestHeartbeatRowKey(t *testing.T) {
+	e := newEnv(t, bmdb.Options{})
+	ctx := context.Background()
+	setAgent := func(m uuid.UUID, key []byte) {
+		t.Helper()
+		if err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+			return tx.SetAgentStarted(ctx, m, key)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row := func(m uuid.UUID) (key []byte, ts time.Time) {
+		t.Helper()
+		if err := e.raw.QueryRow(ctx, `SELECT agent_public_key, agent_timestamp FROM machine_agent_heartbeat WHERE machine_id = $1`, m).Scan(&key, &ts); err != nil {
+			t.Fatal(err)
+		}
+		return key, ts
+	}
+	base := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+
+	t.Run("row without key", func(t *testing.T) {
+		m := e.addMachines(1)[0]
+		key := []byte("the agent's key")
+		setAgent(m, key)
+		e.exec(`INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1, now())`, m)
+		got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: key, Timestamp: base})
+		if !slices.Contains(got.Recorded, m) {
+			t.Fatalf("a heartbeat over a row without key was not recorded: %+v", got)
+		}
+		if k, ts := row(m); string(k) != string(key) || !ts.Equal(base) {
+			t.Fatalf("row has key %q and timestamp %s, want %q and %s", k, ts, key, base)
+		}
+		got = recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: key, Timestamp: base.Add(time.Second)})
+		if !slices.Contains(got.Recorded, m) {
+			t.Fatalf("the next heartbeat was not recorded: %+v", got)
+		}
+	})
+
+	t.Run("replaced agent", func(t *testing.T) {
+		m := e.addMachines(1)[0]
+		oldKey, newKey := []byte("old agent's key"), []byte("new agent's key")
+		setAgent(m, oldKey)
+		if got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: oldKey, Timestamp: base}); !slices.Contains(got.Recorded, m) {
+			t.Fatalf("the old agent's heartbeat was not recorded: %+v", got)
+		}
+		setAgent(m, newKey)
+		if got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: newKey, Timestamp: base.Add(time.Second)}); !slices.Contains(got.Recorded, m) {
+			t.Fatalf("the new agent's heartbeat was not recorded: %+v", got)
+		}
+		got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: oldKey, Timestamp: base.Add(time.Hour)})
+		if slices.Contains(got.Recorded, m) || slices.Contains(got.Stale, m) {
+			t.Fatalf("a heartbeat of the replaced agent was reported recorded or a replay: %+v", got)
+		}
+		if k, ts := row(m); string(k) != string(newKey) || !ts.Equal(base.Add(time.Second)) {
+			t.Fatalf("row has key %q and timestamp %s, want the new agent's %q and %s", k, ts, newKey, base.Add(time.Second))
+		}
+	})
+
+	// Writers other than the bmdb functions (an operator's SQL): the
+	// schema's trigger takes the key off the heartbeat row.
+	for _, c := range []struct {
+		name   string
+		change []string
+	}{
+		{"key updated", []string{`UPDATE machine_agent_started SET agent_public_key = 'another key' WHERE machine_id = $1`}},
+		{"agent deleted and inserted", []string{`DELETE FROM machine_agent_started WHERE machine_id = $1`,
+			`INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES ($1, now(), 'another key')`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := e.addMachines(1)[0]
+			key := []byte("the agent's key")
+			setAgent(m, key)
+			if got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: key, Timestamp: base}); !slices.Contains(got.Recorded, m) {
+				t.Fatalf("the agent's heartbeat was not recorded: %+v", got)
+			}
+			for _, q := range c.change {
+				e.exec(q, m)
+			}
+			var keyed int
+			if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1 AND agent_public_key IS NOT NULL`, m).Scan(&keyed); err != nil || keyed != 0 {
+				t.Fatalf("%d heartbeat rows still carry a key (%v), want none", keyed, err)
+			}
+			if got := recordHeartbeat(t, e, bmdb.AgentKey{Machine: m, PublicKey: key, Timestamp: base.Add(time.Second)}); slices.Contains(got.Recorded, m) || slices.Contains(got.Stale, m) {
+				t.Fatalf("a heartbeat of the replaced agent was reported recorded or a replay: %+v", got)
+			}
+		})
+	}
+}
+
 // recordHeartbeat records one heartbeat in a transaction of its own.
 func recordHeartbeat(t *testing.T, e *env, a bmdb.AgentKey) bmdb.HeartbeatBatch {
 	t.Helper()

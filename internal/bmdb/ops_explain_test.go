@@ -254,6 +254,11 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"hostKeys", stmts["qHostKeys"], []any{"seed", "", 1000}, tiny, "machine_provided_provider_provider_id_key"},
 		tc{"hostKeyForget", stmts["qHostKeyForget"], []any{machine, "why", "ssh-ed25519 AAAA", "alice"}, tiny, "machine_ssh_host_key_pkey"},
 	)
+	// The heartbeat endpoint's batched write: a probe of each machine's
+	// heartbeat row, and of its agent row only for those the update left.
+	cases = append(cases, tc{"heartbeatAgents", stmts["qHeartbeatAgents"],
+		[]any{[]uuid.UUID{machine, session}, [][]byte{{1}, {2}}, []time.Time{time.Now(), time.Now()}, []uuid.UUID{machine, session}},
+		[]string{"machine_reset"}, "machine_agent_heartbeat_pkey"})
 	// The check for leases whose session is gone, in every session
 	// heartbeat: a probe of work's session index per session that ended
 	// in the last hour (a few rows, read whole), never the leases.

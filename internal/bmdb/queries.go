@@ -361,23 +361,23 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// A concurrent change of the agent (SetAgentStarted, DeleteAgentTags,
 	// RecordReset) writes the agent_started row and then deletes the
 	// heartbeat row, in one transaction; no heartbeat of the old agent may
-	// outlive it. A machine with a heartbeat row (nearly every heartbeat)
-	// is updated in place, fenced by that row: if the change deleted it
-	// first, the update waits for the change to commit and then finds no
-	// row; if the update comes first, the change's delete waits for this
-	// transaction and then deletes the row it wrote. Every other matched
-	// machine (no heartbeat row, or the update skipped it: a replay, or a
-	// row a committed change deleted) goes the way every heartbeat went
-	// before: FOR SHARE holds its agent_started row until commit, so that
-	// a change either waits for this statement and then deletes its
-	// heartbeat, or commits first and this statement, re-checking the
-	// key, skips the machine. The agent_started rows of the updated
-	// machines are only read, not locked: a lock writes the row's page,
-	// as an update does, and locking them doubled the pages a batch
-	// wrote. ORDER BY takes the row locks of either way in one order.
-	// The IN over inserted, not a LEFT JOIN: PostgreSQL joins two CTE
-	// scans by a nested loop, quadratic in the batch, while IN hashes
-	// inserted once.
+	// outlive it. So a heartbeat row is only ever written for the key
+	// recorded when it was written, and carries it: a machine whose row
+	// carries the signer's key (nearly every heartbeat) is updated in
+	// place, fenced by that row, without reading agent_started. If the
+	// change deleted the row first, the update waits for the change to
+	// commit and then finds no row; if the update comes first, the
+	// change's delete waits for this transaction and then deletes the row
+	// it wrote. Every other machine (no heartbeat row, a row without a key
+	// (written before the key was kept), or one the update skipped: a
+	// replay, or a row a committed change deleted) goes by agent_started:
+	// FOR SHARE holds its row until commit, so that a change either waits
+	// for this statement and then deletes its heartbeat, or commits first
+	// and this statement, re-checking the key, skips the machine; the row
+	// it writes gets the key. ORDER BY takes the row locks of either way
+	// in one order. The IN over inserted, not a LEFT JOIN: PostgreSQL
+	// joins two CTE scans by a nested loop, quadratic in the batch, while
+	// IN hashes inserted once.
 	//
 	// The boot identity rides in the same HOT update of the row as the
 	// timestamps. back deletes the machine_reset row (issue 29) of a
@@ -390,31 +390,30 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// machines reset in the last minutes, so back costs a probe of a
 	// nearly empty table, and no trigger fires on its deletes.
 	qHeartbeatAgents = `
-WITH matched AS (
-    SELECT s.machine_id, a.agent_public_key, a.ts, a.boot_id
-    FROM machine_agent_started s
-    JOIN unnest($1::uuid[], $2::bytea[], $3::timestamptz[], $4::uuid[]) AS a(machine_id, agent_public_key, ts, boot_id)
-      ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
-    ORDER BY s.machine_id
+WITH a AS (
+    SELECT machine_id, agent_public_key, ts, boot_id
+    FROM unnest($1::uuid[], $2::bytea[], $3::timestamptz[], $4::uuid[]) AS a(machine_id, agent_public_key, ts, boot_id)
+    ORDER BY machine_id
 ), updated AS (
     UPDATE machine_agent_heartbeat AS h
-    SET agent_heartbeat_at = now(), agent_timestamp = m.ts, boot_id = m.boot_id
-    FROM matched m
-    WHERE h.machine_id = m.machine_id
-      AND (m.ts IS NULL OR h.agent_timestamp IS NULL OR m.ts > h.agent_timestamp)
+    SET agent_heartbeat_at = now(), agent_timestamp = a.ts, boot_id = a.boot_id
+    FROM a
+    WHERE h.machine_id = a.machine_id AND h.agent_public_key = a.agent_public_key
+      AND (a.ts IS NULL OR h.agent_timestamp IS NULL OR a.ts > h.agent_timestamp)
     RETURNING h.machine_id, h.boot_id
 ), fresh AS (
-    SELECT s.machine_id, m.ts, m.boot_id
-    FROM matched m
-    JOIN machine_agent_started s ON s.machine_id = m.machine_id AND s.agent_public_key = m.agent_public_key
-    WHERE m.machine_id NOT IN (SELECT machine_id FROM updated)
+    SELECT s.machine_id, a.agent_public_key, a.ts, a.boot_id
+    FROM a
+    JOIN machine_agent_started s ON s.machine_id = a.machine_id AND s.agent_public_key = a.agent_public_key
+    WHERE a.machine_id NOT IN (SELECT machine_id FROM updated)
     ORDER BY s.machine_id
     FOR SHARE OF s
 ), inserted AS (
-    INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp, boot_id)
-    SELECT machine_id, now(), ts, boot_id FROM fresh
+    INSERT INTO machine_agent_heartbeat AS h (machine_id, agent_heartbeat_at, agent_timestamp, boot_id, agent_public_key)
+    SELECT machine_id, now(), ts, boot_id, agent_public_key FROM fresh
     ON CONFLICT (machine_id) DO UPDATE
-    SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp, boot_id = excluded.boot_id
+    SET agent_heartbeat_at = excluded.agent_heartbeat_at, agent_timestamp = excluded.agent_timestamp,
+        boot_id = excluded.boot_id, agent_public_key = excluded.agent_public_key
     WHERE excluded.agent_timestamp IS NULL OR h.agent_timestamp IS NULL OR excluded.agent_timestamp > h.agent_timestamp
     RETURNING machine_id, boot_id
 ), written AS (
