@@ -5,8 +5,9 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"net/http"
 	"sync"
+
+	"github.com/valyala/fasthttp"
 
 	"k8s.io/klog/v2"
 )
@@ -18,8 +19,8 @@ import (
 //
 // At a limit, a new connection does not simply wait or get closed: the
 // least recently used connection that carries no request (an idle
-// keep-alive, or one that has not sent a complete request header yet, its
-// TLS handshake included) is closed to admit it, of the same source if the
+// keep-alive, or one that has not sent a byte of a request yet, its TLS
+// handshake included) is closed to admit it, of the same source if the
 // source is at its limit. HTTP lets a server close such a connection at
 // any time, and an agent whose connection was closed opens another at its
 // next heartbeat. So the agents behind a NAT with more of them than
@@ -158,14 +159,15 @@ func (l *connLimiter) forget(c *limitedConn) {
 	}
 }
 
-// trackConnState is the server's ConnState hook: a connection carrying a
-// request may not be evicted, one that went idle may again.
-func (l *connLimiter) trackConnState(c net.Conn, state http.ConnState) {
+// trackFastConnState is the server's ConnState hook: a connection carrying
+// a request (from its first byte) may not be evicted, one that went idle
+// may again.
+func (l *connLimiter) trackFastConnState(c net.Conn, state fasthttp.ConnState) {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
 	lc, ok := c.(*limitedConn)
-	if !ok || (state != http.StateActive && state != http.StateIdle) {
+	if !ok || (state != fasthttp.StateActive && state != fasthttp.StateIdle) {
 		return
 	}
 	l.mu.Lock()
@@ -174,7 +176,7 @@ func (l *connLimiter) trackConnState(c net.Conn, state http.ConnState) {
 		return
 	}
 	s := l.sources[lc.source]
-	if state == http.StateIdle {
+	if state == fasthttp.StateIdle {
 		l.markEvictable(lc, s)
 	} else {
 		l.unmarkEvictable(lc, s)

@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -159,8 +160,9 @@ type Options struct {
 	// source can make it hold by MaxConnsPerSource times that.
 	//
 	// At either cap, the least recently used connection that carries no
-	// request (an idle keep-alive, or one whose TLS handshake or first
-	// request header is not complete) is closed to admit a new one, of
+	// request (an idle keep-alive, or one whose TLS handshake is not
+	// complete or that has not sent a byte of a request yet) is closed to
+	// admit a new one, of
 	// the same source when that source is at its cap; only when every
 	// connection carries a request is the new one closed at once, and
 	// counted in shepherd_heartbeat_connections_refused_total (those
@@ -185,8 +187,9 @@ type Options struct {
 	// default 5 s interval, so that an agent keeps its connection through
 	// a missed beat and never races the close at its next one, while idle
 	// connections nobody uses go within seconds). A connection that has
-	// not completed its TLS handshake, or its first request header,
-	// within 5 s is closed too.
+	// not completed its TLS handshake and its first request within 5 s is
+	// closed too, and so is one whose later request takes longer than 5 s
+	// from its first byte.
 	IdleTimeout time.Duration
 }
 
@@ -267,6 +270,8 @@ type Server struct {
 
 	// preloadPage is how many keys Preload reads a transaction.
 	preloadPage int
+	// customSourceKey: Options.SourceKey is the caller's, not RemoteIPKey.
+	customSourceKey bool
 
 	mu        sync.Mutex
 	machines  map[uuid.UUID]machineState
@@ -289,6 +294,7 @@ type machineState struct {
 
 // New returns a Server recording heartbeats in db.
 func New(db *bmdb.DB, opts Options) *Server {
+	custom := opts.SourceKey != nil
 	opts = opts.withDefaults()
 	return &Server{
 		db:       db,
@@ -300,7 +306,8 @@ func New(db *bmdb.DB, opts Options) *Server {
 		epoch:    time.Now(),
 		machines: make(map[uuid.UUID]machineState),
 
-		preloadPage: defaultPreloadPage,
+		preloadPage:     defaultPreloadPage,
+		customSourceKey: custom,
 	}
 }
 
@@ -316,13 +323,8 @@ func (s *Server) Handler() http.Handler {
 // refusal has a status (400, 403, 405, 413, 429, 503) and a one-line
 // plain-text reason, which the agent logs.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	result, status, reason := s.handle(w, r, s.opts.SourceKey(r))
-	s.opts.Metrics.count(result)
-	if result != ResultAccepted && result != ResultRateLimited {
-		if logger := klog.FromContext(r.Context()).V(2); logger.Enabled() {
-			logger.Info("Heartbeat refused", "result", result, "source", r.RemoteAddr, "reason", reason)
-		}
-	}
+	result, status, reason := s.serveHTTP(w, r)
+	s.counted(r.Context(), result, func() net.Addr { return remoteAddr(r.RemoteAddr) }, reason)
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
 		return
@@ -336,13 +338,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "%s: %s\n", result, reason)
 }
 
-// handle runs the checks in order of cost and returns the result label, the
-// HTTP status and a reason for the client. A key lookup in the BMDB takes a
-// token of source's bucket first (see Options.SourceRate).
-func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (result string, status int, reason string) {
+// serveHTTP reads a net/http request's body for handle.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) (result string, status int, reason string) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		return ResultBadRequest, http.StatusMethodNotAllowed, "heartbeats are POSTed"
+		return ResultBadRequest, http.StatusMethodNotAllowed, notPosted
 	}
 	buf := bodyBuffers.Get().(*[]byte)
 	defer bodyBuffers.Put(buf)
@@ -350,10 +350,43 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return ResultBadRequest, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
+			return ResultBadRequest, http.StatusRequestEntityTooLarge, bodyTooLarge
 		}
 		return ResultBadRequest, http.StatusBadRequest, "reading body failed"
 	}
+	return s.handle(r.Context(), body, func() string { return s.opts.SourceKey(r) })
+}
+
+// The reasons of refusals that either server in front of handle gives.
+var (
+	notPosted    = "heartbeats are POSTed"
+	bodyTooLarge = fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
+)
+
+// counted counts a request's result and logs a refusal (at V(2)), with the
+// client's address, asked for only then.
+func (s *Server) counted(ctx context.Context, result string, remote func() net.Addr, reason string) {
+	s.opts.Metrics.count(result)
+	if result != ResultAccepted && result != ResultRateLimited {
+		if logger := klog.FromContext(ctx).V(2); logger.Enabled() {
+			logger.Info("Heartbeat refused", "result", result, "source", remote().String(), "reason", reason)
+		}
+	}
+}
+
+// remoteAddr is net/http's Request.RemoteAddr as a net.Addr.
+type remoteAddr string
+
+func (a remoteAddr) Network() string { return "tcp" }
+func (a remoteAddr) String() string  { return string(a) }
+
+// handle runs the checks of a heartbeat request's body in order of cost and
+// returns the result label, the HTTP status and a reason for the client.
+// source names the request's source; it is asked for only when a key
+// lookup in the BMDB must take a token of the source's bucket first (see
+// Options.SourceRate). ctx bounds the waits for lookups and carries the
+// logger.
+func (s *Server) handle(ctx context.Context, body []byte, sourceOf func() string) (result string, status int, reason string) {
 	hb, err := agentproto.DecodeHeartbeat(body)
 	if err != nil {
 		return ResultBadRequest, http.StatusBadRequest, err.Error()
@@ -372,6 +405,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 	// accepted, or the server failed it: the source pays only for lookups
 	// that found no valid key.
 	charged := false
+	var source string
 	defer func() {
 		if charged && (result == ResultAccepted || result == ResultError) {
 			s.limiters.refund(source, time.Now())
@@ -382,16 +416,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 		if errors.Is(err, bmdb.ErrNotFound) {
 			return ResultUnknownMachine, http.StatusForbidden, "no agent is recorded for this machine"
 		}
-		s.logError(r, "Looking up an agent key failed", err)
+		s.logError(ctx, "Looking up an agent key failed", err)
 		return ResultError, http.StatusServiceUnavailable, "agent key lookup failed, retry later"
 	}
 	key, cached := s.cachedKey(hb.MachineID, now)
 	if !cached {
+		source = sourceOf()
 		if !s.limiters.take(source, now) {
 			return ResultRateLimited, http.StatusTooManyRequests, lookupsSpent
 		}
 		charged = true
-		if key, err = s.fetchKey(r.Context(), hb.MachineID); err != nil {
+		if key, err = s.fetchKey(ctx, hb.MachineID); err != nil {
 			return keyLookupFailed(err)
 		}
 	}
@@ -402,12 +437,13 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 		// it, so that a spent source cannot use it up for others.
 		valid := false
 		if cached && s.refetchDue(hb.MachineID, now) {
+			source = sourceOf()
 			if !s.limiters.take(source, now) {
 				return ResultRateLimited, http.StatusTooManyRequests, lookupsSpent
 			}
 			charged = true
 			if s.mayRefetch(hb.MachineID, now) {
-				if key, err = s.fetchKey(r.Context(), hb.MachineID); err != nil {
+				if key, err = s.fetchKey(ctx, hb.MachineID); err != nil {
 					return keyLookupFailed(err)
 				}
 				valid = hb.Verify(key) == nil
@@ -428,7 +464,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, source string) (
 	recorded, stale, err := s.recorder.record(bmdb.AgentKey{Machine: hb.MachineID, PublicKey: key, Timestamp: hb.Timestamp, BootID: hb.BootID})
 	switch {
 	case err != nil:
-		s.logError(r, "Recording heartbeats failed", err)
+		s.logError(ctx, "Recording heartbeats failed", err)
 		return ResultError, http.StatusServiceUnavailable, "recording the heartbeat failed, retry later"
 	case stale:
 		// Another replica, or this one before a restart, recorded a newer
@@ -606,9 +642,9 @@ func (s *Server) state(machine uuid.UUID, now time.Time) machineState {
 
 // logError logs a failure of the server, but not one caused by the client
 // hanging up.
-func (s *Server) logError(r *http.Request, msg string, err error) {
-	if r.Context().Err() == nil {
-		s.errLog.log(klog.FromContext(r.Context()), msg, err)
+func (s *Server) logError(ctx context.Context, msg string, err error) {
+	if ctx.Err() == nil {
+		s.errLog.log(klog.FromContext(ctx), msg, err)
 	}
 }
 

@@ -203,6 +203,18 @@ func TestRefused(t *testing.T) {
 	time.Sleep(10 * time.Millisecond) // so that a wrongly recorded heartbeat would show
 
 	valid := a.heartbeat(t, time.Now())
+	// Serve (fasthttp) and Handler (net/http) answer alike.
+	urls := []struct{ transport, url string }{{"Handler", e.url}, {"Serve", "http://" + serve(t, e.srv) + Path}}
+	for _, u := range urls {
+		resp, err := http.Get(strings.TrimSuffix(u.url, Path) + "/elsewhere")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s: another path answered %d, want 404", u.transport, resp.StatusCode)
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		method string
@@ -226,40 +238,53 @@ func TestRefused(t *testing.T) {
 		{"too large", "POST", append(append([]byte(nil), valid...), bytes.Repeat([]byte(" "), 2*agentproto.MaxHeartbeatSize)...), 413, ResultBadRequest},
 		{"GET", "GET", nil, 405, ResultBadRequest},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := e.count(tc.result)
-			req, err := http.NewRequest(tc.method, e.url, bytes.NewReader(tc.body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			reason, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != tc.status || !strings.HasPrefix(string(reason), tc.result+":") {
-				t.Errorf("got %d %q, want %d %s", resp.StatusCode, reason, tc.status, tc.result)
-			}
-			if got := e.count(tc.result); got != n+1 {
-				t.Errorf("%s counter went from %v to %v", tc.result, n, got)
-			}
-			for m, at := range before {
-				if got := e.lastHeartbeat(m); !got.Equal(at) {
-					t.Errorf("heartbeat of %s changed from %s to %s", m, at, got)
+		for _, u := range urls {
+			t.Run(u.transport+"/"+tc.name, func(t *testing.T) {
+				n := e.count(tc.result)
+				req, err := http.NewRequest(tc.method, u.url, bytes.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			if got := e.lastHeartbeat(noAgent.machine); !got.IsZero() {
-				t.Errorf("machine without agent got a heartbeat at %s", got)
-			}
-			if got := e.lastHeartbeat(stranger.machine); !got.IsZero() {
-				t.Errorf("unknown machine got a heartbeat at %s", got)
-			}
-		})
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reason, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != tc.status || !strings.HasPrefix(string(reason), tc.result+":") {
+					t.Errorf("got %d %q, want %d %s", resp.StatusCode, reason, tc.status, tc.result)
+				}
+				if ct, nosniff := resp.Header.Get("Content-Type"), resp.Header.Get("X-Content-Type-Options"); ct != "text/plain; charset=utf-8" || nosniff != "nosniff" {
+					t.Errorf("Content-Type %q, X-Content-Type-Options %q", ct, nosniff)
+				}
+				if allow := resp.Header.Get("Allow"); (tc.status == 405) != (allow == "POST") {
+					t.Errorf("status %d with Allow %q", resp.StatusCode, allow)
+				}
+				if resp.Header.Get("Date") == "" {
+					t.Error("no Date header")
+				}
+				if got := e.count(tc.result); got != n+1 {
+					t.Errorf("%s counter went from %v to %v", tc.result, n, got)
+				}
+				for m, at := range before {
+					if got := e.lastHeartbeat(m); !got.Equal(at) {
+						t.Errorf("heartbeat of %s changed from %s to %s", m, at, got)
+					}
+				}
+				if got := e.lastHeartbeat(noAgent.machine); !got.IsZero() {
+					t.Errorf("machine without agent got a heartbeat at %s", got)
+				}
+				if got := e.lastHeartbeat(stranger.machine); !got.IsZero() {
+					t.Errorf("unknown machine got a heartbeat at %s", got)
+				}
+			})
+		}
 	}
-	// The machine's own agent is still welcome.
-	if status, body := post(t, http.DefaultClient, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
-		t.Fatalf("good heartbeat after the bad ones: %d %q", status, body)
+	// The machine's own agent is still welcome, by either.
+	for _, u := range urls {
+		if status, body := post(t, http.DefaultClient, u.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
+			t.Fatalf("%s: good heartbeat after the bad ones: %d %q", u.transport, status, body)
+		}
 	}
 }
 
@@ -576,4 +601,34 @@ func writeCert(t *testing.T, cert tls.Certificate) (certFile, keyFile string) {
 		t.Fatal(err)
 	}
 	return certFile, keyFile
+}
+
+// A panic while handling a request (here in the caller's SourceKey) fails
+// that request, not the process: fasthttp, unlike net/http, does not
+// recover a handler's panic, so Serve does.
+func TestServeSurvivesAPanic(t *testing.T) {
+	e := newEnv(t, Options{SourceKey: func(r *http.Request) string {
+		if r.Header.Get("X-Panic") != "" {
+			panic("a source key function's bug")
+		}
+		return RemoteIPKey(r)
+	}})
+	a := e.addMachine(true)
+	url := "http://" + serve(t, e.srv) + Path
+	req, err := http.NewRequest("POST", url, bytes.NewReader(a.heartbeat(t, time.Now())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Panic", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("panicking request answered %d, want 500", resp.StatusCode)
+	}
+	if status, body := post(t, http.DefaultClient, url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
+		t.Fatalf("next heartbeat: %d %q", status, body)
+	}
 }

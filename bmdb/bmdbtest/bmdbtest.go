@@ -142,6 +142,15 @@ var goleakOptions = []goleak.Option{
 	// purpose), nothing drains the pipe and its reader is left blocked.
 	// golang-migrate's, bounded by one file per failed migration.
 	goleak.IgnoreAnyFunction("github.com/golang-migrate/migrate/v4.(*Migration).Buffer"),
+	// fasthttp keeps the Date header's value up to date, once a second,
+	// for the process's lifetime, from the first answer of any of its
+	// servers (heartbeat.Server.Serve).
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+	// fasthttp's worker pool (heartbeat.Server.Serve) cleans its idle
+	// workers every MaxIdleWorkerDuration, sleeping in between: stopped,
+	// its cleaner ends when it next wakes. fasthttp's, bounded by one per
+	// Serve stopped in the last seconds.
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 }
 
 // setup provides the server and the template. The returned teardown undoes
