@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/valyala/fasthttp"
-
 	"k8s.io/klog/v2"
 )
 

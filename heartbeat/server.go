@@ -162,13 +162,12 @@ type Options struct {
 	// At either cap, the least recently used connection that carries no
 	// request (an idle keep-alive, or one whose TLS handshake is not
 	// complete or that has not sent a byte of a request yet) is closed to
-	// admit a new one, of
-	// the same source when that source is at its cap; only when every
-	// connection carries a request is the new one closed at once, and
-	// counted in shepherd_heartbeat_connections_refused_total (those
-	// closed to make room in ..._evicted_total). So the
-	// agents behind an address keep reporting however many they are,
-	// each heartbeat on a new connection beyond the cap, and a neighbour
+	// admit a new one, of the same source when that source is at its cap;
+	// only when every connection carries a request is the new one closed
+	// at once, and counted in shepherd_heartbeat_connections_refused_total
+	// (those closed to make room in ..._evicted_total). So the agents
+	// behind an address keep reporting however many they are, each
+	// heartbeat on a new connection beyond the cap, and a neighbour
 	// behind it that opens connections and sends nothing holds none for
 	// long.
 	//
@@ -357,11 +356,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) (result strin
 	return s.handle(r.Context(), body, func() string { return s.opts.SourceKey(r) })
 }
 
-// The reasons of refusals that either server in front of handle gives.
-var (
-	notPosted    = "heartbeats are POSTed"
-	bodyTooLarge = fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
-)
+// The reasons of the refusals that either server in front of handle gives
+// before handle runs.
+const notPosted = "heartbeats are POSTed"
+
+var bodyTooLarge = fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
 
 // counted counts a request's result and logs a refusal (at V(2)), with the
 // client's address, asked for only then.
@@ -382,7 +381,7 @@ func (a remoteAddr) String() string  { return string(a) }
 
 // handle runs the checks of a heartbeat request's body in order of cost and
 // returns the result label, the HTTP status and a reason for the client.
-// source names the request's source; it is asked for only when a key
+// sourceOf names the request's source; it is asked for only when a key
 // lookup in the BMDB must take a token of the source's bucket first (see
 // Options.SourceRate). ctx bounds the waits for lookups and carries the
 // logger.

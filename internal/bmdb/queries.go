@@ -361,19 +361,22 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// A concurrent change of the agent (SetAgentStarted, DeleteAgentTags,
 	// RecordReset) writes the agent_started row and then deletes the
 	// heartbeat row, in one transaction; no heartbeat of the old agent may
-	// outlive it. So a heartbeat row is only ever written for the key
-	// recorded when it was written, and carries it: a machine whose row
-	// carries the signer's key (nearly every heartbeat) is updated in
-	// place, fenced by that row, without reading agent_started. If the
-	// change deleted the row first, the update waits for the change to
-	// commit and then finds no row; if the update comes first, the
-	// change's delete waits for this transaction and then deletes the row
-	// it wrote. Every other machine (no heartbeat row, a row without a key
-	// (written before the key was kept), or one the update skipped: a
-	// replay, or a row a committed change deleted) goes by agent_started:
-	// FOR SHARE holds its row until commit, so that a change either waits
-	// for this statement and then deletes its heartbeat, or commits first
-	// and this statement, re-checking the key, skips the machine; the row
+	// outlive it. When anything else writes agent_started (an operator's
+	// SQL), the schema's shepherd_agent_changed trigger takes the key off
+	// the heartbeat row. So a heartbeat row carries a key only while it is
+	// the machine's agent's: a machine whose row carries the signer's key
+	// (nearly every heartbeat) is updated in place, fenced by that row,
+	// without reading agent_started. If the change deleted the row (or
+	// took its key) first, the update waits for the change to commit and
+	// then skips the machine; if the update comes first, the change's
+	// delete (or the trigger's update) waits for this transaction and then
+	// deletes the row it wrote (or takes its key). Every other machine (no
+	// heartbeat row, a row without a key: written before the key was kept,
+	// or left so by the trigger; or one the update skipped: a replay, or a
+	// row a committed change deleted) goes by agent_started: FOR SHARE
+	// holds its row until commit, so that a change either waits for this
+	// statement and then deletes its heartbeat, or commits first and this
+	// statement, re-checking the key, skips the machine; the row
 	// it writes gets the key. ORDER BY takes the row locks of either way
 	// in one order. The IN over inserted, not a LEFT JOIN: PostgreSQL
 	// joins two CTE scans by a nested loop, quadratic in the batch, while
