@@ -126,7 +126,7 @@ func (s *Server) fastHandler(ctx context.Context) fasthttp.RequestHandler {
 		} else {
 			result, status, reason = s.handle(ctx, c.PostBody(), func() string { return s.fastSourceKey(c) })
 		}
-		s.counted(ctx, result, c.RemoteAddr, reason)
+		s.counted(ctx, result, c.RemoteAddr(), reason)
 		writeFast(c, result, status, reason)
 	}
 }
@@ -138,7 +138,7 @@ func (s *Server) fastHandler(ctx context.Context) fasthttp.RequestHandler {
 func (s *Server) fastError(ctx context.Context) func(*fasthttp.RequestCtx, error) {
 	return func(c *fasthttp.RequestCtx, err error) {
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-			s.counted(ctx, ResultBadRequest, c.RemoteAddr, bodyTooLarge)
+			s.counted(ctx, ResultBadRequest, c.RemoteAddr(), bodyTooLarge)
 			writeFast(c, ResultBadRequest, http.StatusRequestEntityTooLarge, bodyTooLarge)
 			return
 		}
@@ -180,7 +180,7 @@ func writeFast(c *fasthttp.RequestCtx, result string, status int, reason string)
 // the request converted to net/http's form, which the caller's function
 // takes.
 func (s *Server) fastSourceKey(c *fasthttp.RequestCtx) string {
-	if !s.customSourceKey {
+	if s.opts.SourceKey == nil {
 		return addrKey(c.RemoteAddr().String())
 	}
 	var r http.Request

@@ -107,8 +107,9 @@ type Options struct {
 	// 100000); beyond that, refilled buckets and then arbitrary ones are
 	// forgotten.
 	MaxSources int
-	// SourceKey names the source of a request for rate limiting (default
-	// RemoteIPKey).
+	// SourceKey names the source of a request for rate limiting (nil:
+	// RemoteIPKey, which Serve computes from the connection's address
+	// without making a net/http request of it).
 	SourceKey func(*http.Request) string
 	// MaxKeyLookups bounds concurrent reads of agent keys from the BMDB
 	// (default 2), so that heartbeats for machines whose key is not cached
@@ -205,9 +206,6 @@ func (o Options) withDefaults() Options {
 	if o.MaxSources <= 0 {
 		o.MaxSources = 100000
 	}
-	if o.SourceKey == nil {
-		o.SourceKey = RemoteIPKey
-	}
 	if o.MaxKeyLookups <= 0 {
 		o.MaxKeyLookups = 2
 	}
@@ -269,8 +267,6 @@ type Server struct {
 
 	// preloadPage is how many keys Preload reads a transaction.
 	preloadPage int
-	// customSourceKey: Options.SourceKey is the caller's, not RemoteIPKey.
-	customSourceKey bool
 
 	mu        sync.Mutex
 	machines  map[uuid.UUID]machineState
@@ -293,7 +289,6 @@ type machineState struct {
 
 // New returns a Server recording heartbeats in db.
 func New(db *bmdb.DB, opts Options) *Server {
-	custom := opts.SourceKey != nil
 	opts = opts.withDefaults()
 	return &Server{
 		db:       db,
@@ -305,8 +300,7 @@ func New(db *bmdb.DB, opts Options) *Server {
 		epoch:    time.Now(),
 		machines: make(map[uuid.UUID]machineState),
 
-		preloadPage:     defaultPreloadPage,
-		customSourceKey: custom,
+		preloadPage: defaultPreloadPage,
 	}
 }
 
@@ -323,7 +317,7 @@ func (s *Server) Handler() http.Handler {
 // plain-text reason, which the agent logs.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	result, status, reason := s.serveHTTP(w, r)
-	s.counted(r.Context(), result, func() net.Addr { return remoteAddr(r.RemoteAddr) }, reason)
+	s.counted(r.Context(), result, remoteAddr(r.RemoteAddr), reason)
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
 		return
@@ -353,7 +347,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) (result strin
 		}
 		return ResultBadRequest, http.StatusBadRequest, "reading body failed"
 	}
-	return s.handle(r.Context(), body, func() string { return s.opts.SourceKey(r) })
+	return s.handle(r.Context(), body, func() string {
+		if s.opts.SourceKey == nil {
+			return RemoteIPKey(r)
+		}
+		return s.opts.SourceKey(r)
+	})
 }
 
 // The reasons of the refusals that either server in front of handle gives
@@ -363,12 +362,12 @@ const notPosted = "heartbeats are POSTed"
 var bodyTooLarge = fmt.Sprintf("body larger than %d bytes", agentproto.MaxHeartbeatSize)
 
 // counted counts a request's result and logs a refusal (at V(2)), with the
-// client's address, asked for only then.
-func (s *Server) counted(ctx context.Context, result string, remote func() net.Addr, reason string) {
+// client's address, formatted only then.
+func (s *Server) counted(ctx context.Context, result string, remote net.Addr, reason string) {
 	s.opts.Metrics.count(result)
 	if result != ResultAccepted && result != ResultRateLimited {
 		if logger := klog.FromContext(ctx).V(2); logger.Enabled() {
-			logger.Info("Heartbeat refused", "result", result, "source", remote().String(), "reason", reason)
+			logger.Info("Heartbeat refused", "result", result, "source", remote.String(), "reason", reason)
 		}
 	}
 }

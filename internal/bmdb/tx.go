@@ -158,12 +158,7 @@ func (t *Tx) AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID
 	if err != nil {
 		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
 	}
-	var id pgtype.UUID
-	var key []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error {
-		keys[id.Bytes] = append([]byte(nil), key...)
-		return nil
-	})
+	err = forEachAgentKey(rows, func(machine uuid.UUID, key []byte) { keys[machine] = key })
 	if err != nil {
 		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
 	}
@@ -181,16 +176,25 @@ func (t *Tx) AgentKeysAfter(ctx context.Context, after uuid.UUID, limit int) ([]
 		return nil, fmt.Errorf("reading agent keys after %s: %w", after, err)
 	}
 	var keys []AgentKey
-	var id pgtype.UUID
-	var key []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error {
-		keys = append(keys, AgentKey{Machine: id.Bytes, PublicKey: append([]byte(nil), key...)})
-		return nil
+	err = forEachAgentKey(rows, func(machine uuid.UUID, key []byte) {
+		keys = append(keys, AgentKey{Machine: machine, PublicKey: key})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading agent keys after %s: %w", after, err)
 	}
 	return keys, nil
+}
+
+// forEachAgentKey calls f with each (machine_id, agent_public_key) row of
+// rows, the key copied out of pgx's buffer, and closes rows.
+func forEachAgentKey(rows pgx.Rows, f func(machine uuid.UUID, key []byte)) error {
+	var id pgtype.UUID
+	var key []byte
+	_, err := pgx.ForEachRow(rows, []any{&id, &key}, func() error {
+		f(id.Bytes, append([]byte(nil), key...))
+		return nil
+	})
+	return err
 }
 
 // DeleteAgentTags removes the agent-started and heartbeat tags of machine,
