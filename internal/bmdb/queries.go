@@ -110,16 +110,14 @@ RETURNING process`
 	// still hold leases: a claim by a binary of the schema before 0024,
 	// which relied on work's foreign key and does not lock its session,
 	// can commit a lease as its session is reaped (migration 0024). It
-	// probes work_session_idx for each row of sessions_ended, which the
+	// reads work once (the leases in flight; it has no index by session
+	// since migration 0026), against the rows of sessions_ended, which the
 	// sessions' delete trigger fills and qSessionsEndedPrune keeps to the
-	// last minutes: a few rows. The probe is the first lease at or after the
-	// ended session in the index's order, so that the planner reads the
-	// index (an ORDER BY ... LIMIT 1) even where one session holds every
-	// lease and an equality looks as if it matched them all.
+	// last minutes: a few. The array keeps the planner from scanning work
+	// once per ended session.
 	qLeasesOrphaned = `
-SELECT e.session_id FROM sessions_ended e
-WHERE (SELECT w.session_id FROM work w WHERE w.session_id >= e.session_id
-       ORDER BY w.session_id LIMIT 1) = e.session_id`
+SELECT DISTINCT w.session_id FROM work w
+WHERE w.session_id = ANY (ARRAY(SELECT e.session_id FROM sessions_ended e))`
 
 	// qSessionsEndedPrune forgets the sessions deleted over ten minutes
 	// ago, after the reap's release of their leases in the same
