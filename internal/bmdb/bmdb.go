@@ -125,6 +125,9 @@ type DB struct {
 	// positional holds the claims' statements rewritten to positional
 	// parameters once (query.go).
 	positional positionalQueries
+	// leaseConflicts remembers the processes whose claims lately found a
+	// lease taken by a concurrent claimer (work.go).
+	leaseConflicts leaseConflictLog
 	// dueBuildChunk is the machines per transaction of a due-row build
 	// (due.go); zero means the constant of that name. Tests make it small.
 	dueBuildChunk int
@@ -400,6 +403,9 @@ func failureKind(err error) string {
 		return "rolled_back"
 	case isRetryable(err):
 		return "retries_exhausted"
+	case isLeaseConflict(err):
+		// The claim goes again at once, with ON CONFLICT (work.go).
+		return "retried"
 	default:
 		return "failed"
 	}

@@ -78,9 +78,19 @@ func GenericPlans(ctx context.Context, db *DB, statements []Statement) (map[stri
 }
 
 // ClaimStatement is the text of a claim with candidates, as a claim sends
-// it: its named parameters rewritten to positional ones (query.go).
+// it first: its named parameters rewritten to positional ones (query.go).
 func ClaimStatement(candidates Candidates) string {
-	sql, args := candidates.query(claimDueTemplate, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
+	return claimStatement(claimDueUncontendedTemplate, candidates)
+}
+
+// ContendedClaimStatement is ClaimStatement as a claim sends it after
+// a lease conflict: its insert with ON CONFLICT.
+func ContendedClaimStatement(candidates Candidates) string {
+	return claimStatement(claimDueTemplate, candidates)
+}
+
+func claimStatement(template string, candidates Candidates) string {
+	sql, args := candidates.query(template, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
 	MachineBudget{}.args(args)
 	var positional positionalQueries
 	q, err := positional.get(sql, args)

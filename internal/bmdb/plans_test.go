@@ -177,13 +177,22 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 		statements = append(statements, st)
 	}
 	watch.mu.Unlock()
-	slices.SortFunc(statements, func(a, b bmdb.Statement) int { return strings.Compare(a.SQL, b.SQL) })
 	claims := map[string]string{bmdb.ClaimStatement(provided): "provided", bmdb.ClaimStatement(recovery): "recovery"}
 	for _, want := range append(slices.Collect(maps.Keys(claims)), bmdb.EndStatements...) {
 		if !slices.ContainsFunc(statements, func(st bmdb.Statement) bool { return st.SQL == want }) {
 			t.Fatalf("the watch did not see a statement of claims and ends run:\n%s", want)
 		}
 	}
+	// A claim that found a lease taken meanwhile goes again with ON
+	// CONFLICT (TestClaimPassesOverALeaseTakenMeanwhile): the same
+	// statement but for that clause, with the same arguments.
+	for _, c := range []bmdb.Candidates{provided, recovery} {
+		first, contended := bmdb.ClaimStatement(c), bmdb.ContendedClaimStatement(c)
+		i := slices.IndexFunc(statements, func(st bmdb.Statement) bool { return st.SQL == first })
+		statements = append(statements, bmdb.Statement{SQL: contended, Args: statements[i].Args})
+		claims[contended] = claims[first] + " (contended)"
+	}
+	slices.SortFunc(statements, func(a, b bmdb.Statement) int { return strings.Compare(a.SQL, b.SQL) })
 	t.Logf("%d statements run in the transactions of claims and lease ends", len(statements))
 
 	if _, err := e.raw.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines, machine_hold, work_history`); err != nil {

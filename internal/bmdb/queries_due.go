@@ -92,7 +92,22 @@ due AS (
 	// returns it with escalated set. Each row carries the transaction's
 	// id, which fences the undo of a claim whose COMMIT went unanswered
 	// (qClaimUndo).
-	claimDueTemplate = `
+	//
+	// A claim first sends claimDueUncontendedTemplate, whose lease insert
+	// has no ON CONFLICT: a lease taken by a concurrent claimer then fails
+	// the statement (unique_violation on work's keys) instead of skipping
+	// the machine, and the claim is sent again as this one (work.go,
+	// leaseConflicts). Claimers of one process never insert the same
+	// lease, as each holds the due rows it claims; only another process of
+	// the exclusion group (or the same process under another group, a
+	// configuration changed between releases) can, and an insert that
+	// need not check for a conflict first costs each lease less.
+	claimDueTemplate = claimDueHead + `
+    ON CONFLICT DO NOTHING` + claimDueTail
+
+	claimDueUncontendedTemplate = claimDueHead + claimDueTail
+
+	claimDueHead = `
 WITH ` + dueFacts + `, judged AS (
     SELECT due.*,
            CASE WHEN @budget::int > 0 AND wanted AND NOT leased AND held_until IS NULL
@@ -108,8 +123,9 @@ WITH ` + dueFacts + `, judged AS (
     ORDER BY ord LIMIT @limit
 ), leased AS (
     INSERT INTO work (machine_id, exclusion_group, process, session_id)
-    SELECT machine_id, @group, @process, @session FROM chosen
-    ON CONFLICT DO NOTHING
+    SELECT machine_id, @group, @process, @session FROM chosen`
+
+	claimDueTail = `
     RETURNING machine_id
 ), forced AS (
     DELETE FROM work_forced f

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
@@ -137,15 +138,32 @@ func (s *Session) ClaimGathering(ctx context.Context, process Process, candidate
 	// (deadlines that fresh heartbeats moved): the next rounds take many
 	// at once.
 	scan := limit + limit/8 + 4
-	query, args := candidates.query(claimDueTemplate, pgx.NamedArgs{
+	named := pgx.NamedArgs{
 		"group":   process.group(),
 		"process": process.Name,
 		"session": s.param(),
-	})
-	limits.MachineBudget.args(args)
-	args["ids"], args["limit"] = nil, 0 // set by each round
-	claim, err := s.db.positional.get(query, args)
-	if err != nil {
+	}
+	limits.MachineBudget.args(named)
+	named["ids"], named["limit"] = nil, 0 // set by each round
+	// A claim inserts its leases without ON CONFLICT until one fails on a
+	// lease a concurrent claimer took (claimDueTemplate says who can):
+	// then this claim, and the process's claims for a while, are sent
+	// with it (leaseConflicts).
+	contended := s.db.leaseConflicts.recent(process.Name)
+	var claim *positionalQuery
+	var args pgx.NamedArgs
+	prepare := func() error {
+		template := claimDueUncontendedTemplate
+		if contended {
+			template = claimDueTemplate
+		}
+		var query string
+		query, args = candidates.query(template, named)
+		var err error
+		claim, err = s.db.positional.get(query, args)
+		return err
+	}
+	if err := prepare(); err != nil {
 		return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
 	}
 	for round := 0; round < maxClaimRounds; round++ {
@@ -219,6 +237,18 @@ func (s *Session) ClaimGathering(ctx context.Context, process Process, candidate
 			for _, e := range escalated {
 				onEscalated(e)
 			}
+		}
+		if !contended && isLeaseConflict(err) {
+			// Nothing was leased: the transaction rolled back. The
+			// round goes again with ON CONFLICT, which skips the
+			// machine the other claimer took.
+			s.db.leaseConflicts.note(process.Name)
+			contended = true
+			if err := prepare(); err != nil {
+				return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
+			}
+			round--
+			continue
 		}
 		var unknown *commitUnknownError
 		if errors.As(err, &unknown) && len(leased) > 0 {
@@ -318,6 +348,44 @@ func (s *Session) undoClaim(ctx context.Context, process Process, machines []uui
 			return
 		}
 	}
+}
+
+// isLeaseConflict reports a claim's lease insert that failed on work's
+// keys: a concurrent claimer leased the machine first.
+func isLeaseConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" &&
+		(pgErr.ConstraintName == "work_pkey" || pgErr.ConstraintName == "work_machine_id_process_key")
+}
+
+// leaseConflictWindow is how long a process's claims insert their leases
+// with ON CONFLICT after one of them found a lease taken (the first
+// statement of a claim does not, claimDueTemplate): a group whose
+// processes claim the same machines pays for the conflict check, not a
+// rolled-back claim each time.
+const leaseConflictWindow = 10 * time.Minute
+
+// leaseConflictLog is when each process's claims last found a lease
+// taken by a concurrent claimer. Its zero value is ready.
+type leaseConflictLog struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func (l *leaseConflictLog) note(process string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string]time.Time{}
+	}
+	l.last[process] = time.Now()
+}
+
+func (l *leaseConflictLog) recent(process string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.last[process]
+	return ok && time.Since(t) < leaseConflictWindow
 }
 
 const (

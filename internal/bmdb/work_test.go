@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -197,6 +198,68 @@ func TestExclusionGroup(t *testing.T) {
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatalf("Finish: %v", err)
 	}
+}
+
+// A claim inserts its leases without ON CONFLICT first (claimDueTemplate).
+// When another process of the group leases the same machine meanwhile,
+// the insert fails on work's key; the claim must then go again with ON
+// CONFLICT, pass the machine over and return nothing to do, not an error
+// and never a second lease. Here the other claimer's lease is inserted and
+// left uncommitted, the claim waits on its key, and the lease commits.
+func TestClaimPassesOverALeaseTakenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e, s1, m := newEnvWithMachine(t)
+	s2 := e.session(bmdb.SessionConfig{})
+	register(t, s1, agentStart, bmdb.ProvidedCandidates())
+	register(t, s2, recovery, bmdb.ProvidedCandidates())
+
+	other, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(context.WithoutCancel(ctx))
+	if _, err := other.Exec(ctx, `INSERT INTO work (machine_id, exclusion_group, process, session_id) VALUES ($1, 'Shepherd', $2, $3)`,
+		m, agentStart.Name, s1.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `INSERT INTO work_history (machine_id, process, event, session_id) VALUES ($1, $2, 'Started', $3)`,
+		m, agentStart.Name, s1.ID()); err != nil {
+		t.Fatal(err)
+	}
+
+	claimed := make(chan error, 1)
+	go func() {
+		w, err := s2.Claim(ctx, recovery, bmdb.ProvidedCandidates())
+		if err == nil {
+			err = fmt.Errorf("leased %s beside the group's lease", w.Machine)
+		}
+		claimed <- err
+	}()
+	// The claim does not see the uncommitted lease, chooses the machine
+	// and waits on the lease's key.
+	e.waitBlocked()
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-claimed; !errors.Is(err, bmdb.ErrNothingToDo) {
+		t.Fatalf("Claim(%s) while %s's lease committed: %v; want ErrNothingToDo", recovery.Name, agentStart.Name, err)
+	}
+	var leases int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work WHERE machine_id = $1`, m).Scan(&leases); err != nil {
+		t.Fatal(err)
+	}
+	if leases != 1 {
+		t.Errorf("%d leases on the machine, want the group's one", leases)
+	}
+	for _, h := range e.history(m) {
+		if h.Process == recovery.Name {
+			t.Errorf("history has %s's %s", recovery.Name, h.Event)
+		}
+	}
+	// Its next claims go with ON CONFLICT at once: they too pass the
+	// machine over.
+	expectNothing(t, s2, recovery)
 }
 
 // The domain condition decides what a process wants; the framework adds the
