@@ -1,13 +1,14 @@
 -- shepherd: compatible-with-previous
--- work loses its indexes by process and by session (issue 31). Every
--- claim inserts a row into work and every lease end deletes it, so each
--- index of work is written once per lease, on the serial path of a
--- process's claims. work holds the leases in flight, as many as the
--- processes' workers, not a row per machine: the statements that read it
--- by process (a process's counts, its oldest lease, listings) or by
--- session (the release of a closed, expired or ended session's leases, a
--- few times an hour) read the small table whole for what the indexes
--- cost every lease. Claims and ends read it by machine, by its keys.
--- Binaries of the previous schema run the same statements.
-DROP INDEX work_process_idx;
+-- work loses its index by session (issue 31). Every claim inserts a row
+-- into work and every lease end deletes it, so each index of work is
+-- written once per lease, on the serial path of a process's claims. Only
+-- releasing a whole session's leases (its close, the reap of an expired
+-- or ended session: a few times an hour) reads work by session, and it
+-- now reads the table whole: the leases in flight, and the dead rows of
+-- the ones since the last vacuum. The index by process stays: a claim of
+-- a process with lease limits counts the process's leases (qClaimBudget),
+-- and work's heap bloats between vacuums under a busy fleet's churn
+-- (thousands of pages for a hundred leases), which a read of the whole
+-- table would pay at every such claim. Binaries of the previous schema
+-- run the same statements.
 DROP INDEX work_session_idx;

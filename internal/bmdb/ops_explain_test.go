@@ -177,10 +177,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		{"pause", bmdb.OpsQueries["pause"], []any{"ShepherdRecovery", "why"}, tiny, ""},
 		{"resume", bmdb.OpsQueries["resume"], []any{"ShepherdRecovery"}, tiny, ""},
 		{"breaker", bmdb.OpsQueries["breaker"], []any{"ShepherdAgentStart", 100, 0.5}, tiny, "work_history_process_event_idx"},
-		// work holds the leases in flight, bounded by the replicas'
-		// workers, not by the fleet: it has no index by process or by
-		// session (migration 0026), and is read whole.
-		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, []string{"process_pause", "machine_hold", "work"}, ""},
+		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, []string{"process_pause", "machine_hold"}, "work_process_idx"},
 		{"backoffClear", bmdb.OpsQueries["backoffClear"], []any{machine, "ShepherdAgentStart", "why", "alice"}, tiny, "work_backoff_pkey"},
 		{"backoffClearAll", bmdb.OpsQueries["backoffClear"], []any{machine, nil, "why", "alice"}, tiny, "work_backoff_pkey"},
 		{"retry", bmdb.OpsQueries["retry"], []any{machine, "ShepherdAgentStart", "why", nil}, tiny, "machines_pkey"},
@@ -191,7 +188,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		{"backingOff", bmdb.OpsQueries["backingOff"], []any{"ShepherdAgentStart", 1000}, tiny, "work_backoff_process_until_idx"},
 		{"rescheduled", bmdb.OpsQueries["rescheduled"], []any{"UserFirmwareCheck", 1000}, tiny, "work_not_before_process_until_idx"},
 		{"machineResched", bmdb.OpsQueries["machineResched"], []any{machine}, tiny, "work_not_before_pkey"},
-		{"knownProcesses", bmdb.OpsQueries["knownProcesses"], nil, []string{"process_pause", "work"}, "work_history_process_event_idx"},
+		{"knownProcesses", bmdb.OpsQueries["knownProcesses"], nil, tiny, "work_history_process_event_idx"},
 		{"recentFailures", bmdb.OpsQueries["recentFailures"], []any{"ShepherdAgentStart", 20}, tiny, "work_history_process_event_idx"},
 		{"machineTags", bmdb.OpsQueries["machineTags"], []any{machine}, tiny, "machines_pkey"},
 		{"machineLeases", bmdb.OpsQueries["machineLeases"], []any{machine}, tiny, ""},
@@ -263,8 +260,8 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		[]any{[]uuid.UUID{machine, session}, [][]byte{{1}, {2}}, []time.Time{time.Now(), time.Now()}, []uuid.UUID{machine, session}},
 		[]string{"machine_reset"}, "machine_agent_heartbeat_pkey"})
 	// The check for leases whose session is gone, in a reap now and then
-	// while a session ended in the last minutes: the leases in flight
-	// read once against the few ended sessions.
+	// while a session ended in the last minutes: work (no index by
+	// session, migration 0026) read once against the few ended sessions.
 	cases = append(cases, tc{"leasesOrphaned", stmts["qLeasesOrphaned"], nil, []string{"sessions_ended", "work"}, ""})
 	// Operator control of single machines (queries_control.go): each
 	// reads a few rows by key. Its request tables hold a row per pending

@@ -110,8 +110,8 @@ RETURNING process`
 	// still hold leases: a claim by a binary of the schema before 0024,
 	// which relied on work's foreign key and does not lock its session,
 	// can commit a lease as its session is reaped (migration 0024). It
-	// reads work once (the leases in flight; it has no index by session
-	// since migration 0026), against the rows of sessions_ended, which the
+	// reads work once (it has no index by session since migration 0026),
+	// against the rows of sessions_ended, which the
 	// sessions' delete trigger fills and qSessionsEndedPrune keeps to the
 	// last minutes: a few. The array keeps the planner from scanning work
 	// once per ended session.

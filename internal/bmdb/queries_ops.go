@@ -99,9 +99,9 @@ SELECT failed, total, EXISTS (SELECT 1 FROM tripped) FROM window_counts`
 
 	// qClaimBudget counts what is left of a process's lease limits ($2 in
 	// flight, $3 per sliding hour; NULL: no such limit, and nothing is
-	// counted for it): leases held now (work, the leases in flight, read
-	// whole), leases started in the last hour by
-	// work_history_process_event_idx, a range as small as the limit.
+	// counted for it): leases held now by work_process_idx, leases started
+	// in the last hour by work_history_process_event_idx. Both ranges are
+	// as small as the limits.
 	qClaimBudget = `
 SELECT CASE WHEN $2::bigint IS NOT NULL
             THEN $2::bigint - (SELECT count(*) FROM work WHERE process = $1) END,
@@ -112,8 +112,7 @@ SELECT CASE WHEN $2::bigint IS NOT NULL
 
 	// qLimitGauges reads what the runner exports about a process's limits:
 	// who paused it and why (NULL when running) and since when its oldest
-	// lease has been held (NULL without leases), from work (the leases in
-	// flight, read whole), and
+	// lease has been held (NULL without leases), by work_process_idx, and
 	// how many machines are held for it (machine_hold_process_idx).
 	qLimitGauges = `
 SELECT p.source, p.reason,
@@ -198,8 +197,7 @@ LIMIT $3`
 	// Listings.
 
 	// qLeasedOfProcess lists a process's leases, oldest first: a stuck
-	// lease is what an operator looks for. From work, the leases in
-	// flight (migration 0026).
+	// lease is what an operator looks for. By work_process_idx.
 	qLeasedOfProcess = `
 SELECT machine_id, session_id, work_started_at FROM work
 WHERE process = $1 ORDER BY work_started_at, machine_id LIMIT $2`
@@ -224,11 +222,16 @@ SELECT process, until FROM work_not_before
 WHERE machine_id = $1 AND until > now() ORDER BY process`
 
 	// qKnownProcesses lists every process name the BMDB has seen, by a loose
-	// index scan of each table that grows with the fleet (one index probe
-	// per distinct name), so that it costs the same with a million rows as
-	// with ten; work, which holds the leases in flight, is read whole.
+	// index scan of each table (one index probe per distinct name), so that
+	// it costs the same with a million rows as with ten.
 	qKnownProcesses = `
 WITH RECURSIVE
+w AS (
+    (SELECT process FROM work ORDER BY process LIMIT 1)
+    UNION ALL
+    SELECT (SELECT process FROM work WHERE process > w.process ORDER BY process LIMIT 1)
+    FROM w WHERE w.process IS NOT NULL
+),
 b AS (
     (SELECT process FROM work_backoff ORDER BY process LIMIT 1)
     UNION ALL
@@ -241,7 +244,7 @@ h AS (
     SELECT (SELECT process FROM work_history WHERE process > h.process ORDER BY process LIMIT 1)
     FROM h WHERE h.process IS NOT NULL
 )
-SELECT process FROM work
+SELECT process FROM w WHERE process IS NOT NULL
 UNION SELECT process FROM b WHERE process IS NOT NULL
 UNION SELECT process FROM h WHERE process IS NOT NULL
 UNION SELECT process FROM process_pause
@@ -345,9 +348,9 @@ WHERE m.machine_id = ANY(@ids)
 
 // processCountsTemplate reads the status page's counts of one process in
 // one statement. The eligible count scans the machines, as the runner's
-// gauge does; the leases in flight are work, read whole; the others read
-// index ranges (work_backoff_process_until_idx,
-// work_not_before_process_until_idx, work_history_process_event_idx).
+// gauge does; the others read index ranges (work_process_idx,
+// work_backoff_process_until_idx, work_not_before_process_until_idx,
+// work_history_process_event_idx).
 const processCountsTemplate = `
 SELECT
   (SELECT count(*) FROM machines m WHERE ` + eligibleFilter + `),
