@@ -149,22 +149,22 @@ func (s *Session) ClaimGathering(ctx context.Context, process Process, candidate
 	// lease a concurrent claimer took (claimDueTemplate says who can):
 	// then this claim, and the process's claims for a while, are sent
 	// with it (leaseConflicts).
-	contended := s.db.leaseConflicts.recent(process.Name)
-	var claim *positionalQuery
-	var args pgx.NamedArgs
-	prepare := func() error {
+	claimQuery := func(contended bool) (*positionalQuery, pgx.NamedArgs, error) {
 		template := claimDueUncontendedTemplate
 		if contended {
 			template = claimDueTemplate
 		}
-		var query string
-		query, args = candidates.query(template, named)
-		var err error
-		claim, err = s.db.positional.get(query, args)
-		return err
+		query, args := candidates.query(template, named)
+		claim, err := s.db.positional.get(query, args)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
+		}
+		return claim, args, nil
 	}
-	if err := prepare(); err != nil {
-		return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
+	contended := s.db.leaseConflicts.recent(process.Name)
+	claim, args, err := claimQuery(contended)
+	if err != nil {
+		return nil, err
 	}
 	for round := 0; round < maxClaimRounds; round++ {
 		if round > 0 {
@@ -244,8 +244,8 @@ func (s *Session) ClaimGathering(ctx context.Context, process Process, candidate
 			// machine the other claimer took.
 			s.db.leaseConflicts.note(process.Name)
 			contended = true
-			if err := prepare(); err != nil {
-				return nil, fmt.Errorf("claiming for %s (%s): %w", process.Name, candidates.name, err)
+			if claim, args, err = claimQuery(true); err != nil {
+				return nil, err
 			}
 			round--
 			continue
