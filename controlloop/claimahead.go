@@ -6,16 +6,20 @@ import (
 )
 
 // claimPace decides when a worker asks for its next machine: as its run
-// starts (claiming ahead) rather than as it ends. A claim costs round
-// trips and a transaction whatever its size; when runs end sooner than a
-// claim could bring new machines, workers that ask only once done wait
-// for a claim after every run, and each claim serves few of them.
-// Claiming ahead keeps one machine queued behind each running one
-// instead. It is allowed only while runs are, on average, shorter than
-// claims, so that a queued lease waits for the run ahead of it, on
-// average shorter than a claim, before its own starts; and only while the
-// last run to end succeeded, so that a failing process is not fed faster
-// than its circuit breaker judges it.
+// starts (claiming ahead) rather than as it ends, and how many machines
+// the runner queues behind its workers' runs. A claim costs round trips
+// and a transaction whatever its size; when runs end sooner than a claim
+// could bring new machines, workers that ask only once done wait for a
+// claim after every run, and each claim serves few of them. Claiming
+// ahead keeps machines queued behind the running ones instead: as many
+// per worker as its runs take to last one claim (depth), so that a claim
+// feeds the workers until the next one returns, and a queued lease waits
+// about one claim before its run starts. It is allowed only while runs
+// are, on average, shorter than claims, and only while the last run to
+// end succeeded, so that a failing process is not fed faster than its
+// circuit breaker judges it. A queued machine that waited much longer
+// than a claim (stale: every worker's run turned long) is released unrun
+// rather than left leased behind them.
 // The averages are estimates: concurrent updates may lose one, which
 // moves them by a sample.
 type claimPace struct {
@@ -48,7 +52,32 @@ func (p *claimPace) noteClaim(d time.Duration) { movingAverage(&p.claim, max(d, 
 
 // ahead reports whether a worker starting a run should ask for its next
 // machine now.
-func (p *claimPace) ahead() bool {
+func (p *claimPace) ahead() bool { return p.depth() > 0 }
+
+// maxAheadDepth bounds the machines queued behind each worker: runs much
+// shorter than claims would otherwise queue without limit, and each
+// queued machine is a lease no other replica can take meanwhile.
+const maxAheadDepth = 15
+
+// depth is how many machines each worker should have queued behind its
+// run: 0 while the runner does not claim ahead, else the runs that last
+// one claim, at least 1 and at most maxAheadDepth.
+func (p *claimPace) depth() int {
 	run, claim := p.run.Load(), p.claim.Load()
-	return run > 0 && claim > 0 && run < claim && !p.failed.Load()
+	if run <= 0 || claim <= 0 || run >= claim || p.failed.Load() {
+		return 0
+	}
+	return int(min(claim/run, maxAheadDepth))
+}
+
+// staleAfterMin is the shortest wait after which a queued machine is
+// stale: claims of a few milliseconds must not release machines that
+// waited behind a run of ordinary length.
+const staleAfterMin = time.Second
+
+// stale reports whether a machine claimed ahead that has waited for its
+// run since claimed should be released unrun: it waited longer than four
+// claims and staleAfterMin, so the runs ahead of it are no longer short.
+func (p *claimPace) stale(claimed time.Time) bool {
+	return time.Since(claimed) > max(staleAfterMin, 4*time.Duration(p.claim.Load()))
 }

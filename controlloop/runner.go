@@ -21,9 +21,8 @@ import (
 // Runner runs one process: a claimer that claims machines in batches for
 // the idle workers, and Parallelism workers that act on them. A worker
 // whose run succeeded takes its next machine while the end of its lease
-// commits (at most twice Parallelism such ends at once). While runs are
-// shorter than claims, the claimer also queues one machine behind each
-// worker's run (claimPace). All workers
+// commits. While runs are shorter than claims, the claimer also queues
+// machines behind the workers' runs (claimPace, queueLimit). All workers
 // share one BMDB session (one heartbeat per process and replica); when it
 // is lost the workers' contexts are cancelled and the claimer starts a new
 // one. Idle workers do not touch the database: only the claimer polls, once
@@ -113,14 +112,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	// tasks holds a machine claimed ahead for each worker (claimPace).
-	tasks := make(chan *Task, r.cfg.Parallelism)
+	// tasks holds the machines claimed ahead (claimPace).
+	queue := queueLimit(r.cfg.Parallelism)
+	tokens := r.cfg.Parallelism + queue
+	tasks := make(chan *Task, tokens)
 	ended := make(chan struct{}, 1)
 	// A token is a lease the runner may hold between a claim and its
-	// worker's end of it: one per worker, and one more per worker that
-	// the claimer holds back unless it claims ahead (claimLoop).
-	idle := make(chan struct{}, 2*r.cfg.Parallelism)
-	for range 2 * r.cfg.Parallelism {
+	// worker's end of it: one per worker, and those the claimer holds
+	// back unless it claims ahead (claimLoop).
+	idle := make(chan struct{}, tokens)
+	for range tokens {
 		idle <- struct{}{}
 	}
 
@@ -139,36 +140,61 @@ func (r *Runner) Run(ctx context.Context) error {
 	// claim, not a claim and a commit, and the ends of many workers still
 	// share a transaction (bmdb's group commit). An end is retried until
 	// it is recorded or its session is gone (endLease), as before; only
-	// the worker no longer waits for it. Twice Parallelism enders bound
-	// the ends in flight: room for a batch of every worker's end in flight
-	// and the next one filling (with room for one batch only, workers
-	// waited while a batch committed, and went back to the claimer late;
-	// bench-results/HISTORY.md, "Asynchronous lease ends"), so that a
-	// replica holds at most three times Parallelism leases while its
-	// database is slow to commit them (four times while it claims
-	// ahead). The enders live as long as Run: a goroutine started per end
+	// the worker no longer waits for it. The enders bound the ends in
+	// flight: twice Parallelism at first, room for a batch of every
+	// worker's end in flight and the next one filling (with room for one
+	// batch only, workers waited while a batch committed, and went back to
+	// the claimer late; bench-results/HISTORY.md, "Asynchronous lease
+	// ends"), and up to one per token while the runner claims ahead, whose
+	// claims return that many machines at once. A replica then holds at
+	// most twice its tokens in leases while its database is slow to commit
+	// them. The enders live as long as Run: a goroutine started per end
 	// grew its stack through the commit path every time. Run waits for
 	// every end before it closes the session. A failed or stopped run is
 	// ended before the worker goes on: the circuit breaker counts a
 	// failure before its worker takes another machine.
 	endQueue := make(chan func())
 	var enders sync.WaitGroup
+	var enderCount atomic.Int64
+	ender := func(first func()) {
+		if first != nil {
+			first()
+			wakeClaimer()
+		}
+		for end := range endQueue {
+			end()
+			wakeClaimer()
+		}
+	}
 	for range 2 * r.cfg.Parallelism {
-		enders.Go(func() {
-			for end := range endQueue {
-				end()
-				wakeClaimer()
-			}
-		})
+		enderCount.Add(1)
+		enders.Go(func() { ender(nil) })
+	}
+	maxEnders := int64(max(2*r.cfg.Parallelism, tokens))
+	// queueEnd hands end to an idle ender, or to a new one while there
+	// are fewer than maxEnders, or else waits for one.
+	queueEnd := func(end func()) {
+		select {
+		case endQueue <- end:
+			return
+		default:
+		}
+		if enderCount.Add(1) <= maxEnders {
+			enders.Go(func() { ender(end) })
+			return
+		}
+		enderCount.Add(-1)
+		endQueue <- end
 	}
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
 			for t := range tasks {
-				if ctx.Err() != nil || !t.work.Session().Alive() {
-					// Claimed ahead, and Run was told to stop or the
-					// session was lost before the task started:
-					// released, not run.
+				if ctx.Err() != nil || !t.work.Session().Alive() || r.pace.stale(t.work.Started) {
+					// Claimed ahead, and Run was told to stop, the
+					// session was lost or the runs ahead of it turned
+					// long (stale) before the task started: released,
+					// not run.
 					runLogger := klog.FromContext(workCtx)
 					endCtx := klog.NewContext(context.WithoutCancel(workCtx), r.taskLogger(runLogger, t))
 					r.endWork(endCtx, runLogger, t, errNotStarted, true)
@@ -179,7 +205,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				end, succeeded := r.work(workCtx, t)
 				r.pace.noteRun(time.Since(started), succeeded)
 				if succeeded {
-					endQueue <- end
+					queueEnd(end)
 				} else {
 					end()
 					wakeClaimer()
@@ -212,7 +238,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
 	gauges.Go(func() error { r.watchCancels(gaugesCtx, listener); return nil })
 
-	r.claimLoop(ctx, tasks, idle, ended, listener)
+	r.claimLoop(ctx, tasks, idle, queue, ended, listener)
 	stopWorkers()
 	stopGauges()
 	gauges.Wait()
@@ -229,12 +255,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// claimLoop claims machines for idle workers until ctx is done, and for
-// each worker one more to queue behind its run while the runner claims
-// ahead (claimPace). A claim takes one idle token per machine it may
-// lease; a task carries its token to its worker, which returns it when
-// done.
-func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, ended <-chan struct{}, listener *bmdb.DueListener) {
+// claimLoop claims machines for idle workers until ctx is done, and up to
+// queue more to wait behind their runs while the runner claims ahead
+// (claimPace). A claim takes one idle token per machine it may lease; a
+// task carries its token to its worker, which returns it when done.
+func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, queue int, ended <-chan struct{}, listener *bmdb.DueListener) {
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
 	onEscalated := r.onEscalated(logger)
@@ -307,16 +332,14 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	// flowing is set while claims lease machines: workers then come back
 	// one after another, and a claim waits a moment for them (gatherMore).
 	flowing := false
-	// held are tokens the claimer keeps back: each worker's second one,
-	// while it does not claim ahead (claimPace), so that the runner then
-	// holds at most one lease per worker.
+	// held are tokens the claimer keeps back: those for machines queued
+	// ahead beyond the pace's depth (all of them while it does not claim
+	// ahead), so that the runner holds at most one lease per worker and
+	// depth more queued behind each.
 	held := 0
-	tokens := 2 * r.cfg.Parallelism
+	tokens := r.cfg.Parallelism + queue
 	for {
-		keep := r.cfg.Parallelism
-		if r.pace.ahead() {
-			keep = 0
-		}
+		keep := queue - min(r.pace.depth()*r.cfg.Parallelism, queue)
 		for ; held > keep; held-- {
 			idle <- struct{}{}
 		}
@@ -445,6 +468,18 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			}
 		}
 	}
+}
+
+// maxAheadQueue bounds the machines a runner queues ahead of its
+// workers beyond one per worker: a claim leases them all at once, and
+// holds their due rows while it does.
+const maxAheadQueue = 1024
+
+// queueLimit is how many machines a runner of parallelism workers may
+// queue behind their runs: maxAheadDepth per worker, at most
+// maxAheadQueue, and never fewer than one per worker.
+func queueLimit(parallelism int) int {
+	return max(min(maxAheadDepth*parallelism, maxAheadQueue), parallelism)
 }
 
 // buildingRecheck is how often a runner registers again while another

@@ -623,14 +623,14 @@ func TestRunnerRegistersAgainWhenRegistrationIsGone(t *testing.T) {
 	}
 }
 
-// While runs are shorter than claims, the claimer queues a machine behind
-// each worker's run, and no more: one worker has two machines at most. A
-// machine claimed ahead whose run had not started when the runner was
-// stopped is released as Canceled without being run.
+// While runs are shorter than claims, the claimer queues machines behind
+// the workers' runs, at most maxAheadDepth per worker. A machine claimed
+// ahead whose run had not started when the runner was stopped is released
+// as Canceled without being run.
 func TestRunnerClaimsAhead(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	machines := e.addMachines(20)
+	machines := e.addMachines(40)
 
 	const fast = 8
 	var calls atomic.Int32
@@ -665,19 +665,23 @@ func TestRunnerClaimsAhead(t *testing.T) {
 	releaseRun := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(releaseRun)
 	// Started events count claims: the fast runs', the blocked one's, and
-	// the one queued behind it, and no more while it blocks.
+	// those queued behind it, at most maxAheadDepth while it blocks.
 	bmdbtest.WaitForNoError(t, 20*time.Second, "a machine claimed ahead of the blocked run", func() (bool, error) {
 		n := e.count(bmdb.EventStarted)
-		if n > fast+2 {
-			return false, fmt.Errorf("%d machines claimed with one worker blocked after %d runs, want %d", n, fast+1, fast+2)
+		if n > fast+1+controlloop.MaxAheadDepth {
+			return false, fmt.Errorf("%d machines claimed with one worker blocked after %d runs, want at most %d", n, fast+1, fast+1+controlloop.MaxAheadDepth)
 		}
-		return n == fast+2, nil
+		return n >= fast+2, nil
 	})
 	time.AfterFunc(300*time.Millisecond, releaseRun)
 	r.Stop(t, 30*time.Second)
 
 	if got := calls.Load(); got != fast+1 {
-		t.Errorf("%d runs, want %d: the machine claimed ahead must not run after the stop", got, fast+1)
+		t.Errorf("%d runs, want %d: the machines claimed ahead must not run after the stop", got, fast+1)
+	}
+	started := e.count(bmdb.EventStarted)
+	if started > fast+1+controlloop.MaxAheadDepth {
+		t.Errorf("%d machines claimed with one worker, %d runs: more than %d queued", started, fast+1, controlloop.MaxAheadDepth)
 	}
 	byMachine := eventsByMachine(e.history())
 	canceled := 0
@@ -695,10 +699,84 @@ func TestRunnerClaimsAhead(t *testing.T) {
 			t.Errorf("history of %s, which did not run: %s, want Started,Canceled or nothing", m, h)
 		}
 	}
-	if canceled != 1 {
-		t.Errorf("%d machines claimed ahead and released unrun, want 1", canceled)
+	if want := started - (fast + 1); canceled != want || canceled < 1 {
+		t.Errorf("%d machines claimed ahead and released unrun, want %d (%d claimed, %d run), at least 1", canceled, want, started, fast+1)
 	}
 	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
 		t.Errorf("leases after the stop: %d (%v), want 0", n, err)
+	}
+}
+
+// A machine claimed ahead that waits much longer than a claim, because
+// the run ahead of it turned long, is released unrun (Started, Canceled)
+// rather than held behind it, and is claimed and run again afterwards:
+// every machine runs once and ends Finished.
+func TestRunnerReleasesStaleQueuedMachines(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(30)
+
+	const fast = 8
+	var calls atomic.Int32
+	blocked := make(chan struct{})
+	release := make(chan struct{})
+	runs := map[uuid.UUID]int{}
+	var mu sync.Mutex
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		mu.Lock()
+		runs[task.Machine]++
+		mu.Unlock()
+		if calls.Add(1) == fast+1 {
+			close(blocked)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		commitAgent(task)
+		return nil
+	})
+	r := e.start(p, fastConfig(p, 1))
+	defer r.Stop(t, 30*time.Second)
+	select {
+	case <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d runs after 30 s, want %d", calls.Load(), fast+1)
+	}
+	bmdbtest.WaitForNoError(t, 20*time.Second, "a machine claimed ahead of the blocked run", func() (bool, error) {
+		return e.count(bmdb.EventStarted) >= fast+2, nil
+	})
+	// Staleness is time: the queued machines must have waited past
+	// StaleAfterMin (and four claims of a few milliseconds) when the
+	// blocked run ends.
+	queuedBy := time.Now()
+	bmdbtest.WaitForNoError(t, 20*time.Second, "the queued machines to be stale", func() (bool, error) {
+		return time.Since(queuedBy) > controlloop.StaleAfterMin+500*time.Millisecond, nil
+	})
+	close(release)
+	bmdbtest.WaitForNoError(t, 60*time.Second, "every machine to finish", func() (bool, error) {
+		return e.count(bmdb.EventFinished) == len(machines), nil
+	})
+
+	byMachine := eventsByMachine(e.history())
+	released := 0
+	for _, m := range machines {
+		h := bmdbtest.JoinEvents(byMachine[m], ",")
+		switch h {
+		case "Started,Finished":
+		case "Started,Canceled,Started,Finished":
+			released++
+		default:
+			t.Errorf("history of %s: %s, want Started,Finished, or Started,Canceled,Started,Finished if it was queued stale", m, h)
+		}
+		mu.Lock()
+		if n := runs[m]; n != 1 {
+			t.Errorf("%s ran %d times, want once", m, n)
+		}
+		mu.Unlock()
+	}
+	if released < 1 {
+		t.Error("no queued machine was released unrun after waiting behind a long run")
 	}
 }
