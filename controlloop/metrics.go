@@ -40,6 +40,7 @@ type Metrics struct {
 	backoffs      *prometheus.GaugeVec
 	leases        *prometheus.GaugeVec
 	workersActive *prometheus.GaugeVec
+	queued        *prometheus.GaugeVec
 	workersMax    *prometheus.GaugeVec
 	sessionHeld   *prometheus.GaugeVec
 	claims        *prometheus.CounterVec
@@ -72,6 +73,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Leases the process holds now across all replicas, refreshed periodically.", "process"),
 		workersActive: metric.GaugeVec(reg, "shepherd_workers_active",
 			"Workers of this replica acting on a machine now.", "process"),
+		queued: metric.GaugeVec(reg, "shepherd_work_queued",
+			"Machines this replica has leased ahead of its workers and not started yet (claimed ahead while runs are shorter than claims).", "process"),
 		workersMax: metric.GaugeVec(reg, "shepherd_workers_max",
 			"Configured workers of this replica (loop parallelism).", "process"),
 		sessionHeld: metric.GaugeVec(reg, "shepherd_loop_session_held",
@@ -105,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 type leaseSeries struct {
 	started       prometheus.Counter
 	workersActive prometheus.Gauge
+	queued        prometheus.Gauge
 	finished      map[Result]prometheus.Counter
 	duration      map[Result]prometheus.Observer
 }
@@ -115,6 +119,7 @@ func (m *Metrics) initProcess(label string, parallelism int) leaseSeries {
 	ls := leaseSeries{
 		started:       m.started.WithLabelValues(label),
 		workersActive: m.workersActive.WithLabelValues(label),
+		queued:        m.queued.WithLabelValues(label),
 		finished:      map[Result]prometheus.Counter{},
 		duration:      map[Result]prometheus.Observer{},
 	}

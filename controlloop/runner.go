@@ -190,6 +190,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
 			for t := range tasks {
+				r.series.queued.Dec()
 				if ctx.Err() != nil || !t.work.Session().Alive() || r.pace.stale(t.work.Started) {
 					// Claimed ahead, and Run was told to stop, the
 					// session was lost or the runs ahead of it turned
@@ -426,6 +427,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			giveBack(n - len(works))
 			for _, w := range works {
 				r.series.started.Inc()
+				r.series.queued.Inc()
 				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w}
 			}
 		case errors.Is(err, bmdb.ErrNothingToDo):

@@ -671,7 +671,8 @@ func TestRunnerClaimsAhead(t *testing.T) {
 		if n > fast+1+controlloop.MaxAheadDepth {
 			return false, fmt.Errorf("%d machines claimed with one worker blocked after %d runs, want at most %d", n, fast+1, fast+1+controlloop.MaxAheadDepth)
 		}
-		return n >= fast+2, nil
+		// shepherd_work_queued shows them to an operator.
+		return n >= fast+2 && e.metric("shepherd_work_queued", "process", "test") >= 1, nil
 	})
 	time.AfterFunc(300*time.Millisecond, releaseRun)
 	r.Stop(t, 30*time.Second)
@@ -704,6 +705,9 @@ func TestRunnerClaimsAhead(t *testing.T) {
 	}
 	if n, err := e.db.LeaseCount(context.Background(), p.info.Process); err != nil || n != 0 {
 		t.Errorf("leases after the stop: %d (%v), want 0", n, err)
+	}
+	if got := e.metric("shepherd_work_queued", "process", "test"); got != 0 {
+		t.Errorf("shepherd_work_queued = %g after the stop, want 0", got)
 	}
 }
 
