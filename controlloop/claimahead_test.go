@@ -94,3 +94,24 @@ func TestQueueLimit(t *testing.T) {
 		}
 	}
 }
+
+// A process with a per-machine budget never queues ahead; the others
+// queue depth machines per worker, within the queue's limit.
+func TestQueueAhead(t *testing.T) {
+	for _, c := range []struct {
+		depth, parallelism, queue int
+		budgeted                  bool
+		want                      int
+	}{
+		{0, 16, 240, false, 0},
+		{3, 16, 240, false, 48},
+		{15, 16, 240, false, 240},
+		{15, 100, 1024, false, 1024},
+		{15, 16, 240, true, 0},
+		{1, 16, 240, true, 0},
+	} {
+		if got := queueAhead(c.depth, c.parallelism, c.queue, c.budgeted); got != c.want {
+			t.Errorf("queueAhead(%d, %d, %d, %t) = %d, want %d", c.depth, c.parallelism, c.queue, c.budgeted, got, c.want)
+		}
+	}
+}

@@ -340,7 +340,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	held := 0
 	tokens := r.cfg.Parallelism + queue
 	for {
-		keep := queue - min(r.pace.depth()*r.cfg.Parallelism, queue)
+		keep := queue - queueAhead(r.pace.depth(), r.cfg.Parallelism, queue, r.cfg.Limits.MachineBudget.Set())
 		for ; held > keep; held-- {
 			idle <- struct{}{}
 		}
@@ -482,6 +482,18 @@ const maxAheadQueue = 1024
 // maxAheadQueue, and never fewer than one per worker.
 func queueLimit(parallelism int) int {
 	return max(min(maxAheadDepth*parallelism, maxAheadQueue), parallelism)
+}
+
+// queueAhead is how many machines a runner queues behind its workers'
+// runs: depth per worker (claimPace.depth), at most queue. A process
+// with a per-machine budget queues none: a machine queued ahead and
+// released unrun (at a stop, or stale) would count a lease against the
+// machine's budget that never acted on it.
+func queueAhead(depth, parallelism, queue int, budgeted bool) int {
+	if budgeted {
+		return 0
+	}
+	return min(depth*parallelism, queue)
 }
 
 // buildingRecheck is how often a runner registers again while another
