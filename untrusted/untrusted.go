@@ -71,6 +71,11 @@ func clean(s string, limit int, oneLine bool) string {
 	if limit <= 0 {
 		limit = Limit
 	}
+	if len(s) <= limit && printableASCII(s) {
+		// Nothing to escape or cut: the common case (provider ids on
+		// every claim) costs no copy.
+		return s
+	}
 	var b strings.Builder
 	b.Grow(min(len(s), limit) + 16)
 	for i := 0; i < len(s); {
@@ -98,6 +103,17 @@ func clean(s string, limit int, oneLine bool) string {
 		i += size
 	}
 	return b.String()
+}
+
+// printableASCII reports whether s is only printable ASCII (space to
+// tilde), which clean keeps as it is.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // isFormatting reports the invisible characters that reorder or hide text

@@ -42,6 +42,27 @@ func TestTextTruncates(t *testing.T) {
 	}
 }
 
+// Printable ASCII within the limit is kept as it is, and cut like any
+// other text beyond it.
+func TestPrintableASCII(t *testing.T) {
+	ascii := " !09AZaz~"
+	if got := Line(ascii, 0); got != ascii {
+		t.Errorf("Line(%q) = %q", ascii, got)
+	}
+	exact := strings.Repeat("x", 100)
+	if got := Line(exact, 100); got != exact {
+		t.Errorf("Line of exactly the limit = %q", got)
+	}
+	if got, want := Line(exact+"y", 100), exact+"… [truncated 1 bytes]"; got != want {
+		t.Errorf("Line of one byte over the limit = %q, want %q", got, want)
+	}
+	for _, in := range []string{"a", "a", "a", "tab	"} {
+		if got := Line(in, 0); got == in {
+			t.Errorf("Line(%q) kept it unescaped", in)
+		}
+	}
+}
+
 func TestRead(t *testing.T) {
 	data, cut, err := Read(bytes.NewReader(make([]byte, 10)), 4)
 	if err != nil || !cut || len(data) != 4 {
