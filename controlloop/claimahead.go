@@ -19,8 +19,9 @@ import (
 // end succeeded, so that a failing process is not fed faster than its
 // circuit breaker judges it. A queued machine that waited much longer
 // than a claim (stale: every worker's run turned long) is released unrun
-// rather than left leased behind them. A process with a per-machine
-// budget does not claim ahead (queueAhead).
+// rather than left leased behind them, as is one claimed before this
+// replica tripped the circuit breaker (Runner.releaseUnrun). A process
+// with a per-machine budget does not claim ahead (queueAhead).
 // The averages are estimates: concurrent updates may lose one, which
 // moves them by a sample.
 type claimPace struct {

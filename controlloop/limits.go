@@ -197,6 +197,7 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	if !v.Tripped {
 		return
 	}
+	r.trippedAt.Store(time.Now().UnixNano())
 	r.metrics.limits.breakerTrips.WithLabelValues(label).Inc()
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByBreaker).Set(1)
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByOperator).Set(0)

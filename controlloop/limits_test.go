@@ -315,6 +315,62 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 	}
 }
 
+// Machines claimed ahead while runs were short and succeeding are not run
+// once the breaker this replica tripped has paused the process: they are
+// released unrun (Started, Canceled). One worker: quick successes fill
+// the queue, then every run fails; at most the window's four failures
+// trip the breaker (which ends the successes' leases asynchronously,
+// so the third or the fourth does), and nothing runs after it.
+func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	machines := e.addMachines(80)
+	const quick = 30
+	var attempts atomic.Int64
+	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		if attempts.Add(1) <= quick {
+			commitAgent(task)
+			return nil
+		}
+		return errors.New("the provider's API refuses every call")
+	})
+	cfg := fastConfig(p, 1)
+	cfg.Limits.BreakerWindow = 4
+	cfg.Limits.BreakerThreshold = 0.5
+	e.start(p, cfg)
+
+	ctx := context.Background()
+	bmdbtest.WaitForNoError(t, 20*time.Second, "the breaker to pause the process and every lease to end", func() (bool, error) {
+		ps, err := e.db.Pauses(ctx)
+		if err != nil {
+			return false, err
+		}
+		n, err := e.db.LeaseCount(ctx, p.info.Process)
+		if err != nil {
+			return false, err
+		}
+		return len(ps) == 1 && ps[0].Active() && ps[0].Source == bmdb.PauseByBreaker && n == 0, nil
+	})
+	// Paused and holding no lease, the runner runs nothing more.
+	if got := attempts.Load(); got > quick+int64(cfg.Limits.BreakerWindow) {
+		t.Errorf("%d attempts, want at most %d: the queued machines must not run once the breaker tripped", got, quick+cfg.Limits.BreakerWindow)
+	}
+	byMachine := eventsByMachine(e.history())
+	canceled := 0
+	for _, m := range machines {
+		switch h := bmdbtest.JoinEvents(byMachine[m], ","); h {
+		case "", "Started,Finished", "Started,Failed":
+		case "Started,Canceled":
+			canceled++
+		default:
+			t.Errorf("history of %s: %s", m, h)
+		}
+	}
+	if canceled == 0 {
+		t.Error("no queued machine was released unrun")
+	}
+}
+
 // A breaker trip on one replica stops the other.
 func TestRunnerBreakerStopsEveryReplica(t *testing.T) {
 	t.Parallel()

@@ -69,6 +69,8 @@ type Task struct {
 
 	work       *bmdb.Lease
 	checkAgain time.Duration
+	// claimStart is when the claim that leased the machine began.
+	claimStart time.Time
 }
 
 // CheckAgainAfter makes a successful Run (one that returns nil) end the

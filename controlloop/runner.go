@@ -39,6 +39,10 @@ type Runner struct {
 
 	session    atomic.Pointer[bmdb.Session]
 	limitState limitState
+	// trippedAt is when this replica last tripped the circuit breaker
+	// (Unix ns; 0 for never): machines queued by claims that began before
+	// it are released unrun rather than run by a paused process.
+	trippedAt atomic.Int64
 	// registeredAt is when the last registration ended, and building is
 	// set while another replica was building the process's due rows then:
 	// the claim loop registers again until the rows are built. Only Run's
@@ -191,13 +195,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		workers.Go(func() error {
 			for t := range tasks {
 				r.series.queued.Dec()
-				if ctx.Err() != nil || !t.work.Session().Alive() || r.pace.stale(t.work.Started) {
-					// Claimed ahead, and Run was told to stop, the
-					// session was lost or the runs ahead of it turned
-					// long (stale) before the task started: released,
-					// not run.
+				if why := r.releaseUnrun(ctx, t); why != "" {
+					// Claimed ahead, and not to be run now: released.
 					runLogger := klog.FromContext(workCtx)
-					endCtx := klog.NewContext(context.WithoutCancel(workCtx), r.taskLogger(runLogger, t))
+					taskLogger := r.taskLogger(runLogger, t)
+					if why != releasedAtStop {
+						taskLogger.Info("released a machine claimed ahead without running it", "why", why)
+					}
+					endCtx := klog.NewContext(context.WithoutCancel(workCtx), taskLogger)
 					r.endWork(endCtx, runLogger, t, errNotStarted, true)
 					idle <- struct{}{}
 					continue
@@ -428,7 +433,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 			for _, w := range works {
 				r.series.started.Inc()
 				r.series.queued.Inc()
-				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w}
+				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w, claimStart: claimStart}
 			}
 		case errors.Is(err, bmdb.ErrNothingToDo):
 			errorPause = 0
@@ -590,9 +595,33 @@ func (r *Runner) taskLogger(runLogger klog.Logger, t *Task) klog.Logger {
 }
 
 // errNotStarted is the outcome of a task claimed ahead whose run never
-// started: Run was told to stop, or the session was lost, first. It is
-// ended as stopped (Canceled), with no verdict on the machine.
-var errNotStarted = errors.New("claimed ahead; not started before the stop")
+// started (releaseUnrun). It is ended as stopped (Canceled), with no
+// verdict on the machine, which is due again at once.
+var errNotStarted = errors.New("claimed ahead; released without running")
+
+// releasedAtStop is releaseUnrun's reason for a task queued when Run was
+// told to stop or its session was lost: expected, and not logged.
+const releasedAtStop = "stopped"
+
+// releaseUnrun says why a worker taking t from the queue should release it
+// without running it, or "" to run it: Run was told to stop or the session
+// was lost; this replica tripped the circuit breaker after the claim that
+// leased t began, so that the process, paused, does not act on the
+// machines it had queued; or the runs ahead of it turned long
+// (claimPace.stale). A pause by an operator or by another replica is seen
+// by the next claim; what was queued before it runs, about one claim's
+// worth of runs.
+func (r *Runner) releaseUnrun(ctx context.Context, t *Task) string {
+	switch {
+	case ctx.Err() != nil || !t.work.Session().Alive():
+		return releasedAtStop
+	case r.trippedAt.Load() > t.claimStart.UnixNano():
+		return "the circuit breaker tripped after its claim"
+	case r.pace.stale(t.work.Started):
+		return "it waited for a worker much longer than a claim takes"
+	}
+	return ""
+}
 
 // errRunTimeout is the cause of a run context that reached RunTimeout.
 var errRunTimeout = errors.New("run timed out")
