@@ -3,6 +3,8 @@ package controlloop
 import (
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // Claiming ahead needs both averages, runs shorter than claims, and the
@@ -95,23 +97,28 @@ func TestQueueLimit(t *testing.T) {
 	}
 }
 
-// A process with a per-machine budget never queues ahead; the others
-// queue depth machines per worker, within the queue's limit.
+// A process with a per-machine budget never queues ahead, one with a
+// bound on its leases in flight one machine per worker at most; the
+// others queue depth machines per worker, within the queue's limit.
 func TestQueueAhead(t *testing.T) {
+	budget := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 3, Window: time.Hour}}
+	inFlight := bmdb.Limits{MaxInFlight: 20}
 	for _, c := range []struct {
 		depth, parallelism, queue int
-		budgeted                  bool
+		limits                    bmdb.Limits
 		want                      int
 	}{
-		{0, 16, 240, false, 0},
-		{3, 16, 240, false, 48},
-		{15, 16, 240, false, 240},
-		{15, 100, 1024, false, 1024},
-		{15, 16, 240, true, 0},
-		{1, 16, 240, true, 0},
+		{0, 16, 240, bmdb.Limits{}, 0},
+		{3, 16, 240, bmdb.Limits{}, 48},
+		{15, 16, 240, bmdb.Limits{}, 240},
+		{15, 100, 1024, bmdb.Limits{}, 1024},
+		{15, 16, 240, budget, 0},
+		{1, 16, 240, budget, 0},
+		{15, 16, 240, inFlight, 16},
+		{0, 16, 240, inFlight, 0},
 	} {
-		if got := queueAhead(c.depth, c.parallelism, c.queue, c.budgeted); got != c.want {
-			t.Errorf("queueAhead(%d, %d, %d, %t) = %d, want %d", c.depth, c.parallelism, c.queue, c.budgeted, got, c.want)
+		if got := queueAhead(c.depth, c.parallelism, c.queue, c.limits); got != c.want {
+			t.Errorf("queueAhead(%d, %d, %d, %+v) = %d, want %d", c.depth, c.parallelism, c.queue, c.limits, got, c.want)
 		}
 	}
 }

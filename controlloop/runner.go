@@ -345,7 +345,7 @@ func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan st
 	held := 0
 	tokens := r.cfg.Parallelism + queue
 	for {
-		keep := queue - queueAhead(r.pace.depth(), r.cfg.Parallelism, queue, r.cfg.Limits.MachineBudget.Set())
+		keep := queue - queueAhead(r.pace.depth(), r.cfg.Parallelism, queue, r.cfg.Limits)
 		for ; held > keep; held-- {
 			idle <- struct{}{}
 		}
@@ -493,10 +493,16 @@ func queueLimit(parallelism int) int {
 // runs: depth per worker (claimPace.depth), at most queue. A process
 // with a per-machine budget queues none: a machine queued ahead and
 // released unrun (at a stop, or stale) would count a lease against the
-// machine's budget that never acted on it.
-func queueAhead(depth, parallelism, queue int, budgeted bool) int {
-	if budgeted {
+// machine's budget that never acted on it. A process with a bound on its
+// leases in flight queues one per worker at most: its queued leases count
+// against the bound, and a deep queue in one replica would leave the
+// other replicas' workers idle.
+func queueAhead(depth, parallelism, queue int, limits bmdb.Limits) int {
+	switch {
+	case limits.MachineBudget.Set():
 		return 0
+	case limits.MaxInFlight > 0:
+		depth = min(depth, 1)
 	}
 	return min(depth*parallelism, queue)
 }
