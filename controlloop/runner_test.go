@@ -623,6 +623,56 @@ func TestRunnerRegistersAgainWhenRegistrationIsGone(t *testing.T) {
 	}
 }
 
+// blockingRuns is a process whose first fast runs succeed at once and
+// whose next run blocks until release is closed (or its context ends),
+// so that machines queue behind it; it counts each machine's runs.
+type blockingRuns struct {
+	fast    int32
+	calls   atomic.Int32
+	blocked chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	runs    map[uuid.UUID]int
+}
+
+func newBlockingRuns(fast int32) *blockingRuns {
+	return &blockingRuns{fast: fast, blocked: make(chan struct{}), release: make(chan struct{}), runs: map[uuid.UUID]int{}}
+}
+
+func (b *blockingRuns) process() *testProcess {
+	return newProcess(func(ctx context.Context, task *controlloop.Task) error {
+		b.mu.Lock()
+		b.runs[task.Machine]++
+		b.mu.Unlock()
+		if b.calls.Add(1) == b.fast+1 {
+			close(b.blocked)
+			select {
+			case <-b.release:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		commitAgent(task)
+		return nil
+	})
+}
+
+// waitBlocked waits for the blocking run to start.
+func (b *blockingRuns) waitBlocked(t *testing.T) {
+	t.Helper()
+	select {
+	case <-b.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d runs after 30 s, want %d", b.calls.Load(), b.fast+1)
+	}
+}
+
+func (b *blockingRuns) runsOf(m uuid.UUID) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.runs[m]
+}
+
 // While runs are shorter than claims, the claimer queues machines behind
 // the workers' runs, at most maxAheadDepth per worker. A machine claimed
 // ahead whose run had not started when the runner was stopped is released
@@ -633,36 +683,14 @@ func TestRunnerClaimsAhead(t *testing.T) {
 	machines := e.addMachines(40)
 
 	const fast = 8
-	var calls atomic.Int32
-	blocked := make(chan struct{})
-	release := make(chan struct{})
-	ran := map[uuid.UUID]bool{}
-	var mu sync.Mutex
-	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		mu.Lock()
-		ran[task.Machine] = true
-		mu.Unlock()
-		if calls.Add(1) == fast+1 {
-			close(blocked)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			}
-		}
-		commitAgent(task)
-		return nil
-	})
+	b := newBlockingRuns(fast)
+	p := b.process()
 	cfg := fastConfig(p, 1)
 	cfg.ShutdownGrace = time.Minute
 	r := e.start(p, cfg)
-	select {
-	case <-blocked:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%d runs after 30 s, want %d", calls.Load(), fast+1)
-	}
+	b.waitBlocked(t)
 	var releaseOnce sync.Once
-	releaseRun := func() { releaseOnce.Do(func() { close(release) }) }
+	releaseRun := func() { releaseOnce.Do(func() { close(b.release) }) }
 	t.Cleanup(releaseRun)
 	// Started events count claims: the fast runs', the blocked one's, and
 	// those queued behind it, at most maxAheadDepth while it blocks.
@@ -677,7 +705,7 @@ func TestRunnerClaimsAhead(t *testing.T) {
 	time.AfterFunc(300*time.Millisecond, releaseRun)
 	r.Stop(t, 30*time.Second)
 
-	if got := calls.Load(); got != fast+1 {
+	if got := b.calls.Load(); got != fast+1 {
 		t.Errorf("%d runs, want %d: the machines claimed ahead must not run after the stop", got, fast+1)
 	}
 	started := e.count(bmdb.EventStarted)
@@ -688,9 +716,7 @@ func TestRunnerClaimsAhead(t *testing.T) {
 	canceled := 0
 	for _, m := range machines {
 		h := bmdbtest.JoinEvents(byMachine[m], ",")
-		mu.Lock()
-		wasRun := ran[m]
-		mu.Unlock()
+		wasRun := b.runsOf(m) > 0
 		switch {
 		case wasRun && h != "Started,Finished":
 			t.Errorf("history of %s, which ran: %s, want Started,Finished", m, h)
@@ -721,33 +747,11 @@ func TestRunnerReleasesStaleQueuedMachines(t *testing.T) {
 	machines := e.addMachines(30)
 
 	const fast = 8
-	var calls atomic.Int32
-	blocked := make(chan struct{})
-	release := make(chan struct{})
-	runs := map[uuid.UUID]int{}
-	var mu sync.Mutex
-	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		mu.Lock()
-		runs[task.Machine]++
-		mu.Unlock()
-		if calls.Add(1) == fast+1 {
-			close(blocked)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			}
-		}
-		commitAgent(task)
-		return nil
-	})
+	b := newBlockingRuns(fast)
+	p := b.process()
 	r := e.start(p, fastConfig(p, 1))
 	defer r.Stop(t, 30*time.Second)
-	select {
-	case <-blocked:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%d runs after 30 s, want %d", calls.Load(), fast+1)
-	}
+	b.waitBlocked(t)
 	bmdbtest.WaitForNoError(t, 20*time.Second, "a machine claimed ahead of the blocked run", func() (bool, error) {
 		return e.count(bmdb.EventStarted) >= fast+2, nil
 	})
@@ -758,7 +762,7 @@ func TestRunnerReleasesStaleQueuedMachines(t *testing.T) {
 	bmdbtest.WaitForNoError(t, 20*time.Second, "the queued machines to be stale", func() (bool, error) {
 		return time.Since(queuedBy) > controlloop.StaleAfterMin+500*time.Millisecond, nil
 	})
-	close(release)
+	close(b.release)
 	bmdbtest.WaitForNoError(t, 60*time.Second, "every machine to finish", func() (bool, error) {
 		return e.count(bmdb.EventFinished) == len(machines), nil
 	})
@@ -774,11 +778,9 @@ func TestRunnerReleasesStaleQueuedMachines(t *testing.T) {
 		default:
 			t.Errorf("history of %s: %s, want Started,Finished, or Started,Canceled,Started,Finished if it was queued stale", m, h)
 		}
-		mu.Lock()
-		if n := runs[m]; n != 1 {
+		if n := b.runsOf(m); n != 1 {
 			t.Errorf("%s ran %d times, want once", m, n)
 		}
-		mu.Unlock()
 	}
 	if released < 1 {
 		t.Error("no queued machine was released unrun after waiting behind a long run")

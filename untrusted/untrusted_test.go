@@ -56,7 +56,7 @@ func TestPrintableASCII(t *testing.T) {
 	if got, want := Line(exact+"y", 100), exact+"… [truncated 1 bytes]"; got != want {
 		t.Errorf("Line of one byte over the limit = %q, want %q", got, want)
 	}
-	for _, in := range []string{"a", "a", "a", "tab	"} {
+	for _, in := range []string{"a\x7f", "a\x1f", "a\u0080", "tab\t"} {
 		if got := Line(in, 0); got == in {
 			t.Errorf("Line(%q) kept it unescaped", in)
 		}
