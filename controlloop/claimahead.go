@@ -52,10 +52,6 @@ func (p *claimPace) noteRun(d time.Duration, succeeded bool) {
 // noteClaim records a claim that leased machines in d.
 func (p *claimPace) noteClaim(d time.Duration) { movingAverage(&p.claim, max(d, 1)) }
 
-// ahead reports whether a worker starting a run should ask for its next
-// machine now.
-func (p *claimPace) ahead() bool { return p.depth() > 0 }
-
 // maxAheadDepth bounds the machines queued behind each worker: runs much
 // shorter than claims would otherwise queue without limit, and each
 // queued machine is a lease no other replica can take meanwhile.

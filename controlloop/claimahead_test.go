@@ -12,29 +12,29 @@ import (
 // claims for idle workers only.
 func TestClaimPace(t *testing.T) {
 	var p claimPace
-	if p.ahead() {
+	if p.depth() > 0 {
 		t.Error("ahead before any run or claim")
 	}
 	p.noteRun(50*time.Microsecond, true)
-	if p.ahead() {
+	if p.depth() > 0 {
 		t.Error("ahead before any claim")
 	}
 	p.noteClaim(2 * time.Millisecond)
-	if !p.ahead() {
+	if p.depth() == 0 {
 		t.Error("not ahead with runs of 50us and claims of 2ms")
 	}
 	p.noteRun(50*time.Microsecond, false)
-	if p.ahead() {
+	if p.depth() > 0 {
 		t.Error("ahead after a failed run")
 	}
 	p.noteRun(50*time.Microsecond, true)
-	if !p.ahead() {
+	if p.depth() == 0 {
 		t.Error("not ahead after a successful run again")
 	}
 	for range 20 {
 		p.noteRun(time.Second, true)
 	}
-	if p.ahead() {
+	if p.depth() > 0 {
 		t.Error("ahead with runs of a second and claims of 2ms")
 	}
 }

@@ -174,16 +174,16 @@ func (r *Runner) Run(ctx context.Context) error {
 		enderCount.Add(1)
 		enders.Go(func() { ender(nil) })
 	}
-	maxEnders := int64(max(2*r.cfg.Parallelism, tokens))
 	// queueEnd hands end to an idle ender, or to a new one while there
-	// are fewer than maxEnders, or else waits for one.
+	// are fewer than tokens (at least twice Parallelism: the queue holds
+	// one machine per worker at least), or else waits for one.
 	queueEnd := func(end func()) {
 		select {
 		case endQueue <- end:
 			return
 		default:
 		}
-		if enderCount.Add(1) <= maxEnders {
+		if enderCount.Add(1) <= int64(tokens) {
 			enders.Go(func() { ender(end) })
 			return
 		}
