@@ -95,6 +95,9 @@ type options struct {
 	// cpuProfile is a file for a CPU profile of the benchmark's own
 	// process (the runners and pgx; not the server, pgbench or River).
 	cpuProfile string
+	// memProfile is a file for an allocation profile of the benchmark's
+	// own process, written at the end of the run.
+	memProfile string
 	dsn        string
 	fast       bool
 	pgSettings []string
@@ -158,6 +161,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("shepherd-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (runners, pgx; not the server) over the whole run to this file")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of this process (runners, pgx; go tool pprof -sample_index=alloc_space) at the end of the run to this file")
 	fs.StringVar(&o.dsn, "dsn", "", "PostgreSQL server to measure, as the DSN of a database whose role may CREATE DATABASE (default: a private cluster started from the machine's PostgreSQL binaries)")
 	fs.Func("pg_setting", "a server setting of the private cluster, name=value as postgres -c takes it (repeatable; e.g. -pg_setting shared_buffers=2GB): to measure the server as a deployment would configure it; the env line reports shared_buffers", func(v string) error {
 		if err := pgcluster.CheckSetting(v); err != nil {
@@ -320,7 +324,7 @@ func loadAverage() string {
 
 // run runs the benchmark as the command line args say, printing its JSON
 // lines on stdout and progress on stderr.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -345,6 +349,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("-cpuprofile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if o.memProfile != "" {
+		f, err := os.Create(o.memProfile)
+		if err != nil {
+			return fmt.Errorf("-memprofile: %w", err)
+		}
+		// Written last, so that it holds every allocation of the run; a
+		// profile that cannot be written fails the run.
+		defer func() {
+			werr := pprof.Lookup("allocs").WriteTo(f, 0)
+			if cerr := f.Close(); werr == nil {
+				werr = cerr
+			}
+			if werr != nil {
+				err = errors.Join(err, fmt.Errorf("-memprofile: %w", werr))
+			}
+		}()
 	}
 	start := time.Now()
 	logf := func(format string, args ...any) {

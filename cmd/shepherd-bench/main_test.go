@@ -56,6 +56,7 @@ func TestSmoke(t *testing.T) {
 		"-heartbeat_agents", "200", "-heartbeat_seconds", "1", "-heartbeat_clients", "4", "-pgbench_scale", "1", "-seeds_machines", "200",
 		"-seeds_bench_dir", seedsDir, "-out_dir", filepath.Join(dir, "out"),
 		"-plot", filepath.Join(dir, "out", "throughput.png"),
+		"-cpuprofile", filepath.Join(dir, "cpu.pprof"), "-memprofile", filepath.Join(dir, "mem.pprof"),
 	}
 	if dsn := os.Getenv("SHEPHERD_TEST_DSN"); dsn != "" {
 		args = append(args, "-dsn", dsn)
@@ -67,6 +68,14 @@ func TestSmoke(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+
+	// Both profiles are pprof's gzipped protocol buffers.
+	for _, name := range []string{"cpu.pprof", "mem.pprof"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s is not a gzipped profile (%d bytes, %v)", name, len(b), err)
+		}
 	}
 
 	byScenario := map[string][]map[string]any{}
