@@ -41,6 +41,10 @@ INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at, agent_times
 SELECT machine_id, now(), now(), agent_public_key FROM machine_agent_started
 ORDER BY machine_id`
 
+	// qCountTimestamped counts the heartbeat rows whose signed timestamp
+	// is later than $1 (the seeded rows carry the seed's time).
+	qCountTimestamped = `SELECT count(*) FROM machine_agent_heartbeat WHERE agent_timestamp > $1`
+
 	// qFlushStats makes this backend report its pending statistics (the
 	// rows it inserted) as soon as it is idle, before the VACUUM that
 	// follows resets them: otherwise they arrive after it and autovacuum
