@@ -16,6 +16,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/scrape"
 )
 
 // TestMain, env and the process helpers are in runner_test.go.
@@ -326,11 +327,40 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 	e := newEnv(t)
 	machines := e.addMachines(80)
 	const quick = 30
+	// The first failing run waits until the claimer has queued this many
+	// machines behind it, so that some are still queued when the breaker
+	// trips: how many a claim had queued when the runs began to fail
+	// depends on the machine's speed otherwise.
+	const queuedAtFailure = 8
+	queued := func() float64 {
+		mfs, err := e.reg.Gather()
+		if err != nil {
+			return 0
+		}
+		fams := scrape.Families{}
+		for _, mf := range mfs {
+			fams[mf.GetName()] = mf
+		}
+		n, err := fams.Sum("shepherd_work_queued", "process", "test")
+		if err != nil {
+			return 0
+		}
+		return n
+	}
 	var attempts atomic.Int64
+	var queuedBeforeFailing atomic.Bool
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		if attempts.Add(1) <= quick {
+		n := attempts.Add(1)
+		if n <= quick {
 			commitAgent(task)
 			return nil
+		}
+		if n == quick+1 {
+			deadline := time.Now().Add(20 * time.Second)
+			for queued() < queuedAtFailure && time.Now().Before(deadline) && ctx.Err() == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+			queuedBeforeFailing.Store(queued() >= queuedAtFailure)
 		}
 		return errors.New("the provider's API refuses every call")
 	})
@@ -351,6 +381,9 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 		}
 		return len(ps) == 1 && ps[0].Active() && ps[0].Source == bmdb.PauseByBreaker && n == 0, nil
 	})
+	if !queuedBeforeFailing.Load() {
+		t.Fatalf("fewer than %d machines were queued behind the first failing run", queuedAtFailure)
+	}
 	// Paused and holding no lease, the runner runs nothing more.
 	if got := attempts.Load(); got > quick+int64(cfg.Limits.BreakerWindow) {
 		t.Errorf("%d attempts, want at most %d: the queued machines must not run once the breaker tripped", got, quick+cfg.Limits.BreakerWindow)
