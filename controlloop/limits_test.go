@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -16,7 +17,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/scrape"
 )
 
 // TestMain, env and the process helpers are in runner_test.go.
@@ -332,23 +332,8 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 	// trips: how many a claim had queued when the runs began to fail
 	// depends on the machine's speed otherwise.
 	const queuedAtFailure = 8
-	queued := func() float64 {
-		mfs, err := e.reg.Gather()
-		if err != nil {
-			return 0
-		}
-		fams := scrape.Families{}
-		for _, mf := range mfs {
-			fams[mf.GetName()] = mf
-		}
-		n, err := fams.Sum("shepherd_work_queued", "process", "test")
-		if err != nil {
-			return 0
-		}
-		return n
-	}
+	failNow := make(chan struct{})
 	var attempts atomic.Int64
-	var queuedBeforeFailing atomic.Bool
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		n := attempts.Add(1)
 		if n <= quick {
@@ -356,11 +341,10 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 			return nil
 		}
 		if n == quick+1 {
-			deadline := time.Now().Add(20 * time.Second)
-			for queued() < queuedAtFailure && time.Now().Before(deadline) && ctx.Err() == nil {
-				time.Sleep(5 * time.Millisecond)
+			select {
+			case <-failNow:
+			case <-ctx.Done():
 			}
-			queuedBeforeFailing.Store(queued() >= queuedAtFailure)
 		}
 		return errors.New("the provider's API refuses every call")
 	})
@@ -368,6 +352,12 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 	cfg.Limits.BreakerWindow = 4
 	cfg.Limits.BreakerThreshold = 0.5
 	e.start(p, cfg)
+
+	bmdbtest.WaitFor(t, 20*time.Second, "machines queued behind the first failing run", func() (bool, string) {
+		n := e.metric("shepherd_work_queued", "process", "test")
+		return attempts.Load() > quick && n >= queuedAtFailure, fmt.Sprintf("%d attempts, %g queued", attempts.Load(), n)
+	})
+	close(failNow)
 
 	ctx := context.Background()
 	bmdbtest.WaitForNoError(t, 20*time.Second, "the breaker to pause the process and every lease to end", func() (bool, error) {
@@ -381,9 +371,6 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 		}
 		return len(ps) == 1 && ps[0].Active() && ps[0].Source == bmdb.PauseByBreaker && n == 0, nil
 	})
-	if !queuedBeforeFailing.Load() {
-		t.Fatalf("fewer than %d machines were queued behind the first failing run", queuedAtFailure)
-	}
 	// Paused and holding no lease, the runner runs nothing more.
 	if got := attempts.Load(); got > quick+int64(cfg.Limits.BreakerWindow) {
 		t.Errorf("%d attempts, want at most %d: the queued machines must not run once the breaker tripped", got, quick+cfg.Limits.BreakerWindow)
