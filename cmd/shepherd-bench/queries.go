@@ -7,6 +7,11 @@ package main
 // database. The BMDB's own statements (claims, finishes, sessions) are
 // bmdb's, which the benchmark runs unchanged.
 
+// seedAgentTimestamp is the signed timestamp of the seeded heartbeat rows:
+// a constant of the SQL text (not a value from outside), earlier than any
+// clock a benchmark runs on.
+const seedAgentTimestamp = `timestamptz '2000-01-01 00:00:00+00'`
+
 const (
 	// qSeedMachines seeds $1 machines, all tagged provided (set-based: one
 	// statement, no round trip per row). The provider id is the machine id,
@@ -35,15 +40,18 @@ ON CONFLICT (machine_id) DO NOTHING`
 	// qSeedHeartbeatRows gives every machine with an agent the heartbeat
 	// row its agent's last heartbeat wrote (a signed timestamp, the
 	// agent's key), in machine order: the measured heartbeats update
-	// rows, as in a running fleet.
+	// rows, as in a running fleet. The signed timestamp is
+	// seedAgentTimestamp, not the server's clock: the measured heartbeats
+	// are signed with the benchmark's clock, and a server clock ahead of
+	// it would have them refused as replays and miscounted.
 	qSeedHeartbeatRows = `
 INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at, agent_timestamp, agent_public_key)
-SELECT machine_id, now(), now(), agent_public_key FROM machine_agent_started
+SELECT machine_id, now(), ` + seedAgentTimestamp + `, agent_public_key FROM machine_agent_started
 ORDER BY machine_id`
 
 	// qCountTimestamped counts the heartbeat rows whose signed timestamp
-	// is later than $1 (the seeded rows carry the seed's time).
-	qCountTimestamped = `SELECT count(*) FROM machine_agent_heartbeat WHERE agent_timestamp > $1`
+	// is not the seed's: those the measured heartbeats wrote.
+	qCountTimestamped = `SELECT count(*) FROM machine_agent_heartbeat WHERE agent_timestamp > ` + seedAgentTimestamp
 
 	// qFlushStats makes this backend report its pending statistics (the
 	// rows it inserted) as soon as it is idle, before the VACUUM that
