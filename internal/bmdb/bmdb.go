@@ -183,6 +183,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return hosts.beforeConnect(ctx, cc)
 	}
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		registerUUID(conn)
 		hosts.connected(ctx, conn)
 		return nil
 	}

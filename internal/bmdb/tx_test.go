@@ -82,3 +82,31 @@ func TestTxExecCommitsWithTheLease(t *testing.T) {
 		t.Fatalf("reading back: %v", err)
 	}
 }
+
+// Machine ids read back as written, through the pool's connections (whose
+// type map registerUUID changes), in both of pgx's formats, and a NULL
+// leaves the target alone.
+func TestUUIDsReadBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	want := uuid.New()
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var got, null, simple uuid.UUID
+		var list []uuid.UUID
+		null = want
+		if err := tx.QueryRow(ctx, `SELECT $1::uuid, NULL::uuid, ARRAY[$1::uuid]`, want).Scan(&got, &null, &list); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT $1::uuid`, pgx.QueryExecModeSimpleProtocol, want).Scan(&simple); err != nil {
+			return err
+		}
+		if got != want || null != want || len(list) != 1 || list[0] != want || simple != want {
+			t.Errorf("read %v, NULL as %v, %v, simple protocol %v; want %v", got, null, list, simple, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
