@@ -22,7 +22,9 @@ import (
 // A task's context carries a logger with the keys operators search by
 // (process, machine, provider_id, session): process code that logs through
 // klog.FromContext names its machine without passing it, and the runner's
-// line about a failure adds result and cause.
+// line about a failure adds result and cause. Each line names the file
+// that wrote it (the task's logger adds its keys lazily, through a sink of
+// its own, which must not shift the caller a sink reports).
 func TestTaskContextLogger(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -40,10 +42,11 @@ func TestTaskContextLogger(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		lines = append(lines, obj)
-	}, funcr.Options{})
+	}, funcr.Options{LogCaller: funcr.All})
 
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		klog.FromContext(ctx).Info("hello from the process")
+		klog.FromContext(ctx).WithValues("step", "derived").Info("a derived logger's line")
 		return errors.New("the BMC said no")
 	})
 	r, err := e.newRunner(p, fastConfig(p, 1))
@@ -72,7 +75,7 @@ func TestTaskContextLogger(t *testing.T) {
 		return find("hello from the process") != "" && find("work failed") != "", nil
 	})
 	for _, want := range []string{`"process":"test"`, `"machine":"`, `"provider_id":"` + provider + `"`, `"session":"`} {
-		for _, msg := range []string{"hello from the process", "work failed"} {
+		for _, msg := range []string{"hello from the process", "a derived logger's line", "work failed"} {
 			if l := find(msg); !strings.Contains(l, want) {
 				t.Errorf("%q line lacks %s: %s", msg, want, l)
 			}
@@ -80,6 +83,11 @@ func TestTaskContextLogger(t *testing.T) {
 	}
 	if l := find("work failed"); !strings.Contains(l, `"result":"failed"`) || !strings.Contains(l, `"cause":"the BMC said no"`) {
 		t.Errorf("the failure's line lacks result or cause: %s", l)
+	}
+	for msg, file := range map[string]string{"hello from the process": "logging_test.go", "a derived logger's line": "logging_test.go", "work failed": "runner.go"} {
+		if l := find(msg); !strings.Contains(l, `"caller":{"file":"`+file+`"`) {
+			t.Errorf("%q line is not attributed to %s: %s", msg, file, l)
+		}
 	}
 }
 

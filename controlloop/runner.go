@@ -190,6 +190,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		enderCount.Add(-1)
 		endQueue <- end
 	}
+	logs := newTaskLogs(klog.FromContext(workCtx))
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
 		workers.Go(func() error {
@@ -197,18 +198,17 @@ func (r *Runner) Run(ctx context.Context) error {
 				r.series.queued.Dec()
 				if why := r.releaseUnrun(ctx, t); why != "" {
 					// Claimed ahead, and not to be run now: released.
-					runLogger := klog.FromContext(workCtx)
-					taskLogger := r.taskLogger(runLogger, t)
+					taskLogger := logs.logger(r, t)
 					if why != releasedAtStop {
 						taskLogger.Info("released a machine claimed ahead without running it", "why", why)
 					}
 					endCtx := klog.NewContext(context.WithoutCancel(workCtx), taskLogger)
-					r.endWork(endCtx, runLogger, t, errNotStarted, true)
+					r.endWork(endCtx, logs.run, t, errNotStarted, true)
 					idle <- struct{}{}
 					continue
 				}
 				started := time.Now()
-				end, succeeded := r.work(workCtx, t)
+				end, succeeded := r.work(workCtx, logs, t)
 				r.pace.noteRun(time.Since(started), succeeded)
 				if succeeded {
 					queueEnd(end)
@@ -573,14 +573,14 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 // operator searches by: process, machine, provider_id and session. Process
 // code that logs through it names its machine for free, and the runner's
 // own lines about the task add result and cause.
-func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded bool) {
+func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) (end func(), succeeded bool) {
 	r.series.workersActive.Inc()
 	defer r.series.workersActive.Dec()
 
 	// The runner's lines about the process rather than the task (the
 	// circuit breaker's) keep the run's logger.
-	runLogger := klog.FromContext(workCtx)
-	workCtx = klog.NewContext(workCtx, r.taskLogger(runLogger, t))
+	runLogger := logs.run
+	workCtx = klog.NewContext(workCtx, logs.logger(r, t))
 	// Bound to the lease: an operator's cancel request (shepherd cancel)
 	// cancels this context alone.
 	ctx, cancel := t.work.Bind(workCtx)
@@ -591,13 +591,6 @@ func (r *Runner) work(workCtx context.Context, t *Task) (end func(), succeeded b
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
 	return func() { r.endWork(context.WithoutCancel(workCtx), runLogger, t, runErr, stopped) }, runErr == nil && !stopped
-}
-
-// taskLogger is runLogger with the keys an operator searches a task's
-// lines by.
-func (r *Runner) taskLogger(runLogger klog.Logger, t *Task) klog.Logger {
-	return klog.LoggerWithValues(runLogger,
-		"process", r.info.Label, "machine", t.Machine, "provider_id", t.ProviderID, "session", t.work.Session().ID())
 }
 
 // errNotStarted is the outcome of a task claimed ahead whose run never
@@ -755,7 +748,11 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 		}
 		result = ResultLost
 	}
-	logger.V(2).Info("work ended", "result", result)
+	// Checked first: the arguments of a line not written are still
+	// allocated, at every end.
+	if v := logger.V(2); v.Enabled() {
+		v.Info("work ended", "result", result)
+	}
 	if result == ResultFailed || result == ResultTimeout {
 		breakerCtx, cancel := context.WithTimeout(klog.NewContext(endCtx, runLogger), r.endAttempt())
 		r.checkBreaker(breakerCtx)
