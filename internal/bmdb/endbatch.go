@@ -221,7 +221,7 @@ func (s *Session) endAlone(req *endRequest) func(ctx context.Context, tx *Tx) er
 		var ended map[leaseKey]bool
 		sql, args := recordEndsQuery(s.param(), []*leaseEnd{req.rec})
 		err := s.aliveWith(ctx, tx.tx, qSessionAlive, sql, args, func(rows pgx.Rows) (err error) {
-			ended, err = heldLeases(rows)
+			ended, err = heldLeases(rows, 1)
 			return err
 		})
 		if err != nil {
@@ -244,7 +244,7 @@ func recordEnds(ctx context.Context, tx txConn, session pgtype.UUID, ends []*lea
 	if err != nil {
 		return nil, err
 	}
-	return heldLeases(rows)
+	return heldLeases(rows, len(ends))
 }
 
 // recordEndsQuery is qEndLeases and its arguments for ends of session.
@@ -271,9 +271,9 @@ func leaseColumns(ends []*leaseEnd) ([]pgtype.UUID, []string) {
 }
 
 // heldLeases collects the (machine, process) rows of qEndLeases or
-// qLockLeases.
-func heldLeases(rows pgx.Rows) (map[leaseKey]bool, error) {
-	held := map[leaseKey]bool{}
+// qLockLeases; n is how many the statement asked for, at most.
+func heldLeases(rows pgx.Rows, n int) (map[leaseKey]bool, error) {
+	held := make(map[leaseKey]bool, n)
 	var k leaseKey
 	_, err := pgx.ForEachRow(rows, []any{&k.machine, &k.process}, func() error {
 		held[k] = true
@@ -340,7 +340,7 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		machines, processes := leaseColumns(lock)
 		rows, err := tx.Query(ctx, qLockLeases, s.param(), machines, processes)
 		if err == nil {
-			locked, err = heldLeases(rows)
+			locked, err = heldLeases(rows, len(lock))
 		}
 		if err != nil {
 			return nil, errRunAlone
@@ -454,7 +454,7 @@ func (db *DB) recordEndsChecked(ctx context.Context, s *Session, tx txConn, batc
 	var ended map[leaseKey]bool
 	sql, args := recordEndsQuery(s.param(), record)
 	err := s.aliveWith(ctx, tx, qSessionAlive, sql, args, func(rows pgx.Rows) (err error) {
-		ended, err = heldLeases(rows)
+		ended, err = heldLeases(rows, len(record))
 		return err
 	})
 	switch {
