@@ -138,57 +138,32 @@ func (r *Runner) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	// A worker whose process succeeded hands the end of its lease to an
-	// ender and takes its next machine while that end commits (River's
-	// asynchronous completer): a worker's cycle is then its process and a
-	// claim, not a claim and a commit, and the ends of many workers still
-	// share a transaction (bmdb's group commit). An end is retried until
-	// it is recorded or its session is gone (endLease), as before; only
-	// the worker no longer waits for it. The enders bound the ends in
-	// flight: twice Parallelism at first, room for a batch of every
-	// worker's end in flight and the next one filling (with room for one
-	// batch only, workers waited while a batch committed, and went back to
-	// the claimer late; bench-results/HISTORY.md, "Asynchronous lease
-	// ends"), and up to one per token while the runner claims ahead, whose
-	// claims return that many machines at once. A replica then holds at
+	// A worker whose process succeeded hands the end of its lease to the
+	// session's batches of ends (Lease.FinishAsync) and takes its next
+	// machine while that end commits (River's asynchronous completer): a
+	// worker's cycle is then its process and a claim, not a claim and a
+	// commit, and the ends of many workers still share a transaction
+	// (bmdb's group commit). No goroutine waits for such an end: the one
+	// that carried its batch passes the outcome on (finishAsync), so that
+	// a runner does not hold a blocked goroutine per end in flight, which
+	// every garbage collection scanned and every outcome woke. An end
+	// that could not be recorded is retried until it is, or its session is
+	// gone (endLease), as before. At most tokens ends are in flight (a
+	// worker waits for a slot in ending): room for a batch of every
+	// worker's end and the next one filling (with room for one batch only,
+	// workers waited while a batch committed, and went back to the claimer
+	// late; bench-results/HISTORY.md, "Asynchronous lease ends"), and for
+	// the machines a claim ahead returns at once. A replica then holds at
 	// most twice its tokens in leases while its database is slow to commit
-	// them. The enders live as long as Run: a goroutine started per end
-	// grew its stack through the commit path every time. Run waits for
-	// every end before it closes the session. A failed or stopped run is
-	// ended before the worker goes on: the circuit breaker counts a
-	// failure before its worker takes another machine.
-	endQueue := make(chan func())
-	var enders sync.WaitGroup
-	var enderCount atomic.Int64
-	ender := func(first func()) {
-		if first != nil {
-			first()
-			wakeClaimer()
-		}
-		for end := range endQueue {
-			end()
-			wakeClaimer()
-		}
-	}
-	for range 2 * r.cfg.Parallelism {
-		enderCount.Add(1)
-		enders.Go(func() { ender(nil) })
-	}
-	// queueEnd hands end to an idle ender, or to a new one while there
-	// are fewer than tokens (at least twice Parallelism: the queue holds
-	// one machine per worker at least), or else waits for one.
-	queueEnd := func(end func()) {
-		select {
-		case endQueue <- end:
-			return
-		default:
-		}
-		if enderCount.Add(1) <= int64(tokens) {
-			enders.Go(func() { ender(end) })
-			return
-		}
-		enderCount.Add(-1)
-		endQueue <- end
+	// them. Run waits for every end before it closes the session. A failed
+	// or stopped run is ended before the worker goes on: the circuit
+	// breaker counts a failure before its worker takes another machine.
+	ending := make(chan struct{}, tokens)
+	var ends sync.WaitGroup
+	endDone := func() {
+		<-ending
+		wakeClaimer()
+		ends.Done()
 	}
 	logs := newTaskLogs(klog.FromContext(workCtx))
 	var workers errgroup.Group
@@ -208,12 +183,15 @@ func (r *Runner) Run(ctx context.Context) error {
 					continue
 				}
 				started := time.Now()
-				end, succeeded := r.work(workCtx, logs, t)
+				out := r.work(workCtx, logs, t)
+				succeeded := out.err == nil && !out.stopped
 				r.pace.noteRun(time.Since(started), succeeded)
 				if succeeded {
-					queueEnd(end)
+					ending <- struct{}{}
+					ends.Add(1)
+					r.finishAsync(out, t, endDone)
 				} else {
-					end()
+					r.endWork(out.endCtx, out.runLogger, t, out.err, out.stopped)
 					wakeClaimer()
 				}
 				idle <- struct{}{}
@@ -221,13 +199,12 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	// stopWorkers ends the workers, then the enders once every end queued
-	// is recorded.
+	// stopWorkers ends the workers, then waits for every end they
+	// handed on.
 	stopWorkers := func() {
 		close(tasks)
 		workers.Wait()
-		close(endQueue)
-		enders.Wait()
+		ends.Wait()
 	}
 	if _, err := r.register(ctx); err != nil {
 		// The workers wait for tasks: end them, or they outlive Run.
@@ -565,15 +542,25 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	return s, nil
 }
 
-// work runs the process on one task and returns the end of its lease,
-// and whether the run succeeded (so that Run may end it beside the
-// worker's next task).
+// ran is what a run left for its lease's end: the context to end it under
+// (the task's logger, no cancellation), the run's logger, the run's error,
+// and whether its context had ended (stopped).
+type ran struct {
+	endCtx    context.Context
+	runLogger klog.Logger
+	err       error
+	stopped   bool
+}
+
+// work runs the process on one task and returns what its lease's end
+// needs (so that Run may end a successful one beside the worker's next
+// task).
 //
 // The task's context carries a logger (klog.FromContext) with the keys an
 // operator searches by: process, machine, provider_id and session. Process
 // code that logs through it names its machine for free, and the runner's
 // own lines about the task add result and cause.
-func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) (end func(), succeeded bool) {
+func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) ran {
 	r.series.workersActive.Inc()
 	defer r.series.workersActive.Dec()
 
@@ -590,7 +577,7 @@ func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) (end fun
 	// Ending the lease must work after the grace period cancelled workCtx;
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
-	return func() { r.endWork(context.WithoutCancel(workCtx), runLogger, t, runErr, stopped) }, runErr == nil && !stopped
+	return ran{endCtx: context.WithoutCancel(workCtx), runLogger: runLogger, err: runErr, stopped: stopped}
 }
 
 // errNotStarted is the outcome of a task claimed ahead whose run never
@@ -708,25 +695,15 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 	var err error
 	switch {
 	case runErr == nil:
-		// One attempt: the commit function is process code, whose error
-		// would only repeat. Failing instead releases the lease and puts
-		// the failure in history.
 		finishCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
-		t.work.Note = t.Note
-		if t.checkAgain > 0 {
-			result = ResultRescheduled
+		result = r.prepareFinish(t)
+		if result == ResultRescheduled {
 			err = t.work.Reschedule(finishCtx, r.guardCommit(t), t.checkAgain)
 		} else {
-			result = ResultFinished
 			err = t.work.Finish(finishCtx, r.guardCommit(t))
 		}
 		cancel()
-		if err != nil && !isLeaseGone(err) {
-			logger.Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
-			result = ResultFailed
-			cause := fmt.Sprintf("recording the outcome failed: %v", err)
-			err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
-		}
+		result, err = r.failUnrecorded(endCtx, t, result, err)
 	case stopped:
 		// Shutdown or session lost: no verdict on the machine.
 		result = ResultCanceled
@@ -742,6 +719,64 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 		logger.Info("work failed", "result", result, "cause", untrusted.Line(runErr.Error(), 0))
 		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, backoff, runErr.Error()) })
 	}
+	r.ended(endCtx, runLogger, t, result, err)
+}
+
+// finishAsync ends the lease of t's successful run as endWork does,
+// without waiting: the end is recorded with the session's next batch
+// (Lease.FinishAsync), and its outcome counted and logged by the goroutine
+// that carried that batch; done is called after. An end that could not be
+// recorded fails the work instead, in a goroutine of its own, which
+// retries (endLease) and may check the circuit breaker.
+func (r *Runner) finishAsync(out ran, t *Task, done func()) {
+	result := r.prepareFinish(t)
+	recorded := func(err error) {
+		if err != nil && !isLeaseGone(err) {
+			go func() {
+				result, err := r.failUnrecorded(out.endCtx, t, result, err)
+				r.ended(out.endCtx, out.runLogger, t, result, err)
+				done()
+			}()
+			return
+		}
+		r.ended(out.endCtx, out.runLogger, t, result, err)
+		done()
+	}
+	if result == ResultRescheduled {
+		t.work.RescheduleAsync(out.endCtx, r.endAttempt(), r.guardCommit(t), t.checkAgain, recorded)
+	} else {
+		t.work.FinishAsync(out.endCtx, r.endAttempt(), r.guardCommit(t), recorded)
+	}
+}
+
+// prepareFinish gives t's lease the task's note and says how a successful
+// run ends it: Rescheduled when the process asked to check again later,
+// Finished otherwise.
+func (r *Runner) prepareFinish(t *Task) Result {
+	t.work.Note = t.Note
+	if t.checkAgain > 0 {
+		return ResultRescheduled
+	}
+	return ResultFinished
+}
+
+// failUnrecorded fails the work of a successful run whose outcome could
+// not be recorded (err, not the lease's loss), so that the lease is
+// released and the failure is in history. There was one attempt: the
+// commit function is process code, whose error would only repeat.
+func (r *Runner) failUnrecorded(endCtx context.Context, t *Task, result Result, err error) (Result, error) {
+	if err == nil || isLeaseGone(err) {
+		return result, err
+	}
+	klog.FromContext(endCtx).Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
+	cause := fmt.Sprintf("recording the outcome failed: %v", err)
+	return ResultFailed, r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
+}
+
+// ended counts and logs the end of t's lease (result; err, that of ending
+// it), and checks the circuit breaker after a failure.
+func (r *Runner) ended(endCtx context.Context, runLogger klog.Logger, t *Task, result Result, err error) {
+	logger := klog.FromContext(endCtx)
 	if err != nil {
 		if !isLeaseGone(err) {
 			logger.Error(nil, "ending the work failed", "result", ResultLost, "cause", untrusted.Line(err.Error(), 0))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -68,8 +69,15 @@ type endRequest struct {
 	fn func(ctx context.Context, tx *Tx) error
 	// result receives the end's outcome, or lead: the request's caller
 	// must carry the pending ends (its own among them) in the next
-	// transaction.
+	// transaction. Nil for an asynchronous end (done set).
 	result chan endOutcome
+	// done is called with an asynchronous end's outcome (endAsync), by
+	// the goroutine that carried its batch once the batch is handed on;
+	// err holds the outcome until then. An end that must run alone does
+	// so in a goroutine of its own, bounded by attempt.
+	done    func(error)
+	err     error
+	attempt time.Duration
 }
 
 // leaseKey names a lease of a session: a machine and a process.
@@ -115,7 +123,7 @@ func (s *Session) end(ctx context.Context, machine uuid.UUID, rec *leaseEnd, fn 
 				// Handed the lead just before: pass it on.
 				select {
 				case out = <-req.result:
-					b.handOff()
+					s.handOff(b)
 				default:
 				}
 				return fmt.Errorf("waiting to end the lease: %w", ctx.Err())
@@ -152,26 +160,81 @@ func (b *endBatcher) withdraw(req *endRequest) bool {
 	return false
 }
 
-// carry commits the pending ends as one batch, then hands the lead on.
+// endAsync queues a lease end as end does, without waiting for it: done
+// receives its outcome. It spares the caller a goroutine blocked per end
+// in flight, which a runner of many workers would otherwise hold by the
+// hundred while a batch commits. attempt bounds the end when it has to
+// run in a transaction of its own.
+func (s *Session) endAsync(ctx context.Context, attempt time.Duration, machine uuid.UUID, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
+	b := &s.ends
+	req := &endRequest{machine: machine, ctx: ctx, rec: rec, fn: fn, done: done, attempt: attempt}
+	b.mu.Lock()
+	b.pending = append(b.pending, req)
+	lead := !b.running
+	b.running = true
+	b.mu.Unlock()
+	if lead {
+		go s.carry(b)
+	}
+}
+
+// carry commits the pending ends as one batch, hands the lead on, then
+// tells the batch's asynchronous ends their outcomes.
 func (s *Session) carry(b *endBatcher) {
 	b.mu.Lock()
 	batch := b.pending
 	b.pending = nil
 	b.mu.Unlock()
 	s.commitEnds(batch)
-	b.handOff()
+	s.handOff(b)
+	for _, req := range batch {
+		switch {
+		case req.done == nil:
+		case errors.Is(req.err, errRunAlone):
+			go func() { req.done(s.endAloneBounded(req)) }()
+		default:
+			req.done(req.err)
+		}
+	}
+}
+
+// endAloneBounded runs an asynchronous end in a transaction of its own,
+// as end does with one its batch could not take, within its attempt.
+func (s *Session) endAloneBounded(req *endRequest) error {
+	ctx := req.ctx
+	if req.attempt > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, req.attempt)
+		defer cancel()
+	}
+	return s.db.transact(ctx, s, s.db.probeBegin, checkInFn, s.endAlone(req))
 }
 
 // handOff gives the lead to the oldest end that arrived while a batch was
-// carried, or ends the run when none did.
-func (b *endBatcher) handOff() {
+// carried (to a new goroutine, for an asynchronous end), or ends the run
+// when none did.
+func (s *Session) handOff(b *endBatcher) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.pending) == 0 {
 		b.running = false
 		return
 	}
+	if b.pending[0].done != nil {
+		go s.carry(b)
+		return
+	}
 	b.pending[0].result <- endOutcome{lead: true}
+}
+
+// deliver gives req the outcome err of its batch: on its channel, or, for
+// an asynchronous end, kept for carry to pass on.
+func (req *endRequest) deliver(err error) {
+	if req.done != nil {
+		req.err = err
+		return
+	}
+	req.result <- endOutcome{err: err}
 }
 
 // commitEnds runs batch in one transaction and tells each request its
@@ -186,6 +249,12 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	s.db.metrics.endsCommitted(len(batch))
 	if len(batch) == 1 {
 		req := batch[0]
+		if req.done != nil {
+			// As below, under its attempt's bound; carry passes the
+			// outcome on.
+			req.err = s.endAloneBounded(req)
+			return
+		}
 		req.result <- endOutcome{err: s.db.transact(req.ctx, s, s.db.probeBegin, checkInFn, s.endAlone(req))}
 		return
 	}
@@ -197,9 +266,9 @@ func (s *Session) commitEnds(batch []*endRequest) {
 	errs, err := s.db.transactEnds(s, batch)
 	for i, req := range batch {
 		if err != nil {
-			req.result <- endOutcome{err: err}
+			req.deliver(err)
 		} else {
-			req.result <- endOutcome{err: errs[i]}
+			req.deliver(errs[i])
 		}
 	}
 }

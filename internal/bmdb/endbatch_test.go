@@ -275,3 +275,113 @@ func (e namedErr) Error() string { return e.name + ": " + errors.Join(e.err).Err
 
 // w tags an end's error with the end's name (nil errors too).
 func w(err error, name string) error { return namedErr{name: name, err: err} }
+
+// Asynchronous ends (FinishAsync, RescheduleAsync) queue and share a
+// transaction as waiting ones do, whether the end handed the lead after a
+// batch waits (a Fail, queued first here) or not (the asynchronous ones,
+// whose batch a new goroutine carries): each is told its own outcome once,
+// a lost lease's and a failing commit function's alone fail, and a lease
+// ended asynchronously cannot be ended again. An asynchronous end that
+// finds nothing in flight runs at once, alone.
+func TestAsyncEndsShareATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
+	s := e.session(bmdb.SessionConfig{})
+	h := holdFirstEnd(t, e, s, 6)
+	failed, finished, tagged, rescheduled, lost, failing := h.works[1], h.works[2], h.works[3], h.works[4], h.works[5], h.works[6]
+	if _, err := e.raw.Exec(ctx, `DELETE FROM work WHERE machine_id = $1`, lost.Machine); err != nil {
+		t.Fatal(err)
+	}
+
+	failDone := make(chan error, 1)
+	go func() { failDone <- failed.Fail(ctx, bmdb.Backoff{Initial: time.Minute}, "queued first") }()
+	bmdbtest.WaitForNoError(t, 10*time.Second, "the Fail to queue", func() (bool, error) {
+		return bmdb.PendingEnds(s) == 1, nil
+	})
+	boom := errors.New("boom")
+	results := make(chan error, 8)
+	tell := func(name string) func(error) { return func(err error) { results <- w(err, name) } }
+	finished.FinishAsync(ctx, time.Minute, nil, tell("finished"))
+	tagged.FinishAsync(ctx, time.Minute, func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.SetAgentStarted(ctx, tagged.Machine, []byte("key"))
+	}, tell("tagged"))
+	rescheduled.RescheduleAsync(ctx, time.Minute, nil, time.Hour, tell("rescheduled"))
+	lost.FinishAsync(ctx, time.Minute, nil, tell("lost"))
+	failing.FinishAsync(ctx, time.Minute, func(ctx context.Context, tx *bmdb.Tx) error {
+		if err := tx.SetAgentStarted(ctx, failing.Machine, []byte("key")); err != nil {
+			return err
+		}
+		return boom
+	}, tell("failing"))
+	if n := bmdb.PendingEnds(s); n != 6 {
+		t.Fatalf("%d ends queued, want 6", n)
+	}
+	h.releaseNow()
+	if err := <-h.done; err != nil {
+		t.Fatalf("the first Finish: %v", err)
+	}
+	if err := <-failDone; err != nil {
+		t.Errorf("the queued Fail: %v", err)
+	}
+	got := map[string]error{}
+	for range 5 {
+		var ne namedErr
+		errors.As(<-results, &ne)
+		if _, dup := got[ne.name]; dup {
+			t.Errorf("%s told its outcome twice", ne.name)
+		}
+		got[ne.name] = ne.err
+	}
+	for _, name := range []string{"finished", "tagged", "rescheduled"} {
+		if err, ok := got[name]; !ok || err != nil {
+			t.Errorf("%s: told %v (%v), want success", name, err, ok)
+		}
+	}
+	if !errors.Is(got["lost"], bmdb.ErrLeaseLost) {
+		t.Errorf("FinishAsync of a lost lease: %v, want ErrLeaseLost", got["lost"])
+	}
+	if !errors.Is(got["failing"], boom) {
+		t.Errorf("FinishAsync whose commit function failed: %v, want boom", got["failing"])
+	}
+	if txs, ends := endsPerTransaction(t, reg); txs != 2 || ends != 7 {
+		t.Errorf("lease ends per transaction: %d transactions carried %v ends, want 2 carrying 7 (1, then 6 together)", txs, ends)
+	}
+	for m, want := range map[*bmdb.Lease][]bmdb.Event{
+		failed:      {bmdb.EventStarted, bmdb.EventFailed},
+		finished:    {bmdb.EventStarted, bmdb.EventFinished},
+		tagged:      {bmdb.EventStarted, bmdb.EventFinished},
+		rescheduled: {bmdb.EventStarted, bmdb.EventRescheduled},
+		failing:     {bmdb.EventStarted},
+	} {
+		if got := bmdbtest.Events(e.history(m.Machine)); !slices.Equal(got, want) {
+			t.Errorf("history of %s: %v, want %v", m.Machine, got, want)
+		}
+	}
+	if !e.agentStarted(tagged.Machine) || e.agentStarted(failing.Machine) {
+		t.Errorf("tags: the committed end's %v (want true), the failed one's %v (want false)", e.agentStarted(tagged.Machine), e.agentStarted(failing.Machine))
+	}
+	again := make(chan error, 1)
+	finished.FinishAsync(ctx, time.Minute, nil, func(err error) { again <- err })
+	if err := <-again; !errors.Is(err, bmdb.ErrLeaseEnded) {
+		t.Errorf("FinishAsync of an ended lease: %v, want ErrLeaseEnded", err)
+	}
+
+	// Alone: nothing in flight, so it is carried at once.
+	if err := failing.Cancel(ctx); err != nil {
+		t.Fatalf("Cancel of the lease whose Finish failed: %v", err)
+	}
+	e.addMachines(1)
+	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 1)
+	if err != nil || len(works) != 1 {
+		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+	}
+	works[0].FinishAsync(ctx, time.Minute, nil, func(err error) { again <- err })
+	if err := <-again; err != nil {
+		t.Errorf("a lone FinishAsync: %v", err)
+	}
+	if n := e.leaseCount(agentStart); n != 0 {
+		t.Errorf("leases after every end: %d, want 0", n)
+	}
+}

@@ -432,6 +432,51 @@ func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Cont
 	return err
 }
 
+// endAsync is end without waiting: done receives the outcome. The lease
+// stays locked against other ends until then.
+func (w *Lease) endAsync(ctx context.Context, attempt time.Duration, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
+	w.mu.Lock()
+	if w.done {
+		w.mu.Unlock()
+		done(ErrLeaseEnded)
+		return
+	}
+	w.s.endAsync(retryUnstarted(ctx), attempt, w.Machine, rec, fn, func(err error) {
+		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
+			w.done = true
+		}
+		// Unlocked by the goroutine that tells the outcome, which a
+		// sync.Mutex allows: the end is what holds it.
+		w.mu.Unlock()
+		done(err)
+	})
+}
+
+// FinishAsync is Finish without waiting for the end to be recorded: done
+// receives what Finish would return, from another goroutine. It lets a
+// worker take its next machine while the end commits with others (a
+// runner's asynchronous ends). attempt bounds the end when it cannot share
+// a batch's transaction; 0 leaves it to ctx.
+func (w *Lease) FinishAsync(ctx context.Context, attempt time.Duration, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
+	w.endAsync(ctx, attempt, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}, fn, func(err error) {
+		if err != nil {
+			err = fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
+		}
+		done(err)
+	})
+}
+
+// RescheduleAsync is Reschedule as FinishAsync is Finish.
+func (w *Lease) RescheduleAsync(ctx context.Context, attempt time.Duration, fn func(ctx context.Context, tx *Tx) error, after time.Duration, done func(error)) {
+	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1), note: w.note()}
+	w.endAsync(ctx, attempt, rec, fn, func(err error) {
+		if err != nil {
+			err = fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
+		}
+		done(err)
+	})
+}
+
 // Finish ends the lease successfully. In one transaction it checks the
 // session, deletes the lease and the process's backoff on the machine,
 // records Finished, and runs fn to record the outcome (tags). If the lease
