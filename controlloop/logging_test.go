@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -44,9 +45,11 @@ func TestTaskContextLogger(t *testing.T) {
 		lines = append(lines, obj)
 	}, funcr.Options{LogCaller: funcr.All})
 
+	var helperCalledAt int
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		klog.FromContext(ctx).Info("hello from the process")
 		klog.FromContext(ctx).WithValues("step", "derived").Info("a derived logger's line")
+		helperCalledAt = logThroughHelper(klog.FromContext(ctx))
 		return errors.New("the BMC said no")
 	})
 	r, err := e.newRunner(p, fastConfig(p, 1))
@@ -89,6 +92,18 @@ func TestTaskContextLogger(t *testing.T) {
 			t.Errorf("%q line is not attributed to %s: %s", msg, file, l)
 		}
 	}
+	want := fmt.Sprintf(`"caller":{"file":"logging_test.go","line":%d}`, helperCalledAt)
+	if l := find("through a helper"); !strings.Contains(l, want) {
+		t.Errorf("a helper's line (WithCallDepth(1)) is not attributed to its caller (%s): %s", want, l)
+	}
+}
+
+// logThroughHelper logs as a process's logging helper does, attributing
+// the line to its caller, and returns the caller's line.
+func logThroughHelper(logger klog.Logger) int {
+	logger.WithCallDepth(1).Info("through a helper")
+	_, _, line, _ := runtime.Caller(1)
+	return line
 }
 
 // The runner and the BMDB log through the logger of the context they are

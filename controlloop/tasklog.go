@@ -44,11 +44,6 @@ func (l *taskLogs) logger(r *Runner, t *Task) klog.Logger {
 	return l.run.WithSink(&taskSink{logs: l, label: r.info.Label, t: t})
 }
 
-// keys are the values a task's lines carry, in their order.
-func (s *taskSink) keys() []any {
-	return []any{"process", s.label, "machine", s.t.Machine, "provider_id", s.t.ProviderID, "session", s.t.work.Session().ID()}
-}
-
 // taskSink is a task's logr.LogSink: the Run's sink, given the task's keys
 // when a line is first written or a logger derived.
 type taskSink struct {
@@ -64,6 +59,12 @@ type taskSink struct {
 	withKeys, direct logr.LogSink
 }
 
+// keys are the values a task's lines carry, in their order.
+func (s *taskSink) keys() []any {
+	return []any{"process", s.label, "machine", s.t.Machine, "provider_id", s.t.ProviderID, "session", s.t.work.Session().ID()}
+}
+
+// materialize gives the sink the task's keys, once.
 func (s *taskSink) materialize() {
 	s.once.Do(func() {
 		s.withKeys = s.logs.run.GetSink().WithValues(s.keys()...)
@@ -97,6 +98,13 @@ func (s *taskSink) WithValues(keysAndValues ...any) logr.LogSink {
 func (s *taskSink) WithName(name string) logr.LogSink {
 	s.materialize()
 	return s.withKeys.WithName(name)
+}
+
+// WithCallDepth serves process code's logging helpers
+// (logr.Logger.WithCallDepth): the sink returned is called directly.
+func (s *taskSink) WithCallDepth(depth int) logr.LogSink {
+	s.materialize()
+	return withCallDepth(s.withKeys, depth)
 }
 
 // GetCallStackHelper lets logr.Logger mark its own frame as a helper, as
