@@ -453,10 +453,12 @@ func (w *Lease) endAsync(ctx context.Context, attempt time.Duration, rec *leaseE
 }
 
 // FinishAsync is Finish without waiting for the end to be recorded: done
-// receives what Finish would return, from another goroutine. It lets a
-// worker take its next machine while the end commits with others (a
-// runner's asynchronous ends). attempt bounds the end when it cannot share
-// a batch's transaction; 0 leaves it to ctx.
+// receives what Finish would return, from the goroutine that carried the
+// end's batch (at once, from the caller's, for a lease already ended).
+// done must not block: the other ends of the batch are told theirs after
+// it. It lets a worker take its next machine while the end commits with
+// others (a runner's asynchronous ends). attempt bounds the end when it
+// cannot share a batch's transaction; 0 leaves it to ctx.
 func (w *Lease) FinishAsync(ctx context.Context, attempt time.Duration, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
 	w.endAsync(ctx, attempt, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}, fn, func(err error) {
 		if err != nil {
