@@ -138,7 +138,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	// A worker whose process succeeded hands the end of its lease to the
+	// A worker whose process returned nil hands the end of its lease to the
 	// session's batches of ends (Lease.FinishAsync) and takes its next
 	// machine while that end commits (River's asynchronous completer): a
 	// worker's cycle is then its process and a claim, not a claim and a
@@ -155,9 +155,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	// late; bench-results/HISTORY.md, "Asynchronous lease ends"), and for
 	// the machines a claim ahead returns at once. A replica then holds at
 	// most twice its tokens in leases while its database is slow to commit
-	// them. Run waits for every end before it closes the session. A failed
-	// or stopped run is ended before the worker goes on: the circuit
-	// breaker counts a failure before its worker takes another machine.
+	// them. Run waits for every end before it closes the session. A run
+	// that returned an error is ended (Failed, or Canceled if it was
+	// stopped) before the worker goes on: the circuit breaker counts a
+	// failure before its worker takes another machine.
 	ending := make(chan struct{}, tokens)
 	var ends sync.WaitGroup
 	endDone := func() {
@@ -184,14 +185,13 @@ func (r *Runner) Run(ctx context.Context) error {
 				}
 				started := time.Now()
 				out := r.work(workCtx, logs, t)
-				succeeded := out.err == nil && !out.stopped
-				r.pace.noteRun(time.Since(started), succeeded)
-				if succeeded {
+				r.pace.noteRun(time.Since(started), out.err == nil && !out.stopped)
+				if out.err == nil {
 					ending <- struct{}{}
 					ends.Add(1)
-					r.finishAsync(out, t, endDone)
+					r.finishAsync(out.endCtx, logs.run, t, endDone)
 				} else {
-					r.endWork(out.endCtx, out.runLogger, t, out.err, out.stopped)
+					r.endWork(out.endCtx, logs.run, t, out.err, out.stopped)
 					wakeClaimer()
 				}
 				idle <- struct{}{}
@@ -543,13 +543,12 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 }
 
 // ran is what a run left for its lease's end: the context to end it under
-// (the task's logger, no cancellation), the run's logger, the run's error,
-// and whether its context had ended (stopped).
+// (the task's logger, no cancellation), the run's error, and whether its
+// context had ended (stopped).
 type ran struct {
-	endCtx    context.Context
-	runLogger klog.Logger
-	err       error
-	stopped   bool
+	endCtx  context.Context
+	err     error
+	stopped bool
 }
 
 // work runs the process on one task and returns what its lease's end
@@ -564,9 +563,6 @@ func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) ran {
 	r.series.workersActive.Inc()
 	defer r.series.workersActive.Dec()
 
-	// The runner's lines about the process rather than the task (the
-	// circuit breaker's) keep the run's logger.
-	runLogger := logs.run
 	workCtx = klog.NewContext(workCtx, logs.logger(r, t))
 	// Bound to the lease: an operator's cancel request (shepherd cancel)
 	// cancels this context alone.
@@ -577,7 +573,7 @@ func (r *Runner) work(workCtx context.Context, logs *taskLogs, t *Task) ran {
 	// Ending the lease must work after the grace period cancelled workCtx;
 	// it is retried until recorded (endLease), and cannot outlive the
 	// session, whose transactions check it.
-	return ran{endCtx: context.WithoutCancel(workCtx), runLogger: runLogger, err: runErr, stopped: stopped}
+	return ran{endCtx: context.WithoutCancel(workCtx), err: runErr, stopped: stopped}
 }
 
 // errNotStarted is the outcome of a task claimed ahead whose run never
@@ -685,25 +681,16 @@ func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut b
 	return err, false
 }
 
-// endWork records the outcome of t's run (runErr; stopped when the run's
-// context had ended) as the end of its lease, and counts it. endCtx
-// carries the task's logger; runLogger is the run's, for lines about the
-// process as a whole.
+// endWork records the outcome of t's failed or stopped run (runErr, not
+// nil; stopped when the run's context had ended) as the end of its lease,
+// and counts it. endCtx carries the task's logger; runLogger is the run's,
+// for lines about the process as a whole. A run that returned nil is
+// ended by finishAsync, stopped or not.
 func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task, runErr error, stopped bool) {
 	logger := klog.FromContext(endCtx)
 	var result Result
 	var err error
 	switch {
-	case runErr == nil:
-		finishCtx, cancel := context.WithTimeout(endCtx, r.endAttempt())
-		result = r.prepareFinish(t)
-		if result == ResultRescheduled {
-			err = t.work.Reschedule(finishCtx, r.guardCommit(t), t.checkAgain)
-		} else {
-			err = t.work.Finish(finishCtx, r.guardCommit(t))
-		}
-		cancel()
-		result, err = r.failUnrecorded(endCtx, t, result, err)
 	case stopped:
 		// Shutdown or session lost: no verdict on the machine.
 		result = ResultCanceled
@@ -722,55 +709,41 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 	r.ended(endCtx, runLogger, t, result, err)
 }
 
-// finishAsync ends the lease of t's successful run as endWork does,
-// without waiting: the end is recorded with the session's next batch
+// finishAsync ends the lease of t's run that returned nil (Finished, or
+// Rescheduled when the process asked to check again later), without
+// waiting: the end is recorded with the session's next batch
 // (Lease.FinishAsync), and its outcome counted and logged by the goroutine
 // that carried that batch; done is called after. An end that could not be
 // recorded fails the work instead, in a goroutine of its own, which
 // retries (endLease) and may check the circuit breaker.
-func (r *Runner) finishAsync(out ran, t *Task, done func()) {
-	result := r.prepareFinish(t)
+func (r *Runner) finishAsync(endCtx context.Context, runLogger klog.Logger, t *Task, done func()) {
+	result := ResultFinished
+	if t.checkAgain > 0 {
+		result = ResultRescheduled
+	}
 	recorded := func(err error) {
 		if err != nil && !isLeaseGone(err) {
+			// One attempt: the commit function is process code, whose
+			// error would only repeat. Failing instead releases the lease
+			// and puts the failure in history.
 			go func() {
-				result, err := r.failUnrecorded(out.endCtx, t, result, err)
-				r.ended(out.endCtx, out.runLogger, t, result, err)
+				klog.FromContext(endCtx).Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
+				cause := fmt.Sprintf("recording the outcome failed: %v", err)
+				err := r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
+				r.ended(endCtx, runLogger, t, ResultFailed, err)
 				done()
 			}()
 			return
 		}
-		r.ended(out.endCtx, out.runLogger, t, result, err)
+		r.ended(endCtx, runLogger, t, result, err)
 		done()
 	}
-	if result == ResultRescheduled {
-		t.work.RescheduleAsync(out.endCtx, r.endAttempt(), r.guardCommit(t), t.checkAgain, recorded)
-	} else {
-		t.work.FinishAsync(out.endCtx, r.endAttempt(), r.guardCommit(t), recorded)
-	}
-}
-
-// prepareFinish gives t's lease the task's note and says how a successful
-// run ends it: Rescheduled when the process asked to check again later,
-// Finished otherwise.
-func (r *Runner) prepareFinish(t *Task) Result {
 	t.work.Note = t.Note
-	if t.checkAgain > 0 {
-		return ResultRescheduled
+	if result == ResultRescheduled {
+		t.work.RescheduleAsync(endCtx, r.endAttempt(), r.guardCommit(t), t.checkAgain, recorded)
+	} else {
+		t.work.FinishAsync(endCtx, r.endAttempt(), r.guardCommit(t), recorded)
 	}
-	return ResultFinished
-}
-
-// failUnrecorded fails the work of a successful run whose outcome could
-// not be recorded (err, not the lease's loss), so that the lease is
-// released and the failure is in history. There was one attempt: the
-// commit function is process code, whose error would only repeat.
-func (r *Runner) failUnrecorded(endCtx context.Context, t *Task, result Result, err error) (Result, error) {
-	if err == nil || isLeaseGone(err) {
-		return result, err
-	}
-	klog.FromContext(endCtx).Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
-	cause := fmt.Sprintf("recording the outcome failed: %v", err)
-	return ResultFailed, r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
 }
 
 // ended counts and logs the end of t's lease (result; err, that of ending

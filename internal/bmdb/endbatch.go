@@ -106,11 +106,7 @@ type endBatcher struct {
 func (s *Session) end(ctx context.Context, machine uuid.UUID, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error) error {
 	b := &s.ends
 	req := &endRequest{machine: machine, ctx: ctx, rec: rec, fn: fn, result: make(chan endOutcome, 1)}
-	b.mu.Lock()
-	b.pending = append(b.pending, req)
-	lead := !b.running
-	b.running = true
-	b.mu.Unlock()
+	lead := b.queue(req)
 	for {
 		if lead {
 			s.carry(b)
@@ -167,15 +163,20 @@ func (b *endBatcher) withdraw(req *endRequest) bool {
 // run in a transaction of its own.
 func (s *Session) endAsync(ctx context.Context, attempt time.Duration, machine uuid.UUID, rec *leaseEnd, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
 	b := &s.ends
-	req := &endRequest{machine: machine, ctx: ctx, rec: rec, fn: fn, done: done, attempt: attempt}
-	b.mu.Lock()
-	b.pending = append(b.pending, req)
-	lead := !b.running
-	b.running = true
-	b.mu.Unlock()
-	if lead {
+	if b.queue(&endRequest{machine: machine, ctx: ctx, rec: rec, fn: fn, done: done, attempt: attempt}) {
 		go s.carry(b)
 	}
+}
+
+// queue adds req to the pending ends, reporting whether its caller must
+// carry them (no batch was running).
+func (b *endBatcher) queue(req *endRequest) (lead bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pending = append(b.pending, req)
+	lead = !b.running
+	b.running = true
+	return lead
 }
 
 // carry commits the pending ends as one batch, hands the lead on, then

@@ -425,11 +425,14 @@ func (w *Lease) end(ctx context.Context, rec *leaseEnd, fn func(ctx context.Cont
 		return ErrLeaseEnded
 	}
 	err := w.s.end(retryUnstarted(ctx), w.Machine, rec, fn)
-	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
-		// Ended, by us or by the lease's loss: nothing more can be done.
-		w.done = true
-	}
+	w.done = leaseEnded(err)
 	return err
+}
+
+// leaseEnded says whether an end's outcome err leaves nothing more to do:
+// the lease was ended, by this end or by its loss.
+func leaseEnded(err error) bool {
+	return err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired)
 }
 
 // endAsync is end without waiting: done receives the outcome. The lease
@@ -442,9 +445,7 @@ func (w *Lease) endAsync(ctx context.Context, attempt time.Duration, rec *leaseE
 		return
 	}
 	w.s.endAsync(retryUnstarted(ctx), attempt, w.Machine, rec, fn, func(err error) {
-		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSessionExpired) {
-			w.done = true
-		}
+		w.done = leaseEnded(err)
 		// Unlocked by the goroutine that tells the outcome, which a
 		// sync.Mutex allows: the end is what holds it.
 		w.mu.Unlock()
@@ -460,23 +461,36 @@ func (w *Lease) endAsync(ctx context.Context, attempt time.Duration, rec *leaseE
 // others (a runner's asynchronous ends). attempt bounds the end when it
 // cannot share a batch's transaction; 0 leaves it to ctx.
 func (w *Lease) FinishAsync(ctx context.Context, attempt time.Duration, fn func(ctx context.Context, tx *Tx) error, done func(error)) {
-	w.endAsync(ctx, attempt, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}, fn, func(err error) {
-		if err != nil {
-			err = fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
-		}
-		done(err)
-	})
+	w.endAsync(ctx, attempt, w.finishRec(), fn, func(err error) { done(w.finishErr(err)) })
 }
 
 // RescheduleAsync is Reschedule as FinishAsync is Finish.
 func (w *Lease) RescheduleAsync(ctx context.Context, attempt time.Duration, fn func(ctx context.Context, tx *Tx) error, after time.Duration, done func(error)) {
-	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1), note: w.note()}
-	w.endAsync(ctx, attempt, rec, fn, func(err error) {
-		if err != nil {
-			err = fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
-		}
-		done(err)
-	})
+	w.endAsync(ctx, attempt, w.rescheduleRec(after), fn, func(err error) { done(w.rescheduleErr(err)) })
+}
+
+// finishRec and rescheduleRec are the records of Finish and Reschedule;
+// finishErr and rescheduleErr name the lease in their errors.
+func (w *Lease) finishRec() *leaseEnd {
+	return &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}
+}
+
+func (w *Lease) rescheduleRec(after time.Duration) *leaseEnd {
+	return &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1), note: w.note()}
+}
+
+func (w *Lease) finishErr(err error) error {
+	if err != nil {
+		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
+}
+
+func (w *Lease) rescheduleErr(err error) error {
+	if err != nil {
+		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
+	}
+	return nil
 }
 
 // Finish ends the lease successfully. In one transaction it checks the
@@ -484,10 +498,7 @@ func (w *Lease) RescheduleAsync(ctx context.Context, attempt time.Duration, fn f
 // records Finished, and runs fn to record the outcome (tags). If the lease
 // is no longer held, or fn fails, nothing is committed.
 func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	if err := w.end(ctx, &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventFinished, note: w.note()}, fn); err != nil {
-		return fmt.Errorf("finishing %s on %s: %w", w.Process.Name, w.Machine, err)
-	}
-	return nil
+	return w.finishErr(w.end(ctx, w.finishRec(), fn))
 }
 
 // Reschedule ends the lease successfully, as Finish does, and keeps the
@@ -496,11 +507,7 @@ func (w *Lease) Finish(ctx context.Context, fn func(ctx context.Context, tx *Tx)
 // not Finished; it is no failure and sets no backoff (it deletes one, as
 // Finish does).
 func (w *Lease) Reschedule(ctx context.Context, fn func(ctx context.Context, tx *Tx) error, after time.Duration) error {
-	rec := &leaseEnd{machine: w.Machine, process: w.Process.Name, event: EventRescheduled, later: max(after.Seconds(), 1), note: w.note()}
-	if err := w.end(ctx, rec, fn); err != nil {
-		return fmt.Errorf("rescheduling %s on %s: %w", w.Process.Name, w.Machine, err)
-	}
-	return nil
+	return w.rescheduleErr(w.end(ctx, w.rescheduleRec(after), fn))
 }
 
 // Fail ends the lease with a failure: it records Failed with cause and
