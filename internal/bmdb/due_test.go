@@ -148,7 +148,7 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 			return tx.DeleteAgentTags(ctx, m)
 		})
 	}()
-	e.waitBlocked()
+	e.waitBlocked("the concurrent write never waited on the claim's lock")
 
 	// The claim's re-check does not see the uncommitted write: the machine
 	// is not wanted and its row leaves the table.
@@ -201,8 +201,9 @@ func (e *env) exec(sql string, args ...any) {
 	}
 }
 
-// waitBlocked waits until some backend of the test database waits on a lock.
-func (e *env) waitBlocked() {
+// waitBlocked waits until some backend of the test database waits on a
+// lock, and fails the test with never (what did not wait) after 10 s.
+func (e *env) waitBlocked(never string) {
 	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -215,7 +216,7 @@ func (e *env) waitBlocked() {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	e.t.Fatal("the concurrent write never waited on the claim's lock")
+	e.t.Fatal(never)
 }
 
 // lockWaiters counts the backends of the test database waiting for a lock.

@@ -79,6 +79,15 @@ due AS (
 	// a join on due let it hash every due row of the process into each
 	// claim.
 	//
+	// The claim locks the machines row of each machine it leases (FOR KEY
+	// SHARE, by key: a locking clause keeps the LATERAL subquery from
+	// being flattened) and marks its leases machine_locked, as work has no
+	// foreign key on machines (migration 0028): a machine whose row a
+	// removal holds is leased only if the removal rolls back, and one it
+	// deleted is not leased (its due row stays, and the next claim to lock
+	// it finds the machine gone); a removal that comes after the lock
+	// waits for the claim and sees its lease.
+	//
 	// The per-machine budget (@budget leases in @budget_window seconds, 0 =
 	// none; holds.go) is judged for the machines that would be leased
 	// otherwise: their Started events in the window since the last
@@ -118,12 +127,17 @@ WITH ` + dueFacts + `, judged AS (
                 ELSE false END AS exhausted
     FROM due
 ), chosen AS (
-    SELECT machine_id FROM judged
-    WHERE wanted AND NOT leased AND held_until IS NULL AND NOT exhausted
-    ORDER BY ord LIMIT @limit
+    SELECT j.machine_id
+    FROM (SELECT machine_id, ord FROM judged
+          WHERE wanted AND NOT leased AND held_until IS NULL AND NOT exhausted
+          ORDER BY ord LIMIT @limit) j
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM machines m WHERE m.machine_id = j.machine_id
+        FOR KEY SHARE OF m) locked
+    ORDER BY j.ord
 ), leased AS (
-    INSERT INTO work (machine_id, exclusion_group, process, session_id)
-    SELECT machine_id, @group, @process, @session FROM chosen`
+    INSERT INTO work (machine_id, exclusion_group, process, session_id, machine_locked)
+    SELECT machine_id, @group, @process, @session, true FROM chosen`
 
 	claimDueTail = `
     RETURNING machine_id

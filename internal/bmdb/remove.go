@@ -40,17 +40,20 @@ var ErrLeased = errors.New("machine is leased")
 // RemoveMachine first locks the machine's due rows (waiting for a claim
 // that holds one to commit its lease or pass the machine over; claimers
 // that come later skip them), then locks the machines row FOR UPDATE,
-// which any new lease's foreign key check (FOR KEY SHARE) waits for, and
-// only then reads work. The two locks are taken in the order a claim takes
-// them (due row, then the machines row through the lease's foreign key),
-// so they do not deadlock with it; a due row made after the first lock by
-// a concurrent watched write and claimed at once can still deadlock, which
-// PostgreSQL breaks and Transact retries. Should a lease be committed all
-// the same, work's ON DELETE RESTRICT foreign key refuses the delete, and
-// that is reported as ErrLeased too: a live lease is never deleted.
+// which any new lease's lock of that row (FOR KEY SHARE: the claim's own,
+// or work's row trigger for any other insert, migration 0028) waits for,
+// and only then reads work. The two locks are taken in the order a claim
+// takes them (due row, then the machines row), so they do not deadlock
+// with it; a due row made after the first lock by a concurrent watched
+// write and claimed at once can still deadlock, which PostgreSQL breaks
+// and Transact retries. Should a lease be committed all the same, the
+// delete's trigger refuses the delete with the error of the foreign key
+// work once had (work_machine_id_fkey), and that is reported as ErrLeased
+// too: a live lease is never deleted.
 //
-// The delete's trigger (migration 0023) deletes the machine's due rows by
-// work_due's primary key, one probe per registered process.
+// The delete's trigger (migrations 0023 and 0028) deletes the machine's
+// due rows by work_due's primary key, one probe per registered process,
+// then probes work's key for a lease of the machine.
 func (t *Tx) RemoveMachine(ctx context.Context, machine uuid.UUID, reason string) error {
 	fail := func(err error) error { return fmt.Errorf("removing machine %s: %w", machine, err) }
 	if _, err := t.tx.Exec(ctx, qRemoveWaitBuilds); err != nil {

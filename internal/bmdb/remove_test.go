@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -271,5 +272,127 @@ func TestDueRowsOfDeletedMachines(t *testing.T) {
 	}
 	if n := dueRows(gone); n != 0 {
 		t.Errorf("the due row of a machine that is gone is still there after a claim locked it (%d rows)", n)
+	}
+}
+
+// work has no foreign key on machines (migration 0028): a claim locks the
+// machines row of each machine it leases. A due row made after a removal
+// deleted its machine (by a writer that still saw it) is locked by a
+// claim whose snapshot still sees the machine too; the claim waits for
+// the removal's row, and leases nothing once the removal commits.
+// Without the claim's lock it would lease the removed machine at once
+// (the wait below fails); with work's old foreign key it failed with the
+// key's error.
+func TestClaimWaitsForMachineRemoval(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e, s, m := newEnvWithMachine(t)
+	cand := bmdb.ProvidedCandidates()
+	register(t, s, agentStart, cand)
+	e.exec(`DELETE FROM work_due WHERE machine_id = $1`, m)
+
+	removal, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer removal.Rollback(context.WithoutCancel(ctx))
+	if _, err := removal.Exec(ctx, `DELETE FROM machines WHERE machine_id = $1`, m); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() - interval '1 hour')`, agentStart.Name, m)
+
+	type claimed struct {
+		leases []*bmdb.Lease
+		err    error
+	}
+	done := make(chan claimed, 1)
+	go func() {
+		ws, err := s.ClaimBatch(ctx, agentStart, cand, 10)
+		done <- claimed{ws, err}
+	}()
+	e.waitBlocked("the claim never waited for the row of the machine being removed")
+	if err := removal.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := <-done
+	var nd *bmdb.NothingDue
+	if c.err != nil && !errors.As(c.err, &nd) {
+		t.Fatalf("claim racing the removal: %v; want no lease and no error", c.err)
+	}
+	for _, w := range c.leases {
+		t.Errorf("leased %s, a machine removed as the claim waited", w.Machine)
+	}
+	var leases int
+	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work WHERE machine_id = $1`, m).Scan(&leases); err != nil {
+		t.Fatal(err)
+	}
+	if leases != 0 {
+		t.Errorf("%d leases of the removed machine", leases)
+	}
+}
+
+// An insert into work by any other statement than a claim of this
+// release (a binary of schema 27 during a rolling upgrade, a hand-written
+// statement) is checked as work's old foreign key checked it: a lease of
+// a machine that does not exist, or that is deleted as the insert waits
+// for its row, fails with the key's error; deleting a leased machine by
+// hand fails with it too. A claim's leases are marked as locked by the
+// claim, which the check passes over.
+func TestLeaseInsertChecksMachine(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e, s, m := newEnvWithMachine(t)
+	insert := `INSERT INTO work (machine_id, exclusion_group, process, session_id) VALUES ($1, 'Other', 'OtherProcess', $2)`
+	wantKeyError := func(what string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23503" || pgErr.ConstraintName != "work_machine_id_fkey" {
+			t.Errorf("%s: %v; want foreign_key_violation on work_machine_id_fkey", what, err)
+		}
+	}
+
+	_, err := e.raw.Exec(ctx, insert, uuid.New(), s.ID())
+	wantKeyError("a lease of a machine that does not exist", err)
+
+	other := e.addMachines(1)[0]
+	removal, err := e.raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer removal.Rollback(context.WithoutCancel(ctx))
+	if _, err := removal.Exec(ctx, `SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE`, other); err != nil {
+		t.Fatal(err)
+	}
+	inserted := make(chan error, 1)
+	go func() {
+		_, err := e.raw.Exec(ctx, insert, other, s.ID())
+		inserted <- err
+	}()
+	e.waitBlocked("an insert into work never waited for the locked machines row")
+	if _, err := removal.Exec(ctx, `DELETE FROM machines WHERE machine_id = $1`, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := removal.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantKeyError("a lease of a machine deleted as the insert waited", <-inserted)
+
+	if _, err := e.raw.Exec(ctx, insert, m, s.ID()); err != nil {
+		t.Fatalf("a lease of a machine that exists: %v", err)
+	}
+	_, err = e.raw.Exec(ctx, `DELETE FROM machines WHERE machine_id = $1`, m)
+	wantKeyError("deleting a leased machine by hand", err)
+	if err := e.remove(m, "leased"); !errors.Is(err, bmdb.ErrLeased) {
+		t.Errorf("RemoveMachine of a leased machine: %v, want ErrLeased", err)
+	}
+	e.exec(`DELETE FROM work WHERE machine_id = $1`, m)
+
+	w := claim(t, s, agentStart)
+	var locked *bool
+	if err := e.raw.QueryRow(ctx, `SELECT machine_locked FROM work WHERE machine_id = $1`, w.Machine).Scan(&locked); err != nil {
+		t.Fatal(err)
+	}
+	if locked == nil || !*locked {
+		t.Errorf("a claim's lease has machine_locked %v, want true (the claim locked the machine)", locked)
 	}
 }

@@ -238,7 +238,7 @@ func TestClaimPassesOverALeaseTakenMeanwhile(t *testing.T) {
 	}()
 	// The claim does not see the uncommitted lease, chooses the machine
 	// and waits on the lease's key.
-	e.waitBlocked()
+	e.waitBlocked("the claim never waited on the lease's key")
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
