@@ -477,6 +477,77 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 }
 
+// A lease's end that finds due rows of the group's processes there
+// already (the rare case the lease-end trigger's plain insert fails on,
+// migration 0029) still marks every machine of the statement: a row due
+// later is moved to now and its process notified, a row due already is
+// left as it is and notifies nobody, and the rows that were missing are
+// inserted.
+func TestLeaseEndsMoveExistingDueRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	cand := bmdb.ProvidedCandidates()
+	e.registerAll(cand, agentStart, recovery)
+	machines := e.addMachines(2)
+	slices.SortFunc(machines, uuidCmp)
+	s := e.session(bmdb.SessionConfig{})
+	register(t, s, recovery, cand)
+	notified := e.dueNotifications()
+	dueAt := func(p bmdb.Process, m uuid.UUID) time.Time {
+		t.Helper()
+		var at time.Time
+		if err := e.raw.QueryRow(ctx, `SELECT due_at FROM work_due WHERE process = $1 AND machine_id = $2`, p.Name, m).Scan(&at); err != nil {
+			t.Fatalf("due row of %s for %s: %v", p.Name, m, err)
+		}
+		return at
+	}
+	// endRecoveryLeases leases both machines for Recovery, runs prepare,
+	// then ends both leases in one statement.
+	endRecoveryLeases := func(prepare func()) {
+		t.Helper()
+		works, err := s.ClaimBatch(ctx, recovery, cand, 2)
+		if err != nil || len(works) != 2 {
+			t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		}
+		prepare()
+		notified()
+		e.exec(`DELETE FROM work WHERE process = $1`, recovery.Name)
+	}
+
+	// AgentStart's row of the first machine is due in an hour; the second
+	// machine has none.
+	endRecoveryLeases(func() {
+		e.exec(`DELETE FROM work_due`)
+		e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() + interval '1 hour')`, agentStart.Name, machines[0])
+	})
+	if got := notified(); !slices.Equal(got, []string{agentStart.Name}) {
+		t.Errorf("notifications after a row due later was moved: %v, want [%s]", got, agentStart.Name)
+	}
+	for _, p := range []bmdb.Process{agentStart, recovery} {
+		for _, m := range machines {
+			if at := dueAt(p, m); at.After(time.Now()) {
+				t.Errorf("%s's row for %s due at %v, want now", p.Name, m, at)
+			}
+		}
+	}
+
+	// Both of AgentStart's rows are due already: they stay as they are.
+	var before []time.Time
+	endRecoveryLeases(func() {
+		before = []time.Time{dueAt(agentStart, machines[0]), dueAt(agentStart, machines[1])}
+	})
+	if got := notified(); len(got) != 0 {
+		t.Errorf("notifications after the ends found rows due already: %v, want none", got)
+	}
+	for i, m := range machines {
+		if at := dueAt(agentStart, m); !at.Equal(before[i]) {
+			t.Errorf("AgentStart's row for %s moved from %v to %v", m, before[i], at)
+		}
+		dueAt(recovery, m)
+	}
+}
+
 // registerAll registers processes with condition cand, as their runners'
 // first registration does, without a session.
 func (e *env) registerAll(cand bmdb.Candidates, processes ...bmdb.Process) {
