@@ -155,7 +155,7 @@ type Options struct {
 	// of Serve and ListenAndServe (Handler leaves that to its server).
 	// Every connection costs a file descriptor and memory while it is
 	// open, idle or not: a goroutine's stack, the server's buffers and,
-	// with TLS, the connection's state, tens of KiB in all (the README's
+	// with TLS, the connection's state, tens of KiB in all (docs/bad-input.md's
 	// table of bad input has the figure measured through the binary). The
 	// endpoint's memory is bounded by MaxConns times that, and what one
 	// source can make it hold by MaxConnsPerSource times that.

@@ -152,7 +152,8 @@ func TestBenchScriptRuns(t *testing.T) {
 // benchmark, deploy's checks and the browser test are modules of their
 // own: from the root module, `go run ./cmd/shepherd-bench`, `go test
 // ./cmd/shepherd-bench`, `go test ./deploy` and `go test ./statuspage/browsertest`
-// find no package. bench-results/ is the dated record of what was run then.
+// find no package. bench-results/ holds the raw lines of past runs, with
+// the commands of their day.
 func TestNoCommandIntoAModuleOfItsOwn(t *testing.T) {
 	stale := regexp.MustCompile(`go (run|test|build|vet)( -[a-zA-Z=0-9]+)* \./(cmd/shepherd-bench|deploy|statuspage/browsertest)\b`)
 	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {

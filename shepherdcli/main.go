@@ -86,7 +86,7 @@
 //
 // With no database given (-bmdb_dsn, -bmdb_dsn_file, SHEPHERD_BMDB_DSN) the
 // daemon runs in demo mode: a private PostgreSQL under -state_dir and a
-// simulated fleet. See README.md.
+// simulated fleet. See docs/demo.md.
 package shepherdcli
 
 import (

@@ -84,8 +84,7 @@ func (w *probeWatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // plan until the tables' statistics change. A plan made while the lease
 // tables were small could scan them, and a busy fleet bloats them with
 // dead rows at the rate of its cycles between two autovacuum visits, so
-// that such a plan would cost more every second (bench-results/HISTORY.md,
-// "The 100k-machine points, and what a window bloats"). No generic plan of
+// that such a plan would cost more every second. No generic plan of
 // theirs may scan a table, whatever the statistics: here each lease table
 // holds a handful of rows at most, freshly analyzed, the case that
 // invites a scan. Nor may a claim or a lease end read the indexes of

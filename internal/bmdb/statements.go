@@ -17,8 +17,8 @@ import (
 // planned by the server at every execution: for a claim and a batch of
 // lease ends, statements that touch a few rows by key, planning costs
 // about as much server time as running them, and the claimer waits for
-// it (bench-results/HISTORY.md, "Prepared statements"). A named prepared
-// statement is parsed once per connection and its plan cached, but does
+// it. A named prepared statement is parsed once per connection and its
+// plan cached, but does
 // not survive a transaction-mode pooler, which hands each transaction any
 // server connection. So the pool starts describe-cached, and the first
 // session probes for such a pooler (TransactionPooled): on a direct

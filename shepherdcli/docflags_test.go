@@ -42,7 +42,7 @@ func helpDefaults(t *testing.T) map[string]string {
 	return defaults
 }
 
-// sameDefault compares a README default with the one -h prints: as
+// sameDefault compares a documented default with the one -h prints: as
 // durations, numbers or text, whichever both parse as.
 func sameDefault(readme, help string) bool {
 	if readme == help {
@@ -59,16 +59,16 @@ func sameDefault(readme, help string) bool {
 	return false
 }
 
-// TestREADMEFlagDefaultsAreTheBinarys checks every default the README's
-// flag tables state as a plain value against what `shepherd -h` prints, so
+// TestDocumentedFlagDefaultsAreTheBinarys checks every default the flag
+// tables of docs/operating.md state as a plain value against what `shepherd -h` prints, so
 // that the docs and the help cannot drift apart (they did: the jitter's
 // default, the lease release time). A row of the per-process table
 // (`_suffix`) is checked for every shipped process. Rows whose default is
 // prose ("AgentStart 5m, Recovery 1m", `$SHEPHERD_BMDB_DSN`) are skipped.
-func TestREADMEFlagDefaultsAreTheBinarys(t *testing.T) {
+func TestDocumentedFlagDefaultsAreTheBinarys(t *testing.T) {
 	t.Parallel()
 	help := helpDefaults(t)
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/operating.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,23 +104,23 @@ func TestREADMEFlagDefaultsAreTheBinarys(t *testing.T) {
 		for _, name := range names {
 			got, ok := help[name]
 			if !ok {
-				t.Errorf("README's flag table lists -%s, which shepherd -h does not", name)
+				t.Errorf("docs/operating.md's flag table lists -%s, which shepherd -h does not", name)
 				continue
 			}
 			checked++
 			if value == "" {
 				if got != "" && got != "0" && got != "false" {
-					t.Errorf("-%s: README gives no default, shepherd -h says %q", name, got)
+					t.Errorf("-%s: docs/operating.md gives no default, shepherd -h says %q", name, got)
 				}
 				continue
 			}
 			if !sameDefault(value, got) {
-				t.Errorf("-%s: README's default %q, shepherd -h's %q", name, value, got)
+				t.Errorf("-%s: docs/operating.md's default %q, shepherd -h's %q", name, value, got)
 			}
 		}
 	}
 	if checked < 20 {
-		t.Errorf("checked %d README defaults; the table's format changed?", checked)
+		t.Errorf("checked %d documented defaults; the table's format changed?", checked)
 	}
 }
 
