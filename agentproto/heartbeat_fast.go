@@ -27,19 +27,29 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 	if len(data) > MaxHeartbeatSize {
 		return Heartbeat{}, false
 	}
-	p := skipSpace(data, 0)
-	if p >= len(data) || data[p] != '{' {
+	values, version, ok := scanHeartbeatFields(data)
+	if !ok {
 		return Heartbeat{}, false
 	}
+	return heartbeatFromFields(&values, version)
+}
+
+// scanHeartbeatFields reads the one JSON object data must be, each key of
+// fastKeys at most once with a plain string value (the version: the
+// number 1 or 2), and says whether the keys present are exactly those of
+// the version. Anything else is for the strict decoder.
+func scanHeartbeatFields(data []byte) (values [len(fastKeys)][]byte, version int, ok bool) {
+	p := skipSpace(data, 0)
+	if p >= len(data) || data[p] != '{' {
+		return values, 0, false
+	}
 	p++
-	var values [len(fastKeys)][]byte
 	var seen [len(fastKeys)]bool
-	version := 0
 	for {
 		p = skipSpace(data, p)
 		key, q, ok := plainString(data, p)
 		if !ok {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 		slot := -1
 		for i, k := range fastKeys {
@@ -49,49 +59,53 @@ func decodeHeartbeatFast(data []byte) (Heartbeat, bool) {
 			}
 		}
 		if slot < 0 || seen[slot] {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 		seen[slot] = true
 		p = skipSpace(data, q)
 		if p >= len(data) || data[p] != ':' {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 		p = skipSpace(data, p+1)
 		if slot == 0 {
 			// The number 1 or 2 and nothing else: "10", "1.0", "1e0"
 			// go the strict way.
 			if p+1 >= len(data) || (data[p] != '1' && data[p] != '2') || !endsValue(data[p+1]) {
-				return Heartbeat{}, false
+				return values, 0, false
 			}
 			version = int(data[p] - '0')
 			p++
-		} else {
-			if values[slot], p, ok = plainString(data, p); !ok {
-				return Heartbeat{}, false
-			}
+		} else if values[slot], p, ok = plainString(data, p); !ok {
+			return values, 0, false
 		}
 		p = skipSpace(data, p)
 		if p >= len(data) {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 		if data[p] == '}' {
 			p++
 			break
 		}
 		if data[p] != ',' {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 		p++
 	}
 	if skipSpace(data, p) != len(data) {
-		return Heartbeat{}, false
+		return values, 0, false
 	}
 	// Version 1 has the first five keys, version 2 all seven.
 	for i, s := range seen {
 		if s != (i < 5 || version == HeartbeatVersion) {
-			return Heartbeat{}, false
+			return values, 0, false
 		}
 	}
+	return values, version, true
+}
+
+// heartbeatFromFields parses the scanned values as the strict decoder
+// would accept them: canonical UUIDs and base64, a timestamp in range.
+func heartbeatFromFields(values *[len(fastKeys)][]byte, version int) (Heartbeat, bool) {
 	h := Heartbeat{Version: version}
 	var ok bool
 	if h.MachineID, ok = canonicalUUID(values[1]); !ok {
