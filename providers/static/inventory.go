@@ -344,69 +344,8 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 				hasAddress, hasUser = true, true // reported as not a mapping
 			}
 		},
-		"redfish": func(k, v *yaml.Node) {
-			rf := d.redfish
-			var hasEndpoint, hasCredentials bool
-			endpointLine := k.Line
-			if p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
-				"endpoint": func(_, v *yaml.Node) {
-					hasEndpoint = true
-					endpointLine = v.Line
-					rf.Endpoint, _ = p.endpoint(v, path+".redfish.endpoint")
-				},
-				"allow_http": func(_, v *yaml.Node) { rf.AllowHTTP, _ = p.boolean(v, path+".redfish.allow_http") },
-				"credentials_file": func(_, v *yaml.Node) {
-					hasCredentials = true
-					rf.CredentialsFile, _ = p.credentialsFile(v, path+".redfish.credentials_file")
-				},
-				"system_id": func(_, v *yaml.Node) { rf.SystemID, _ = p.text(v, path+".redfish.system_id", 255) },
-				"reset_type": func(_, v *yaml.Node) {
-					rf.ResetType, _ = p.resetType(v, path+".redfish.reset_type")
-				},
-				"ca_file": func(_, v *yaml.Node) { rf.CAFile, _ = p.caFile(v, path+".redfish.ca_file") },
-			}) {
-				if !hasEndpoint {
-					p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
-				}
-				if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
-					p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
-				}
-				if !hasCredentials && d.redfish.CredentialsFile == "" {
-					p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
-				}
-				m.Redfish = &rf
-			}
-		},
-		"ipmi": func(k, v *yaml.Node) {
-			t := ipmi.Target{Port: ipmi.DefaultPort}
-			var hasAddress, hasCredentials bool
-			if p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
-				"address": func(_, v *yaml.Node) {
-					hasAddress = true
-					t.Address, _ = p.host(v, path+".ipmi.address")
-				},
-				"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
-				"credentials_file": func(_, v *yaml.Node) {
-					hasCredentials = true
-					t.CredentialsFile, _ = p.ipmiCredentialsFile(v, path+".ipmi.credentials_file")
-				},
-				"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
-				"privilege": func(_, v *yaml.Node) {
-					t.Privilege, _ = p.oneOf(v, path+".ipmi.privilege", ipmi.Privileges)
-				},
-				"reset_type": func(_, v *yaml.Node) {
-					t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
-				},
-			}) {
-				if !hasAddress {
-					p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
-				}
-				if !hasCredentials {
-					p.addf(k.Line, path+".ipmi.credentials_file", "missing")
-				}
-				m.IPMI = &t
-			}
-		},
+		"redfish": func(k, v *yaml.Node) { m.Redfish = p.redfishSection(k, v, path, d.redfish) },
+		"ipmi":    func(k, v *yaml.Node) { m.IPMI = p.ipmiSection(k, v, path) },
 		"power": func(k, v *yaml.Node) {
 			powerLine = v.Line
 			m.Power, _ = p.oneOf(v, path+".power", []string{PowerRedfish, PowerIPMI, PowerSSH})
@@ -418,19 +357,7 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 	if !hasID {
 		p.addf(n.Line, path+".id", "missing")
 	}
-	// How the machine is rebooted: what power says, else its only BMC.
-	switch {
-	case m.Power == "" && m.Redfish != nil && m.IPMI != nil:
-		p.addf(n.Line, path+".power", "missing: the machine has both a redfish and an ipmi section; say which reboots it (power: redfish or power: ipmi)")
-	case m.Power == "" && m.Redfish != nil:
-		m.Power = PowerRedfish
-	case m.Power == "" && m.IPMI != nil:
-		m.Power = PowerIPMI
-	case m.Power == "":
-		m.Power = PowerSSH
-	case m.Power == PowerRedfish && m.Redfish == nil, m.Power == PowerIPMI && m.IPMI == nil:
-		p.addf(powerLine, path+".power", "%s: the machine has no %s section", m.Power, m.Power)
-	}
+	p.powerMethod(&m, n.Line, powerLine, path)
 	switch {
 	case !hasSSH:
 		p.addf(n.Line, path+".ssh", "missing: every machine needs an SSH address")
@@ -440,6 +367,97 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 		p.addf(sshLine, path+".ssh.user", "missing, and no defaults.ssh.user")
 	}
 	return m, len(p.problems) == before
+}
+
+// redfishSection reads a machine's redfish section over the inventory's
+// defaults (def). It returns nil when the section is not a mapping, which
+// is reported already; a section with problems is returned with them
+// reported, so that the machine's other checks still run.
+func (p *parser) redfishSection(k, v *yaml.Node, path string, def redfish.Target) *redfish.Target {
+	rf := def
+	var hasEndpoint, hasCredentials bool
+	endpointLine := k.Line
+	if !p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
+		"endpoint": func(_, v *yaml.Node) {
+			hasEndpoint = true
+			endpointLine = v.Line
+			rf.Endpoint, _ = p.endpoint(v, path+".redfish.endpoint")
+		},
+		"allow_http": func(_, v *yaml.Node) { rf.AllowHTTP, _ = p.boolean(v, path+".redfish.allow_http") },
+		"credentials_file": func(_, v *yaml.Node) {
+			hasCredentials = true
+			rf.CredentialsFile, _ = p.credentialsFile(v, path+".redfish.credentials_file")
+		},
+		"system_id": func(_, v *yaml.Node) { rf.SystemID, _ = p.text(v, path+".redfish.system_id", 255) },
+		"reset_type": func(_, v *yaml.Node) {
+			rf.ResetType, _ = p.resetType(v, path+".redfish.reset_type")
+		},
+		"ca_file": func(_, v *yaml.Node) { rf.CAFile, _ = p.caFile(v, path+".redfish.ca_file") },
+	}) {
+		return nil
+	}
+	if !hasEndpoint {
+		p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
+	}
+	if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
+		p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
+	}
+	if !hasCredentials && def.CredentialsFile == "" {
+		p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
+	}
+	return &rf
+}
+
+// ipmiSection reads a machine's ipmi section; nil when it is not a
+// mapping (reported already).
+func (p *parser) ipmiSection(k, v *yaml.Node, path string) *ipmi.Target {
+	t := ipmi.Target{Port: ipmi.DefaultPort}
+	var hasAddress, hasCredentials bool
+	if !p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
+		"address": func(_, v *yaml.Node) {
+			hasAddress = true
+			t.Address, _ = p.host(v, path+".ipmi.address")
+		},
+		"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
+		"credentials_file": func(_, v *yaml.Node) {
+			hasCredentials = true
+			t.CredentialsFile, _ = p.ipmiCredentialsFile(v, path+".ipmi.credentials_file")
+		},
+		"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
+		"privilege": func(_, v *yaml.Node) {
+			t.Privilege, _ = p.oneOf(v, path+".ipmi.privilege", ipmi.Privileges)
+		},
+		"reset_type": func(_, v *yaml.Node) {
+			t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
+		},
+	}) {
+		return nil
+	}
+	if !hasAddress {
+		p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
+	}
+	if !hasCredentials {
+		p.addf(k.Line, path+".ipmi.credentials_file", "missing")
+	}
+	return &t
+}
+
+// powerMethod settles how the machine is rebooted: what its power field
+// says, else its only BMC, else SSH; a power method without its section,
+// or two BMCs and no power field, is a problem at the line given.
+func (p *parser) powerMethod(m *Machine, machineLine, powerLine int, path string) {
+	switch {
+	case m.Power == "" && m.Redfish != nil && m.IPMI != nil:
+		p.addf(machineLine, path+".power", "missing: the machine has both a redfish and an ipmi section; say which reboots it (power: redfish or power: ipmi)")
+	case m.Power == "" && m.Redfish != nil:
+		m.Power = PowerRedfish
+	case m.Power == "" && m.IPMI != nil:
+		m.Power = PowerIPMI
+	case m.Power == "":
+		m.Power = PowerSSH
+	case m.Power == PowerRedfish && m.Redfish == nil, m.Power == PowerIPMI && m.IPMI == nil:
+		p.addf(powerLine, path+".power", "%s: the machine has no %s section", m.Power, m.Power)
+	}
 }
 
 // mapping checks that n is a mapping whose keys are all in fields, each at
