@@ -17,7 +17,7 @@ import (
 // preBaselineCommit is a commit of Shepherd before the baseline schema
 // replaced migrations 1 to 29: its binary is the release an operator runs
 // before the upgrade to the baseline.
-const preBaselineCommit = "362f158"
+const preBaselineCommit = bmdb.PreBaselineCommit
 
 // preBaselineFlags are fastFleetFlags as the binary of preBaselineCommit
 // knows them: fixed here, so that a flag this tree adds later does not
@@ -69,7 +69,7 @@ func buildPreBaseline(t *testing.T) string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building commit %s: %v\n%s", preBaselineCommit, err, out)
 	}
-	t.Logf("built shepherd of commit %s (schema version %d) in %s", preBaselineCommit, bmdb.BaselineVersion-1, time.Since(start).Round(time.Millisecond))
+	t.Logf("built shepherd of commit %s (schema version %d) in %s", preBaselineCommit, bmdb.PreBaselineVersion, time.Since(start).Round(time.Millisecond))
 	return bin
 }
 
@@ -108,7 +108,7 @@ func TestUpgradeToBaseline(t *testing.T) {
 		t.Logf("%s %v: %s", filepath.Base(binary), args, strings.TrimSpace(out))
 	}
 
-	run(old, fmt.Sprintf("migrated schema from version 0 to %d", bmdb.BaselineVersion-1), "migrate", "up")
+	run(old, fmt.Sprintf("migrated schema from version 0 to %d", bmdb.PreBaselineVersion), "migrate", "up")
 	before := replicatest.Start(t, old, "before-baseline", replicatest.EnvWithoutDSN(), flags...)
 	waitWork(before, 3, "before the upgrade")
 
@@ -116,13 +116,13 @@ func TestUpgradeToBaseline(t *testing.T) {
 		// A later migration of this tree is a contract step: the binary
 		// before the baseline stops before it, and refuses it after.
 		before.StopClean(10 * time.Second)
-		run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.BaselineVersion-1, bmdb.LatestVersion()), "migrate", "up")
+		run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
 		if code, out := runBinary(t, old, "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn); code != exitFailure || !strings.Contains(out, "a contract step") {
 			t.Errorf("the binary before the baseline on a later contract step: exit %d, %q; want a refusal", code, out)
 		}
 		return
 	}
-	run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.BaselineVersion-1, bmdb.LatestVersion()), "migrate", "up")
+	run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
 	waitWork(before, 3, "on the baseline schema")
 
 	before.StopClean(10 * time.Second)
@@ -132,7 +132,7 @@ func TestUpgradeToBaseline(t *testing.T) {
 	waitWork(upgraded, 3, "beside the binary before the baseline")
 
 	run(old, "every newer migration lets this binary run on it: nothing to do", "migrate", "up")
-	run(old, fmt.Sprintf("schema version %d (clean); this binary knows up to %d; this binary runs on it", bmdb.LatestVersion(), bmdb.BaselineVersion-1), "migrate", "version")
+	run(old, fmt.Sprintf("schema version %d (clean); this binary knows up to %d; this binary runs on it", bmdb.LatestVersion(), bmdb.PreBaselineVersion), "migrate", "version")
 
 	restarted.StopClean(10 * time.Second)
 	upgraded.StopClean(10 * time.Second)

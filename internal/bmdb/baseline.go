@@ -20,15 +20,16 @@ import (
 // 'migrate up' would apply their migration 2 onto (docs/upgrading.md).
 const BaselineVersion = 30
 
-// preBaselineVersion is the version migrations 1 to 29 left a database at.
+// PreBaselineVersion is the version migrations 1 to 29 left a database at.
 // 'migrate up' records such a database as the baseline without running it
 // (adoptBaseline); one at an older version is first migrated to this one
 // by a binary built before the baseline.
-const preBaselineVersion = BaselineVersion - 1
+const PreBaselineVersion = BaselineVersion - 1
 
-// preBaselineCommit is a commit of Shepherd whose binary migrates a
-// database to preBaselineVersion, named in the errors that ask for one.
-const preBaselineCommit = "362f158"
+// PreBaselineCommit is a commit of Shepherd whose binary migrates a
+// database to PreBaselineVersion, named in the errors that ask for one
+// (and built by the test of the upgrade to the baseline).
+const PreBaselineCommit = "362f158"
 
 // replacedByBaseline reports whether version of e is one of the versions
 // the baseline replaced: e is Shepherd's own schema, from the baseline on,
@@ -52,11 +53,11 @@ func (e *Extension) firstVersion() uint {
 // last (adoptBaseline takes that one).
 func errPreBaseline(version uint) error {
 	return fmt.Errorf("%w: schema version %d predates the baseline schema (version %d), which this binary can take over only from version %d: migrate the database to version %d with a shepherd binary built before the baseline (e.g. from commit %s: 'go run ./cmd/shepherd migrate up'), then run this binary's 'shepherd migrate up' (docs/upgrading.md)",
-		ErrSchema, version, BaselineVersion, preBaselineVersion, preBaselineVersion, preBaselineCommit)
+		ErrSchema, version, BaselineVersion, PreBaselineVersion, PreBaselineVersion, PreBaselineCommit)
 }
 
 // adoptBaseline records a database that migrations 1 to 29 built (version
-// preBaselineVersion, clean) as the baseline, version BaselineVersion,
+// PreBaselineVersion, clean) as the baseline, version BaselineVersion,
 // without running the baseline: the schema is the baseline's (internal/
 // bmdb's TestBaselineSchema compares them), and every row stays. In one
 // transaction, holding golang-migrate's table against every other
@@ -89,19 +90,19 @@ func adoptBaseline(ctx context.Context, dsn string) error {
 		if version >= BaselineVersion && !dirty {
 			return nil // another 'migrate up' adopted it meanwhile
 		}
-		if version != preBaselineVersion || dirty {
+		if version != PreBaselineVersion || dirty {
 			return fmt.Errorf("schema version changed to %d (dirty %v) while migrating: run 'shepherd migrate up' again", version, dirty)
 		}
 		var missing []string
 		if err := tx.QueryRow(ctx, qBaselineMissing).Scan(&missing); err != nil {
-			return fmt.Errorf("checking the schema of version %d: %w", preBaselineVersion, err)
+			return fmt.Errorf("checking the schema of version %d: %w", PreBaselineVersion, err)
 		}
 		if len(missing) > 3 {
 			missing = append(missing[:3], fmt.Sprintf("%d more", len(missing)-3))
 		}
 		if len(missing) > 0 {
 			return fmt.Errorf("%w: schema_migrations records version %d, but the schema lacks %s: it is not the schema Shepherd's migrations 1 to %d leave, and this binary does not record it as the baseline: repair it first, with a shepherd binary built before the baseline (e.g. from commit %s)",
-				ErrSchema, preBaselineVersion, strings.Join(missing, ", "), preBaselineVersion, preBaselineCommit)
+				ErrSchema, PreBaselineVersion, strings.Join(missing, ", "), PreBaselineVersion, PreBaselineCommit)
 		}
 		if _, err := tx.Exec(ctx, qBaselineDropReplaced); err != nil {
 			return fmt.Errorf("dropping the functions the baseline replaced: %w", err)
@@ -112,7 +113,7 @@ func adoptBaseline(ctx context.Context, dsn string) error {
 		return nil
 	})
 	if err != nil && !errors.Is(err, ErrSchema) {
-		return fmt.Errorf("taking over schema version %d as the baseline (version %d): %w", preBaselineVersion, BaselineVersion, err)
+		return fmt.Errorf("taking over schema version %d as the baseline (version %d): %w", PreBaselineVersion, BaselineVersion, err)
 	}
 	return err
 }

@@ -27,6 +27,3 @@ func MigrateUpPreBaseline(ctx context.Context, dsn string) error {
 func (db *DB) CheckSchemaPreBaseline(ctx context.Context) error {
 	return db.checkSchema(ctx, preBaseline())
 }
-
-// PreBaselineVersion is the version migrations 1 to 29 leave.
-const PreBaselineVersion = preBaselineVersion

@@ -269,8 +269,8 @@ func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrat
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		return checkNewer(ctx, conn, e, version)
-	case clean && e.replacedByBaseline(version) && (dir == "down" || version != preBaselineVersion):
-		if dir == "down" && version == preBaselineVersion {
+	case clean && e.replacedByBaseline(version) && (dir == "down" || version != PreBaselineVersion):
+		if dir == "down" && version == PreBaselineVersion {
 			return fmt.Errorf("%w: schema version %d predates the baseline schema (version %d): run 'shepherd migrate up' first, which takes it over as the baseline, then 'migrate down'", ErrSchema, version, BaselineVersion)
 		}
 		return errPreBaseline(version)
@@ -551,7 +551,7 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 		return fmt.Errorf("%w: %s version %d is dirty: %s", ErrSchema, name, max(version, 0), DirtyAdvice(uint(max(version, 0)), extName))
 	case uint(version) > latest:
 		return checkNewer(ctx, db.pool, e, uint(version))
-	case e.replacedByBaseline(uint(version)) && uint(version) != preBaselineVersion:
+	case e.replacedByBaseline(uint(version)) && uint(version) != PreBaselineVersion:
 		return errPreBaseline(uint(version))
 	case uint(version) < latest:
 		return fmt.Errorf("%w: %s version %d is older than this binary's %d; run 'shepherd migrate up' first", ErrSchema, name, version, latest)
