@@ -269,11 +269,10 @@ func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrat
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		return checkNewer(ctx, conn, e, version)
-	case clean && e.replacedByBaseline(version) && (dir == "down" || version != PreBaselineVersion):
-		if dir == "down" && version == PreBaselineVersion {
-			return fmt.Errorf("%w: schema version %d predates the baseline schema (version %d): run 'shepherd migrate up' first, which takes it over as the baseline, then 'migrate down'", ErrSchema, version, BaselineVersion)
-		}
+	case clean && e.replacedByBaseline(version) && version != PreBaselineVersion:
 		return errPreBaseline(version)
+	case clean && e.replacedByBaseline(version) && dir == "down":
+		return fmt.Errorf("%w: schema version %d predates the baseline schema (version %d): run 'shepherd migrate up' first, which takes it over as the baseline, then 'migrate down'", ErrSchema, version, BaselineVersion)
 	}
 	if dir == "up" {
 		if err := recordDeclarations(ctx, dsn, e, decls); err != nil {
