@@ -21,11 +21,14 @@
 // 'shepherd migrate up' records both in the database, where binaries older
 // than the migration, which do not embed it, read them at start.
 //
-// 0001 has no previous version; 0008 (binaries before it would take
-// machines that asked to be checked again later) and 0011 (due-time
-// sourcing, which binaries before it do not register for) are not declared
-// compatible. The declarations of migrations up to 0015 only document: the
-// binaries before 0015 cannot read them, and refuse any newer schema.
+// 0030_baseline is the first: the whole schema in one file, replacing the
+// migrations 0001 to 0029 written before the first release. It is numbered
+// after them so that binaries built before it read it as a newer schema,
+// which it declares compatible with them (it is the same schema), rather
+// than as an older one their 'migrate up' would apply their 0002 onto.
+// 'migrate up' takes a database those migrations built (version 29) over
+// as the baseline without running it (bmdb.BaselineVersion,
+// docs/upgrading.md). New migrations come after it, from 0031.
 package migrations
 
 import "embed"

@@ -153,7 +153,7 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 		t.Fatalf("no 'shepherd migrate force N' in the advice:\n%s", out)
 	}
 	shepherd(exitOK, force...)
-	if out := shepherd(exitOK, "migrate", "version"); !strings.Contains(out, "schema version 1 (clean)") {
+	if out := shepherd(exitOK, "migrate", "version"); !strings.Contains(out, fmt.Sprintf("schema version %d (clean)", bmdb.BaselineVersion)) {
 		t.Fatalf("after %v: %s", force, out)
 	}
 	// The cause fixed, the down that failed now runs, and up restores all.

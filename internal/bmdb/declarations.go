@@ -119,7 +119,7 @@ func parseDeclaration(text string) (Declaration, error) {
 
 // schemaName is e's key in migration_declarations.
 func (e *Extension) schemaName() string {
-	if e == core {
+	if e.own {
 		return ""
 	}
 	return e.Name
@@ -196,7 +196,7 @@ func checkNewer(ctx context.Context, q queryer, e *Extension, version uint) erro
 		recorded[uint(r.Version)] = Declaration{Version: uint(r.Version), CompatibleWithPrevious: r.Compatible, Release: r.Release}
 	}
 	name := "schema"
-	if e != core {
+	if !e.own {
 		name = e.label() + " schema"
 	}
 	newer := fmt.Sprintf("%s version %d is newer than this binary knows (%d)", name, version, latest)

@@ -52,6 +52,11 @@ type Extension struct {
 	Name string
 	// FS holds the migration files, e.g. an embed.FS.
 	FS fs.FS
+
+	// own marks Shepherd's own schema (core): its migrations table is
+	// golang-migrate's default and its declarations' name is ''. Only core
+	// and the tests' copy of the migrations the baseline replaced set it.
+	own bool
 }
 
 var extensionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
@@ -80,17 +85,17 @@ func (e *Extension) Table() string { return "schema_migrations_" + e.Name }
 func (e *Extension) Latest() uint { return latestIn(e.FS) }
 
 // core is Shepherd's own schema, as an extension without a name.
-var core = &Extension{FS: migrations.FS}
+var core = &Extension{FS: migrations.FS, own: true}
 
 func (e *Extension) table() string {
-	if e == core {
+	if e.own {
 		return migratepgx.DefaultMigrationsTable
 	}
 	return e.Table()
 }
 
 func (e *Extension) label() string {
-	if e == core {
+	if e.own {
 		return "BMDB"
 	}
 	return "extension " + e.Name
@@ -231,6 +236,11 @@ func MigrateUp(ctx context.Context, dsn string, exts ...*Extension) error {
 // of a rollback to the previous release passes, and fails naming the
 // release to run otherwise.
 //
+// Up takes over a database that the migrations the baseline replaced
+// built as the baseline (adoptBaseline), then applies what comes after it;
+// it refuses an older one, as down refuses any of those versions, naming
+// what to run instead (errPreBaseline).
+//
 // Up records the declarations of e's migrations both before it applies
 // them, so that a binary started meanwhile finds the row of every version
 // it sees applied, and after, since the migration that creates their
@@ -249,18 +259,29 @@ func migrateOne(ctx context.Context, dsn string, e *Extension, step func(*migrat
 		return err
 	}
 	defer closeMigrator(m)
-	if dir == "up" {
-		version, dirty, err := m.Version()
-		if err == nil && !dirty && version > e.Latest() {
-			conn, err := connect(ctx, dsn)
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			return checkNewer(ctx, conn, e, version)
+	version, dirty, verr := m.Version()
+	clean := verr == nil && !dirty
+	switch {
+	case dir == "up" && clean && version > e.Latest():
+		conn, err := connect(ctx, dsn)
+		if err != nil {
+			return err
 		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		return checkNewer(ctx, conn, e, version)
+	case clean && e.replacedByBaseline(version) && version != PreBaselineVersion:
+		return errPreBaseline(version)
+	case clean && e.replacedByBaseline(version) && dir == "down":
+		return fmt.Errorf("%w: schema version %d predates the baseline schema (version %d): run 'shepherd migrate up' first, which takes it over as the baseline, then 'migrate down'", ErrSchema, version, BaselineVersion)
+	}
+	if dir == "up" {
 		if err := recordDeclarations(ctx, dsn, e, decls); err != nil {
 			return err
+		}
+		if clean && e.replacedByBaseline(version) {
+			if err := adoptBaseline(ctx, dsn); err != nil {
+				return err
+			}
 		}
 	}
 	stepErr := run(ctx, dsn, app, m, func() error { return step(m) })
@@ -350,7 +371,7 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 
 // MigrateForce records version as the database's clean schema version
 // without running anything: the way out of a dirty state once an operator
-// has repaired the schema by hand.
+// has repaired the schema by hand. Version 0 records that none is applied.
 func MigrateForce(ctx context.Context, dsn string, version uint) error {
 	m, _, err := migrator(ctx, dsn, core)
 	if err != nil {
@@ -360,7 +381,11 @@ func MigrateForce(ctx context.Context, dsn string, version uint) error {
 	if version > LatestVersion() {
 		return fmt.Errorf("cannot force version %d: this binary knows versions up to %d", version, LatestVersion())
 	}
-	if err := m.Force(int(version)); err != nil {
+	v := int(version)
+	if version == 0 {
+		v = -1 // golang-migrate's "no version": an up applies the baseline
+	}
+	if err := m.Force(v); err != nil {
 		return fmt.Errorf("forcing BMDB schema version %d: %w", version, err)
 	}
 	return nil
@@ -463,29 +488,38 @@ func nilVersionDirty(ctx context.Context, dsn string, e *Extension) bool {
 }
 
 // DirtyAdvice says how to recover from a migration that failed half-way,
-// given the version recorded dirty (0 when the down migration of version 1
-// failed): commands an operator can run as they are. golang-migrate records
-// the version a migration leads to as dirty before running it, and
+// given the version recorded dirty (0 when the down migration of the first
+// version failed): commands an operator can run as they are. golang-migrate
+// records the version a migration leads to as dirty before running it, and
 // PostgreSQL rolls the failed migration back, so the schema is at the
-// version before that step: one below after a failed up, one above after a
-// failed down.
+// version before that step: the one below after a failed up (none below
+// the first version: 0), the one above after a failed down. The first
+// version of Shepherd's schema (extension "") is the baseline's; an
+// extension's is 1.
 func DirtyAdvice(version uint, extension string) string {
 	ext := ""
+	first := uint(1)
 	if extension != "" {
 		ext = " -extension " + extension
+	} else {
+		first = core.firstVersion()
 	}
 	if version == 0 {
-		return fmt.Sprintf("reverting version 1 failed half-way (migrate down) and was rolled back: fix what made it fail, then run 'shepherd migrate%s force 1' and 'shepherd migrate down -yes' again", ext)
+		return fmt.Sprintf("reverting version %d failed half-way (migrate down) and was rolled back: fix what made it fail, then run 'shepherd migrate%s force %d' and 'shepherd migrate down -yes' again", first, ext, first)
+	}
+	before := version - 1
+	if version == first {
+		before = 0
 	}
 	return fmt.Sprintf("a migration failed half-way and was rolled back: fix what made it fail; if it was 'migrate up' (to version %d), run 'shepherd migrate%s force %d', then 'shepherd migrate up'; if it was 'migrate down', run 'shepherd migrate%s force %d', then 'shepherd migrate down -yes'",
-		version, ext, version-1, ext, version+1)
+		version, ext, before, ext, version+1)
 }
 
 func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 	var version int64
 	var dirty bool
 	q := qSchemaVersion
-	if e != core {
+	if !e.own {
 		if err := e.Validate(); err != nil {
 			return err
 		}
@@ -495,7 +529,7 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01", errors.Is(err, pgx.ErrNoRows), errors.Is(err, sql.ErrNoRows):
-		if e == core {
+		if e.own {
 			return fmt.Errorf("%w: the database has no Shepherd schema; run 'shepherd migrate up' against it first", ErrSchema)
 		}
 		return fmt.Errorf("%w: the database lacks the tables of %s; run 'migrate up' with this binary first", ErrSchema, e.label())
@@ -504,18 +538,20 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 	}
 	latest := e.Latest()
 	name := "schema"
-	if e != core {
+	if !e.own {
 		name = e.label() + " schema"
 	}
 	switch {
 	case dirty:
 		extName := ""
-		if e != core {
+		if !e.own {
 			extName = e.Name
 		}
 		return fmt.Errorf("%w: %s version %d is dirty: %s", ErrSchema, name, max(version, 0), DirtyAdvice(uint(max(version, 0)), extName))
 	case uint(version) > latest:
 		return checkNewer(ctx, db.pool, e, uint(version))
+	case e.replacedByBaseline(uint(version)) && uint(version) != PreBaselineVersion:
+		return errPreBaseline(uint(version))
 	case uint(version) < latest:
 		return fmt.Errorf("%w: %s version %d is older than this binary's %d; run 'shepherd migrate up' first", ErrSchema, name, version, latest)
 	}
