@@ -41,14 +41,14 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	ctx := t.Context()
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim before the request: %v, want ErrNothingToDo", err)
 	}
 	res, err := e.db.RequestRun(ctx, m, recovery.Name, "workload wedged", operator)
 	if err != nil || res.Replaced {
 		t.Fatalf("RequestRun: %+v, %v", res, err)
 	}
-	w, err := s.Claim(ctx, recovery, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: recovery, Candidates: cand})
 	if err != nil {
 		t.Fatalf("Claim after the request: %v", err)
 	}
@@ -58,7 +58,7 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim after the forced lease: %v, want ErrNothingToDo (the request is consumed)", err)
 	}
 	h := e.history(m)
@@ -85,7 +85,7 @@ func TestRunNowWaitsForTheGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim while the group holds the machine: %v, want ErrNothingToDo", err)
 	}
 	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
@@ -164,7 +164,7 @@ func waitWorkFor(t testing.TB, s *bmdb.Session, p bmdb.Process, c bmdb.Candidate
 	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
 		register(t, s, p, c)
-		w, err = s.Claim(context.Background(), p, c)
+		w, err = claimOne(context.Background(), s, bmdb.ClaimOptions{Process: p, Candidates: c})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
 		}
@@ -234,7 +234,7 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim of a held machine: %v, want ErrNothingToDo", err)
 	}
 	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})

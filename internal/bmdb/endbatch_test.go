@@ -46,7 +46,7 @@ func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
 	t.Helper()
 	e.addMachines(n + 1)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
+	works, err := s.Claim(t.Context(), bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: n+1})
 	if err != nil || len(works) != n+1 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
@@ -373,7 +373,7 @@ func TestAsyncEndsShareATransaction(t *testing.T) {
 		t.Fatalf("Cancel of the lease whose Finish failed: %v", err)
 	}
 	e.addMachines(1)
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 1)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 1})
 	if err != nil || len(works) != 1 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}

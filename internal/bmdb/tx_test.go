@@ -30,7 +30,7 @@ func TestTxExecCommitsWithTheLease(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	e.addMachines(2)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 2})
 	if err != nil || len(works) != 2 {
 		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
 	}
