@@ -289,3 +289,40 @@ func TestExplainShowsPendingReset(t *testing.T) {
 		t.Errorf("Recovery's reasons %q do not say the machine awaits its new boot", r.Reasons)
 	}
 }
+
+// A machine an operator asked to run now is claimed before the machines
+// that were due before the request (issue 54: run-now takes the next free
+// worker), and its lease says it was forced; the others' do not.
+func TestRunNowIsClaimedFirst(t *testing.T) {
+	t.Parallel()
+	e, s, first := newEnvWithMachine(t)
+	others := append(e.addMachines(4), first)
+	// Added last, so due last: every other machine is due before it.
+	m := e.addMachines(1)[0]
+	ctx := t.Context()
+	cand := bmdb.ProvidedCandidates()
+	register(t, s, recovery, cand)
+	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "wedged", operator); err != nil {
+		t.Fatal(err)
+	}
+	leased, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leased[0].Machine != m || !leased[0].Forced {
+		t.Fatalf("the first claim leased %s (forced %t), want the run-now machine %s, forced", leased[0].Machine, leased[0].Forced, m)
+	}
+	rest, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand, Max: len(others) + 1})
+	if err != nil || len(rest) != len(others) {
+		t.Fatalf("the second claim: %d leases, %v; want %d", len(rest), err, len(others))
+	}
+	for _, w := range append(leased, rest...) {
+		if w.Forced != (w.Machine == m) {
+			t.Errorf("lease of %s: forced %t", w.Machine, w.Forced)
+		}
+		if err := w.Finish(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.audit()
+}
