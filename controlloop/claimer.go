@@ -409,7 +409,7 @@ const buildingRecheck = 10 * time.Second
 // this wait each claim serves a few of them while the rest wait for the
 // next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
 // the machines per claim with and without the wait). The claim waits
-// with its due rows locked (bmdb's ClaimGathering), not before it begins,
+// with its due rows locked (bmdb's ClaimOptions.Gather), not before it begins,
 // so that the workers that come back during the round trip that locks
 // them count at once.
 const claimLinger = 500 * time.Microsecond

@@ -45,7 +45,7 @@ type Runner struct {
 	trippedAt atomic.Int64
 	// registeredAt is when the last registration ended, and building is
 	// set while another replica was building the process's due rows then:
-	// the claim loop registers again until the rows are built. Only Run's
+	// the claimer registers again until the rows are built. Only Run's
 	// goroutine touches them.
 	registeredAt time.Time
 	building     bool
@@ -479,7 +479,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 // register records the process and its condition for due-time claiming,
 // which claims require (bmdb.ErrNotRegistered), so that a rebuild of its
 // due rows is logged with its cost, and replicas that disagree on the
-// condition are reported. Run calls it at start; the claim loop calls it
+// condition are reported. Run calls it at start; the claimer calls it
 // again when a claim finds the process not registered (a failed
 // registration, or one gone from the BMDB) and while another replica
 // builds the due rows, so that a build whose replica stopped is finished.
@@ -499,7 +499,7 @@ func (r *Runner) register(ctx context.Context) (registered bool, err error) {
 		return false, fmt.Errorf("%s: %w", label, err)
 	case err != nil:
 		// Claims fail with ErrNotRegistered until a registration
-		// succeeds: the claim loop registers again.
+		// succeeds: the claimer registers again.
 		logger.Info("registering for due-time claiming failed; the claim loop retries", "process", label, "err", err)
 	case reg.Building && wasBuilding:
 		// Logged when it began.

@@ -438,7 +438,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	register(t, s, agentStart, cand)
 	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand, Max: 3})
 	if err != nil || len(works) != 3 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	notified := e.dueNotifications()
 	due := func(p bmdb.Process) []uuid.UUID {
@@ -508,7 +508,7 @@ func TestLeaseEndsMoveExistingDueRows(t *testing.T) {
 		t.Helper()
 		works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand, Max: 2})
 		if err != nil || len(works) != 2 {
-			t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+			t.Fatalf("Claim: %d leases, %v", len(works), err)
 		}
 		prepare()
 		notified()

@@ -489,7 +489,7 @@ func claimAll(t *testing.T, s *bmdb.Session, p bmdb.Process, batch int, limits b
 			return all
 		}
 		if err != nil {
-			t.Errorf("ClaimBatchLimited: %v", err)
+			t.Errorf("Claim: %v", err)
 			return all
 		}
 		all = append(all, ws...)

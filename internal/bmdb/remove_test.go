@@ -258,7 +258,7 @@ func TestDueRowsOfDeletedMachines(t *testing.T) {
 	e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() - interval '1 hour')`, agentStart.Name, gone)
 	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand, Max: 10})
 	if err != nil {
-		t.Fatalf("ClaimBatch with a due row of a machine that is gone: %v", err)
+		t.Fatalf("Claim with a due row of a machine that is gone: %v", err)
 	}
 	got := make([]uuid.UUID, 0, len(works))
 	for _, w := range works {

@@ -47,7 +47,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	register(t, dead, agentStart, bmdb.ProvidedCandidates())
 	works, err := dead.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 2})
 	if err != nil || len(works) != 2 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	workCtx, cancel := dead.Bind(ctx)
 	defer cancel()

@@ -132,7 +132,7 @@ func TestBackoffJitter(t *testing.T) {
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: len(ms)})
 	if err != nil || len(works) != len(ms) {
-		t.Fatalf("ClaimBatch: %d leases, %v; want %d", len(works), err, len(ms))
+		t.Fatalf("Claim: %d leases, %v; want %d", len(works), err, len(ms))
 	}
 	spread := map[time.Duration]bool{}
 	for _, w := range works {
@@ -431,7 +431,7 @@ func TestFinishOnLostLease(t *testing.T) {
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 3})
 	if err != nil || len(works) != 3 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	if _, err := e.raw.Exec(ctx, `DELETE FROM work`); err != nil {
 		t.Fatal(err)
@@ -613,7 +613,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 }
 
 // A claim that gathers its workers while its due rows are locked
-// (ClaimGathering, as the runner's claimer does) leases as many machines
+// (Claim with Gather, as the runner's claimer does) leases as many machines
 // as gather says, at least one and at most the limit, and gather runs
 // with the rows locked: another claimer's lock skips them meanwhile.
 func TestClaimGathering(t *testing.T) {
