@@ -407,11 +407,11 @@ const buildingRecheck = 10 * time.Second
 // machines it leases: when processes return quickly, the workers that the
 // last claim fed come back just after the next claim started, and without
 // this wait each claim serves a few of them while the rest wait for the
-// next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
-// the machines per claim with and without the wait). The claim waits
-// with its due rows locked (bmdb's ClaimOptions.Gather), not before it begins,
-// so that the workers that come back during the round trip that locks
-// them count at once.
+// next one (the throughput benchmark counts the machines per claim with
+// and without the wait). The claim waits with its due rows locked
+// (bmdb's ClaimOptions.Gather), not before it begins, so that the
+// workers that come back during the round trip that locks them count at
+// once.
 const claimLinger = 500 * time.Microsecond
 
 // gatherMore takes up to limit more idle tokens from idle, for at most

@@ -318,9 +318,7 @@ SELECT
 	// until the tables' statistics change. One made while the lease tables
 	// held a few rows scans them, and a busy fleet leaves dead rows in them
 	// at the rate of its cycles between two autovacuum visits, so the same
-	// plan costs more every second (TestClaimAndEndGenericPlans;
-	// bench-results/HISTORY.md, "The 100k-machine points, and what a
-	// window bloats").
+	// plan costs more every second (TestClaimAndEndGenericPlans).
 	// Their plans are generic from the first execution on
 	// (plan_cache_mode): PostgreSQL would otherwise plan the due rows' lock
 	// anew at each claim, a custom plan for its LIMIT, which cost about
