@@ -3,6 +3,8 @@ package controlloop
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // claimPace decides when a worker asks for its next machine: as its run
@@ -78,4 +80,34 @@ const staleAfterMin = time.Second
 // claims and staleAfterMin, so the runs ahead of it are no longer short.
 func (p *claimPace) stale(claimed time.Time) bool {
 	return time.Since(claimed) > max(staleAfterMin, 4*time.Duration(p.claim.Load()))
+}
+
+// maxAheadQueue bounds the machines a runner queues ahead of its
+// workers beyond one per worker: a claim leases them all at once, and
+// holds their due rows while it does.
+const maxAheadQueue = 1024
+
+// queueLimit is how many machines a runner of parallelism workers may
+// queue behind their runs: maxAheadDepth per worker, at most
+// maxAheadQueue, and never fewer than one per worker.
+func queueLimit(parallelism int) int {
+	return max(min(maxAheadDepth*parallelism, maxAheadQueue), parallelism)
+}
+
+// queueAhead is how many machines a runner queues behind its workers'
+// runs: depth per worker (claimPace.depth), at most queue. A process
+// with a per-machine budget queues none: a machine queued ahead and
+// released unrun (at a stop, or stale) would count a lease against the
+// machine's budget that never acted on it. A process with a bound on its
+// leases in flight queues one per worker at most: its queued leases count
+// against the bound, and a deep queue in one replica would leave the
+// other replicas' workers idle.
+func queueAhead(depth, parallelism, queue int, limits bmdb.Limits) int {
+	switch {
+	case limits.MachineBudget.Set():
+		return 0
+	case limits.MaxInFlight > 0:
+		depth = min(depth, 1)
+	}
+	return min(depth*parallelism, queue)
 }

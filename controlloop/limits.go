@@ -108,7 +108,7 @@ func checkLimits(l *bmdb.Limits, prefix string) error {
 }
 
 // onEscalated is the runner's record of escalations, for its claims,
-// which logs to logger (the claim loop's: bmdb calls it after a claim's
+// which logs to logger (the claimer's: bmdb calls it after a claim's
 // commit, with no context of its own).
 func (r *Runner) onEscalated(logger klog.Logger) func(bmdb.Escalation) {
 	return func(e bmdb.Escalation) { r.escalated(logger, e) }

@@ -174,8 +174,8 @@ func TestRunnerMaxPerHour(t *testing.T) {
 	cfg.Limits.MaxPerHour = 5
 	e.start(p, cfg)
 	bmdbtest.WaitForNoError(t, 10*time.Second, "five machines done", func() (bool, error) { return done.Load() >= 5, nil })
-	// Give the loop time to (wrongly) take more: many idle polls.
-	time.Sleep(20 * cfg.IdlePoll)
+	// Let the loop (wrongly) take more: it claims and finds nothing.
+	e.waitEmptyClaims(2)
 	if got := done.Load(); got != 5 {
 		t.Errorf("%d machines done within the hour, want 5", got)
 	}
@@ -287,7 +287,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 		}
 	}
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the breaker to pause the process", pausedBy(bmdb.PauseByBreaker))
-	time.Sleep(10 * cfg.IdlePoll)
+	e.waitEmptyClaims(2)
 	// One worker: it failed four times, tripped the breaker at the fourth,
 	// and took nothing since.
 	if got := attempts.Load(); got != 4 {
@@ -310,7 +310,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the breaker to trip again", pausedBy(bmdb.PauseByBreaker))
-	time.Sleep(10 * cfg.IdlePoll)
+	e.waitEmptyClaims(2)
 	if got := attempts.Load(); got != 8 {
 		t.Errorf("%d attempts after one resume, want 8", got)
 	}
@@ -412,15 +412,27 @@ func TestRunnerBreakerStopsEveryReplica(t *testing.T) {
 	cfg.Limits.BreakerWindow = 6
 	cfg.Limits.BreakerThreshold = 0.5
 	e.start(failing, cfg)
-	e.replica().start(failing, cfg)
+	other := e.replica()
+	other.start(failing, cfg)
 
 	bmdbtest.WaitForNoError(t, 10*time.Second, "a breaker trip", func() (bool, error) {
 		ps, err := e.db.Pauses(context.Background())
 		return len(ps) == 1 && ps[0].Active(), err
 	})
-	time.Sleep(10 * cfg.IdlePoll)
+	// Settled: both replicas claimed and found nothing, with no machine
+	// queued and no run in flight.
+	settled := func() {
+		t.Helper()
+		for _, r := range []*env{e, other} {
+			r.waitEmptyClaims(2)
+			bmdbtest.WaitForNoError(t, 30*time.Second, "no run in flight", func() (bool, error) {
+				return r.metric("shepherd_work_queued") == 0 && r.metric("shepherd_workers_active") == 0, nil
+			})
+		}
+	}
+	settled()
 	n := attempts.Load()
-	time.Sleep(10 * cfg.IdlePoll)
+	settled()
 	if got := attempts.Load(); got != n {
 		t.Errorf("%d more attempts after the trip settled: some replica did not stop", got-n)
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
+
 	"sync/atomic"
 	"time"
 
@@ -45,7 +45,7 @@ type Runner struct {
 	trippedAt atomic.Int64
 	// registeredAt is when the last registration ended, and building is
 	// set while another replica was building the process's due rows then:
-	// the claim loop registers again until the rows are built. Only Run's
+	// the claimer registers again until the rows are built. Only Run's
 	// goroutine touches them.
 	registeredAt time.Time
 	building     bool
@@ -116,95 +116,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	// tasks holds the machines claimed ahead (claimPace).
-	queue := queueLimit(r.cfg.Parallelism)
-	tokens := r.cfg.Parallelism + queue
-	tasks := make(chan *Task, tokens)
-	ended := make(chan struct{}, 1)
-	// A token is a lease the runner may hold between a claim and its
-	// worker's end of it: one per worker, and those the claimer holds
-	// back unless it claims ahead (claimLoop).
-	idle := make(chan struct{}, tokens)
-	for range tokens {
-		idle <- struct{}{}
-	}
-
-	// The lease's end made the machine due again for this process (no
-	// notification wakes the process that ended its own lease): wake an
-	// idle claimer.
-	wakeClaimer := func() {
-		select {
-		case ended <- struct{}{}:
-		default:
-		}
-	}
-	// A worker whose process returned nil hands the end of its lease to the
-	// session's batches of ends (Lease.FinishAsync) and takes its next
-	// machine while that end commits (River's asynchronous completer): a
-	// worker's cycle is then its process and a claim, not a claim and a
-	// commit, and the ends of many workers still share a transaction
-	// (bmdb's group commit). No goroutine waits for such an end: the one
-	// that carried its batch passes the outcome on (finishAsync), so that
-	// a runner does not hold a blocked goroutine per end in flight, which
-	// every garbage collection scanned and every outcome woke. An end
-	// that could not be recorded is retried until it is, or its session is
-	// gone (endLease), as before. At most tokens ends are in flight (a
-	// worker waits for a slot in ending): room for a batch of every
-	// worker's end and the next one filling (with room for one batch only,
-	// workers waited while a batch committed, and went back to the claimer
-	// late; bench-results/HISTORY.md, "Asynchronous lease ends"), and for
-	// the machines a claim ahead returns at once. A replica then holds at
-	// most twice its tokens in leases while its database is slow to commit
-	// them. Run waits for every end before it closes the session. A run
-	// that returned an error is ended (Failed, or Canceled if it was
-	// stopped) before the worker goes on: the circuit breaker counts a
-	// failure before its worker takes another machine.
-	ending := make(chan struct{}, tokens)
-	var ends sync.WaitGroup
-	endDone := func() {
-		<-ending
-		wakeClaimer()
-		ends.Done()
-	}
+	c := r.newClaimer(logger)
+	e := newEnder(r, c.tokens, c.leaseEnded)
 	logs := newTaskLogs(klog.FromContext(workCtx))
 	var workers errgroup.Group
 	for range r.cfg.Parallelism {
-		workers.Go(func() error {
-			for t := range tasks {
-				r.series.queued.Dec()
-				if why := r.releaseUnrun(ctx, t); why != "" {
-					// Claimed ahead, and not to be run now: released.
-					taskLogger := logs.logger(r, t)
-					if why != releasedAtStop {
-						taskLogger.Info("released a machine claimed ahead without running it", "why", why)
-					}
-					endCtx := klog.NewContext(context.WithoutCancel(workCtx), taskLogger)
-					r.endWork(endCtx, logs.run, t, errNotStarted, true)
-					idle <- struct{}{}
-					continue
-				}
-				started := time.Now()
-				out := r.work(workCtx, logs, t)
-				r.pace.noteRun(time.Since(started), out.err == nil && !out.stopped)
-				if out.err == nil {
-					ending <- struct{}{}
-					ends.Add(1)
-					r.finishAsync(out.endCtx, logs.run, t, endDone)
-				} else {
-					r.endWork(out.endCtx, logs.run, t, out.err, out.stopped)
-					wakeClaimer()
-				}
-				idle <- struct{}{}
-			}
-			return nil
-		})
+		workers.Go(func() error { r.worker(ctx, workCtx, c, e, logs); return nil })
 	}
 	// stopWorkers ends the workers, then waits for every end they
 	// handed on.
 	stopWorkers := func() {
-		close(tasks)
+		c.tasks.close()
 		workers.Wait()
-		ends.Wait()
+		e.wait()
 	}
 	if _, err := r.register(ctx); err != nil {
 		// The workers wait for tasks: end them, or they outlive Run.
@@ -221,302 +145,50 @@ func (r *Runner) Run(ctx context.Context) error {
 	gauges.Go(func() error { r.db.ListenDue(gaugesCtx, r.info.Process, listener); return nil })
 	gauges.Go(func() error { r.watchCancels(gaugesCtx, listener); return nil })
 
-	r.claimLoop(ctx, tasks, idle, queue, ended, listener)
+	c.run(ctx, listener)
 	stopWorkers()
 	stopGauges()
 	gauges.Wait()
-
-	if s := r.session.Swap(nil); s != nil {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := s.Close(closeCtx); err != nil {
-			logger.Error(err, "Closing the BMDB session failed", "process", label)
-		}
-	}
-	r.metrics.sessionHeld.WithLabelValues(label).Set(0)
+	r.closeSession(ctx)
 	logger.Info("stopped", "process", label)
 	return nil
 }
 
-// claimLoop claims machines for idle workers until ctx is done, and up to
-// queue more to wait behind their runs while the runner claims ahead
-// (claimPace). A claim takes one idle token per machine it may lease; a
-// task carries its token to its worker, which returns it when done.
-func (r *Runner) claimLoop(ctx context.Context, tasks chan<- *Task, idle chan struct{}, queue int, ended <-chan struct{}, listener *bmdb.DueListener) {
-	label := r.info.Label
-	logger := klog.FromContext(ctx)
-	onEscalated := r.onEscalated(logger)
-	limiter := r.cfg.QueryRate.Limiter()
-	var errorPause time.Duration
-	pause := func(d time.Duration) bool { return sleep.For(ctx, d) }
-	listening := false
-	noteListening := func(v bool) {
-		if v != listening {
-			listening = v
-			mode := "poll"
-			if v {
-				mode = "notify"
-			}
-			logger.Info("claim wake-ups", "process", label, "mode", mode, "idle_poll", r.cfg.IdlePoll)
-		}
-		r.metrics.listening.WithLabelValues(label).Set(boolGauge(v))
-	}
-	// idleWait sleeps after a claim found nothing it could lease: until a
-	// notification, the next due time or the safety poll while
-	// notifications work, else IdlePoll.
-	idleWait := func(nd *bmdb.NothingDue) bool {
-		wait := r.cfg.IdlePoll
-		if listening && nd != nil && !nd.Blocked {
-			wait = max(r.cfg.SafetyPoll, r.cfg.IdlePoll)
-			if !nd.Next.IsZero() {
-				// The database's clock decides when a row is due; a
-				// millisecond past it, the claim finds it.
-				wait = min(wait, max(time.Until(nd.Next)+time.Millisecond, 0))
-				if wait == 0 {
-					// Due rows this claim could not take (locked by
-					// another claimer): ask again after IdlePoll.
-					wait = r.cfg.IdlePoll
-				}
-			}
-		}
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-t.C:
-				r.metrics.wakeups.WithLabelValues(label, "timer").Inc()
-				return true
-			case <-listener.Wake():
-				r.metrics.wakeups.WithLabelValues(label, "notify").Inc()
-				return true
-			case <-ended:
-				r.metrics.wakeups.WithLabelValues(label, "lease_ended").Inc()
-				return true
-			case v := <-listener.Listening():
-				noteListening(v)
-				if v {
-					// Notifications work again: rows may have become
-					// due while they did not.
-					return true
-				}
-			}
-		}
-	}
-	onError := func(msg string, err error) bool {
-		r.metrics.claimErrors.WithLabelValues(label).Inc()
-		errorPause = min(max(2*errorPause, 100*time.Millisecond), 10*time.Second)
-		wait := jitter.Half(errorPause)
-		logger.Error(err, msg, "process", label, "retry_in", wait.Round(time.Millisecond))
-		return pause(wait)
-	}
-
-	// flowing is set while claims lease machines: workers then come back
-	// one after another, and a claim waits a moment for them (gatherMore).
-	flowing := false
-	// held are tokens the claimer keeps back: those for machines queued
-	// ahead beyond the pace's depth (all of them while it does not claim
-	// ahead), so that the runner holds at most one lease per worker and
-	// depth more queued behind each.
-	held := 0
-	tokens := r.cfg.Parallelism + queue
+// worker runs the tasks the claimer hands it until the claimer stops,
+// and returns each task's token when its lease is handed to the ender.
+// ctx is Run's (done at a stop), workCtx the work's (which outlives ctx
+// by the grace).
+func (r *Runner) worker(ctx, workCtx context.Context, c *claimer, e *ender, logs *taskLogs) {
 	for {
-		keep := queue - queueAhead(r.pace.depth(), r.cfg.Parallelism, queue, r.cfg.Limits)
-		for ; held > keep; held-- {
-			idle <- struct{}{}
+		t, ok := c.tasks.next()
+		if !ok {
+			return
 		}
-		// take counts a free token towards the claim, once held has
-		// what it keeps back.
-		n := 0
-		take := func() {
-			if held < keep {
-				held++
-			} else {
-				n++
-			}
-		}
-		// Wait for one token to claim with, then take every other free one.
-		for n == 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-idle:
-				take()
-			}
-		}
-	gather:
-		for n+held < tokens {
-			select {
-			case <-idle:
-				take()
-			default:
-				break gather
-			}
-		}
-		// While claims lease machines, the claim waits a moment for more
-		// workers (gatherMore) once its due rows are locked, not before
-		// it begins: those that come back during the round trip that
-		// locks the rows are gathered at once. It locks rows for every
-		// token it may gather.
-		var gather func() int
-		upTo := n
-		if flowing && held == keep && n+held < tokens {
-			upTo = tokens - held
-			gather = func() int {
-				n += gatherMore(idle, tokens-n-held)
-				return n
-			}
-		}
-		giveBack := func(k int) {
-			for range k {
-				idle <- struct{}{}
-			}
-		}
-
-		sess, err := r.currentSession(ctx)
-		if err != nil {
-			giveBack(n)
-			if ctx.Err() != nil || !onError("Cannot start a BMDB session", err) {
-				return
-			}
+		r.series.queued.Dec()
+		if why := r.releaseUnrun(ctx, t); why != "" {
+			// Claimed ahead, and not to be run now: released.
+			e.release(workCtx, logs, t, why)
+			c.idle <- struct{}{}
 			continue
 		}
-		if r.building && time.Since(r.registeredAt) >= buildingRecheck {
-			// Another replica was building the due rows: register again,
-			// which finishes the build if that replica stopped.
-			if _, err := r.register(ctx); err != nil {
-				logger.Error(err, "Registering again while another replica builds the due rows failed", "process", label)
-			}
-		}
-		if err := limiter.Wait(ctx); err != nil {
-			giveBack(n)
-			return
-		}
-		// The claim is bound to the session: a replica partitioned from the
-		// database mid-claim gives up at its local deadline instead of
-		// waiting for the partition to heal.
-		claimCtx, cancelClaim := sess.Bind(ctx)
-		claimStart := time.Now()
-		works, err := sess.ClaimGathering(claimCtx, r.info.Process, r.candidates, upTo, gather, r.cfg.Limits, onEscalated)
-		cancelClaim()
-		switch {
-		case err == nil:
-			r.pace.noteClaim(time.Since(claimStart))
-			errorPause = 0
-			flowing = true
-			r.metrics.claims.WithLabelValues(label, "leased").Inc()
-			giveBack(n - len(works))
-			for _, w := range works {
-				r.series.started.Inc()
-				r.series.queued.Inc()
-				tasks <- &Task{Machine: w.Machine, ProviderID: w.ProviderID, Backoff: r.cfg.Backoff, work: w, claimStart: claimStart}
-			}
-		case errors.Is(err, bmdb.ErrNothingToDo):
-			errorPause = 0
-			flowing = false
-			r.metrics.claims.WithLabelValues(label, "empty").Inc()
-			giveBack(n)
-			var nd *bmdb.NothingDue
-			errors.As(err, &nd)
-			if nd != nil && nd.More {
-				continue
-			}
-			if !idleWait(nd) {
-				return
-			}
-		case ctx.Err() != nil:
-			giveBack(n)
-			return
-		case errors.Is(err, bmdb.ErrNotRegistered):
-			// The start's registration failed, or the registration is gone
-			// from the BMDB: register again, then claim again.
-			giveBack(n)
-			logger.Info("the claim found the process not registered; registering again", "process", label, "err", err)
-			registered, regErr := r.register(ctx)
-			if registered {
-				r.metrics.claimErrors.WithLabelValues(label).Inc()
-				continue
-			}
-			if !onError("Claiming failed: the process is not registered, and registering it again failed", errors.Join(err, regErr)) {
-				return
-			}
-		case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
-			giveBack(n)
-			r.metrics.claimErrors.WithLabelValues(label).Inc()
-			logger.Info("session lost, starting a new one", "process", label)
-		default:
-			giveBack(n)
-			if !onError("Claiming failed", err) {
-				return
-			}
-		}
+		started := time.Now()
+		out := r.work(workCtx, logs, t)
+		r.pace.noteRun(time.Since(started), out.err == nil && !out.stopped)
+		e.end(logs.run, t, out)
+		c.idle <- struct{}{}
 	}
 }
 
-// maxAheadQueue bounds the machines a runner queues ahead of its
-// workers beyond one per worker: a claim leases them all at once, and
-// holds their due rows while it does.
-const maxAheadQueue = 1024
-
-// queueLimit is how many machines a runner of parallelism workers may
-// queue behind their runs: maxAheadDepth per worker, at most
-// maxAheadQueue, and never fewer than one per worker.
-func queueLimit(parallelism int) int {
-	return max(min(maxAheadDepth*parallelism, maxAheadQueue), parallelism)
-}
-
-// queueAhead is how many machines a runner queues behind its workers'
-// runs: depth per worker (claimPace.depth), at most queue. A process
-// with a per-machine budget queues none: a machine queued ahead and
-// released unrun (at a stop, or stale) would count a lease against the
-// machine's budget that never acted on it. A process with a bound on its
-// leases in flight queues one per worker at most: its queued leases count
-// against the bound, and a deep queue in one replica would leave the
-// other replicas' workers idle.
-func queueAhead(depth, parallelism, queue int, limits bmdb.Limits) int {
-	switch {
-	case limits.MachineBudget.Set():
-		return 0
-	case limits.MaxInFlight > 0:
-		depth = min(depth, 1)
-	}
-	return min(depth*parallelism, queue)
-}
-
-// buildingRecheck is how often a runner registers again while another
-// replica builds its process's due rows: often enough that a build whose
-// replica stopped is taken over soon, rarely enough that the checks (one
-// short transaction each) cost nothing beside the build.
-const buildingRecheck = 10 * time.Second
-
-// claimLinger is how long a claim waits for more idle workers while
-// claims lease machines. Much of a claim's cost is the same however few
-// machines it leases: when processes return quickly, the workers that the
-// last claim fed come back just after the next claim started, and without
-// this wait each claim serves a few of them while the rest wait for the
-// next one (bench-results/HISTORY.md, "Asynchronous lease ends", counts
-// the machines per claim with and without the wait). The claim waits
-// with its due rows locked (bmdb's ClaimGathering), not before it begins,
-// so that the workers that come back during the round trip that locks
-// them count at once.
-const claimLinger = 500 * time.Microsecond
-
-// gatherMore takes up to limit more idle tokens from idle, for at most
-// claimLinger, and returns how many it took.
-func gatherMore(idle <-chan struct{}, limit int) int {
-	t := time.NewTimer(claimLinger)
-	defer t.Stop()
-	n := 0
-	for n < limit {
-		select {
-		case <-idle:
-			n++
-		case <-t.C:
-			return n
+// closeSession closes the runner's session at the end of Run.
+func (r *Runner) closeSession(ctx context.Context) {
+	if s := r.session.Swap(nil); s != nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.Close(closeCtx); err != nil {
+			klog.FromContext(ctx).Error(err, "Closing the BMDB session failed", "process", r.info.Label)
 		}
 	}
-	return n
+	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(0)
 }
 
 // currentSession returns the live session, starting a new one when there is
@@ -807,7 +479,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 // register records the process and its condition for due-time claiming,
 // which claims require (bmdb.ErrNotRegistered), so that a rebuild of its
 // due rows is logged with its cost, and replicas that disagree on the
-// condition are reported. Run calls it at start; the claim loop calls it
+// condition are reported. Run calls it at start; the claimer calls it
 // again when a claim finds the process not registered (a failed
 // registration, or one gone from the BMDB) and while another replica
 // builds the due rows, so that a build whose replica stopped is finished.
@@ -827,7 +499,7 @@ func (r *Runner) register(ctx context.Context) (registered bool, err error) {
 		return false, fmt.Errorf("%s: %w", label, err)
 	case err != nil:
 		// Claims fail with ErrNotRegistered until a registration
-		// succeeds: the claim loop registers again.
+		// succeeds: the claimer registers again.
 		logger.Info("registering for due-time claiming failed; the claim loop retries", "process", label, "err", err)
 	case reg.Building && wasBuilding:
 		// Logged when it began.

@@ -206,6 +206,20 @@ func (e *env) metric(name string, labels ...string) float64 {
 	return bmdbtest.Metric(e.t, e.reg, name, labels...)
 }
 
+// waitEmptyClaims waits until the env's runner has made n more claims
+// that leased nothing: the explicit signal that it looked for work n
+// times since the call, and found none it may take. A claim that began
+// before the call may be the first of them, so n is at least 2 where a
+// test proves that nothing more is leased.
+func (e *env) waitEmptyClaims(n int) {
+	e.t.Helper()
+	const name = "shepherd_claim_queries_total"
+	base := e.metric(name, "outcome", "empty")
+	bmdbtest.WaitForNoError(e.t, 30*time.Second, fmt.Sprintf("%d claims that find nothing", n), func() (bool, error) {
+		return e.metric(name, "outcome", "empty") >= base+float64(n), nil
+	})
+}
+
 func TestRunnerFinishesEveryMachine(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -236,7 +250,7 @@ func TestRunnerFinishesEveryMachine(t *testing.T) {
 		return e.count(bmdb.EventFinished) == len(machines), nil
 	})
 	// Idle now: nothing more may be started.
-	time.Sleep(200 * time.Millisecond)
+	e.waitEmptyClaims(2)
 	r.Stop(t, 10*time.Second)
 
 	if got := maxActive.Load(); got != 4 {

@@ -59,10 +59,11 @@ func TestCLINeverRunsRegistryConditionSQL(t *testing.T) {
 	}
 	bmdbtest.Register(t, db, recovery.Process, bmdb.ProvidedCandidates())
 	for range 2 {
-		l, err := s.Claim(ctx, recovery.Process, bmdb.ProvidedCandidates())
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery.Process, Candidates: bmdb.ProvidedCandidates()})
 		if err != nil {
 			t.Fatal(err)
 		}
+		l := leases[0]
 		if err := l.Fail(ctx, bmdb.Backoff{Initial: time.Hour}, "test: backing off"); err != nil {
 			t.Fatal(err)
 		}

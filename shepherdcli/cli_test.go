@@ -52,18 +52,20 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	}
 	t.Cleanup(func() { f.session.Close(context.Background()) })
 	bmdbtest.Register(t, f.db, agentstart.Process, bmdb.AgentStartCandidates())
-	w, err := f.session.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
+	leases, err := f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w := leases[0]
 	f.failed = w.Machine
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, "ssh: connection refused\tport 22"); err != nil {
 		t.Fatal(err)
 	}
-	w, err = f.session.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
+	leases, err = f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w = leases[0]
 	f.leased = w.Machine
 	t.Cleanup(func() { w.Cancel(context.Background()) })
 	return f

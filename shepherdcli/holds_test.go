@@ -323,10 +323,11 @@ func TestHoldSelection(t *testing.T) {
 	defer s.Close(ctx)
 	bmdbtest.Register(t, db, agentstart.Process, bmdb.AgentStartCandidates())
 	for _, cause := range []string{"ssh: handshake failed: EOF", "ssh: handshake failed: EOF", "dial tcp: no route to host"} {
-		w, err := s.Claim(ctx, agentstart.Process, bmdb.AgentStartCandidates())
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
 		if err != nil {
 			t.Fatal(err)
 		}
+		w := leases[0]
 		if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, cause); err != nil {
 			t.Fatal(err)
 		}

@@ -75,10 +75,11 @@ func TestOverviewShowsOperatorRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	bmdbtest.Register(t, f.DB, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
-	w, err := f.Session.Claim(ctx, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
-	if err != nil || w.Machine != f.Finished {
-		t.Fatalf("the forced claim: %v, %v; want %s", w, err, f.Finished)
+	leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: recovery.Process, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)})
+	if err != nil || leases[0].Machine != f.Finished {
+		t.Fatalf("the forced claim: %v, %v; want %s", leases, err, f.Finished)
 	}
+	w := leases[0]
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatal(err)
 	}

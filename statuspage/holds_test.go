@@ -38,7 +38,7 @@ func TestHoldsAndEscalationsShown(t *testing.T) {
 	onEscalated := func(e bmdb.Escalation) { escalated = append(escalated, e) }
 	bmdbtest.Register(t, f.DB, agentstart.Process, bmdb.AgentStartCandidates())
 	for range 10 {
-		leases, err := f.Session.ClaimBatchLimited(ctx, agentstart.Process, bmdb.AgentStartCandidates(), 10, limits, onEscalated)
+		leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates(), Max: 10, Limits: limits, OnEscalated: onEscalated})
 		if err != nil {
 			break
 		}

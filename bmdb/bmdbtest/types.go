@@ -16,4 +16,6 @@ type (
 	SessionConfig = bmdb.SessionConfig
 	// Lease is a lease a session claimed (Session.Claim).
 	Lease = bmdb.Lease
+	// ClaimOptions says what Session.Claim leases.
+	ClaimOptions = bmdb.ClaimOptions
 )

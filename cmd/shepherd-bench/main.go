@@ -9,7 +9,7 @@
 //
 //   - throughput: cycles (claim + finish) per second at 1, 4, 16, 64 workers,
 //     for 10k and 100k machines, query rate unlimited;
-//   - claim: latency of single claims (ClaimBatch of one, then Finish) at
+//   - claim: latency of single claims (Claim of one, then Finish) at
 //     10k, 100k and 1M machines, with the claim's EXPLAIN (ANALYZE, BUFFERS)
 //     saved under -out_dir, and the cost of an empty claim (idle poll);
 //   - idle: server-side transactions per second while nothing is eligible,

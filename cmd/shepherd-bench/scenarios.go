@@ -276,10 +276,11 @@ func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n i
 	cand := bmdb.ProvidedCandidates()
 	claim := func() (time.Duration, time.Duration, error) {
 		t0 := time.Now()
-		w, err := s.Claim(ctx, proc, cand)
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: proc, Candidates: cand})
 		if err != nil {
 			return 0, 0, err
 		}
+		w := leases[0]
 		t1 := time.Now()
 		if err := w.Finish(ctx, nil); err != nil {
 			return 0, 0, err
@@ -350,7 +351,7 @@ func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n i
 	idleLat := make([]time.Duration, 0, b.o.idleClaims)
 	for i := range b.o.idleClaims + 5 {
 		t0 := time.Now()
-		_, err := s.Claim(ctx, proc, idle)
+		_, err := s.Claim(ctx, bmdb.ClaimOptions{Process: proc, Candidates: idle})
 		if !errors.Is(err, bmdb.ErrNothingToDo) {
 			return res, fmt.Errorf("idle claim: want nothing to do, got %v", err)
 		}

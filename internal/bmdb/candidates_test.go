@@ -59,12 +59,12 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 	user := bmdb.Process{Name: "UserFirmwareCheck", ExclusionGroup: "Shepherd"}
 	register(t, s, agentStart, bmdb.AgentStartCandidates())
-	held, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
+	held, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	register(t, s, user, everything)
-	other, err := s.Claim(ctx, user, everything)
+	other, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: user, Candidates: everything})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One machine held by the group, the other backing off: nothing left.
-	if _, err := s.Claim(ctx, user, everything); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: user, Candidates: everything}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim with a condition matching everything: %v, want ErrNothingToDo", err)
 	}
 	// Named arguments reach the condition.

@@ -75,7 +75,7 @@ func TestClaimWithUnansweredCommitLeavesNoLease(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		register(t, s, agentStart, bmdb.ProvidedCandidates())
-		w, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 1)
+		w, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 1})
 		done <- result{w, err}
 	}()
 	var pid int

@@ -41,14 +41,14 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	ctx := t.Context()
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim before the request: %v, want ErrNothingToDo", err)
 	}
 	res, err := e.db.RequestRun(ctx, m, recovery.Name, "workload wedged", operator)
 	if err != nil || res.Replaced {
 		t.Fatalf("RequestRun: %+v, %v", res, err)
 	}
-	w, err := s.Claim(ctx, recovery, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: recovery, Candidates: cand})
 	if err != nil {
 		t.Fatalf("Claim after the request: %v", err)
 	}
@@ -58,7 +58,7 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim after the forced lease: %v, want ErrNothingToDo (the request is consumed)", err)
 	}
 	h := e.history(m)
@@ -85,7 +85,7 @@ func TestRunNowWaitsForTheGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim while the group holds the machine: %v, want ErrNothingToDo", err)
 	}
 	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
@@ -164,7 +164,7 @@ func waitWorkFor(t testing.TB, s *bmdb.Session, p bmdb.Process, c bmdb.Candidate
 	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
 		register(t, s, p, c)
-		w, err = s.Claim(context.Background(), p, c)
+		w, err = claimOne(context.Background(), s, bmdb.ClaimOptions{Process: p, Candidates: c})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
 		}
@@ -234,7 +234,7 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
-	if _, err := s.Claim(ctx, recovery, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim of a held machine: %v, want ErrNothingToDo", err)
 	}
 	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
@@ -288,4 +288,41 @@ func TestExplainShowsPendingReset(t *testing.T) {
 	if r.WouldAct || !strings.Contains(strings.Join(r.Reasons, "\n"), "awaiting a heartbeat of a new boot until "+ex.Reset.VerifyBy.UTC().Format(time.RFC3339)) {
 		t.Errorf("Recovery's reasons %q do not say the machine awaits its new boot", r.Reasons)
 	}
+}
+
+// A machine an operator asked to run now is claimed before the machines
+// that were due before the request (issue 54: run-now takes the next free
+// worker), and its lease says it was forced; the others' do not.
+func TestRunNowIsClaimedFirst(t *testing.T) {
+	t.Parallel()
+	e, s, first := newEnvWithMachine(t)
+	others := append(e.addMachines(4), first)
+	// Added last, so due last: every other machine is due before it.
+	m := e.addMachines(1)[0]
+	ctx := t.Context()
+	cand := bmdb.ProvidedCandidates()
+	register(t, s, recovery, cand)
+	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "wedged", operator); err != nil {
+		t.Fatal(err)
+	}
+	leased, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leased[0].Machine != m || !leased[0].Forced {
+		t.Fatalf("the first claim leased %s (forced %t), want the run-now machine %s, forced", leased[0].Machine, leased[0].Forced, m)
+	}
+	rest, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand, Max: len(others) + 1})
+	if err != nil || len(rest) != len(others) {
+		t.Fatalf("the second claim: %d leases, %v; want %d", len(rest), err, len(others))
+	}
+	for _, w := range append(leased, rest...) {
+		if w.Forced != (w.Machine == m) {
+			t.Errorf("lease of %s: forced %t", w.Machine, w.Forced)
+		}
+		if err := w.Finish(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.audit()
 }

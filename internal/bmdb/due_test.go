@@ -175,7 +175,7 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 		t.Fatalf("the concurrent write: %v", err)
 	}
 	register(t, s, agentStart, cand)
-	w, err := s.Claim(ctx, agentStart, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: cand})
 	if err != nil {
 		t.Fatalf("after the write, the machine was not leased: %v (negative control: a claim that trusts its first snapshot loses it)", err)
 	}
@@ -338,7 +338,7 @@ func claimEvery(t *testing.T, s *bmdb.Session, p bmdb.Process, c bmdb.Candidates
 	var all []*bmdb.Lease
 	for {
 		register(t, s, p, c)
-		works, err := s.ClaimBatch(t.Context(), p, c, 16)
+		works, err := s.Claim(t.Context(), bmdb.ClaimOptions{Process: p, Candidates: c, Max: 16})
 		var nd *bmdb.NothingDue
 		if errors.As(err, &nd) {
 			if nd.More {
@@ -399,7 +399,7 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Fatalf("RegisterProcess with an unwatched table: %v; want ErrUnwatchedTable naming the fix", err)
 	}
 	s := e.session(bmdb.SessionConfig{})
-	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: cand}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Fatalf("a claim of the process whose registration was refused: %v; want ErrNotRegistered", err)
 	}
 
@@ -412,11 +412,11 @@ func TestUnwatchedTableRefused(t *testing.T) {
 		t.Errorf("watches %v, want firmware_stale among them", reg.Watches)
 	}
 	m := e.addMachines(1)[0]
-	if _, err := s.Claim(ctx, p, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("before the write: %v, want nothing to do", err)
 	}
 	e.exec(`INSERT INTO firmware_stale (machine_id) VALUES ($1)`, m)
-	w, err := s.Claim(ctx, p, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: p, Candidates: cand})
 	if err != nil || w.Machine != m {
 		t.Fatalf("after the write to the watched table: %v, %v; want the machine", w, err)
 	}
@@ -436,9 +436,9 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	machines := e.addMachines(3)
 	s := e.session(bmdb.SessionConfig{})
 	register(t, s, agentStart, cand)
-	works, err := s.ClaimBatch(ctx, agentStart, cand, 3)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand, Max: 3})
 	if err != nil || len(works) != 3 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	notified := e.dueNotifications()
 	due := func(p bmdb.Process) []uuid.UUID {
@@ -463,7 +463,7 @@ func TestLeaseEndsMarkTheGroupDue(t *testing.T) {
 	}
 
 	register(t, s, recovery, cand)
-	w, err := s.Claim(ctx, recovery, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: recovery, Candidates: cand})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,9 +506,9 @@ func TestLeaseEndsMoveExistingDueRows(t *testing.T) {
 	// then ends both leases in one statement.
 	endRecoveryLeases := func(prepare func()) {
 		t.Helper()
-		works, err := s.ClaimBatch(ctx, recovery, cand, 2)
+		works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand, Max: 2})
 		if err != nil || len(works) != 2 {
-			t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+			t.Fatalf("Claim: %d leases, %v", len(works), err)
 		}
 		prepare()
 		notified()
@@ -645,7 +645,7 @@ func TestUnfinishedDueBuildIsRetried(t *testing.T) {
 	}
 	// Meanwhile its claims take the rows there are.
 	otherSession := startSession(t, other, bmdb.SessionConfig{})
-	if _, err := otherSession.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := otherSession.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Errorf("claim while another replica builds the due rows: %v; want ErrNothingToDo (no row built yet)", err)
 	}
 	if err := builder.Rollback(ctx); err != nil {
@@ -840,7 +840,7 @@ func TestClaimRequiresRegistration(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	cand := bmdb.ProvidedCandidates()
 
-	_, err := s.Claim(ctx, agentStart, cand)
+	_, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand})
 	if !errors.Is(err, bmdb.ErrNotRegistered) || !strings.Contains(err.Error(), "RegisterProcess") {
 		t.Fatalf("claim before registering: %v; want ErrNotRegistered saying to call RegisterProcess", err)
 	}
@@ -855,7 +855,7 @@ func TestClaimRequiresRegistration(t *testing.T) {
 	if _, err := e.db.RegisterProcess(ctx, agentStart, cand, "test"); err != nil {
 		t.Fatal(err)
 	}
-	w, err := s.Claim(ctx, agentStart, cand)
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: cand})
 	if err != nil {
 		t.Fatalf("claim after registering: %v", err)
 	}
@@ -869,11 +869,11 @@ func TestClaimRequiresRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer otherSession.Close(context.WithoutCancel(ctx))
-	if _, err := otherSession.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := otherSession.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Errorf("claim through a DB that did not register the process: %v; want ErrNotRegistered", err)
 	}
 	// Another condition is another registration.
-	if _, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates()); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Errorf("claim with a condition other than the registered one: %v; want ErrNotRegistered", err)
 	}
 
@@ -881,19 +881,19 @@ func TestClaimRequiresRegistration(t *testing.T) {
 	// operator's cleanup): the claim says so instead of registering.
 	e.exec(`DELETE FROM process_registry WHERE process = $1`, agentStart.Name)
 	e.exec(`DELETE FROM work_due WHERE process = $1`, agentStart.Name)
-	if _, err := s.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) || !strings.Contains(err.Error(), "gone") {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand}); !errors.Is(err, bmdb.ErrNotRegistered) || !strings.Contains(err.Error(), "gone") {
 		t.Fatalf("claim after the registration was deleted: %v; want ErrNotRegistered saying it is gone", err)
 	}
 	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM process_registry`).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("registrations after the refused claim = %d, %v; want 0", rows, err)
 	}
-	if _, err := s.Claim(ctx, agentStart, cand); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Fatalf("second claim after the registration was deleted: %v; want ErrNotRegistered", err)
 	}
 	if _, err := e.db.RegisterProcess(ctx, agentStart, cand, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, agentStart, cand); err != nil {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand}); err != nil {
 		t.Fatalf("claim after registering again: %v", err)
 	}
 }

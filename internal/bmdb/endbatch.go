@@ -395,78 +395,13 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		}
 		return nil, errRunAlone
 	}
-	// The leases of ends with a commit function are locked before the
-	// functions run: a lease the reaper took meanwhile would otherwise be
-	// found gone only by the statement that records the ends, after its
-	// function's writes were released into the transaction.
-	var lock []*leaseEnd
-	for i, req := range batch {
-		if errs[i] == nil && req.rec != nil && req.fn != nil {
-			lock = append(lock, req.rec)
-		}
+	locked, err := lockEndLeases(ctx, s, tx, batch, errs)
+	if err != nil {
+		return nil, err
 	}
-	var locked map[leaseKey]bool
-	if len(lock) > 0 {
-		machines, processes := leaseColumns(lock)
-		rows, err := tx.Query(ctx, qLockLeases, s.param(), machines, processes)
-		if err == nil {
-			locked, err = heldLeases(rows, len(lock))
-		}
-		if err != nil {
-			return nil, errRunAlone
-		}
-	}
-	committing := 0
-	var record []*leaseEnd
-	var recorded []int
-	for i, req := range batch {
-		if errs[i] != nil {
-			continue
-		}
-		if req.rec != nil && req.fn == nil {
-			record, recorded = append(record, req.rec), append(recorded, i)
-			continue
-		}
-		if req.rec == nil {
-			ferr := runEnd(ctx, req, tx)
-			switch {
-			case ferr == nil:
-				committing++
-			case errors.Is(ferr, ErrLeaseLost):
-				errs[i] = ferr
-			default:
-				// The transaction is aborted: nothing is committed,
-				// every end may run again on its own.
-				return nil, errRunAlone
-			}
-			continue
-		}
-		if !locked[leaseKey{req.rec.machine, req.rec.process}] {
-			errs[i] = ErrLeaseLost
-			continue
-		}
-		if _, err := tx.Exec(ctx, qEndSavepoint); err != nil {
-			return nil, errRunAlone
-		}
-		ferr := runEnd(ctx, req, tx)
-		if ferr == nil {
-			if _, err := tx.Exec(ctx, qEndRelease); err != nil {
-				ferr = fmt.Errorf("releasing the savepoint of a lease end: %w", err)
-			}
-		}
-		if ferr == nil {
-			record, recorded = append(record, req.rec), append(recorded, i)
-			continue
-		}
-		if _, err := tx.Exec(ctx, qEndRollback); err != nil {
-			// The transaction itself is broken: nothing is committed,
-			// every end may run again on its own.
-			return nil, errRunAlone
-		}
-		if isRetryable(ferr) {
-			ferr = errRunAlone
-		}
-		errs[i] = ferr
+	record, recorded, committing, err := runEnds(ctx, tx, batch, errs, locked)
+	if err != nil {
+		return nil, err
 	}
 	if len(record) > 0 {
 		ended, err := recordEnds(ctx, tx, s.param(), record)
@@ -484,6 +419,104 @@ func (db *DB) transactEnds(s *Session, batch []*endRequest) ([]error, error) {
 		}
 	}
 	return db.commitEnds(ctx, s, tx, errs, committing)
+}
+
+// lockEndLeases locks the leases of the batch's ends that have a commit
+// function, before the functions run, and returns those still held: a
+// lease the reaper took meanwhile would otherwise be found gone only by
+// the statement that records the ends, after its function's writes were
+// released into the transaction. Its error is errRunAlone.
+func lockEndLeases(ctx context.Context, s *Session, tx txConn, batch []*endRequest, errs []error) (map[leaseKey]bool, error) {
+	var lock []*leaseEnd
+	for i, req := range batch {
+		if errs[i] == nil && req.rec != nil && req.fn != nil {
+			lock = append(lock, req.rec)
+		}
+	}
+	if len(lock) == 0 {
+		return nil, nil
+	}
+	machines, processes := leaseColumns(lock)
+	rows, err := tx.Query(ctx, qLockLeases, s.param(), machines, processes)
+	var locked map[leaseKey]bool
+	if err == nil {
+		locked, err = heldLeases(rows, len(lock))
+	}
+	if err != nil {
+		return nil, errRunAlone
+	}
+	return locked, nil
+}
+
+// runEnds runs the commit functions of the batch's ends (each in a
+// savepoint, when it ends a lease) and returns the lease ends to record
+// (record, at the batch's indexes recorded), and how many ends without a
+// lease to record will commit. An end that failed gets its error in errs.
+// Its error, errRunAlone, means the transaction is broken: nothing is
+// committed, and every end may run again on its own.
+func runEnds(ctx context.Context, tx txConn, batch []*endRequest, errs []error, locked map[leaseKey]bool) (record []*leaseEnd, recorded []int, committing int, _ error) {
+	for i, req := range batch {
+		if errs[i] != nil {
+			continue
+		}
+		if req.rec != nil && req.fn == nil {
+			record, recorded = append(record, req.rec), append(recorded, i)
+			continue
+		}
+		if req.rec == nil {
+			ferr := runEnd(ctx, req, tx)
+			switch {
+			case ferr == nil:
+				committing++
+			case errors.Is(ferr, ErrLeaseLost):
+				errs[i] = ferr
+			default:
+				// The transaction is aborted.
+				return nil, nil, 0, errRunAlone
+			}
+			continue
+		}
+		if !locked[leaseKey{req.rec.machine, req.rec.process}] {
+			errs[i] = ErrLeaseLost
+			continue
+		}
+		ferr, err := runEndSavepointed(ctx, tx, req)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if ferr == nil {
+			record, recorded = append(record, req.rec), append(recorded, i)
+			continue
+		}
+		errs[i] = ferr
+	}
+	return record, recorded, committing, nil
+}
+
+// runEndSavepointed runs the commit function of req, which ends a lease,
+// in a savepoint, so that its failure leaves the batch's other ends: ferr
+// is the function's failure (errRunAlone when running alone may succeed),
+// err errRunAlone when the transaction itself broke.
+func runEndSavepointed(ctx context.Context, tx txConn, req *endRequest) (ferr, err error) {
+	if _, err := tx.Exec(ctx, qEndSavepoint); err != nil {
+		return nil, errRunAlone
+	}
+	ferr = runEnd(ctx, req, tx)
+	if ferr == nil {
+		if _, err := tx.Exec(ctx, qEndRelease); err != nil {
+			ferr = fmt.Errorf("releasing the savepoint of a lease end: %w", err)
+		}
+	}
+	if ferr == nil {
+		return nil, nil
+	}
+	if _, err := tx.Exec(ctx, qEndRollback); err != nil {
+		return nil, errRunAlone
+	}
+	if isRetryable(ferr) {
+		ferr = errRunAlone
+	}
+	return ferr, nil
 }
 
 // commitEnds commits a batch's transaction when any end of it is to be

@@ -46,9 +46,9 @@ func holdFirstEnd(t *testing.T, e *env, s *bmdb.Session, n int) *heldEnd {
 	t.Helper()
 	e.addMachines(n + 1)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(t.Context(), agentStart, bmdb.ProvidedCandidates(), n+1)
+	works, err := s.Claim(t.Context(), bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: n + 1})
 	if err != nil || len(works) != n+1 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	h := &heldEnd{works: works, release: make(chan struct{}), done: make(chan error, 1)}
 	var releaseOnce sync.Once
@@ -373,9 +373,9 @@ func TestAsyncEndsShareATransaction(t *testing.T) {
 		t.Fatalf("Cancel of the lease whose Finish failed: %v", err)
 	}
 	e.addMachines(1)
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 1)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 1})
 	if err != nil || len(works) != 1 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	works[0].FinishAsync(ctx, time.Minute, nil, func(err error) { again <- err })
 	if err := <-again; err != nil {

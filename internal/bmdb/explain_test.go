@@ -40,7 +40,7 @@ func TestExplainClaim(t *testing.T) {
 	}
 	// The machine is still free to claim.
 	register(t, s, p, bmdb.ProvidedCandidates())
-	w, err := s.Claim(ctx, p, bmdb.ProvidedCandidates())
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil || w.Machine != machine {
 		t.Fatalf("Claim after ExplainClaim: %v, %v; want machine %s", w, err, machine)
 	}

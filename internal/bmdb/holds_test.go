@@ -22,7 +22,7 @@ func claimAllOf(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limit
 	var got []uuid.UUID
 	for {
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits, nil)
+		leases, err := s.Claim(context.Background(), bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 10, Limits: limits})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return got
 		}
@@ -53,7 +53,7 @@ func waitClaim(t *testing.T, s *bmdb.Session, p bmdb.Process, limits bmdb.Limits
 	bmdbtest.WaitFor(t, 30*time.Second, p.Name+" leasing", func() (bool, string) {
 		var err error
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err = s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), 10, limits, nil)
+		leases, err = s.Claim(context.Background(), bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 10, Limits: limits})
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 	}
 	// Every machine is due (finished leases): none may be leased.
 	register(t, s, p, bmdb.ProvidedCandidates())
-	leases, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 10)
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 10})
 	if !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim of held machines: %d leases, %v; want nothing", len(leases), err)
 	}
@@ -172,7 +172,7 @@ func TestMachineBudgetEscalates(t *testing.T) {
 	// Each failure backs off a second; the budget allows 3 leases.
 	bmdbtest.WaitFor(t, 60*time.Second, "both machines escalated", func() (bool, string) {
 		register(t, s, p, bmdb.ProvidedCandidates())
-		leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits, onEscalated)
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 10, Limits: limits, OnEscalated: onEscalated})
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
 		}
@@ -186,7 +186,7 @@ func TestMachineBudgetEscalates(t *testing.T) {
 	})
 	// Held: no more claims.
 	register(t, s, p, bmdb.ProvidedCandidates())
-	if leases, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 10, limits, onEscalated); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 10, Limits: limits, OnEscalated: onEscalated}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("claim of escalated machines: %v, %v; want nothing", leases, err)
 	}
 	for _, id := range ids {

@@ -24,6 +24,15 @@ var (
 	recovery   = bmdb.Process{Name: "ShepherdRecovery", ExclusionGroup: "Shepherd"}
 )
 
+// claimOne claims one machine (Claim with Max 1) and returns its lease.
+func claimOne(ctx context.Context, s *bmdb.Session, o bmdb.ClaimOptions) (*bmdb.Lease, error) {
+	leases, err := s.Claim(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return leases[0], nil
+}
+
 // env is one test's database, opened through bmdb and, for the test's own
 // checks and tampering, through a raw pgx pool.
 type env struct {
@@ -137,7 +146,7 @@ func (e *env) agentStarted(machine uuid.UUID) bool {
 func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Lease {
 	t.Helper()
 	register(t, s, p, bmdb.ProvidedCandidates())
-	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
+	w, err := claimOne(context.Background(), s, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil {
 		t.Fatalf("Claim(%s): %v", p.Name, err)
 	}
@@ -148,7 +157,7 @@ func claim(t testing.TB, s *bmdb.Session, p bmdb.Process) *bmdb.Lease {
 func expectNothing(t testing.TB, s *bmdb.Session, p bmdb.Process) {
 	t.Helper()
 	register(t, s, p, bmdb.ProvidedCandidates())
-	w, err := s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
+	w, err := claimOne(context.Background(), s, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates()})
 	if err == nil {
 		t.Fatalf("Claim(%s) leased %s, want ErrNothingToDo", p.Name, w.Machine)
 	}
@@ -164,7 +173,7 @@ func waitWork(t testing.TB, s *bmdb.Session, p bmdb.Process, timeout time.Durati
 	bmdbtest.WaitForNoError(t, timeout, p.Name+" claiming a machine", func() (bool, error) {
 		var err error
 		register(t, s, p, bmdb.ProvidedCandidates())
-		w, err = s.Claim(context.Background(), p, bmdb.ProvidedCandidates())
+		w, err = claimOne(context.Background(), s, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates()})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, nil
 		}

@@ -109,7 +109,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 	// The registration went with the schema: a claim says so rather than
 	// register on its way, and its caller registers again (a runner's
 	// claim loop does; claim's register here).
-	if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Errorf("claim after MigrateDown and up: %v, want ErrNotRegistered", err)
 	}
 	w = claim(t, s, agentStart)

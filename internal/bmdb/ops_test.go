@@ -484,12 +484,12 @@ func claimAll(t *testing.T, s *bmdb.Session, p bmdb.Process, batch int, limits b
 	var all []*bmdb.Lease
 	for {
 		register(t, s, p, bmdb.ProvidedCandidates())
-		ws, err := s.ClaimBatchLimited(context.Background(), p, bmdb.ProvidedCandidates(), batch, limits, nil)
+		ws, err := s.Claim(context.Background(), bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: batch, Limits: limits})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return all
 		}
 		if err != nil {
-			t.Errorf("ClaimBatchLimited: %v", err)
+			t.Errorf("Claim: %v", err)
 			return all
 		}
 		all = append(all, ws...)

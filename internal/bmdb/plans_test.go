@@ -113,7 +113,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	limits := bmdb.Limits{MaxInFlight: 100, MaxPerHour: 1000, MachineBudget: bmdb.MachineBudget{N: 50, Window: time.Hour}}
 	p := bmdb.Process{Name: "PlansTest"}
 	register(t, s, p, provided)
-	leases, err := s.ClaimBatchLimited(ctx, p, provided, 12, limits, nil)
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: provided, Max: 12, Limits: limits})
 	if err != nil || len(leases) != 12 {
 		t.Fatalf("claim: %d leases, %v; want 12", len(leases), err)
 	}
@@ -149,7 +149,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	rp := bmdb.Process{Name: "PlansTestRecovery"}
 	bmdbtest.WaitFor(t, 30*time.Second, "a Recovery claim", func() (bool, string) {
 		register(t, s, rp, recovery)
-		l, err := s.ClaimBatchLimited(ctx, rp, recovery, 5, limits, nil)
+		l, err := s.Claim(ctx, bmdb.ClaimOptions{Process: rp, Candidates: recovery, Max: 5, Limits: limits})
 		if errors.Is(err, bmdb.ErrNothingToDo) {
 			return false, "nothing due yet"
 		}
@@ -166,7 +166,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	// A claim that finds nothing due.
 	idle := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	register(t, s, bmdb.Process{Name: "PlansTestIdle"}, idle)
-	if l, err := s.ClaimBatchLimited(ctx, bmdb.Process{Name: "PlansTestIdle"}, idle, 5, limits, nil); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if l, err := s.Claim(ctx, bmdb.ClaimOptions{Process: bmdb.Process{Name: "PlansTestIdle"}, Candidates: idle, Max: 5, Limits: limits}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("a claim with nothing due: %d leases, %v; want %v", len(l), err, bmdb.ErrNothingToDo)
 	}
 
@@ -244,7 +244,7 @@ func TestEndBatchPlanIsLinear(t *testing.T) {
 	provided := bmdb.ProvidedCandidates()
 	p := bmdb.Process{Name: "PlansLinear"}
 	register(t, s, p, provided)
-	leases, err := s.ClaimBatchLimited(ctx, p, provided, n, bmdb.Limits{}, nil)
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: provided, Max: n})
 	if err != nil || len(leases) != n {
 		t.Fatalf("claim: %d leases, %v; want %d", len(leases), err, n)
 	}

@@ -9,9 +9,14 @@ const (
 	// qForcedRequest records a run-now request of process $2 on machine
 	// $1 with reason $3 and actor $4 (the role is the writing
 	// transaction's session_user), replacing a pending one, and makes the
-	// machine due for the process now, so that its next claim considers
-	// it without a scan. It returns whether the machine exists and
-	// whether a request was pending already.
+	// machine due for the process ahead of every other due row of the
+	// process (a microsecond before the oldest, or now), so that its next
+	// claim considers it first and without a scan: a claim takes due rows
+	// oldest first, and run-now must take the next free worker rather
+	// than wait behind every machine that was due before the request
+	// (issue 54). The row's due time stays a real time, so the gauges of
+	// the oldest due row move by a microsecond at most. It returns whether
+	// the machine exists and whether a request was pending already.
 	qForcedRequest = `
 WITH m AS (
     SELECT machine_id FROM machines WHERE machine_id = $1
@@ -26,7 +31,9 @@ WITH m AS (
     RETURNING machine_id
 ), due AS (
     INSERT INTO work_due AS d (process, machine_id, due_at)
-    SELECT $2, machine_id, now() FROM requested
+    SELECT $2, machine_id,
+           LEAST(now(), (SELECT min(o.due_at) FROM work_due o WHERE o.process = $2) - interval '1 microsecond')
+    FROM requested
     ON CONFLICT (process, machine_id) DO UPDATE SET due_at = LEAST(d.due_at, excluded.due_at)
 )
 SELECT EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM previous)`

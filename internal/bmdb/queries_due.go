@@ -98,7 +98,8 @@ due AS (
 	// machine that used its budget is not leased: it is held for the
 	// process (source budget), Escalated is recorded with the count and the
 	// last failure causes, its due row leaves the table, and the statement
-	// returns it with escalated set. Each row carries the transaction's
+	// returns it with escalated set. Each leased row says whether the
+	// lease consumed a run-now request (forced). Each row carries the transaction's
 	// id, which fences the undo of a claim whose COMMIT went unanswered
 	// (qClaimUndo).
 	//
@@ -203,10 +204,11 @@ WITH ` + dueFacts + `, judged AS (
     WHERE wd.process = @process AND wd.machine_id = moved.machine_id
       AND wd.machine_id = ANY (ARRAY(SELECT machine_id FROM moved))
 )
-SELECT l.machine_id, mp.provider_id, false, pg_current_xact_id()::text
+SELECT l.machine_id, mp.provider_id, false,
+       EXISTS (SELECT 1 FROM forced f WHERE f.machine_id = l.machine_id), pg_current_xact_id()::text
 FROM leased l LEFT JOIN machine_provided mp ON mp.machine_id = l.machine_id
 UNION ALL
-SELECT e.machine_id, mp.provider_id, true, pg_current_xact_id()::text
+SELECT e.machine_id, mp.provider_id, true, false, pg_current_xact_id()::text
 FROM escalated e LEFT JOIN machine_provided mp ON mp.machine_id = e.machine_id`
 
 	// budgetCounted is the condition on a machine's history h of the
@@ -316,9 +318,7 @@ SELECT
 	// until the tables' statistics change. One made while the lease tables
 	// held a few rows scans them, and a busy fleet leaves dead rows in them
 	// at the rate of its cycles between two autovacuum visits, so the same
-	// plan costs more every second (TestClaimAndEndGenericPlans;
-	// bench-results/HISTORY.md, "The 100k-machine points, and what a
-	// window bloats").
+	// plan costs more every second (TestClaimAndEndGenericPlans).
 	// Their plans are generic from the first execution on
 	// (plan_cache_mode): PostgreSQL would otherwise plan the due rows' lock
 	// anew at each claim, a custom plan for its LIMIT, which cost about

@@ -160,7 +160,7 @@ func TestRemoveMachineRacesClaims(t *testing.T) {
 			defer wg.Done()
 			for {
 				register(t, s, agentStart, bmdb.ProvidedCandidates())
-				ws, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 4)
+				ws, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 4})
 				var nd *bmdb.NothingDue
 				switch {
 				case errors.As(err, &nd):
@@ -256,9 +256,9 @@ func TestDueRowsOfDeletedMachines(t *testing.T) {
 
 	gone := uuid.New()
 	e.exec(`INSERT INTO work_due (process, machine_id, due_at) VALUES ($1, $2, now() - interval '1 hour')`, agentStart.Name, gone)
-	works, err := s.ClaimBatch(ctx, agentStart, cand, 10)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand, Max: 10})
 	if err != nil {
-		t.Fatalf("ClaimBatch with a due row of a machine that is gone: %v", err)
+		t.Fatalf("Claim with a due row of a machine that is gone: %v", err)
 	}
 	got := make([]uuid.UUID, 0, len(works))
 	for _, w := range works {
@@ -307,7 +307,7 @@ func TestClaimWaitsForMachineRemoval(t *testing.T) {
 	}
 	done := make(chan claimed, 1)
 	go func() {
-		ws, err := s.ClaimBatch(ctx, agentStart, cand, 10)
+		ws, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: cand, Max: 10})
 		done <- claimed{ws, err}
 	}()
 	e.waitBlocked("the claim never waited for the row of the machine being removed")

@@ -176,14 +176,14 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 		{"finish a lease taken before the prune", func() error { return early.Finish(wctx, nil) }},
 		{"claim, then fail", func() error {
 			register(t, s, agentStart, bmdb.ProvidedCandidates())
-			w, err := s.Claim(wctx, agentStart, bmdb.ProvidedCandidates())
+			w, err := claimOne(wctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 			if err != nil {
 				return err
 			}
 			return w.Fail(wctx, bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}, "test")
 		}},
 		{"claim, then cancel", func() error {
-			w, err := s.Claim(wctx, agentStart, bmdb.ProvidedCandidates())
+			w, err := claimOne(wctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 			if err != nil {
 				return err
 			}
@@ -191,7 +191,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 		}},
 		{"claim a batch, then finish it", func() error {
 			register(t, s, recovery, bmdb.ProvidedCandidates())
-			ws, err := s.ClaimBatch(wctx, recovery, bmdb.ProvidedCandidates(), 3)
+			ws, err := s.Claim(wctx, bmdb.ClaimOptions{Process: recovery, Candidates: bmdb.ProvidedCandidates(), Max: 3})
 			if err != nil {
 				return err
 			}
@@ -264,7 +264,7 @@ func TestPruneHistoryWhileClaiming(t *testing.T) {
 				cctx, cancel := context.WithTimeout(ctx, time.Minute)
 				defer cancel()
 				register(t, s, agentStart, bmdb.ProvidedCandidates())
-				w, err := s.Claim(cctx, agentStart, bmdb.ProvidedCandidates())
+				w, err := claimOne(cctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 				if err != nil {
 					return err
 				}

@@ -89,7 +89,7 @@ func TestClaimAndEndRoundTrips(t *testing.T) {
 	provided := bmdb.ProvidedCandidates()
 	p := bmdb.Process{Name: "RoundTrips"}
 	register(t, s, p, provided)
-	leases, err := s.ClaimBatch(ctx, p, provided, 1)
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: provided, Max: 1})
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("claim: %d leases, %v; want 1", len(leases), err)
 	}

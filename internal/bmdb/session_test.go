@@ -45,9 +45,9 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 	dead := e.session(cfg)
 	ms := e.addMachines(2)
 	register(t, dead, agentStart, bmdb.ProvidedCandidates())
-	works, err := dead.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
+	works, err := dead.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 2})
 	if err != nil || len(works) != 2 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	workCtx, cancel := dead.Bind(ctx)
 	defer cancel()
@@ -131,7 +131,7 @@ func testReaperReleasesLeasesOfDeadSession(t *testing.T, cfg bmdb.SessionConfig,
 
 	// The machines are free for the living.
 	register(t, live, recovery, bmdb.ProvidedCandidates())
-	got, err := live.ClaimBatch(ctx, recovery, bmdb.ProvidedCandidates(), 2)
+	got, err := live.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: bmdb.ProvidedCandidates(), Max: 2})
 	if err != nil || len(got) != 2 {
 		t.Fatalf("live session claiming the released machines: %d, %v", len(got), err)
 	}
@@ -191,7 +191,7 @@ func TestSessionFencing(t *testing.T) {
 		t.Errorf("Transact on a lost session: %v (ran: %v), want ErrSessionExpired without running", err, ran)
 	}
 	register(t, s, recovery, bmdb.ProvidedCandidates())
-	if _, err := s.Claim(ctx, recovery, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: bmdb.ProvidedCandidates()}); !errors.Is(err, bmdb.ErrSessionExpired) {
 		t.Errorf("Claim on a lost session: %v, want ErrSessionExpired", err)
 	}
 	if err := w.Finish(ctx, nil); !errors.Is(err, bmdb.ErrSessionExpired) {
@@ -312,7 +312,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 		s := e.session(bmdb.SessionConfig{Interval: time.Minute})
 		register(t, s, agentStart, bmdb.ProvidedCandidates())
 		expire(s)
-		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+		if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Claim from a session the database expired: %v, want ErrSessionExpired", err)
 		}
 		select {
@@ -362,7 +362,7 @@ func TestTransactAfterSessionGone(t *testing.T) {
 			t.Errorf("Finish from a reaped session recorded its tag")
 		}
 		register(t, s, agentStart, bmdb.ProvidedCandidates())
-		if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); !errors.Is(err, bmdb.ErrSessionExpired) {
+		if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); !errors.Is(err, bmdb.ErrSessionExpired) {
 			t.Errorf("Claim from a reaped session: %v, want ErrSessionExpired", err)
 		}
 	})
@@ -390,7 +390,7 @@ func TestClaimBySessionBeingReaped(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		register(t, s, agentStart, bmdb.ProvidedCandidates())
-		_, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+		_, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 		done <- err
 	}()
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the session being deleted", func() (bool, error) {
@@ -423,7 +423,7 @@ func TestCloseReleasesLeases(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(2)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	if _, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2); err != nil {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(ctx); err != nil {
@@ -465,7 +465,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 		}
 		dying := e.session(cfg)
 		register(t, dying, agentStart, bmdb.ProvidedCandidates())
-		if _, err := dying.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
+		if _, err := dying.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); err != nil {
 			t.Fatalf("round %d: claiming: %v", round, err)
 		}
 		dying.StopHeartbeat()
@@ -483,7 +483,7 @@ func TestRepeatedLostBacksOff(t *testing.T) {
 		}
 		live := e.session(cfg)
 		register(t, live, agentStart, bmdb.ProvidedCandidates())
-		_, err := live.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+		_, err := live.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 		switch {
 		case want == 0 && err != nil:
 			t.Fatalf("round %d: after a first loss the machine is not claimable: %v", round, err)

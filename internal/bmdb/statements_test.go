@@ -33,7 +33,7 @@ func preparedClaims(t *testing.T, db *bmdb.DB) int {
 func claimAndFinish(t *testing.T, s *bmdb.Session) {
 	t.Helper()
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	w, err := s.Claim(t.Context(), agentStart, bmdb.ProvidedCandidates())
+	w, err := claimOne(t.Context(), s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -79,7 +79,7 @@ func TestStatementModeOfTheDSNIsKept(t *testing.T) {
 		t.Error("statements prepared although the DSN names default_query_exec_mode=cache_describe")
 	}
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	if _, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates()); err != nil {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); err != nil {
 		t.Fatal(err)
 	}
 	if n := preparedClaims(t, e.db); n != 0 {
@@ -134,7 +134,7 @@ func TestMissingPreparedStatementInBatchTurnsPreparingOff(t *testing.T) {
 	if !bmdb.StatementsPrepared(e.db) {
 		t.Fatal("statements not prepared on a direct connection")
 	}
-	w, err := s.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}

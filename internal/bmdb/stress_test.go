@@ -73,7 +73,7 @@ func TestStress(t *testing.T) {
 				endCtx := context.WithoutCancel(ctx)
 				for ctx.Err() == nil {
 					register(t, s, p, bmdb.ProvidedCandidates())
-					works, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 1+rng.IntN(3))
+					works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 1 + rng.IntN(3)})
 					switch {
 					case errors.Is(err, bmdb.ErrNothingToDo):
 						empty.Add(1)

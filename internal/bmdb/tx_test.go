@@ -30,9 +30,9 @@ func TestTxExecCommitsWithTheLease(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	e.addMachines(2)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 2)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 2})
 	if err != nil || len(works) != 2 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	record := func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO firmware_check (machine_id, version) VALUES ($1, $2)`, m, "1.2.3")

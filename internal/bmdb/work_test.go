@@ -130,9 +130,9 @@ func TestBackoffJitter(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(20)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), len(ms))
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: len(ms)})
 	if err != nil || len(works) != len(ms) {
-		t.Fatalf("ClaimBatch: %d leases, %v; want %d", len(works), err, len(ms))
+		t.Fatalf("Claim: %d leases, %v; want %d", len(works), err, len(ms))
 	}
 	spread := map[time.Duration]bool{}
 	for _, w := range works {
@@ -230,7 +230,7 @@ func TestClaimPassesOverALeaseTakenMeanwhile(t *testing.T) {
 
 	claimed := make(chan error, 1)
 	go func() {
-		w, err := s2.Claim(ctx, recovery, bmdb.ProvidedCandidates())
+		w, err := claimOne(ctx, s2, bmdb.ClaimOptions{Process: recovery, Candidates: bmdb.ProvidedCandidates()})
 		if err == nil {
 			err = fmt.Errorf("leased %s beside the group's lease", w.Machine)
 		}
@@ -271,7 +271,7 @@ func TestFinishCommitsTags(t *testing.T) {
 	e, s, m := newEnvWithMachine(t)
 
 	register(t, s, agentStart, bmdb.AgentStartCandidates())
-	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
@@ -284,7 +284,7 @@ func TestFinishCommitsTags(t *testing.T) {
 	if !e.agentStarted(m) {
 		t.Fatalf("agent-started tag not recorded by Finish")
 	}
-	if _, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates()); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim after the agent started: %v, want ErrNothingToDo", err)
 	}
 }
@@ -429,9 +429,9 @@ func TestFinishOnLostLease(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(3)
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
-	works, err := s.ClaimBatch(ctx, agentStart, bmdb.ProvidedCandidates(), 3)
+	works, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates(), Max: 3})
 	if err != nil || len(works) != 3 {
-		t.Fatalf("ClaimBatch: %d leases, %v", len(works), err)
+		t.Fatalf("Claim: %d leases, %v", len(works), err)
 	}
 	if _, err := e.raw.Exec(ctx, `DELETE FROM work`); err != nil {
 		t.Fatal(err)
@@ -522,7 +522,7 @@ func TestClaimRacingUncommittedLease(t *testing.T) {
 			done := make(chan result, 1)
 			go func() {
 				register(t, s2, agentStart, bmdb.ProvidedCandidates())
-				w, err := s2.Claim(ctx, agentStart, bmdb.ProvidedCandidates())
+				w, err := claimOne(ctx, s2, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
 				done <- result{w, err}
 			}()
 			bmdbtest.WaitForNoError(t, 10*time.Second, "the claim to wait on the uncommitted lease", func() (bool, error) {
@@ -583,7 +583,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 				defer wg.Done()
 				<-start
 				register(t, s, p, bmdb.ProvidedCandidates())
-				ws, err := s.ClaimBatch(ctx, p, bmdb.ProvidedCandidates(), 1)
+				ws, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 1})
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -613,7 +613,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 }
 
 // A claim that gathers its workers while its due rows are locked
-// (ClaimGathering, as the runner's claimer does) leases as many machines
+// (Claim with Gather, as the runner's claimer does) leases as many machines
 // as gather says, at least one and at most the limit, and gather runs
 // with the rows locked: another claimer's lock skips them meanwhile.
 func TestClaimGathering(t *testing.T) {
@@ -648,7 +648,7 @@ func TestClaimGathering(t *testing.T) {
 		if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM work_due WHERE process = $1 AND due_at <= now()`, agentStart.Name).Scan(&due); err != nil {
 			t.Fatal(err)
 		}
-		leases, err := s.ClaimGathering(ctx, agentStart, provided, c.limit, gather, bmdb.Limits{}, nil)
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: provided, Max: c.limit, Gather: gather})
 		if err != nil {
 			t.Fatalf("limit %d, gathered %d: %v", c.limit, c.gathered, err)
 		}

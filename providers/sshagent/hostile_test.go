@@ -38,10 +38,11 @@ func TestHostileSSHDisconnectText(t *testing.T) {
 	defer s.Close(ctx)
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 	bmdbtest.Register(t, f.db, agentStart, bmdb.AgentStartCandidates())
-	w, err := s.Claim(ctx, agentStart, bmdb.AgentStartCandidates())
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w := leases[0]
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Minute}, sshErr.Error()); err != nil {
 		t.Fatalf("failing with the hostile cause: %v", err)
 	}

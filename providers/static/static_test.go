@@ -205,9 +205,11 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	bmdbtest.Register(t, db, process, bmdb.ProvidedCandidates())
 	var lease *bmdb.Lease
 	for lease == nil || lease.Machine != first["c"].Machine {
-		if lease, err = s.Claim(ctx, process, bmdb.ProvidedCandidates()); err != nil {
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: process, Candidates: bmdb.ProvidedCandidates()})
+		if err != nil {
 			t.Fatalf("claiming c: %v", err)
 		}
+		lease = leases[0]
 	}
 	if err := p.Reload(ctx); err != nil {
 		t.Fatalf("Reload: %v", err)

@@ -135,9 +135,9 @@ func NewFleet(t testing.TB) *Fleet {
 // Claim claims a machine for AgentStart in the fleet's session.
 func (f *Fleet) Claim(t testing.TB) *bmdb.Lease {
 	t.Helper()
-	w, err := f.Session.Claim(context.Background(), agentstart.Process, bmdb.AgentStartCandidates())
+	leases, err := f.Session.Claim(context.Background(), bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
 	if err != nil {
 		t.Fatalf("claiming: %v", err)
 	}
-	return w
+	return leases[0]
 }

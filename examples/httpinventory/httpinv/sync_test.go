@@ -53,9 +53,11 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	bmdbtest.Register(t, db, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates())
 	var lease *bmdbtest.Lease
 	for lease == nil || lease.Machine != b.Machine {
-		if lease, err = s.Claim(ctx, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates()); err != nil {
+		leases, err := s.Claim(ctx, bmdbtest.ClaimOptions{Process: bmdb.Process{Name: "Test"}, Candidates: bmdb.ProvidedCandidates()})
+		if err != nil {
 			t.Fatalf("claiming b: %v", err)
 		}
+		lease = leases[0]
 	}
 
 	mu.Lock()
