@@ -48,10 +48,11 @@ func TestNoCommitAfterLocalDeadline(t *testing.T) {
 	db := openShared(t)
 	s := sessionToFreeze(t, db)
 	bmdbtest.Register(t, db, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
-	w, err := s.Claim(ctx, bmdb.Process{Name: "FaultTest"}, bmdb.ProvidedCandidates())
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: bmdb.Process{Name: "FaultTest"}, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w := leases[0]
 	err = w.Finish(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		if err := tx.SetAgentStarted(ctx, w.Machine, []byte("key")); err != nil {
 			return err

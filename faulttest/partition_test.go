@@ -52,10 +52,11 @@ func TestPartitionMidTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	bmdbtest.Register(t, cut, process, bmdb.ProvidedCandidates())
-	work, err := partitioned.Claim(ctx, process, bmdb.ProvidedCandidates())
+	leases, err := partitioned.Claim(ctx, bmdb.ClaimOptions{Process: process, Candidates: bmdb.ProvidedCandidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	work := leases[0]
 	cfg.Component = "healthy"
 	survivor, err := healthy.StartSession(ctx, cfg)
 	if err != nil {
