@@ -44,7 +44,7 @@ func TestRunnerOfDefinition(t *testing.T) {
 	if err := def.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
-	h, err := def.New(controlloop.Env{DB: e.db})
+	h, err := def.New(controlloop.Env{DB: e.db.Public()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2/ktesting"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -66,7 +67,7 @@ func newProcess(run func(ctx context.Context, t *controlloop.Task) error) *testP
 
 // commitAgent makes t's machine no longer a candidate once its work finishes.
 func commitAgent(t *controlloop.Task) {
-	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+	t.Commit = func(ctx context.Context, tx bmdbapi.Tx) error {
 		return tx.SetAgentStarted(ctx, t.Machine, []byte("key"))
 	}
 }
@@ -309,7 +310,7 @@ func TestRunnerPanic(t *testing.T) {
 		case panicRun:
 			panic("boom in run")
 		case panicCommit:
-			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error { panic("boom in commit") }
+			task.Commit = func(ctx context.Context, tx bmdbapi.Tx) error { panic("boom in commit") }
 			return nil
 		}
 		commitAgent(task)
@@ -533,7 +534,7 @@ func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		ran <- task.Machine
 		if first.CompareAndSwap(false, true) {
-			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+			task.Commit = func(ctx context.Context, tx bmdbapi.Tx) error {
 				committing <- task.Machine
 				<-release
 				return tx.SetAgentStarted(ctx, task.Machine, []byte("key"))

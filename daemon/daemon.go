@@ -373,7 +373,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	// Opening does not connect, so the fleet and the loops can be built
 	// now: their metrics series then exist, at zero, while the database is
 	// away.
-	f, err := newFleet(o.Provider, providers.Env{DB: db, Registerer: d.reg, HeartbeatURL: o.Agents.HeartbeatURL, Logger: log})
+	f, err := newFleet(o.Provider, providers.Env{DB: db.Public(), Registerer: d.reg, HeartbeatURL: o.Agents.HeartbeatURL, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -442,7 +442,7 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 	var runners []*controlloop.Runner
 	for _, l := range loops {
 		dbMetrics.InitComponent(l.Config.Session.Component)
-		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db})
+		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db.Public()})
 		if err != nil {
 			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
 		}

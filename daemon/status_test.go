@@ -41,7 +41,7 @@ func TestStatusPageLateBinding(t *testing.T) {
 
 	db := bmdbtest.NewDB(t, bmdb.Options{})
 	def := agentstart.Definition()
-	h, err := def.New(controlloop.Env{Provider: sim.New(db, sim.DefaultConfig()), DB: db})
+	h, err := def.New(controlloop.Env{Provider: sim.New(db.Public(), sim.DefaultConfig()), DB: db.Public()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -172,7 +172,7 @@ func (e *env) run(def controlloop.Definition, provider providers.Provider, b bmd
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
 	cfg.Backoff = b
-	h, err := def.New(controlloop.Env{Provider: provider, DB: e.db})
+	h, err := def.New(controlloop.Env{Provider: provider, DB: e.db.Public()})
 	if err != nil {
 		e.t.Fatalf("%s: New: %v", def.Info.Label, err)
 	}
@@ -260,7 +260,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	fleet := sim.New(e.db, sim.Config{
+	fleet := sim.New(e.db.Public(), sim.Config{
 		Machines:              20,
 		AgentStartFailureRate: 0.25,
 		ActionTime:            10 * time.Millisecond,
@@ -426,7 +426,7 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 		e := &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
-		fleet := sim.New(db, cfg)
+		fleet := sim.New(db.Public(), cfg)
 		if err := fleet.Seed(ctx); err != nil {
 			t.Fatal(err)
 		}

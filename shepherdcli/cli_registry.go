@@ -131,7 +131,7 @@ func (d *CLI) extensions() []*bmdb.Extension {
 	var exts []*bmdb.Extension
 	for _, p := range d.processes {
 		if p.Migrations != nil {
-			exts = append(exts, p.Migrations)
+			exts = append(exts, bmdb.ExtensionOf(p.Migrations))
 		}
 	}
 	return exts

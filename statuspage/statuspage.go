@@ -30,6 +30,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/untrusted"
@@ -42,7 +43,7 @@ type Process struct {
 	Candidates bmdb.Candidates
 	// Tags, if set, reads the process's own tags of a machine (from its
 	// own tables), shown on the machine's page with Shepherd's tags.
-	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+	Tags func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Tag, error)
 	// Limits are the process's safety limits and per-machine budget as
 	// this daemon runs it, which the machine view's explanation judges
 	// (zero: not judged).
@@ -484,7 +485,7 @@ func (h *handler) power(ctx context.Context, machine uuid.UUID) *bmdb.PowerRead 
 // ReadTags reads the tags of machine that read (a Process's Tags) finds, in
 // one BMDB transaction, bounded and cleaned: they may come from the
 // machine. The status page and the tags command show them.
-func ReadTags(ctx context.Context, db *bmdb.DB, machine uuid.UUID, read func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)) ([]Tag, error) {
+func ReadTags(ctx context.Context, db *bmdb.DB, machine uuid.UUID, read func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Tag, error)) ([]Tag, error) {
 	var tags []Tag
 	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error

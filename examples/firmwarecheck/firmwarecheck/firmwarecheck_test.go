@@ -79,7 +79,7 @@ func newEnv(t *testing.T) *env {
 func (e *env) machine(id string, alive bool) uuid.UUID {
 	e.t.Helper()
 	var m uuid.UUID
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		if m, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: id}); err != nil || !alive {
 			return err
@@ -99,7 +99,7 @@ func (e *env) machine(id string, alive bool) uuid.UUID {
 func (e *env) firmware(m uuid.UUID) []string {
 	e.t.Helper()
 	var out []string
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
 		tags, err := firmwarecheck.Tags(ctx, tx, m)
 		out = out[:0]
 		for _, t := range tags {

@@ -33,7 +33,7 @@ func TestFirmwareCheckInARunner(t *testing.T) {
 
 	// One machine whose agent heartbeats: FirmwareCheck's condition.
 	var m uuid.UUID
-	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := e.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		if m, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: "node-1"}); err != nil {
 			return err
@@ -68,7 +68,7 @@ func TestFirmwareCheckInARunner(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	var version string
-	err = e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err = e.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		return tx.QueryRow(ctx, `SELECT version FROM machine_firmware WHERE machine_id = $1`, m).Scan(&version)
 	})
 	if err != nil || version != "2.1.0" {
