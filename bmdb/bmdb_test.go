@@ -18,8 +18,8 @@ var face = strings.Fields(`
 	DB ErrLeased ErrNotFound ErrUnwatchedTable Event EventCanceled EventEscalated EventFailed
 	EventFinished EventHeld EventLost EventNotRecovered EventRecovered
 	EventReleased EventRemoved EventRescheduled EventStarted Extension
-	HistoryEntry MachineBudget MaxBackoff NewCandidates NotRecovered Process
-	Provided ProvidedCandidates ResetVerification Tx`)
+	HistoryEntry Limits MachineBudget MaxBackoff NewCandidates NotRecovered Process
+	Provided ProvidedCandidates ResetVerification SessionConfig Tx`)
 
 // TestFaceIsSmall fails when the package exports an identifier that is not
 // in face, or no longer exports one that is.

@@ -8,9 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -51,7 +51,7 @@ func TestRunnerOfDefinition(t *testing.T) {
 	cfg := controlloop.DefaultConfig(def.Info)
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
-	r, err := controlloop.NewRunner(e.db, def, h, cfg, controlloop.NewMetrics(e.reg))
+	r, err := controlloop.NewRunner(e.db.Public(), def, h, cfg, controlloop.NewMetrics(e.reg))
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}

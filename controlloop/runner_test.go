@@ -16,9 +16,9 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // The runner's guarantees (leases, backoff, fencing, shutdown) are the
@@ -47,7 +47,7 @@ func (p *testProcess) Run(ctx context.Context, t *controlloop.Task) error { retu
 
 // newRunner prepares a runner of p.
 func (e *env) newRunner(p *testProcess, cfg controlloop.Config) (*controlloop.Runner, error) {
-	return controlloop.NewRunner(e.db, p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
+	return controlloop.NewRunner(e.db.Public(), p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
 }
 
 // newProcess returns a process over AgentStartCandidates: a machine needs it

@@ -9,9 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -45,7 +45,7 @@ func TestStatusPageLateBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := controlloop.NewRunner(db, def, h, controlloop.DefaultConfig(def.Info), controlloop.NewMetrics(prometheus.NewRegistry()))
+	r, err := controlloop.NewRunner(db.Public(), def, h, controlloop.DefaultConfig(def.Info), controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers"
@@ -176,7 +176,7 @@ func (e *env) run(def controlloop.Definition, provider providers.Provider, b bmd
 	if err != nil {
 		e.t.Fatalf("%s: New: %v", def.Info.Label, err)
 	}
-	r, err := controlloop.NewRunner(e.db, def, h, cfg, e.metrics)
+	r, err := controlloop.NewRunner(e.db.Public(), def, h, cfg, e.metrics)
 	if err != nil {
 		e.t.Fatalf("controlloop.NewRunner: %v", err)
 	}

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 	"github.com/shepherd-fleet/shepherd/providers/static"
@@ -131,7 +131,7 @@ func (d *CLI) extensions() []*bmdb.Extension {
 	var exts []*bmdb.Extension
 	for _, p := range d.processes {
 		if p.Migrations != nil {
-			exts = append(exts, bmdb.ExtensionOf(p.Migrations))
+			exts = append(exts, p.Migrations)
 		}
 	}
 	return exts

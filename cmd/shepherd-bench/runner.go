@@ -103,7 +103,7 @@ func startRunners(ctx context.Context, db *bmdb.DB, specs []procSpec) (*runners,
 	var list []*controlloop.Runner
 	for _, sp := range specs {
 		p := newProcess(sp)
-		r, err := controlloop.NewRunner(db, p.definition(), p, configFor(p, sp), m)
+		r, err := controlloop.NewRunner(db.Public(), p.definition(), p, configFor(p, sp), m)
 		if err != nil {
 			return nil, err
 		}

@@ -184,13 +184,13 @@ func (s *Session) ClaimGathering(ctx context.Context, process Process, candidate
 				ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 				return err
 			}
-			if limits.set() {
+			if limitsSet(limits) {
 				// The budget decides whether the due rows are locked.
 				if err := s.aliveWith(ctx, tx.tx, qSessionAliveToClaim, "", nil, nil); err != nil {
 					return err
 				}
 				var err error
-				if n, err = limits.budget(ctx, tx, process.Name, limit); err != nil {
+				if n, err = claimBudget(ctx, limits, tx, process.Name, limit); err != nil {
 					return err
 				}
 				if n == 0 {

@@ -22,9 +22,9 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )

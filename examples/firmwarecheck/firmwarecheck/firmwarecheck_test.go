@@ -59,20 +59,15 @@ func (c *checker) times(id string) []time.Time {
 	return append([]time.Time(nil), c.checks[id]...)
 }
 
-// env is a migrated database (Shepherd's schema and FirmwareCheck's). Its
-// db is bmdbtest's, which a runner takes: more than a process's bmdb.DB.
+// env is a migrated database (Shepherd's schema and FirmwareCheck's).
 type env struct {
 	t  *testing.T
-	db *bmdbtest.DB
+	db bmdb.DB
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	dsn := bmdbtest.NewDatabase(t)
-	if err := bmdb.MigrateUp(t.Context(), dsn, firmwarecheck.Migrations); err != nil {
-		t.Fatalf("MigrateUp: %v", err)
-	}
-	return &env{t: t, db: bmdbtest.Open(t, dsn)}
+	return &env{t: t, db: bmdbtest.Open(t, bmdbtest.NewDatabase(t, firmwarecheck.Migrations))}
 }
 
 // machine adds a provided machine, with a heartbeating agent if alive.
