@@ -29,8 +29,6 @@ package bmdbtest
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -86,26 +84,7 @@ func Open(t testing.TB, dsn string) bmdb.DB {
 // address (192.0.2.0/24), and returns their ids in the order added.
 func AddMachines(t testing.TB, db bmdb.DB, n int) []uuid.UUID {
 	t.Helper()
-	ids := make([]uuid.UUID, 0, n)
-	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
-		ids = ids[:0]
-		for i := range n {
-			id, err := tx.AddMachine(ctx, bmdb.Provided{
-				Provider:   "test",
-				ProviderID: fmt.Sprintf("%s-%d", uuid.NewString(), i),
-				Address:    fmt.Sprintf("192.0.2.%d", i%250),
-			})
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("bmdbtest: adding %d machines: %v", n, err)
-	}
-	return ids
+	return bmdbtest.AddMachinesIn(t, db, n)
 }
 
 // Events lists the event names of h, in its order (Started, Finished,
@@ -131,36 +110,12 @@ func WaitUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 // id.
 func ProvidedBy(t testing.TB, db bmdb.DB, provider string) map[string]bmdb.Provided {
 	t.Helper()
-	got := map[string]bmdb.Provided{}
-	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
-		clear(got)
-		ps, err := tx.ProvidedBy(ctx, provider)
-		for _, p := range ps {
-			got[p.ProviderID] = p
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("bmdbtest: reading the machines of provider %s: %v", provider, err)
-	}
-	return got
+	return bmdbtest.ProvidedByIn(t, db, provider)
 }
 
 // LastHeartbeat is the machine's last recorded agent heartbeat, zero if it
 // has none.
 func LastHeartbeat(t testing.TB, db bmdb.DB, machine uuid.UUID) time.Time {
 	t.Helper()
-	var at time.Time
-	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
-		var err error
-		at, err = tx.LastHeartbeat(ctx, machine)
-		if errors.Is(err, bmdb.ErrNotFound) {
-			at, err = time.Time{}, nil
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("bmdbtest: reading the last heartbeat of %s: %v", machine, err)
-	}
-	return at
+	return bmdbtest.LastHeartbeatIn(t, db, machine)
 }
