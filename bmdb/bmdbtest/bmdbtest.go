@@ -41,7 +41,7 @@ import (
 
 // EnvDSN names the environment variable that points the tests at an
 // existing server instead of a private cluster.
-const EnvDSN = bmdbtest.EnvDSN
+const EnvDSN = "SHEPHERD_TEST_DSN"
 
 // Main runs the tests of a package against PostgreSQL: it provides the
 // server and the migrated template, runs m, tears everything down and
