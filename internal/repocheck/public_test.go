@@ -27,8 +27,7 @@ import (
 var leakAllowed = map[string]string{
 	"heartbeat.New": "the agents' heartbeat endpoint is a part of the daemon (daemon.New builds it), " +
 		"recording heartbeats through the machinery's batch statements",
-	"statuspage.New":      "the status page is a part of the daemon, reading the machinery's listings",
-	"statuspage.ReadTags": "the status page's and 'tags' reading of a process's tags, in the machinery's DB",
+	"statuspage.New": "the status page is a part of the daemon, reading the machinery's listings",
 	"statuspage/statuspagetest.Fleet": "a fixture of Shepherd's own status page tests, " +
 		"which holds the machinery's sessions and leases",
 }
