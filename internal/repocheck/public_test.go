@@ -35,6 +35,7 @@ var leakAllowed = map[string]string{
 // listedPackage is what 'go list -export -json' says of one package.
 type listedPackage struct {
 	ImportPath string
+	Name       string
 	Export     string
 	Module     *struct{ Path string }
 	Standard   bool
@@ -61,8 +62,9 @@ func TestPublicAPINamesNoInternalType(t *testing.T) {
 	var public []string
 	for path, p := range pkgs {
 		// A package of tests alone (no non-test file) has no export data
-		// and no API.
-		if p.Module != nil && p.Module.Path == strings.TrimSuffix(module, "/") && !isInternal(path) && p.Export != "" {
+		// and no API, nor has a command.
+		if p.Module != nil && p.Module.Path == strings.TrimSuffix(module, "/") && !isInternal(path) &&
+			p.Export != "" && p.Name != "main" {
 			public = append(public, path)
 		}
 	}
@@ -96,7 +98,7 @@ func TestPublicAPINamesNoInternalType(t *testing.T) {
 // files of their export data, building what the build cache lacks.
 func listExports(t *testing.T, root string) map[string]listedPackage {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Export,Module,Standard", "./...")
+	cmd := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Name,Export,Module,Standard", "./...")
 	cmd.Dir = root
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
