@@ -73,7 +73,7 @@ type Result struct {
 	// or EventCanceled.
 	Event bmdb.Event
 	// History is the machine's history, in causal order, up to and
-	// including the end of the run's lease.
+	// including the end of the run's lease (earlier runs' included).
 	History []bmdb.HistoryEntry
 }
 
@@ -104,8 +104,11 @@ type Run struct {
 	machine uuid.UUID
 	timeout time.Duration
 	started time.Time
-	stop    context.CancelFunc
-	done    chan error // the runner's Run's error
+	// after is the last history entry of machine before the run: the
+	// run's are after it.
+	after int64
+	stop  context.CancelFunc
+	done  chan error // the runner's Run's error
 
 	mu     sync.Mutex
 	ran    bool
@@ -126,9 +129,16 @@ func Start(t testing.TB, db bmdb.DB, def controlloop.Definition, machine uuid.UU
 			t.Fatalf("controlloopt: building %s: %v", def.Info.Label, err)
 		}
 	}
+	before, err := db.History(context.Background(), machine)
+	if err != nil {
+		t.Fatalf("controlloopt: reading the history of %s: %v", machine, err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	r := &Run{db: db, process: def.Info.Process, machine: machine, timeout: cmp.Or(opts.Timeout, DefaultTimeout),
 		started: time.Now(), stop: stop, done: make(chan error, 1)}
+	if len(before) > 0 {
+		r.after = before[len(before)-1].ID
+	}
 	runner, err := controlloop.NewRunner(db, narrow(def, machine), r.once(h), config(def, opts),
 		controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
@@ -182,7 +192,7 @@ func (r *Run) result(t testing.TB, runErr error) Result {
 	res := Result{Machine: r.machine, Err: runErr}
 	started := false
 	for i, e := range h {
-		if e.Process != r.process.Name {
+		if e.ID <= r.after || e.Process != r.process.Name {
 			continue
 		}
 		switch e.Event {

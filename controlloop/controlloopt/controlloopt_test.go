@@ -58,6 +58,12 @@ func TestRunOnce(t *testing.T) {
 	if b, err := db.BackoffOf(t.Context(), other, failing.Info.Process); err != nil || b == nil || !b.Active {
 		t.Errorf("backoff after the failure: %+v, %v; want an active one", b, err)
 	}
+
+	// A second run on a machine reports its own lease, after the first's.
+	res = controlloopt.RunOnce(t, db, failing, machine, controlloopt.Options{})
+	if got := bmdbtest.Events(res.History); res.Event != bmdb.EventFailed || len(got) != 4 {
+		t.Errorf("second run on %s: %s, history %v; want Failed after Started, Finished, Started", machine, res.Event, got)
+	}
 }
 
 // Start runs the handler in the background: the test acts while the lease
