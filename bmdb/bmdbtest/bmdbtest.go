@@ -16,13 +16,13 @@
 // and each test calls NewDatabase for its DSN (with the process's own
 // migrations) and Open for the BMDB on it. To run a process's handler on a
 // machine, see package controlloop/controlloopt; to build and run a
-// binary, package shepherdtest.
+// binary, package shepherdcli/shepherdclitest.
 //
 // The server is the one named by SHEPHERD_TEST_DSN when that is set (a DSN
 // of a database on a server where its role may CREATE DATABASE), else a
-// private cluster started from the machine's PostgreSQL binaries
-// (PostgreSQL 15 or later, found on PATH or under /usr/lib/postgresql) for
-// the duration of the test binary. Tests never skip for lack of a
+// private cluster started from the machine's PostgreSQL server binaries
+// (initdb and pg_ctl, on PATH or under /usr/lib/postgresql/*/bin) for the
+// duration of the test binary. Tests never skip for lack of a
 // database: a missing server fails the whole binary with an error that
 // says what to install.
 package bmdbtest
