@@ -14,12 +14,12 @@ import (
 // about what a process or provider author needs, not a side effect of
 // moving code: the machinery belongs to internal/bmdb.
 var face = strings.Fields(`
-	AgentKey AgentStartCandidates Backoff BackoffState Candidates Condition
+	Actor AgentKey Backoff BackoffState Candidates Condition
 	DB ErrLeased ErrNotFound ErrUnwatchedTable Event EventCanceled EventEscalated EventFailed
 	EventFinished EventHeld EventLost EventNotRecovered EventRecovered
 	EventReleased EventRemoved EventRescheduled EventStarted Extension
-	HistoryEntry MachineBudget MigrateUp NewCandidates NotRecovered Process
-	Provided ProvidedCandidates RecoveryCandidates Tx`)
+	HistoryEntry Limits MachineBudget MaxBackoff NewCandidates NotRecovered Process
+	Provided ProvidedCandidates ResetVerification SessionConfig Tx`)
 
 // TestFaceIsSmall fails when the package exports an identifier that is not
 // in face, or no longer exports one that is.

@@ -63,7 +63,7 @@ type Definition struct {
 	// Tags, if set, reads the process's own tags of machine (from its own
 	// tables, in a transaction of its own), for the status page's machine
 	// page and 'tags MACHINE'. A machine without them returns none.
-	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+	Tags func(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 
 	// Migrations, if set, is the schema of the process's own tables: 'migrate
 	// up' applies it after Shepherd's, 'migrate down' reverts it first, and

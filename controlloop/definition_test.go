@@ -8,9 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -44,14 +44,14 @@ func TestRunnerOfDefinition(t *testing.T) {
 	if err := def.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
-	h, err := def.New(controlloop.Env{DB: e.db})
+	h, err := def.New(controlloop.Env{DB: e.db.Public()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	cfg := controlloop.DefaultConfig(def.Info)
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
-	r, err := controlloop.NewRunner(e.db, def, h, cfg, controlloop.NewMetrics(e.reg))
+	r, err := controlloop.NewRunner(e.db.Public(), def, h, cfg, controlloop.NewMetrics(e.reg))
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}

@@ -34,7 +34,7 @@ func TestRunnerRefusesUnwatchedTable(t *testing.T) {
 	}
 	p := newProcess(func(context.Context, *controlloop.Task) error { return nil })
 	p.candidates = cand
-	r, err := controlloop.NewRunner(e.db, p.definition(), p, fastConfig(p, 1), controlloop.NewMetrics(prometheus.NewRegistry()))
+	r, err := controlloop.NewRunner(e.db.Public(), p.definition(), p, fastConfig(p, 1), controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	}
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
-	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, l.Breaker())
+	v, err := r.db.CheckBreaker(ctx, r.info.Process.Name, bmdb.BreakerOf(l))
 	if err != nil {
 		logger.Error(err, "Checking the circuit breaker failed", "process", label)
 		return

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -60,7 +61,7 @@ type Task struct {
 	// index serves (enable_seqscan off) and a generic plan from their first
 	// execution (plan_cache_mode): writes and reads of one machine's rows
 	// suit it, reports over a table do not.
-	Commit func(ctx context.Context, tx *bmdb.Tx) error
+	Commit func(ctx context.Context, tx bmdbapi.Tx) error
 	// Note, if set by a successful Run, is recorded as the cause of its
 	// Finished (or Rescheduled) history event: what the process saw and
 	// did ("power was off; powered on"), for an operator reading the
@@ -132,8 +133,8 @@ func (t *Task) backoffFor(err error) bmdb.Backoff {
 // Transact runs fn in a transaction of the task's session (which checks that
 // the session is alive first), for reads and writes the process needs while
 // it acts, such as looking up the machine's provided tag.
-func (t *Task) Transact(ctx context.Context, fn func(ctx context.Context, tx *bmdb.Tx) error) error {
-	return t.work.Session().Transact(ctx, fn)
+func (t *Task) Transact(ctx context.Context, fn func(ctx context.Context, tx bmdbapi.Tx) error) error {
+	return t.work.Session().Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error { return fn(ctx, tx) })
 }
 
 // Provided reads the leased machine's provided tag (provider, provider id,
@@ -141,7 +142,7 @@ func (t *Task) Transact(ctx context.Context, fn func(ctx context.Context, tx *bm
 // every process looks up first, to reach the machine through its provider.
 func (t *Task) Provided(ctx context.Context) (bmdb.Provided, error) {
 	var m bmdb.Provided
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := t.Transact(ctx, func(ctx context.Context, tx bmdbapi.Tx) error {
 		var err error
 		m, err = tx.Provided(ctx, t.Machine)
 		return err

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/jitter"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
@@ -51,9 +52,10 @@ type Runner struct {
 	building     bool
 }
 
-// NewRunner prepares a runner of the process def, whose work h does; cfg
-// must have passed Check.
-func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (*Runner, error) {
+// NewRunner prepares a runner of the process def, whose work h does, in
+// db (a BMDB Shepherd opened: the daemon's, or bmdbtest.Open's); cfg must
+// have passed Check.
+func NewRunner(db bmdbapi.DB, def Definition, h Handler, cfg Config, m *Metrics) (*Runner, error) {
 	info := def.Info
 	if err := info.Process.Validate(); err != nil {
 		return nil, err
@@ -77,9 +79,13 @@ func NewRunner(db *bmdb.DB, def Definition, h Handler, cfg Config, m *Metrics) (
 	if err != nil {
 		return nil, fmt.Errorf("candidates: %w", err)
 	}
+	machinery, ok := bmdb.Machinery(db)
+	if !ok {
+		return nil, fmt.Errorf("controlloop.NewRunner: the BMDB is a %T, not one Shepherd opened", db)
+	}
 	series := m.initProcess(info.Label, cfg.Parallelism)
 	m.limits.initProcess(info.Label, cfg.Limits)
-	return &Runner{db: db, handler: h, info: info, cfg: cfg, metrics: m, series: series, candidates: cand}, nil
+	return &Runner{db: machinery, handler: h, info: info, cfg: cfg, metrics: m, series: series, candidates: cand}, nil
 }
 
 // Info is the process's description.

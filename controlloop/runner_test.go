@@ -15,9 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // The runner's guarantees (leases, backoff, fencing, shutdown) are the
@@ -46,7 +47,7 @@ func (p *testProcess) Run(ctx context.Context, t *controlloop.Task) error { retu
 
 // newRunner prepares a runner of p.
 func (e *env) newRunner(p *testProcess, cfg controlloop.Config) (*controlloop.Runner, error) {
-	return controlloop.NewRunner(e.db, p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
+	return controlloop.NewRunner(e.db.Public(), p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
 }
 
 // newProcess returns a process over AgentStartCandidates: a machine needs it
@@ -66,7 +67,7 @@ func newProcess(run func(ctx context.Context, t *controlloop.Task) error) *testP
 
 // commitAgent makes t's machine no longer a candidate once its work finishes.
 func commitAgent(t *controlloop.Task) {
-	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+	t.Commit = func(ctx context.Context, tx bmdbapi.Tx) error {
 		return tx.SetAgentStarted(ctx, t.Machine, []byte("key"))
 	}
 }
@@ -323,7 +324,7 @@ func TestRunnerPanic(t *testing.T) {
 		case panicRun:
 			panic("boom in run")
 		case panicCommit:
-			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error { panic("boom in commit") }
+			task.Commit = func(ctx context.Context, tx bmdbapi.Tx) error { panic("boom in commit") }
 			return nil
 		}
 		commitAgent(task)
@@ -547,7 +548,7 @@ func TestWorkerTakesNextMachineWhileLeaseEnds(t *testing.T) {
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		ran <- task.Machine
 		if first.CompareAndSwap(false, true) {
-			task.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+			task.Commit = func(ctx context.Context, tx bmdbapi.Tx) error {
 				committing <- task.Machine
 				<-release
 				return tx.SetAgentStarted(ctx, task.Machine, []byte("key"))

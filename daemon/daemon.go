@@ -43,6 +43,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -79,7 +80,7 @@ type Options struct {
 	// Extensions are the migrations of every process the binary knows,
 	// which the schema check requires to be current (and demo mode
 	// applies).
-	Extensions []*bmdb.Extension
+	Extensions []*bmdbapi.Extension
 
 	// Loops are the processes to run, each with its runner's config.
 	// At least one.
@@ -373,7 +374,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	// Opening does not connect, so the fleet and the loops can be built
 	// now: their metrics series then exist, at zero, while the database is
 	// away.
-	f, err := newFleet(o.Provider, providers.Env{DB: db, Registerer: d.reg, HeartbeatURL: o.Agents.HeartbeatURL, Logger: log})
+	f, err := newFleet(o.Provider, providers.Env{DB: db.Public(), Registerer: d.reg, HeartbeatURL: o.Agents.HeartbeatURL, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -387,7 +388,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	// An attempt may have to wait out the connect timeout of every host
 	// of a multi-host DSN before it reaches the one that answers.
 	attemptTimeout := max(10*time.Second, db.ConnectBudget()+5*time.Second)
-	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, o.Extensions...) }
+	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, bmdb.ExtensionsOf(o.Extensions)...) }
 	err = retry(g.stop, "checking the BMDB schema at "+target, attemptTimeout, checkSchema, func(err error) bool {
 		return errors.Is(err, bmdb.ErrSchema)
 	})
@@ -442,11 +443,11 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 	var runners []*controlloop.Runner
 	for _, l := range loops {
 		dbMetrics.InitComponent(l.Config.Session.Component)
-		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db})
+		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db.Public()})
 		if err != nil {
 			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
 		}
-		r, err := controlloop.NewRunner(db, l.Process, h, l.Config, loopMetrics)
+		r, err := controlloop.NewRunner(db.Public(), l.Process, h, l.Config, loopMetrics)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", l.Process.Info.Label, err)
 		}

@@ -145,7 +145,7 @@ func (c *demoCluster) Start(ctx context.Context) error {
 	startCtx, cancel := context.WithCancel(ctx)
 	defer context.AfterFunc(c.stop, cancel)()
 	o := c.opts
-	cluster, dsn, err := startDemo(startCtx, o.Name, o.StateDir, o.Provider.Name, o.DemoDefaults, c.statusURL, o.Extensions)
+	cluster, dsn, err := startDemo(startCtx, o.Name, o.StateDir, o.Provider.Name, o.DemoDefaults, c.statusURL, bmdb.ExtensionsOf(o.Extensions))
 	cancel()
 	if err != nil {
 		if c.stop.Err() != nil {

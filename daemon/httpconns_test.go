@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // limitedServer serves /healthz and /metrics on a limitListener with

@@ -3,7 +3,7 @@ package daemon
 import (
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // TestMain provides the tests' PostgreSQL (bmdbtest). The binary's tests,

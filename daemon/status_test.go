@@ -9,9 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -41,11 +41,11 @@ func TestStatusPageLateBinding(t *testing.T) {
 
 	db := bmdbtest.NewDB(t, bmdb.Options{})
 	def := agentstart.Definition()
-	h, err := def.New(controlloop.Env{Provider: sim.New(db, sim.DefaultConfig()), DB: db})
+	h, err := def.New(controlloop.Env{Provider: sim.New(db.Public(), sim.DefaultConfig()), DB: db.Public()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := controlloop.NewRunner(db, def, h, controlloop.DefaultConfig(def.Info), controlloop.NewMetrics(prometheus.NewRegistry()))
+	r, err := controlloop.NewRunner(db.Public(), def, h, controlloop.DefaultConfig(def.Info), controlloop.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}

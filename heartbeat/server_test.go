@@ -26,8 +26,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }

@@ -14,9 +14,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers"
@@ -172,11 +172,11 @@ func (e *env) run(def controlloop.Definition, provider providers.Provider, b bmd
 	cfg.QueryRate = controlloop.Rate{Interval: 0, Burst: 1}
 	cfg.IdlePoll = 50 * time.Millisecond
 	cfg.Backoff = b
-	h, err := def.New(controlloop.Env{Provider: provider, DB: e.db})
+	h, err := def.New(controlloop.Env{Provider: provider, DB: e.db.Public()})
 	if err != nil {
 		e.t.Fatalf("%s: New: %v", def.Info.Label, err)
 	}
-	r, err := controlloop.NewRunner(e.db, def, h, cfg, e.metrics)
+	r, err := controlloop.NewRunner(e.db.Public(), def, h, cfg, e.metrics)
 	if err != nil {
 		e.t.Fatalf("controlloop.NewRunner: %v", err)
 	}
@@ -260,7 +260,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	fleet := sim.New(e.db, sim.Config{
+	fleet := sim.New(e.db.Public(), sim.Config{
 		Machines:              20,
 		AgentStartFailureRate: 0.25,
 		ActionTime:            10 * time.Millisecond,
@@ -426,7 +426,7 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		db := bmdbtest.OpenWith(t, dsn, bmdb.Options{Metrics: bmdb.NewMetrics(reg)})
 		e := &env{t: t, db: db, metrics: controlloop.NewMetrics(reg)}
-		fleet := sim.New(db, cfg)
+		fleet := sim.New(db.Public(), cfg)
 		if err := fleet.Seed(ctx); err != nil {
 			t.Fatal(err)
 		}

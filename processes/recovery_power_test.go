@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -68,7 +68,7 @@ func (e *env) lastOf(machine uuid.UUID, process bmdb.Process) bmdb.HistoryEntry 
 func TestRecoveryReadsPowerBeforeItActs(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fleet := sim.New(e.db, sim.Config{Machines: 3, ActionTime: time.Millisecond, HeartbeatInterval: time.Hour})
+	fleet := sim.New(e.db.Public(), sim.Config{Machines: 3, ActionTime: time.Millisecond, HeartbeatInterval: time.Hour})
 	if err := fleet.Seed(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func (p rebootOnly) Reboot(_ context.Context, m bmdb.Provided) error {
 func TestRecoveryWithoutPowerTruth(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fleet := sim.New(e.db, sim.Config{Machines: 1, HeartbeatInterval: time.Hour})
+	fleet := sim.New(e.db.Public(), sim.Config{Machines: 1, HeartbeatInterval: time.Hour})
 	if err := fleet.Seed(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ type SyncResult struct {
 func SyncMachines(ctx context.Context, db bmdb.DB, provider string, listed []bmdb.Provided, opts SyncOptions) (SyncResult, error) {
 	var res SyncResult
 	var unlisted []bmdb.Provided
-	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		res, unlisted = SyncResult{}, nil // the function may run again after a retry
 		existing, err := tx.ProvidedBy(ctx, provider)
 		if err != nil {
@@ -104,7 +104,7 @@ func SyncMachines(ctx context.Context, db bmdb.DB, provider string, listed []bmd
 			res.Kept = append(res.Kept, p.ProviderID)
 			continue
 		}
-		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		err := db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 			return tx.RemoveMachine(ctx, p.Machine, "no longer listed in "+opts.Source)
 		})
 		switch {

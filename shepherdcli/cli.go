@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/untrusted"
@@ -338,7 +339,7 @@ type cliProcess struct {
 	// candidates is nil for a process this binary does not know.
 	candidates *bmdb.Candidates
 	// tags reads the process's own tags of a machine; nil if it has none.
-	tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag, error)
+	tags func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]controlloop.Tag, error)
 	// budget is the process's default per-machine budget (explain).
 	budget bmdb.MachineBudget
 }

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 	"github.com/shepherd-fleet/shepherd/providers/static"

@@ -30,7 +30,7 @@ func (c *cli) tags(ctx context.Context, args []string) error {
 		if p.tags == nil {
 			continue
 		}
-		tags, err := statuspage.ReadTags(ctx, c.db, id, p.tags)
+		tags, err := statuspage.ReadTags(ctx, c.db.Public(), id, p.tags)
 		if err != nil {
 			return fmt.Errorf("reading the tags of %s on %s: %w", p.label, id, err)
 		}

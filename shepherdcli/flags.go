@@ -16,10 +16,10 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/daemon"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 

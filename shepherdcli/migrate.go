@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -71,7 +72,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 
 	var ext *bmdb.Extension
 	if *extension != "" {
-		i := slices.IndexFunc(d.extensions(), func(e *bmdb.Extension) bool { return e.Name == *extension })
+		i := slices.IndexFunc(d.extensions(), func(e *bmdbapi.Extension) bool { return e.Name == *extension })
 		if i < 0 {
 			var names []string
 			for _, e := range d.extensions() {
@@ -83,7 +84,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 			}
 			return reportUsage(stderr, d.prog(), usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
 		}
-		ext = d.extensions()[i]
+		ext = bmdb.ExtensionOf(d.extensions()[i])
 	}
 	action, err := migrateAction(positional, ext)
 	if err != nil {
@@ -109,7 +110,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 			return exitFailure
 		}
 	}
-	if err := action(ctx, dsn, target, d.extensions(), stdout); err != nil {
+	if err := action(ctx, dsn, target, bmdb.ExtensionsOf(d.extensions()), stdout); err != nil {
 		fmt.Fprintf(stderr, "%s: migrate: %v\n", prog, err)
 		return exitFailure
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/untrusted"
@@ -42,7 +43,7 @@ type Process struct {
 	Candidates bmdb.Candidates
 	// Tags, if set, reads the process's own tags of a machine (from its
 	// own tables), shown on the machine's page with Shepherd's tags.
-	Tags func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)
+	Tags func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Tag, error)
 	// Limits are the process's safety limits and per-machine budget as
 	// this daemon runs it, which the machine view's explanation judges
 	// (zero: not judged).
@@ -484,9 +485,9 @@ func (h *handler) power(ctx context.Context, machine uuid.UUID) *bmdb.PowerRead 
 // ReadTags reads the tags of machine that read (a Process's Tags) finds, in
 // one BMDB transaction, bounded and cleaned: they may come from the
 // machine. The status page and the tags command show them.
-func ReadTags(ctx context.Context, db *bmdb.DB, machine uuid.UUID, read func(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]Tag, error)) ([]Tag, error) {
+func ReadTags(ctx context.Context, db bmdbapi.DB, machine uuid.UUID, read func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Tag, error)) ([]Tag, error) {
 	var tags []Tag
-	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx bmdbapi.Tx) error {
 		var err error
 		tags, err = read(ctx, tx, machine)
 		return err
@@ -509,7 +510,7 @@ func (h *handler) processTags(ctx context.Context, machine uuid.UUID) []Tag {
 		if p.Tags == nil {
 			continue
 		}
-		tags, err := ReadTags(ctx, h.db, machine, p.Tags)
+		tags, err := ReadTags(ctx, h.db.Public(), machine, p.Tags)
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Status page: reading a process's tags failed", "process", p.Info.Label, "machine", machine)
 			tags = []Tag{{Name: p.Info.Label, Value: untrusted.Line("cannot read its tags: "+err.Error(), 0)}}

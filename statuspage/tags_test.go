@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/statuspage/statuspagetest"
 )
 
@@ -23,11 +23,11 @@ func TestProcessTags(t *testing.T) {
 	f := statuspagetest.NewFleet(t)
 	var asked []uuid.UUID
 	withTags := append([]Process(nil), processes...)
-	withTags[0].Tags = func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) ([]Tag, error) {
+	withTags[0].Tags = func(ctx context.Context, tx bmdb.Tx, m uuid.UUID) ([]Tag, error) {
 		asked = append(asked, m)
 		return []Tag{{Name: "Firmware", Value: "2.1.0 <b>bold</b>\nforged line"}}, nil
 	}
-	withTags[1].Tags = func(ctx context.Context, tx *bmdb.Tx, m uuid.UUID) ([]Tag, error) {
+	withTags[1].Tags = func(ctx context.Context, tx bmdb.Tx, m uuid.UUID) ([]Tag, error) {
 		return nil, errors.New("table missing")
 	}
 	srv := httptest.NewServer(New(f.DB, withTags, Options{}))

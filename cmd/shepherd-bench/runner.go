@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	authorbmdb "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
@@ -46,7 +47,7 @@ func (p *noopProcess) Run(ctx context.Context, t *controlloop.Task) error {
 	}
 	if p.markStarted {
 		m := t.Machine
-		t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+		t.Commit = func(ctx context.Context, tx authorbmdb.Tx) error {
 			return tx.SetAgentStarted(ctx, m, benchKey)
 		}
 	}
@@ -103,7 +104,7 @@ func startRunners(ctx context.Context, db *bmdb.DB, specs []procSpec) (*runners,
 	var list []*controlloop.Runner
 	for _, sp := range specs {
 		p := newProcess(sp)
-		r, err := controlloop.NewRunner(db, p.definition(), p, configFor(p, sp), m)
+		r, err := controlloop.NewRunner(db.Public(), p.definition(), p, configFor(p, sp), m)
 		if err != nil {
 			return nil, err
 		}

@@ -1,166 +1,25 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/shepherdcli/shepherdclitest"
 )
 
 // The binary's tests run against a real PostgreSQL, as Shepherd's do.
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
-// build builds this module's binary, fleetd, into a directory of the test.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fleetd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// command runs the binary to completion.
-func command(t *testing.T, bin string, args ...string) (int, string, string) {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if _, ok := err.(*exec.ExitError); err != nil && !ok {
-		t.Fatalf("running fleetd %v: %v", args, err)
-	}
-	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
-}
-
-// daemon is a running fleetd.
-type fleetd struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	log  strings.Builder
-	addr chan string
-	done chan struct{}
-}
-
-var serveRE = regexp.MustCompile(`"Serving /metrics, /healthz and /readyz" url="http://([^"]+)"`)
-
-// start starts fleetd with args and waits for its HTTP address. It is
-// stopped when the test ends.
-func start(t *testing.T, bin string, args ...string) (*fleetd, string) {
-	t.Helper()
-	d := &fleetd{cmd: exec.Command(bin, args...), addr: make(chan string, 1), done: make(chan struct{})}
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := d.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go d.read(out)
-	t.Cleanup(func() {
-		d.stop()
-		if t.Failed() {
-			t.Logf("fleetd log:\n%s", d.logText())
-		}
-	})
-	select {
-	case addr := <-d.addr:
-		return d, addr
-	case <-d.done:
-		t.Fatalf("fleetd exited:\n%s", d.logText())
-	case <-time.After(time.Minute):
-		t.Fatalf("fleetd did not serve HTTP within a minute:\n%s", d.logText())
-	}
-	return nil, ""
-}
-
-func (d *fleetd) read(r io.Reader) {
-	defer close(d.done)
-	s := bufio.NewScanner(r)
-	for s.Scan() {
-		d.mu.Lock()
-		d.log.WriteString(s.Text() + "\n")
-		d.mu.Unlock()
-		if m := serveRE.FindStringSubmatch(s.Text()); m != nil {
-			d.addr <- m[1]
-		}
-	}
-}
-
-func (d *fleetd) logText() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.log.String()
-}
-
-// stop sends SIGTERM and waits for the exit.
-func (d *fleetd) stop() {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	<-d.done
-	_ = d.cmd.Wait()
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// waitFor polls cond until it holds, failing the test if d exits first
-// or timeout passes.
-func (d *fleetd) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		select {
-		case <-d.done:
-			t.Fatalf("fleetd exited while waiting for %s", what)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	return lines[len(lines)-1]
-}
-
-// metric reads one sample of the daemon's /metrics, 0 if absent.
-func metric(t *testing.T, addr, series string) float64 {
-	t.Helper()
-	_, body := get(t, "http://"+addr+"/metrics")
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
 }
 
 // The example's own binary: migrate applies FirmwareCheck's table after
@@ -171,36 +30,36 @@ func metric(t *testing.T, addr, series string) float64 {
 // despite the table's foreign key to machines.
 func TestFleetd(t *testing.T) {
 	t.Parallel()
-	bin := build(t)
+	bin := shepherdclitest.Build(t, ".", "fleetd")
 	dsn := bmdbtest.NewDatabase(t) // Shepherd's schema, not FirmwareCheck's
 	db := "-bmdb_dsn=" + dsn
 
 	// The daemon refuses a database that lacks the process's table.
-	code, _, errOut := command(t, bin, db, "-listen=127.0.0.1:0", "-provider=simfirmware")
+	code, _, errOut := bin.Run(t, db, "-listen=127.0.0.1:0", "-provider=simfirmware")
 	want := "fleetd: BMDB schema mismatch: the database lacks the tables of extension firmwarecheck; run 'migrate up' with this binary first\n"
 	if code != 1 || !strings.HasSuffix(errOut, want) {
 		t.Errorf("fleetd on a database without its table: exit %d, stderr ends %q; want 1 and %q", code, lastLine(errOut), want)
 	}
 
 	// Its messages name it as it was built: fleetd, not shepherd.
-	code, out, errOut := command(t, bin, "-h")
+	code, out, errOut := bin.Run(t, "-h")
 	if code != 0 || !strings.HasPrefix(out, "Usage: fleetd [run] [flags]") || !strings.Contains(out, "Other commands: fleetd migrate -h") || strings.Contains(out, "shepherd migrate") {
 		t.Errorf("fleetd -h: exit %d, want 0 and a usage naming fleetd:\n%s%s", code, out, errOut)
 	}
-	code, out, errOut = command(t, bin, "hold", "-h")
+	code, out, errOut = bin.Run(t, "hold", "-h")
 	if code != 0 || !strings.HasPrefix(out, "Usage: fleetd hold") || !strings.Contains(out, "  fleetd machines [-process P]") || !strings.Contains(out, "default until 'fleetd release'") {
 		t.Errorf("fleetd hold -h: exit %d, want 0 and a usage naming fleetd:\n%s%s", code, out, errOut)
 	}
-	code, _, errOut = command(t, bin, "tags")
+	code, _, errOut = bin.Run(t, "tags")
 	if wantErr := "fleetd: usage: fleetd tags [flags] MACHINE (see fleetd tags -h)\n"; code != 2 || errOut != wantErr {
 		t.Errorf("fleetd tags: exit %d, stderr %q; want 2 and %q", code, errOut, wantErr)
 	}
 
-	code, out, errOut = command(t, bin, "migrate", "up", db)
+	code, out, errOut = bin.Run(t, "migrate", "up", db)
 	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck from version 0 to 1") {
 		t.Fatalf("migrate up: exit %d\n%s%s", code, out, errOut)
 	}
-	code, out, _ = command(t, bin, "migrate", "version", db)
+	code, out, _ = bin.Run(t, "migrate", "version", db)
 	if code != 0 || !strings.Contains(out, "extension firmwarecheck version 1 (clean)") {
 		t.Fatalf("migrate version: exit %d\n%s", code, out)
 	}
@@ -212,7 +71,7 @@ func TestFleetd(t *testing.T) {
 		{[]string{"migrate", "up", "-extension", "firmwarecheck", db}, "fleetd: migrate up: -extension is for force only (up applies to every extension)\n"},
 		{[]string{"migrate", "force", "2", "-extension", "firmwarecheck", db}, "fleetd: migrate force 2: this binary knows versions of extension firmwarecheck up to 1\n"},
 	} {
-		if code, out, errOut := command(t, bin, c.args...); code != 2 || out != "" || errOut != c.want {
+		if code, out, errOut := bin.Run(t, c.args...); code != 2 || out != "" || errOut != c.want {
 			t.Errorf("fleetd %v: exit %d, stdout %q, stderr %q; want 2 and %q", c.args, code, out, errOut, c.want)
 		}
 	}
@@ -233,11 +92,11 @@ func TestFleetd(t *testing.T) {
 	// heartbeated: the next daemon runs none of these agents, and a machine
 	// that never heartbeated would wait for Recovery's agent-start timeout
 	// before FirmwareCheck could see it (CI once stopped it after two).
-	failing, addr := start(t, bin, append(common, "-simfirmware_check_failure_rate=1")...)
+	failing := bin.Start(t, append(common, "-simfirmware_check_failure_rate=1")...)
 	failed := `shepherd_work_finished_total{process="firmwarecheck",result="failed"}`
-	failing.waitFor(t, time.Minute, "a failed firmware check of every machine on /metrics", func() bool { return metric(t, addr, failed) >= 4 })
-	failing.stop()
-	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", "-state", "backoff", db)
+	failing.WaitFor(t, time.Minute, "a failed firmware check of every machine on /metrics", func() bool { return failing.Metric(t, failed) >= 4 })
+	failing.Stop()
+	code, out, errOut = bin.Run(t, "machines", "-process", "firmwarecheck", "-state", "backoff", db)
 	if code != 0 || !strings.Contains(out, "FirmwareCheck") || !strings.Contains(out, "simulated BMC busy") {
 		t.Errorf("machines -process firmwarecheck -state backoff: exit %d\n%s%s", code, out, errOut)
 	}
@@ -246,23 +105,23 @@ func TestFleetd(t *testing.T) {
 		t.Fatalf("no machine backing off from FirmwareCheck:\n%s", out)
 	}
 	for _, m := range backingOff {
-		if code, out, errOut := command(t, bin, "backoff", "clear", m[1], "firmwarecheck", "-reason", "test: checks work again", db); code != 0 {
+		if code, out, errOut := bin.Run(t, "backoff", "clear", m[1], "firmwarecheck", "-reason", "test: checks work again", db); code != 0 {
 			t.Errorf("backoff clear %s firmwarecheck: exit %d\n%s%s", m[1], code, out, errOut)
 		}
 	}
 
 	// Checks succeed: every machine gets its firmware tag.
-	running, addr := start(t, bin, append(common, "-simfirmware_check_failure_rate=0")...)
+	running := bin.Start(t, append(common, "-simfirmware_check_failure_rate=0")...)
 	// A successful check ends as "check again later" (CheckAgainAfter).
 	rescheduled := `shepherd_work_finished_total{process="firmwarecheck",result="rescheduled"}`
-	running.waitFor(t, 2*time.Minute, "a firmware check of every machine", func() bool { return metric(t, addr, rescheduled) >= 4 })
-	code, body := get(t, "http://"+addr+"/status")
+	running.WaitFor(t, 2*time.Minute, "a firmware check of every machine", func() bool { return running.Metric(t, rescheduled) >= 4 })
+	code, body := running.Get(t, "/status")
 	if code != http.StatusOK || !strings.Contains(body, "firmwarecheck") {
 		t.Errorf("/status: %d, want 200 with firmwarecheck", code)
 	}
 	// The machines FirmwareCheck checked wait for their next check: in
 	// the state rescheduled, with its time, and counted as successes.
-	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", "-state", "rescheduled", "-o", "json", db)
+	code, out, errOut = bin.Run(t, "machines", "-process", "firmwarecheck", "-state", "rescheduled", "-o", "json", db)
 	var waiting []struct {
 		Machine uuid.UUID  `json:"machine"`
 		State   string     `json:"state"`
@@ -276,28 +135,28 @@ func TestFleetd(t *testing.T) {
 			t.Errorf("rescheduled machine %+v: want the state rescheduled until a time to come", w)
 		}
 	}
-	code, body = get(t, "http://"+addr+"/status")
+	code, body = running.Get(t, "/status")
 	if !regexp.MustCompile(`<b>[1-9][0-9]*</b><span>rescheduled</span>`).MatchString(body) || !regexp.MustCompile(`<b>[1-9][0-9]*</b><span>succeeded, last hour</span>`).MatchString(body) {
 		t.Errorf("/status: %d, want firmwarecheck's rescheduled machines and successes counted", code)
 	}
 	if len(waiting) > 0 {
 		id := waiting[0].Machine.String()
-		code, body := get(t, fmt.Sprintf("http://%s/status/machine/%s", addr, id))
+		code, body := running.Get(t, "/status/machine/"+id)
 		if code != http.StatusOK || !strings.Contains(body, `<table class="rescheduled">`) || !strings.Contains(body, "<code>fleetd retry ") || strings.Contains(body, "<code>shepherd ") {
 			t.Errorf("machine page of %s: %d, want its check-again-later time and fleetd's commands", id, code)
 		}
-		code, out, errOut := command(t, bin, "retry", id, "firmwarecheck", "-reason", "test: check now", db)
+		code, out, errOut := bin.Run(t, "retry", id, "firmwarecheck", "-reason", "test: check now", db)
 		if code != 0 || !strings.HasPrefix(out, "Ended the check-again-later time (rescheduled) of FirmwareCheck on ") && !strings.Contains(out, "is working on") {
 			t.Errorf("retry of a rescheduled machine: exit %d\n%s%s", code, out, errOut)
 		}
 		// The state selects too: every machine waiting is checked now.
-		code, out, errOut = command(t, bin, "retry", "-process", "firmwarecheck", "-state", "rescheduled", "-reason", "test: check all now", "-yes", db)
+		code, out, errOut = bin.Run(t, "retry", "-process", "firmwarecheck", "-state", "rescheduled", "-reason", "test: check all now", "-yes", db)
 		if code != 0 || !regexp.MustCompile(`Retried FirmwareCheck on \d+ machine\(s\), ending 0 backoff\(s\) and \d+ check-again-later time\(s\)`).MatchString(out) {
 			t.Errorf("retry -state rescheduled: exit %d\n%s%s", code, out, errOut)
 		}
 	}
 
-	code, out, errOut = command(t, bin, "machines", "-all", "-o", "json", db)
+	code, out, errOut = bin.Run(t, "machines", "-all", "-o", "json", db)
 	if code != 0 {
 		t.Fatalf("machines -all: exit %d\n%s", code, errOut)
 	}
@@ -307,28 +166,28 @@ func TestFleetd(t *testing.T) {
 	}
 	for _, m := range ids {
 		id := uuid.MustParse(m[1])
-		code, body := get(t, fmt.Sprintf("http://%s/status/machine/%s", addr, id))
+		code, body := running.Get(t, "/status/machine/"+id.String())
 		if code != http.StatusOK || !strings.Contains(body, "<dt>Firmware</dt>") || !regexp.MustCompile(`2\.(0\.7 \(outdated|1\.0 \(current)\)`).MatchString(body) {
 			t.Errorf("machine page of %s: %d, want 200 with its Firmware tag", id, code)
 		}
-		code, out, errOut := command(t, bin, "tags", id.String(), db)
+		code, out, errOut := bin.Run(t, "tags", id.String(), db)
 		if code != 0 || !strings.Contains(out, "firmwarecheck  Firmware") {
 			t.Errorf("tags %s: exit %d\n%s%s", id, code, out, errOut)
 		}
 	}
-	code, out, errOut = command(t, bin, "machines", "-process", "firmwarecheck", db)
+	code, out, errOut = bin.Run(t, "machines", "-process", "firmwarecheck", db)
 	if code != 0 || !strings.HasPrefix(out, "MACHINE") {
 		t.Errorf("machines -process firmwarecheck: exit %d\n%s%s", code, out, errOut)
 	}
 
 	// Its table's foreign key to machines does not break migrate down,
 	// which drops it first.
-	running.stop()
-	code, out, errOut = command(t, bin, "pause", "firmwarecheck", "-reason", "test: the name in the hint", db)
+	running.Stop()
+	code, out, errOut = bin.Run(t, "pause", "firmwarecheck", "-reason", "test: the name in the hint", db)
 	if code != 0 || !strings.Contains(out, "Undo with: fleetd resume firmwarecheck") {
 		t.Errorf("pause: exit %d, want 0 and the hint to run fleetd resume\n%s%s", code, out, errOut)
 	}
-	code, out, errOut = command(t, bin, "migrate", "down", "-yes", db)
+	code, out, errOut = bin.Run(t, "migrate", "down", "-yes", db)
 	if code != 0 || !strings.Contains(out, "migrated extension firmwarecheck down from version 1 to 0") || !strings.Contains(out, "every Shepherd table and its data is gone") {
 		t.Errorf("migrate down: exit %d\n%s%s", code, out, errOut)
 	}

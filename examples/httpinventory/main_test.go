@@ -1,23 +1,19 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/shepherdcli/shepherdclitest"
 
 	"example.com/httpinventory/httpinv"
 )
@@ -25,137 +21,8 @@ import (
 // The binary's tests run against a real PostgreSQL, as Shepherd's do.
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
-// build builds this module's binary, inventoryd, into a directory of the
-// test.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "inventoryd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// command runs the binary to completion.
-func command(t *testing.T, bin string, args ...string) (int, string, string) {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if _, ok := err.(*exec.ExitError); err != nil && !ok {
-		t.Fatalf("running inventoryd %v: %v", args, err)
-	}
-	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
-}
-
-// inventoryd is a running daemon.
-type inventoryd struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	log  strings.Builder
-	addr chan string
-	done chan struct{}
-}
-
 // recoveredRE matches a Recovered event in 'history' (not NotRecovered).
 var recoveredRE = regexp.MustCompile(`(?m)(^|\s)Recovered(\s|$)`)
-
-var serveRE = regexp.MustCompile(`"Serving /metrics, /healthz and /readyz" url="http://([^"]+)"`)
-
-// start starts inventoryd with args and waits for its HTTP address. It is
-// stopped when the test ends.
-func start(t *testing.T, bin string, args ...string) (*inventoryd, string) {
-	t.Helper()
-	d := &inventoryd{cmd: exec.Command(bin, args...), addr: make(chan string, 1), done: make(chan struct{})}
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := d.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go d.read(out)
-	t.Cleanup(func() {
-		d.stop()
-		if t.Failed() {
-			t.Logf("inventoryd log:\n%s", d.logText())
-		}
-	})
-	select {
-	case addr := <-d.addr:
-		return d, addr
-	case <-d.done:
-		t.Fatalf("inventoryd exited:\n%s", d.logText())
-	case <-time.After(time.Minute):
-		t.Fatalf("inventoryd did not serve HTTP within a minute:\n%s", d.logText())
-	}
-	return nil, ""
-}
-
-func (d *inventoryd) read(r io.Reader) {
-	defer close(d.done)
-	s := bufio.NewScanner(r)
-	for s.Scan() {
-		d.mu.Lock()
-		d.log.WriteString(s.Text() + "\n")
-		d.mu.Unlock()
-		if m := serveRE.FindStringSubmatch(s.Text()); m != nil {
-			d.addr <- m[1]
-		}
-	}
-}
-
-func (d *inventoryd) logText() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.log.String()
-}
-
-// stop sends SIGTERM and waits for the exit.
-func (d *inventoryd) stop() {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	<-d.done
-	_ = d.cmd.Wait()
-}
-
-// waitFor polls cond until it holds, failing the test if d exits first
-// or timeout passes.
-func (d *inventoryd) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		select {
-		case <-d.done:
-			t.Fatalf("inventoryd exited while waiting for %s", what)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// metric reads one sample of the daemon's /metrics, 0 if absent.
-func metric(t *testing.T, addr, series string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
-}
 
 // inventory is an HTTP inventory whose machines the test changes.
 type inventory struct {
@@ -190,7 +57,7 @@ func (inv *inventory) set(ms []httpinv.Machine, body string) {
 // machines through the simulated agents and AgentStart starts new ones.
 func TestInventoryd(t *testing.T) {
 	t.Parallel()
-	bin := build(t)
+	bin := shepherdclitest.Build(t, ".", "inventoryd")
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
 	dsnFlag := "-bmdb_dsn=" + dsn
@@ -204,7 +71,7 @@ func TestInventoryd(t *testing.T) {
 	defer srv.Close()
 
 	// The URL is required; the provider is the binary's default.
-	code, _, errOut := command(t, bin, dsnFlag, "-listen=127.0.0.1:0")
+	code, _, errOut := bin.Run(t, dsnFlag, "-listen=127.0.0.1:0")
 	if want := "-httpinventory_url: required"; code != 2 || !strings.Contains(errOut, want) {
 		t.Errorf("inventoryd without -httpinventory_url: exit %d, stderr %q; want 2 and %q", code, errOut, want)
 	}
@@ -215,7 +82,7 @@ func TestInventoryd(t *testing.T) {
 		"-httpinventory_agent_start_failure_rate=0", "-httpinventory_heartbeat_loss_rate=0",
 		"-httpinventory_heartbeat_interval=200ms", "-httpinventory_action_time=10ms",
 		"-agentstart_idle_poll=100ms", "-recovery_idle_poll=100ms"}
-	d, _ := start(t, bin, common...)
+	d := bin.Start(t, common...)
 	heartbeating := func(ids ...string) func() bool {
 		return func() bool {
 			ms := bmdbtest.ProvidedBy(t, db, httpinv.Name)
@@ -228,8 +95,8 @@ func TestInventoryd(t *testing.T) {
 			return true
 		}
 	}
-	d.waitFor(t, 2*time.Minute, "a heartbeat of every inventory machine's agent", heartbeating("rack1-node1", "rack1-node2", "rack2-node1"))
-	code, out, errOut := command(t, bin, "machines", "-all", dsnFlag)
+	d.WaitFor(t, 2*time.Minute, "a heartbeat of every inventory machine's agent", heartbeating("rack1-node1", "rack1-node2", "rack2-node1"))
+	code, out, errOut := bin.Run(t, "machines", "-all", dsnFlag)
 	if code != 0 || strings.Count(out, "httpinventory") != 3 {
 		t.Errorf("machines -all: exit %d, want the 3 inventory machines\n%s%s", code, out, errOut)
 	}
@@ -237,8 +104,8 @@ func TestInventoryd(t *testing.T) {
 	// A broken answer (here, a machine without an id) is refused: nothing
 	// is removed.
 	inv.set(nil, `[{"address": "10.0.9.9"}]`)
-	d.waitFor(t, time.Minute, "the broken inventory's error in the log", func() bool {
-		return strings.Contains(d.logText(), "machine 0 has no id")
+	d.WaitFor(t, time.Minute, "the broken inventory's error in the log", func() bool {
+		return strings.Contains(d.Log(), "machine 0 has no id")
 	})
 	if n := len(bmdbtest.ProvidedBy(t, db, httpinv.Name)); n != 3 {
 		t.Errorf("%d machines after a broken inventory, want 3", n)
@@ -251,35 +118,35 @@ func TestInventoryd(t *testing.T) {
 		{ID: "rack2-node1", Address: "10.0.2.1", Location: "rack2"},
 		{ID: "rack2-node2", Address: "10.0.2.2", Location: "rack2"},
 	}, "")
-	d.waitFor(t, 2*time.Minute, "the removal of rack1-node2 and an agent on rack2-node2", func() bool {
+	d.WaitFor(t, 2*time.Minute, "the removal of rack1-node2 and an agent on rack2-node2", func() bool {
 		_, present := bmdbtest.ProvidedBy(t, db, httpinv.Name)["rack1-node2"]
 		return !present && heartbeating("rack2-node2")()
 	})
-	code, out, errOut = command(t, bin, "machines", "-all", dsnFlag)
+	code, out, errOut = bin.Run(t, "machines", "-all", dsnFlag)
 	if code != 0 || strings.Contains(out, removed.Machine.String()) || strings.Count(out, "httpinventory") != 3 {
 		t.Errorf("machines -all after the removal: exit %d, want 3 machines without %s\n%s%s", code, removed.Machine, out, errOut)
 	}
-	code, out, errOut = command(t, bin, "history", removed.Machine.String(), dsnFlag)
+	code, out, errOut = bin.Run(t, "history", removed.Machine.String(), dsnFlag)
 	if code != 0 || !strings.Contains(out, string(bmdb.EventRemoved)) || !strings.Contains(out, "no longer listed in the inventory") {
 		t.Errorf("history of the removed machine: exit %d, want its Removed event\n%s%s", code, out, errOut)
 	}
-	d.stop()
+	d.Stop()
 
 	// The agents died with the process. The next one's Recovery finds
 	// their heartbeats stale and reboots the machines through the
 	// simulated agents; AgentStart starts new agents, whose heartbeats,
 	// with new boot identities, verify the reboots.
-	d, addr := start(t, bin, append(common, "-recovery_heartbeat_timeout=2s")...)
-	d.waitFor(t, 2*time.Minute, "Recovery of every inventory machine", func() bool {
-		return metric(t, addr, `shepherd_work_finished_total{process="recovery",result="finished"}`) >= 3
+	d = bin.Start(t, append(common, "-recovery_heartbeat_timeout=2s")...)
+	d.WaitFor(t, 2*time.Minute, "Recovery of every inventory machine", func() bool {
+		return d.Metric(t, `shepherd_work_finished_total{process="recovery",result="finished"}`) >= 3
 	})
 	node1 := bmdbtest.ProvidedBy(t, db, httpinv.Name)["rack1-node1"].Machine.String()
-	d.waitFor(t, 2*time.Minute, "rack1-node1's reboot verified by its new agent's heartbeat", func() bool {
-		code, out, _ := command(t, bin, "history", node1, dsnFlag)
+	d.WaitFor(t, 2*time.Minute, "rack1-node1's reboot verified by its new agent's heartbeat", func() bool {
+		code, out, _ := bin.Run(t, "history", node1, dsnFlag)
 		return code == 0 && recoveredRE.MatchString(out)
 	})
 	if testing.Verbose() {
-		_, out, _ := command(t, bin, "history", node1, dsnFlag)
+		_, out, _ := bin.Run(t, "history", node1, dsnFlag)
 		t.Logf("history of rack1-node1:\n%s", out)
 	}
 }

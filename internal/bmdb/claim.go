@@ -158,11 +158,11 @@ func (s *Session) newClaim(o ClaimOptions) (*claim, error) {
 		return nil, fmt.Errorf("claiming for %s: %w", o.Process.Name, err)
 	}
 	named := pgx.NamedArgs{
-		"group":   o.Process.group(),
+		"group":   o.Process.Group(),
 		"process": o.Process.Name,
 		"session": s.param(),
 	}
-	o.Limits.MachineBudget.args(named)
+	budgetArgs(o.Limits.MachineBudget, named)
 	named["ids"], named["limit"] = nil, 0 // set by each round
 	c := &claim{s: s, o: o, max: n, named: named}
 	if err := c.prepare(s.db.leaseConflicts.recent(o.Process.Name)); err != nil {
@@ -180,10 +180,10 @@ func (c *claim) prepare(contended bool) error {
 	if contended {
 		template = claimDueTemplate
 	}
-	query, args := c.o.Candidates.query(template, c.named)
+	query, args := spliceCondition(c.o.Candidates, template, c.named)
 	q, err := c.s.db.positional.get(query, args)
 	if err != nil {
-		return fmt.Errorf("claiming for %s (%s): %w", c.o.Process.Name, c.o.Candidates.name, err)
+		return fmt.Errorf("claiming for %s (%s): %w", c.o.Process.Name, c.o.Candidates.Name(), err)
 	}
 	c.query, c.args, c.contended = q, args, contended
 	return nil
@@ -201,13 +201,13 @@ func (c *claim) lockAndLease(ctx context.Context, tx *Tx, scan int, r *claimRoun
 		ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		return err
 	}
-	if c.o.Limits.set() {
+	if limitsSet(c.o.Limits) {
 		// The budget decides whether the due rows are locked.
 		if err := s.aliveWith(ctx, tx.tx, qSessionAliveToClaim, "", nil, nil); err != nil {
 			return err
 		}
 		var err error
-		if n, err = c.o.Limits.budget(ctx, tx, name, c.max); err != nil {
+		if n, err = claimBudget(ctx, c.o.Limits, tx, name, c.max); err != nil {
 			return err
 		}
 		if n == 0 {
@@ -268,13 +268,13 @@ func (c *claim) outcome(ctx context.Context, r claimRound, err error) (leases []
 		s.undoClaim(ctx, p, r.leased, r.xid)
 	}
 	if err != nil {
-		return nil, true, fmt.Errorf("claiming for %s (%s): %w", p.Name, c.o.Candidates.name, err)
+		return nil, true, fmt.Errorf("claiming for %s (%s): %w", p.Name, c.o.Candidates.Name(), err)
 	}
 	if len(r.leased) > 0 && s.expired() {
 		// Committed, but the session was lost meanwhile (a COMMIT whose
 		// answer was held up past the local deadline): the leases are
 		// the reaper's to record as Lost, not ours to act on.
-		return nil, true, fmt.Errorf("claiming for %s (%s): %w", p.Name, c.o.Candidates.name, ErrSessionExpired)
+		return nil, true, fmt.Errorf("claiming for %s (%s): %w", p.Name, c.o.Candidates.Name(), ErrSessionExpired)
 	}
 	if len(r.leased) > 0 {
 		now := time.Now()

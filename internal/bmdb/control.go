@@ -53,7 +53,7 @@ func (db *DB) RequestRun(ctx context.Context, machine uuid.UUID, process, reason
 	var res ForceResult
 	var exists bool
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		if err := tx.tx.QueryRow(ctx, qForcedRequest, machine, process, reason, actor.arg()).Scan(&exists, &res.Replaced); err != nil {
+		if err := tx.tx.QueryRow(ctx, qForcedRequest, machine, process, reason, actorArg(actor)).Scan(&exists, &res.Replaced); err != nil {
 			return err
 		}
 		if !exists {
@@ -116,7 +116,7 @@ func (db *DB) RequestCancel(ctx context.Context, machine uuid.UUID, process, rea
 	var found bool
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		found = false
-		err := tx.tx.QueryRow(ctx, qCancelRequest, machine, process, reason, actor.arg()).Scan(&res.Session, &res.Replica, &res.LeaseStarted)
+		err := tx.tx.QueryRow(ctx, qCancelRequest, machine, process, reason, actorArg(actor)).Scan(&res.Session, &res.Replica, &res.LeaseStarted)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -171,7 +171,7 @@ func (db *DB) RequestCancels(ctx context.Context, machines []uuid.UUID, process,
 		var requested []uuid.UUID
 		for _, m := range machines {
 			o := CancelOutcome{Machine: m}
-			err := tx.tx.QueryRow(ctx, qCancelRequest, m, process, reason, actor.arg()).Scan(&o.Session, &o.Replica, &o.LeaseStarted)
+			err := tx.tx.QueryRow(ctx, qCancelRequest, m, process, reason, actorArg(actor)).Scan(&o.Session, &o.Replica, &o.LeaseStarted)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 			case err != nil:

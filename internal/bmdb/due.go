@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -29,11 +30,6 @@ import (
 // rows by index, so its cost follows the due work, not the fleet; it
 // re-checks the declared condition before leasing, which keeps the
 // condition the only truth of what is a candidate.
-
-// ErrUnwatchedTable is returned when a process's condition reads a table
-// whose writes Shepherd does not watch: writes there could make machines
-// candidates that no claim would look at until the reconcile pass.
-var ErrUnwatchedTable = errors.New("condition reads a table whose writes Shepherd does not watch")
 
 // registrations remembers which process conditions this DB has registered
 // (by fingerprint), so a claim registers once per process and condition.
@@ -87,17 +83,12 @@ type Registration struct {
 
 // fingerprint identifies a process's condition with its effective
 // parameters.
-func (c Candidates) fingerprint(p Process) string {
+func fingerprint(c Candidates, p Process) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", p.group(), c.name, c.condition, c.due)
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range c.args {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
-		fmt.Fprintf(h, "%s=%v\x00", k, c.args[k])
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", p.Group(), c.Name(), c.SQL(), dueSQL(c))
+	for _, k := range slices.Sorted(maps.Keys(maps.Collect(c.Args()))) {
+		v, _ := c.Arg(k)
+		fmt.Fprintf(h, "%s=%v\x00", k, v)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
@@ -117,7 +108,7 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 	if err := process.Validate(); err != nil {
 		return Registration{}, err
 	}
-	fp := candidates.fingerprint(process)
+	fp := fingerprint(candidates, process)
 	var reg Registration
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		reg = Registration{}
@@ -155,19 +146,19 @@ func (db *DB) RegisterProcess(ctx context.Context, process Process, candidates C
 			reg.Previous = oldBy
 		}
 		reg.Rebuilt = oldFP != fp || !oldBuilt
-		if _, err := tx.tx.Exec(ctx, qRegistryUpsert, process.Name, process.group(), watches,
-			candidates.name, candidates.condition, candidates.due, candidates.argsJSON(), fp, by, !reg.Rebuilt); err != nil {
+		if _, err := tx.tx.Exec(ctx, qRegistryUpsert, process.Name, process.Group(), watches,
+			candidates.Name(), candidates.SQL(), dueSQL(candidates), argsJSON(candidates), fp, by, !reg.Rebuilt); err != nil {
 			return err
 		}
 		return nil
 	})
 	if err != nil {
-		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.name, err)
+		return Registration{}, fmt.Errorf("registering process %s (%s): %w", process.Name, candidates.Name(), err)
 	}
 	if reg.Rebuilt {
 		outcome, err := db.buildDueRows(ctx, process, candidates, fp, reg.Watches)
 		if err != nil {
-			return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.name, err)
+			return Registration{}, fmt.Errorf("registering process %s (%s): building its due rows: %w", process.Name, candidates.Name(), err)
 		}
 		switch outcome {
 		case buildElsewhere:
@@ -322,7 +313,7 @@ func (db *DB) buildDueChunk(ctx context.Context, process Process, candidates Can
 		if _, err := tx.tx.Exec(ctx, qDueChunkClear, process.Name, after, *last); err != nil {
 			return err
 		}
-		query, args := candidates.query(fillDueChunkTemplate, pgx.NamedArgs{"process": process.Name, "after": after, "last": *last})
+		query, args := spliceCondition(candidates, fillDueChunkTemplate, pgx.NamedArgs{"process": process.Name, "after": after, "last": *last})
 		if _, err := tx.tx.Exec(ctx, query, args); err != nil {
 			return err
 		}
@@ -374,18 +365,18 @@ func waitForWriters(ctx context.Context, q queryer, process Process, tables []st
 // rather than registers: a registration may rebuild the process's due rows
 // over the whole fleet, which is a runner's start, not a claim's.
 func (db *DB) checkRegistered(process Process, candidates Candidates) error {
-	if db.registered.registered(process.Name, candidates.fingerprint(process)) {
+	if db.registered.registered(process.Name, fingerprint(candidates, process)) {
 		return nil
 	}
 	return fmt.Errorf("%w through this DB with condition %s: call DB.RegisterProcess first, or run the process in a controlloop.Runner, which registers it at start",
-		ErrNotRegistered, candidates.name)
+		ErrNotRegistered, candidates.Name())
 }
 
 // ensureRegistered registers the process on its first use through this DB,
 // for the readers (Explain, Stats) that need its due rows but are not a
 // runner.
 func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates Candidates, by string) error {
-	if db.registered.registered(process.Name, candidates.fingerprint(process)) {
+	if db.registered.registered(process.Name, fingerprint(candidates, process)) {
 		return nil
 	}
 	_, err := db.RegisterProcess(ctx, process, candidates, by)
@@ -396,7 +387,7 @@ func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates 
 // the plan of a statement that evaluates them: the planner's list, not a
 // parse of the SQL, so it is what the database reads.
 func conditionTables(ctx context.Context, tx txConn, c Candidates) ([]string, error) {
-	query, args := c.query(explainJSON+watchProbeTemplate, nil)
+	query, args := spliceCondition(c, explainJSON+watchProbeTemplate, nil)
 	var plan []byte
 	if err := tx.QueryRow(ctx, query, args).Scan(&plan); err != nil {
 		return nil, fmt.Errorf("planning the condition: %w", err)
@@ -494,8 +485,8 @@ func (db *DB) ReconcileDue(ctx context.Context, process Process, candidates Cand
 	if err := process.Validate(); err != nil {
 		return uuid.Nil, 0, err
 	}
-	query, args := candidates.query(reconcileDueTemplate, pgx.NamedArgs{
-		"group":   process.group(),
+	query, args := spliceCondition(candidates, reconcileDueTemplate, pgx.NamedArgs{
+		"group":   process.Group(),
 		"process": process.Name,
 		"after":   after,
 		"chunk":   chunk,

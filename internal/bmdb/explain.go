@@ -45,14 +45,14 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 		return fail(err)
 	}
 	named := pgx.NamedArgs{
-		"group":   process.group(),
+		"group":   process.Group(),
 		"process": process.Name,
 		"session": s.id,
 		"limit":   limit,
 		"ids":     ids,
 	}
-	MachineBudget{}.args(named)
-	query, args := candidates.query(explainPrefix+claimDueTemplate, named)
+	budgetArgs(MachineBudget{}, named)
+	query, args := spliceCondition(candidates, explainPrefix+claimDueTemplate, named)
 	claimPlan, err := explainLines(ctx, tx, query, args)
 	if err != nil {
 		return fail(err)

@@ -204,13 +204,13 @@ func explainProcess(ctx context.Context, tx *Tx, machine uuid.UUID, p ExplainPro
 	if err := p.Process.Validate(); err != nil {
 		return Explanation{}, err
 	}
-	e := Explanation{Process: p.Process.Name, Group: p.Process.group(), MaxInFlight: p.Limits.MaxInFlight, MaxPerHour: p.Limits.MaxPerHour}
+	e := Explanation{Process: p.Process.Name, Group: p.Process.Group(), MaxInFlight: p.Limits.MaxInFlight, MaxPerHour: p.Limits.MaxPerHour}
 	if c := p.Candidates; c != nil {
-		e.ConditionName = c.name
-		query, args := c.query(explainConditionTemplate, pgx.NamedArgs{"machine": machine})
+		e.ConditionName = c.Name()
+		query, args := spliceCondition(*c, explainConditionTemplate, pgx.NamedArgs{"machine": machine})
 		var holds bool
 		if err := tx.tx.QueryRow(ctx, query, args).Scan(&holds, &e.ConditionDue); err != nil {
-			return Explanation{}, fmt.Errorf("evaluating its condition %s: %w", c.name, err)
+			return Explanation{}, fmt.Errorf("evaluating its condition %s: %w", c.Name(), err)
 		}
 		e.Condition = &holds
 		if v, ok := c.Arg("heartbeat_timeout"); ok {
@@ -228,7 +228,7 @@ func explainProcess(ctx context.Context, tx *Tx, machine uuid.UUID, p ExplainPro
 		forcedReason, forcedActor, cancelReason, cancelActor *string
 		forcedAt, cancelAt                                   *time.Time
 	)
-	err := tx.tx.QueryRow(ctx, qExplainProcess, machine, p.Process.Name, p.Process.group()).Scan(
+	err := tx.tx.QueryRow(ctx, qExplainProcess, machine, p.Process.Name, p.Process.Group()).Scan(
 		&leaseProcess, &leaseSession, &replica, &leaseSince,
 		&backoffUntil, &backoffCause, &notBefore,
 		&pauseReason, &pauseSource, &pausedAt,

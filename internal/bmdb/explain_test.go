@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // ExplainClaim shows the claim's plan and, although EXPLAIN ANALYZE runs

@@ -38,7 +38,7 @@ var OpsTemplates = map[string]string{
 // BuildQuery splices c's condition into template and merges args, as the
 // BMDB does before running it.
 func BuildQuery(template string, c Candidates, args pgx.NamedArgs) (string, pgx.NamedArgs) {
-	return c.query(template, args)
+	return spliceCondition(c, template, args)
 }
 
 // DueQueries are due-time claiming's two claim statements, for the test

@@ -90,8 +90,8 @@ func ContendedClaimStatement(candidates Candidates) string {
 }
 
 func claimStatement(template string, candidates Candidates) string {
-	sql, args := candidates.query(template, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
-	MachineBudget{}.args(args)
+	sql, args := spliceCondition(candidates, template, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
+	budgetArgs(MachineBudget{}, args)
 	var positional positionalQueries
 	q, err := positional.get(sql, args)
 	if err != nil {

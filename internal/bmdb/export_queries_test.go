@@ -27,7 +27,7 @@ func SQLStatements() (sql, file map[string]string, err error) {
 	recovery := RecoveryCandidates(30*time.Minute, 10*time.Minute)
 	for name, s := range sql {
 		if strings.HasSuffix(name, "Template") {
-			sql[name], _ = recovery.query(s, nil)
+			sql[name], _ = spliceCondition(recovery, s, nil)
 		}
 	}
 	return sql, file, nil

@@ -11,8 +11,8 @@ import (
 
 	"github.com/golang-migrate/migrate/v4/database"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 // testExtension is a process's schema: a tag table with a foreign key to

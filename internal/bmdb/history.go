@@ -3,32 +3,10 @@ package bmdb
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
-
-// HistoryEntry is one row of the audit history of leases and operator
-// actions (the work_history table).
-type HistoryEntry struct {
-	// ID orders entries causally: an event that depends on another has a
-	// larger ID.
-	ID        int64
-	Machine   uuid.UUID
-	Process   string
-	Event     Event
-	Timestamp time.Time
-	// Cause is the failure cause of Failed, the reason of Lost and Canceled
-	// events when there is one, and empty otherwise.
-	Cause string
-	// Session is the session that held the lease (uuid.Nil when none).
-	Session uuid.UUID
-	// Actor is who took an operator action (Held, Released, Retried, ...):
-	// zero for the events of workers, and for operator events recorded
-	// before schema 0016.
-	Actor Actor
-}
 
 func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
 	var e HistoryEntry

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // Holds (migration 0017): an operator keeps one process, or every process,
@@ -22,12 +24,12 @@ import (
 const (
 	// EventHeld records that a machine was held for a process ("" for
 	// every process), with the reason and the actor.
-	EventHeld Event = "Held"
+	EventHeld = bmdbapi.EventHeld
 	// EventReleased records that a hold was released.
-	EventReleased Event = "Released"
+	EventReleased = bmdbapi.EventReleased
 	// EventEscalated records that a machine used up a process's
 	// per-machine budget and was held for a human.
-	EventEscalated Event = "Escalated"
+	EventEscalated = bmdbapi.EventEscalated
 )
 
 // Sources of a hold.
@@ -51,16 +53,6 @@ var ErrTooManyMachines = errors.New("too many machines for one command")
 // which claims and lease ends of the same machines wait for.
 const MaxHoldBatch = 10000
 
-// Actor is who took an operator action: Name as the operator's command
-// gives it (shepherd -as, $SHEPHERD_OPERATOR, or the OS user and host),
-// Role the database role of the writing session (session_user), which the
-// BMDB fills in itself, so that a role per operator gives an identity
-// the command line cannot forge.
-type Actor struct {
-	Name string
-	Role string
-}
-
 type actorKey struct{}
 
 // WithActor returns ctx carrying actor, which the operator actions that take
@@ -76,7 +68,7 @@ func ActorFrom(ctx context.Context) Actor {
 }
 
 // actorArg is the name to record, NULL when none was given.
-func (a Actor) arg() *string {
+func actorArg(a Actor) *string {
 	if a.Name == "" {
 		return nil
 	}
@@ -244,30 +236,8 @@ func (db *DB) HeldCount(ctx context.Context, process string) (int64, error) {
 	return n, nil
 }
 
-// MachineBudget is a process's per-machine budget: at most N leases of one
-// machine within Window. A claim that finds a machine whose budget is
-// used does not lease it: it holds the machine for the process (source
-// budget) and records Escalated, for a human to look at. The zero value is
-// no budget.
-type MachineBudget struct {
-	N      int
-	Window time.Duration
-}
-
-// Set reports whether the budget applies.
-func (b MachineBudget) Set() bool { return b.N > 0 && b.Window > 0 }
-
-// String is the budget as its flag spells it ("3/24h0m0s"), "none" when
-// unset.
-func (b MachineBudget) String() string {
-	if !b.Set() {
-		return "none"
-	}
-	return fmt.Sprintf("%d/%s", b.N, b.Window)
-}
-
-// args are the claim's parameters of the budget.
-func (b MachineBudget) args(named pgx.NamedArgs) {
+// budgetArgs sets the claim's parameters of the budget.
+func budgetArgs(b MachineBudget, named pgx.NamedArgs) {
 	if !b.Set() {
 		named["budget"], named["budget_window"], named["budget_text"] = 0, float64(0), ""
 		return

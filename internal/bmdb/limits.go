@@ -6,74 +6,33 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 )
 
-// Limits are a process's safety limits: the one type for them, which
-// controlloop's Config carries (with flags -<p>_max_in_flight and the
-// rest) and a claim enforces. They exist because a control loop that
-// reboots machines is also a way to reboot the whole fleet: a bad agent
-// build makes every heartbeat stop, and Recovery then sees every machine as
-// needing a reboot. Each limit holds across every replica, because it is
-// enforced through the BMDB, not in one replica's memory:
-//
-//   - MaxInFlight and MaxPerHour bound the leases the process holds at once
-//     and takes per sliding hour. Claims of a process with either are
-//     serialized by an advisory lock held for the claim's transaction, so
-//     that replicas racing for the last free slot cannot both take it;
-//   - MachineBudget bounds the leases of one machine within a window;
-//   - the circuit breaker (BreakerWindow, BreakerThreshold; CheckBreaker)
-//     pauses the process when more than BreakerThreshold of its last
-//     BreakerWindow attempts failed. The pause is a row in the BMDB, so
-//     every replica stops claiming, and it lasts until an operator resumes
-//     the process.
-//
-// The zero value of each limit disables it.
-type Limits struct {
-	// MaxInFlight bounds the leases the process holds at once, across
-	// replicas; 0 = no bound.
-	MaxInFlight int
-	// MaxPerHour bounds the leases the process takes in any sliding hour
-	// (counted from Started events in history), across replicas; 0 = no
-	// bound.
-	MaxPerHour int
-	// BreakerWindow is the number of recent attempts (finished,
-	// rescheduled or failed, across replicas, since the last resume) the
-	// circuit breaker judges; 0 disables the breaker. It trips only on a
-	// full window.
-	BreakerWindow int
-	// BreakerThreshold is the failure ratio of the window above which the
-	// breaker trips, in [0, 1).
-	BreakerThreshold float64
-	// MachineBudget bounds the leases the process takes of one machine
-	// within a window (holds.go); unset = no bound. The claim that finds a
-	// machine over it holds the machine for the process and records
-	// Escalated instead of leasing it. It takes no lock: the claim judges
-	// it per machine, under the machine's due-row lock.
-	MachineBudget MachineBudget
-	// ExpectedDuration is how long one lease should be held at most: not
-	// enforced, but exported by the runner for the alert that compares it
-	// with the age of the oldest lease; 0 = not stated.
-	ExpectedDuration time.Duration
-}
+// Limits are a process's safety limits: the public package's type, which
+// the machinery uses as it is.
+type Limits = bmdbapi.Limits
 
-// Breaker is the circuit breaker the limits set, for CheckBreaker.
-func (l Limits) Breaker() Breaker {
+// BreakerOf is the circuit breaker limits l set, for CheckBreaker.
+func BreakerOf(l Limits) Breaker {
 	return Breaker{Window: l.BreakerWindow, Threshold: l.BreakerThreshold}
 }
 
-// set reports whether any limit that takes the claim lock applies.
-func (l Limits) set() bool { return l.MaxInFlight > 0 || l.MaxPerHour > 0 }
+// limitsSet reports whether any limit of l that takes the claim lock
+// applies.
+func limitsSet(l Limits) bool { return l.MaxInFlight > 0 || l.MaxPerHour > 0 }
 
-// budget returns how many machines a claim of process may lease now: limit,
-// lowered by the limits. With limits it takes the process's claim lock
+// claimBudget returns how many machines a claim of process may lease now:
+// limit, lowered by limits l. With limits it takes the process's claim lock
 // first (qClaimLimitLock), and counts in a statement of its own, whose
 // snapshot is taken after the lock was granted and so sees every lease the
 // previous holder committed. The claim then gets the budget as a plain
 // LIMIT, which keeps its fast-start plan: a LIMIT computed inside the claim
 // would be unknown to the planner, which would then plan for a tenth of
 // the fleet. Without limits it runs nothing.
-func (l Limits) budget(ctx context.Context, tx *Tx, process string, limit int) (int, error) {
-	if !l.set() {
+func claimBudget(ctx context.Context, l Limits, tx *Tx, process string, limit int) (int, error) {
+	if !limitsSet(l) {
 		return limit, nil
 	}
 	if _, err := tx.tx.Exec(ctx, qClaimLimitLock, process); err != nil {

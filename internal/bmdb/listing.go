@@ -112,8 +112,8 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 		if q.Candidates == nil {
 			return nil, fmt.Errorf("listing eligible machines of %s: the process's candidate condition is unknown here", name)
 		}
-		query, named := q.Candidates.query(eligibleTemplate, pgx.NamedArgs{
-			"group":   q.Process.group(),
+		query, named := spliceCondition(*q.Candidates, eligibleTemplate, pgx.NamedArgs{
+			"group":   q.Process.Group(),
 			"process": name,
 			"after":   q.After,
 			"limit":   q.Limit,
@@ -178,8 +178,8 @@ func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Can
 	if err := process.Validate(); err != nil {
 		return ProcessCounts{}, err
 	}
-	query, args := candidates.query(processCountsTemplate, pgx.NamedArgs{
-		"group":   process.group(),
+	query, args := spliceCondition(candidates, processCountsTemplate, pgx.NamedArgs{
+		"group":   process.Group(),
 		"process": process.Name,
 	})
 	var c ProcessCounts

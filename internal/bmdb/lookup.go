@@ -65,8 +65,8 @@ func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Can
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
-	query, args := candidates.query(eligibleAmongTemplate, pgx.NamedArgs{
-		"group":   process.group(),
+	query, args := spliceCondition(candidates, eligibleAmongTemplate, pgx.NamedArgs{
+		"group":   process.Group(),
 		"process": process.Name,
 		"ids":     machines,
 	})

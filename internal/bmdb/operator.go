@@ -65,7 +65,7 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 	var cleared []ClearedBackoff
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason, ActorFrom(ctx).arg())
+		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason, actorArg(ActorFrom(ctx)))
 		return err
 	})
 	what := "backoffs of " + machine.String()
@@ -112,7 +112,7 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 	var res RetryResult
 	var exists bool
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased)
+		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, actorArg(ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased)
 	})
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retrying %s on %s: %w", process, machine, err)

@@ -29,7 +29,7 @@ func (db *DB) RetryMachines(ctx context.Context, machines []uuid.UUID, process, 
 		for _, m := range machines {
 			var exists bool
 			var res RetryResult
-			if err := tx.tx.QueryRow(ctx, qRetry, m, process, reason, ActorFrom(ctx).arg()).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased); err != nil {
+			if err := tx.tx.QueryRow(ctx, qRetry, m, process, reason, actorArg(ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased); err != nil {
 				return err
 			}
 			if exists {
@@ -60,7 +60,7 @@ func (db *DB) ClearBackoffs(ctx context.Context, machines []uuid.UUID, process, 
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		out = map[uuid.UUID][]ClearedBackoff{}
 		for _, m := range machines {
-			cleared, err := queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, m, processArg, reason, ActorFrom(ctx).arg())
+			cleared, err := queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, m, processArg, reason, actorArg(ActorFrom(ctx)))
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/internal/metric"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // Verified reboots (issue 29). A reset counts only when the machine comes
@@ -30,10 +32,10 @@ const (
 	// EventRecovered: a machine a process reset heartbeated with a new
 	// boot identity; the cause says when it was reset and how long it
 	// took.
-	EventRecovered Event = "Recovered"
+	EventRecovered = bmdbapi.EventRecovered
 	// EventNotRecovered: a machine a process reset did not heartbeat with
 	// a new boot identity within the verify timeout.
-	EventNotRecovered Event = "NotRecovered"
+	EventNotRecovered = bmdbapi.EventNotRecovered
 )
 
 // Recovered is a machine that came back from a reset.
@@ -63,20 +65,6 @@ func newRecoveryMetrics(reg prometheus.Registerer) *recoveryMetrics {
 		notRecovered: metric.Counter(reg, "shepherd_recovery_not_recovered_total",
 			"Machines a Recovery reset that did not heartbeat with a new boot identity within -recovery_verify_timeout, recorded NotRecovered by this replica before acting on them again."),
 	}
-}
-
-// ResetVerification is what RecordReset recorded.
-type ResetVerification struct {
-	// Verified is false when the machine's agent is known to send no boot
-	// identity (agent protocol heartbeat version 1): whether it rebooted
-	// cannot be verified. The reset is still recorded, and the agent's
-	// next heartbeat (any, since none carries a boot identity) ends it
-	// without Recovered: a machine that does not come back at all is
-	// still NotRecovered in time.
-	Verified bool
-	// BootBefore is the boot identity the reboot must change (uuid.Nil:
-	// none known, and any boot identity counts).
-	BootBefore uuid.UUID
 }
 
 // RecordReset records that process reset machine now, to be verified
@@ -113,19 +101,6 @@ func (t *Tx) RecordReset(ctx context.Context, machine uuid.UUID, process string,
 		v.BootBefore = before.Bytes
 	}
 	return v, nil
-}
-
-// NotRecovered is a machine reset that was not verified in time.
-type NotRecovered struct {
-	ResetAt  time.Time
-	VerifyBy time.Time
-}
-
-// Cause is the history cause of the NotRecovered event: "reset at T, not
-// back after D".
-func (n NotRecovered) Cause() string {
-	return fmt.Sprintf("reset at %s, not back after %s (no heartbeat with a new boot identity)",
-		n.ResetAt.UTC().Format(time.RFC3339), n.VerifyBy.Sub(n.ResetAt).Round(time.Second))
 }
 
 // NoteNotRecovered records NotRecovered for machine if its last reset is

@@ -25,9 +25,9 @@ type registryArg struct {
 }
 
 // argsJSON renders the condition's parameters for the registry.
-func (c Candidates) argsJSON() []byte {
-	out := make(map[string]registryArg, len(c.args))
-	for k, v := range c.args {
+func argsJSON(c Candidates) []byte {
+	out := map[string]registryArg{}
+	for k, v := range c.Args() {
 		out[k] = encodeArg(v)
 	}
 	b, err := json.Marshal(out)
@@ -156,9 +156,9 @@ var ErrConditionDiffers = errors.New("the condition recorded in the BMDB differs
 // cannot carry.
 func (rc RegisteredCondition) Candidates(own Candidates) (Candidates, error) {
 	switch {
-	case rc.Name != own.name:
-		return Candidates{}, fmt.Errorf("%w: it is named %q, this binary's %q", ErrConditionDiffers, rc.Name, own.name)
-	case rc.SQL != own.condition:
+	case rc.Name != own.Name():
+		return Candidates{}, fmt.Errorf("%w: it is named %q, this binary's %q", ErrConditionDiffers, rc.Name, own.Name())
+	case rc.SQL != own.SQL():
 		return Candidates{}, fmt.Errorf("%w: its SQL text is not this binary's", ErrConditionDiffers)
 	case rc.Due != own.Due():
 		return Candidates{}, fmt.Errorf("%w: its due time's SQL text is not this binary's", ErrConditionDiffers)
@@ -166,12 +166,13 @@ func (rc RegisteredCondition) Candidates(own Candidates) (Candidates, error) {
 		return Candidates{}, rc.argsErr
 	}
 	recorded := slices.Sorted(maps.Keys(rc.args))
-	if !slices.Equal(recorded, slices.Sorted(maps.Keys(own.args))) {
-		return Candidates{}, fmt.Errorf("%w: its parameters are %s, this binary's %s", ErrConditionDiffers, strings.Join(recorded, ", "), strings.Join(slices.Sorted(maps.Keys(own.args)), ", "))
+	ownArgs := slices.Sorted(maps.Keys(maps.Collect(own.Args())))
+	if !slices.Equal(recorded, ownArgs) {
+		return Candidates{}, fmt.Errorf("%w: its parameters are %s, this binary's %s", ErrConditionDiffers, strings.Join(recorded, ", "), strings.Join(ownArgs, ", "))
 	}
-	bound := own
-	bound.args = maps.Clone(rc.args)
-	return bound, nil
+	// own passed NewCandidates with these names: binding other values
+	// to them cannot fail.
+	return NewCandidates(Condition{Name: own.Name(), SQL: own.SQL(), Due: own.Due(), Args: maps.Clone(rc.args)})
 }
 
 // Registrant is one live session's view of a process's condition.
@@ -252,7 +253,7 @@ func (db *DB) RegisteredCondition(ctx context.Context, process Process) (Registe
 // lives as long as the session.
 func (s *Session) RecordCandidates(ctx context.Context, process Process, candidates Candidates) error {
 	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, candidates.fingerprint(process), candidates.argsJSON())
+		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, fingerprint(candidates, process), argsJSON(candidates))
 		return err
 	})
 	if err != nil {

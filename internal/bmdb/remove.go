@@ -8,20 +8,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 )
 
 // EventRemoved records that a provider removed a machine from the fleet
 // (RemoveMachine). Its cause names the machine's provider id, which no
 // other row keeps once the machine is gone, and the provider's reason.
-const EventRemoved Event = "Removed"
-
-// ErrLeased is returned by RemoveMachine for a machine a process holds a
-// lease on: the process is acting on it, and deleting the machine would
-// take the lease (and the action's outcome) from under it. The caller
-// tries again once the lease ended; the lease's end makes the machine due
-// again, and a provider that keeps a machine it could not remove fails its
-// actions, which ends such a lease soon.
-var ErrLeased = errors.New("machine is leased")
+const EventRemoved = bmdbapi.EventRemoved
 
 // RemoveMachine deletes machine and all its tags, backoffs, holds and due
 // rows, and records EventRemoved in its history with reason, the actor

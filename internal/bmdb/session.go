@@ -13,33 +13,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"k8s.io/klog/v2"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 )
 
-// SessionConfig describes a worker session.
-type SessionConfig struct {
-	// Component names the owner in the sessions table (for operators), e.g.
-	// "shepherd-agentstart".
-	Component string
-	// RuntimeInfo describes the owner (host, pid, version); defaulted.
-	RuntimeInfo string
-	// Interval is how long the session stays alive in the database without a
-	// heartbeat. It is rounded up to whole seconds (at least 1 s); the owner
-	// heartbeats every Interval/2. Default 10 s.
-	Interval time.Duration
-	// Margin is how much earlier than the database the owner gives up on its
-	// session: the local deadline is the send time of the last successful
-	// heartbeat + Interval - Margin. Default Interval/5.
-	Margin time.Duration
-	// ReapInterval, when set, makes this session also reap expired sessions
-	// (of any replica) on a timer of its own, every ReapInterval. By default
-	// (0) it reaps only when one of its heartbeats, every Interval/2, finds
-	// an expired session: an idle replica then spends no transaction on
-	// reaping, and a dead session's leases wait at most Interval/2 after
-	// its expiry for a reaper.
-	ReapInterval time.Duration
-}
+// SessionConfig describes a worker session: the public package's type,
+// which the machinery uses as it is.
+type SessionConfig = bmdbapi.SessionConfig
 
-func (c SessionConfig) withDefaults() SessionConfig {
+// sessionDefaults is c with its defaults applied.
+func sessionDefaults(c SessionConfig) SessionConfig {
 	if c.Component == "" {
 		c.Component = "shepherd"
 	}
@@ -101,7 +84,7 @@ type Session struct {
 // StartSession creates a session and starts its heartbeat. ctx bounds only
 // the creation; the heartbeat runs until Close or until the session is lost.
 func (db *DB) StartSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
-	cfg = cfg.withDefaults()
+	cfg = sessionDefaults(cfg)
 	s := &Session{
 		db:       db,
 		id:       uuid.New(),

@@ -53,19 +53,6 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return t.tx.QueryRow(ctx, sql, args...)
 }
 
-// Provided is a machine_provided tag: where a machine comes from and how to
-// reach it.
-type Provided struct {
-	Machine    uuid.UUID
-	Provider   string
-	ProviderID string
-	Address    string
-	Location   string
-	// Power is how the provider reboots the machine (redfish, ipmi, ssh),
-	// or "" when it does not say.
-	Power string
-}
-
 // AddMachine creates a machine with its provided tag and returns its id.
 func (t *Tx) AddMachine(ctx context.Context, p Provided) (uuid.UUID, error) {
 	var id uuid.UUID
@@ -103,9 +90,6 @@ func scanProvided(row pgx.CollectableRow) (Provided, error) {
 	err := row.Scan(&p.Machine, &p.Provider, &p.ProviderID, &p.Address, &p.Location, &p.Power)
 	return p, err
 }
-
-// ErrNotFound is returned by reads of a tag a machine does not have.
-var ErrNotFound = errors.New("not found")
 
 // Provided reads the provided tag of machine.
 func (t *Tx) Provided(ctx context.Context, machine uuid.UUID) (Provided, error) {
@@ -215,19 +199,6 @@ func (t *Tx) Heartbeat(ctx context.Context, machine uuid.UUID) error {
 		return fmt.Errorf("recording heartbeat of %s: %w", machine, err)
 	}
 	return nil
-}
-
-// AgentKey names a running agent: the machine it runs on and its public key.
-type AgentKey struct {
-	Machine   uuid.UUID
-	PublicKey []byte
-	// Timestamp is the agent's signed timestamp of this heartbeat; zero
-	// when there is none (a simulated agent), which skips the replay check.
-	Timestamp time.Time
-	// BootID is the boot identity the heartbeat carries (agent protocol
-	// heartbeat version 2); uuid.Nil for an agent that sends none, whose
-	// machine's reboots cannot be verified.
-	BootID uuid.UUID
 }
 
 // HeartbeatAgents records, in one statement, a heartbeat for each of agents

@@ -16,26 +16,23 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/untrusted"
-)
 
-// Event is a history event's kind, as the BMDB stores it in
-// work_history.event and tools print it: its values are part of the
-// operators' interface (scripts, dashboards), and never change.
-type Event string
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
+)
 
 // History events of leases.
 const (
-	EventStarted  Event = "Started"
-	EventFinished Event = "Finished"
-	EventFailed   Event = "Failed"
-	EventCanceled Event = "Canceled"
+	EventStarted  = bmdbapi.EventStarted
+	EventFinished = bmdbapi.EventFinished
+	EventFailed   = bmdbapi.EventFailed
+	EventCanceled = bmdbapi.EventCanceled
 	// EventLost records a lease released by the reaper because its session
 	// expired: the worker may or may not have completed its action.
-	EventLost Event = "Lost"
+	EventLost = bmdbapi.EventLost
 	// EventRescheduled records a successful end after which the machine is
 	// not a candidate of the process again before a time ("check again
 	// later"); its cause says when.
-	EventRescheduled Event = "Rescheduled"
+	EventRescheduled = bmdbapi.EventRescheduled
 )
 
 // EndEvents are the history events that end a lease, each following the
@@ -311,7 +308,7 @@ func (w *Lease) Fail(ctx context.Context, backoff Backoff, cause string) error {
 			return err
 		}
 		seconds := backoff.NextSeconds(previous)
-		until := backoff.until(seconds)
+		until := backoffUntil(backoff, seconds)
 		_, err = tx.tx.Exec(ctx, qBackoffUpsert, w.Machine, w.Process.Name, until.Seconds(), cause, seconds)
 		return err
 	})
@@ -410,8 +407,8 @@ func (db *DB) stats(ctx context.Context, process Process, candidates Candidates,
 	if err := db.ensureRegistered(ctx, process, candidates, "stats"); err != nil {
 		return ProcessStats{}, LimitStatus{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
 	}
-	query, args := candidates.query(dueStatsTemplate, pgx.NamedArgs{
-		"group":   process.group(),
+	query, args := spliceCondition(candidates, dueStatsTemplate, pgx.NamedArgs{
+		"group":   process.Group(),
 		"process": process.Name,
 	})
 	var st ProcessStats
@@ -443,8 +440,8 @@ func (db *DB) stats(ctx context.Context, process Process, candidates Candidates,
 
 // fleetStats is Stats computed over the whole fleet (statsTemplate).
 func (db *DB) fleetStats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
-	query, args := candidates.query(statsTemplate, pgx.NamedArgs{
-		"group":   process.group(),
+	query, args := spliceCondition(candidates, statsTemplate, pgx.NamedArgs{
+		"group":   process.Group(),
 		"process": process.Name,
 	})
 	var st ProcessStats
@@ -464,18 +461,6 @@ func (db *DB) ActiveBackoffs(ctx context.Context, process Process) (int64, error
 func (db *DB) LeaseCount(ctx context.Context, process Process) (int64, error) {
 	st, err := db.fleetStats(ctx, process, noCandidates())
 	return st.Leases, err
-}
-
-// BackoffState is a work_backoff row.
-type BackoffState struct {
-	Machine uuid.UUID
-	Process string
-	Until   time.Time
-	Cause   string
-	// LastInterval is the backoff's interval (the next failure's grows
-	// from it), as MachineState.LastInterval is.
-	LastInterval time.Duration
-	Active       bool
 }
 
 // BackoffOf returns the backoff of process on machine, or nil if none.

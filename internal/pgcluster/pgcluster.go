@@ -2,7 +2,7 @@
 // server binaries installed on the machine (initdb and pg_ctl).
 //
 // Shepherd needs a real PostgreSQL in two places: the test harness
-// (bmdb/bmdbtest), which must exercise the BMDB's constraints and locking
+// (internal/bmdbtest), which must exercise the BMDB's constraints and locking
 // against the real server rather than a mock, and the daemon's demo mode,
 // which lets one command show the whole system working without an operator
 // first provisioning a database. Both use this package so that there is a

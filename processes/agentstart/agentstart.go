@@ -11,6 +11,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -37,7 +38,7 @@ func Definition() controlloop.Definition {
 			DefaultRunTimeout: 10 * time.Minute,
 		},
 		// Provided machines without a started agent.
-		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
+		Candidates: func() (bmdb.Candidates, error) { return shepherdbmdb.AgentStartCandidates(), nil },
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
 			if env.Provider == nil {
 				return nil, errors.New("AgentStart needs a provider")
@@ -74,7 +75,7 @@ func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
 		// Without a key nothing could later authenticate the agent.
 		return errors.New("starting agent on " + m.Provider + "/" + m.ProviderID + ": provider returned no public key")
 	}
-	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+	t.Commit = func(ctx context.Context, tx bmdb.Tx) error {
 		return tx.SetAgentStarted(ctx, t.Machine, key)
 	}
 	return nil

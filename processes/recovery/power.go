@@ -160,7 +160,7 @@ func (r *Recovery) recordPower(ctx context.Context, t *controlloop.Task, seen Se
 	if seen.Power == "" || ctx.Err() != nil {
 		return
 	}
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := t.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		return tx.RecordPower(ctx, t.Machine, string(seen.Power), seen.Cause)
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -130,7 +131,7 @@ func Definition() controlloop.Definition {
 // than HeartbeatTimeout, and machines a reset did not bring back within
 // VerifyTimeout (see verify.go).
 func (c *Config) Candidates() bmdb.Candidates {
-	return bmdb.RecoveryCandidates(c.StartTimeout, c.HeartbeatTimeout)
+	return shepherdbmdb.RecoveryCandidates(c.StartTimeout, c.HeartbeatTimeout)
 }
 
 // Recovery is Recovery's code (a controlloop.Handler).

@@ -35,9 +35,9 @@ import (
 // commitReset is Recovery's Commit: in the transaction that ends the
 // work, it records the reset for verification and deletes the machine's
 // agent tags, handing it to AgentStart.
-func (r *Recovery) commitReset(machine uuid.UUID) func(ctx context.Context, tx *bmdb.Tx) error {
+func (r *Recovery) commitReset(machine uuid.UUID) func(ctx context.Context, tx bmdb.Tx) error {
 	verify := r.cfg.VerifyTimeout
-	return func(ctx context.Context, tx *bmdb.Tx) error {
+	return func(ctx context.Context, tx bmdb.Tx) error {
 		_, err := tx.RecordReset(ctx, machine, Process.Name, verify)
 		return err
 	}
@@ -48,7 +48,7 @@ func (r *Recovery) commitReset(machine uuid.UUID) func(ctx context.Context, tx *
 func noteNotRecovered(ctx context.Context, t *controlloop.Task) error {
 	var n bmdb.NotRecovered
 	var noted bool
-	err := t.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := t.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		n, noted, err = tx.NoteNotRecovered(ctx, t.Machine)
 		return err

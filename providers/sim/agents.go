@@ -380,7 +380,7 @@ func (a *Agents) heartbeat(ctx context.Context) error {
 	}
 
 	var recorded []uuid.UUID
-	err := a.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := a.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		recorded, err = tx.HeartbeatAgents(ctx, beating)
 		return err

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -36,7 +36,7 @@ func TestAgentsServeAnotherProvider(t *testing.T) {
 	cfg := sim.DefaultAgentConfig()
 	cfg.Providers = []string{"inventory"}
 	cfg.ActionTime, cfg.AgentStartFailureRate, cfg.HeartbeatLossRate, cfg.HeartbeatInterval = 0, 0, 0, 20*time.Millisecond
-	agents, err := sim.NewAgents(db, cfg)
+	agents, err := sim.NewAgents(db.Public(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestDefinition(t *testing.T) {
 		t.Fatalf("Check: %v", err)
 	}
 	db := openDB(t)
-	p, err := def.New(providers.Env{DB: db})
+	p, err := def.New(providers.Env{DB: db.Public()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

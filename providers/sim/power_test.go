@@ -22,7 +22,7 @@ func TestStayOff(t *testing.T) {
 	db := openDB(t)
 	cfg := sim.DefaultConfig()
 	cfg.Machines, cfg.ActionTime, cfg.AgentStartFailureRate, cfg.StayOffRate = 1, 0, 0, 1
-	p := sim.New(db, cfg)
+	p := sim.New(db.Public(), cfg)
 	ctx := context.Background()
 	if err := p.Seed(ctx); err != nil {
 		t.Fatal(err)

@@ -151,7 +151,7 @@ func (p *Provider) Seed(ctx context.Context) error {
 
 func (p *Provider) seedOnce(ctx context.Context) (int, error) {
 	var existing map[string]bool
-	err := p.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err := p.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		ms, err := tx.ProvidedBy(ctx, Name)
 		if err != nil {
 			return err
@@ -175,7 +175,7 @@ func (p *Provider) seedOnce(ctx context.Context) (int, error) {
 	for len(missing) > 0 {
 		batch := missing[:min(len(missing), seedBatch)]
 		missing = missing[len(batch):]
-		err := p.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		err := p.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 			for _, i := range batch {
 				_, err := tx.AddMachine(ctx, bmdb.Provided{
 					Provider:   Name,

@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -113,7 +113,7 @@ func TestSeedIsIdempotentAcrossReplicas(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
-		wg.Go(func() { errs[i] = sim.New(db, cfg).Seed(context.Background()) })
+		wg.Go(func() { errs[i] = sim.New(db.Public(), cfg).Seed(context.Background()) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -121,7 +121,7 @@ func TestSeedIsIdempotentAcrossReplicas(t *testing.T) {
 			t.Errorf("replica %d: Seed: %v", i, err)
 		}
 	}
-	if err := sim.New(db, cfg).Seed(context.Background()); err != nil {
+	if err := sim.New(db.Public(), cfg).Seed(context.Background()); err != nil {
 		t.Errorf("Seed after restart: %v", err)
 	}
 
@@ -137,7 +137,7 @@ func TestSeedIsIdempotentAcrossReplicas(t *testing.T) {
 
 	// A larger fleet adds the missing machines only.
 	cfg.Machines = 130
-	if err := sim.New(db, cfg).Seed(context.Background()); err != nil {
+	if err := sim.New(db.Public(), cfg).Seed(context.Background()); err != nil {
 		t.Fatalf("Seed of a larger fleet: %v", err)
 	}
 	if got := len(simMachines(t, db)); got != 130 {
@@ -251,7 +251,7 @@ func TestHeartbeatsFollowRecordedAgent(t *testing.T) {
 	t.Parallel()
 	db := openDB(t)
 	cfg := sim.Config{Machines: 4, HeartbeatInterval: 50 * time.Millisecond}
-	p := sim.New(db, cfg)
+	p := sim.New(db.Public(), cfg)
 	ctx := context.Background()
 	if err := p.Seed(ctx); err != nil {
 		t.Fatal(err)
@@ -309,7 +309,7 @@ func TestHeartbeatLoss(t *testing.T) {
 	t.Parallel()
 	db := openDB(t)
 	cfg := sim.Config{Machines: 5, HeartbeatLossRate: 1, HeartbeatInterval: 20 * time.Millisecond}
-	p := sim.New(db, cfg)
+	p := sim.New(db.Public(), cfg)
 	ctx := context.Background()
 	if err := p.Seed(ctx); err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func ExampleProviderID() {
 func TestHeartbeatRacingAgentChange(t *testing.T) {
 	t.Parallel()
 	db := openDB(t)
-	p := sim.New(db, sim.Config{Machines: 1, HeartbeatInterval: time.Second})
+	p := sim.New(db.Public(), sim.Config{Machines: 1, HeartbeatInterval: time.Second})
 	ctx := context.Background()
 	if err := p.Seed(ctx); err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ type BMDBPins struct {
 
 // Pinned implements PinStore.
 func (p BMDBPins) Pinned(ctx context.Context, machine uuid.UUID) (key string, pinnedAt time.Time, err error) {
-	err = p.DB.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err = p.DB.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		key, pinnedAt, err = tx.SSHHostKey(ctx, machine)
 		if errors.Is(err, bmdb.ErrNotFound) {
@@ -71,7 +71,7 @@ func (p BMDBPins) Pinned(ctx context.Context, machine uuid.UUID) (key string, pi
 
 // Pin implements PinStore.
 func (p BMDBPins) Pin(ctx context.Context, machine uuid.UUID, key string) (pinned string, err error) {
-	err = p.DB.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+	err = p.DB.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		pinned, err = tx.PinSSHHostKey(ctx, machine, key)
 		return err

@@ -22,9 +22,9 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
 
@@ -92,7 +92,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) client(t *testing.T) *Client {
 	t.Helper()
-	c, err := New(f.cfg, BMDBPins{DB: f.db})
+	c, err := New(f.cfg, BMDBPins{DB: f.db.Public()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -101,7 +101,7 @@ func (f *fixture) client(t *testing.T) *Client {
 
 func (f *fixture) pinned(t *testing.T) string {
 	t.Helper()
-	key, _, err := BMDBPins{DB: f.db}.Pinned(context.Background(), f.target.Machine)
+	key, _, err := BMDBPins{DB: f.db.Public()}.Pinned(context.Background(), f.target.Machine)
 	if err != nil {
 		t.Fatal(err)
 	}

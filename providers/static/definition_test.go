@@ -41,7 +41,7 @@ func TestDefinition(t *testing.T) {
 		t.Fatalf("Check: %v", err)
 	}
 	db := openDB(t)
-	p, err := def.New(providers.Env{DB: db, HeartbeatURL: "http://shepherd.example:7443/heartbeat"})
+	p, err := def.New(providers.Env{DB: db.Public(), HeartbeatURL: "http://shepherd.example:7443/heartbeat"})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -49,7 +49,7 @@ func TestDefinition(t *testing.T) {
 	if got := sp.cfg.SSH.HeartbeatURL; got != "http://shepherd.example:7443/heartbeat" {
 		t.Errorf("heartbeat URL %q, want the daemon's", got)
 	}
-	if _, err := def.New(providers.Env{DB: db}); err == nil || !strings.Contains(err.Error(), "-agent_heartbeat_url: required") {
+	if _, err := def.New(providers.Env{DB: db.Public()}); err == nil || !strings.Contains(err.Error(), "-agent_heartbeat_url: required") {
 		t.Errorf("New without a heartbeat URL: %v, want -agent_heartbeat_url required", err)
 	}
 	if err := p.(providers.Preparer).Prepare(context.Background()); err != nil {

@@ -3,7 +3,7 @@ package static
 import (
 	"testing"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }

@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 )
@@ -84,7 +84,7 @@ func startSync(t *testing.T, db *bmdb.DB, configure func(*Config)) (*Provider, m
 	if configure != nil {
 		configure(&cfg)
 	}
-	p, err := New(t.Context(), cfg, db, prometheus.NewRegistry())
+	p, err := New(t.Context(), cfg, db.Public(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -155,7 +155,7 @@ func TestSyncAddsUpdatesAndRemoves(t *testing.T) {
 	if got := value(t, p.metrics.removed); got != 0 {
 		t.Errorf("shepherd_inventory_removed_machines = %g, want 0", got)
 	}
-	res, err := Sync(ctx, db, p.Inventory(), SyncOptions{})
+	res, err := Sync(ctx, db.Public(), p.Inventory(), SyncOptions{})
 	if err != nil || len(res.Added)+len(res.Updated)+len(res.Removed)+len(res.Kept) != 0 {
 		t.Fatalf("Sync again = %+v, %v; want no change", res, err)
 	}
@@ -174,7 +174,7 @@ func TestSyncKeepsUnlisted(t *testing.T) {
 	if got := value(t, p.metrics.removed); got != 1 {
 		t.Errorf("shepherd_inventory_removed_machines = %g, want 1", got)
 	}
-	res, err := Sync(ctx, db, p.Inventory(), SyncOptions{KeepUnlisted: true})
+	res, err := Sync(ctx, db.Public(), p.Inventory(), SyncOptions{KeepUnlisted: true})
 	if err != nil || len(res.Added)+len(res.Updated)+len(res.Removed) != 0 || !slices.Equal(res.Kept, []string{"c"}) {
 		t.Fatalf("Sync again = %+v, %v; want only c kept", res, err)
 	}
@@ -245,7 +245,7 @@ func TestReloadKeepsLastGoodInventory(t *testing.T) {
 	file := filepath.Join(dir, "inventory.yaml")
 	good := "- {id: a, ssh: {address: 10.0.0.1, user: root}}\n"
 	writeFiles(t, dir, map[string]string{"inventory.yaml": good})
-	p, err := New(ctx, testConfig(t, file), db, prometheus.NewRegistry())
+	p, err := New(ctx, testConfig(t, file), db.Public(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -303,7 +303,7 @@ func TestNewRejectsBadInventory(t *testing.T) {
 	if err := cfg.Check(); err == nil || !strings.Contains(err.Error(), "-inventory: inventory "+file+" rejected: "+file+":1: machines[0].ssh.address") {
 		t.Fatalf("Check: %v", err)
 	}
-	if _, err := New(context.Background(), cfg, openDB(t), nil); err == nil {
+	if _, err := New(context.Background(), cfg, openDB(t).Public(), nil); err == nil {
 		t.Fatal("New accepted a bad inventory")
 	}
 }
@@ -324,7 +324,7 @@ func TestRebootThroughRedfish(t *testing.T) {
     credentials_file: ` + filepath.Base(creds) + `
     reset_type: GracefulRestart
 `})
-	p, err := New(ctx, testConfig(t, file), db, nil)
+	p, err := New(ctx, testConfig(t, file), db.Public(), nil)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -47,7 +47,7 @@ func Definition() controlloop.Definition {
 }
 
 // Tags reads a machine's firmware tag for its status page and 'tags'.
-func Tags(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag, error) {
+func Tags(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag, error) {
 	var version string
 	var current bool
 	var checked time.Time

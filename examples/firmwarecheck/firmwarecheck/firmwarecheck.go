@@ -109,7 +109,7 @@ func (f *FirmwareCheck) Run(ctx context.Context, t *controlloop.Task) error {
 	// stored.
 	version = printable(version, 64)
 	current := f.cfg.Want == "" || version == f.cfg.Want
-	t.Commit = func(ctx context.Context, tx *bmdb.Tx) error {
+	t.Commit = func(ctx context.Context, tx bmdb.Tx) error {
 		_, err := tx.Exec(ctx, upsert, t.Machine, version, current)
 		return err
 	}

@@ -59,27 +59,22 @@ func (c *checker) times(id string) []time.Time {
 	return append([]time.Time(nil), c.checks[id]...)
 }
 
-// env is a migrated database (Shepherd's schema and FirmwareCheck's). Its
-// db is bmdbtest's, which a runner takes: more than a process's bmdb.DB.
+// env is a migrated database (Shepherd's schema and FirmwareCheck's).
 type env struct {
 	t  *testing.T
-	db *bmdbtest.DB
+	db bmdb.DB
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	dsn := bmdbtest.NewDatabase(t)
-	if err := bmdb.MigrateUp(t.Context(), dsn, firmwarecheck.Migrations); err != nil {
-		t.Fatalf("MigrateUp: %v", err)
-	}
-	return &env{t: t, db: bmdbtest.Open(t, dsn)}
+	return &env{t: t, db: bmdbtest.Open(t, bmdbtest.NewDatabase(t, firmwarecheck.Migrations))}
 }
 
 // machine adds a provided machine, with a heartbeating agent if alive.
 func (e *env) machine(id string, alive bool) uuid.UUID {
 	e.t.Helper()
 	var m uuid.UUID
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
 		var err error
 		if m, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: id}); err != nil || !alive {
 			return err
@@ -99,7 +94,7 @@ func (e *env) machine(id string, alive bool) uuid.UUID {
 func (e *env) firmware(m uuid.UUID) []string {
 	e.t.Helper()
 	var out []string
-	err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := e.db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
 		tags, err := firmwarecheck.Tags(ctx, tx, m)
 		out = out[:0]
 		for _, t := range tags {

@@ -1,6 +1,7 @@
 package httpinv_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -8,10 +9,12 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/controlloop/controlloopt"
 
 	"example.com/httpinventory/httpinv"
 )
@@ -23,7 +26,7 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 // lease soon); once the lease ended, the next sync removes it.
 func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	ctx := t.Context()
-	db := bmdbtest.NewDB(t, bmdbtest.Options{})
+	db := bmdbtest.Open(t, bmdbtest.NewDatabase(t))
 	var mu sync.Mutex
 	listed := []httpinv.Machine{{ID: "a", Address: "10.0.0.1"}, {ID: "b", Address: "10.0.0.2"}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -45,19 +48,24 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	}
 	b := bmdbtest.ProvidedBy(t, db, httpinv.Name)["b"]
 
-	s, err := db.StartSession(ctx, bmdbtest.SessionConfig{Component: "test"})
-	if err != nil {
-		t.Fatal(err)
+	// A process holds a lease on b: its handler runs until released.
+	leased, release := make(chan struct{}), make(chan struct{})
+	holder := controlloop.Definition{
+		Info:       controlloop.Info{Process: bmdb.Process{Name: "Test"}, Label: "test"},
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.ProvidedCandidates(), nil },
+		New: func(controlloop.Env) (controlloop.Handler, error) {
+			return controlloop.HandlerFunc(func(context.Context, *controlloop.Task) error {
+				close(leased)
+				<-release
+				return nil
+			}), nil
+		},
 	}
-	t.Cleanup(func() { s.Close(t.Context()) })
-	bmdbtest.Register(t, db, bmdb.Process{Name: "Test"}, bmdb.ProvidedCandidates())
-	var lease *bmdbtest.Lease
-	for lease == nil || lease.Machine != b.Machine {
-		leases, err := s.Claim(ctx, bmdbtest.ClaimOptions{Process: bmdb.Process{Name: "Test"}, Candidates: bmdb.ProvidedCandidates()})
-		if err != nil {
-			t.Fatalf("claiming b: %v", err)
-		}
-		lease = leases[0]
+	run := controlloopt.Start(t, db, holder, b.Machine, controlloopt.Options{})
+	select {
+	case <-leased:
+	case <-time.After(controlloopt.DefaultTimeout):
+		t.Fatal("the lease on b was not taken")
 	}
 
 	mu.Lock()
@@ -77,8 +85,9 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 		t.Errorf("StartAgent on a listed machine: %v", err)
 	}
 
-	if err := lease.Finish(ctx, nil); err != nil {
-		t.Fatalf("Finish: %v", err)
+	close(release)
+	if res := run.Wait(t); res.Event != bmdb.EventFinished {
+		t.Fatalf("the lease on b ended %s, want Finished", res.Event)
 	}
 	res, err = p.Sync(ctx)
 	if err != nil || !slices.Equal(res.Removed, []string{"b"}) || len(res.Kept) != 0 {
@@ -87,7 +96,11 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	if _, ok := bmdbtest.ProvidedBy(t, db, httpinv.Name)["b"]; ok {
 		t.Errorf("b still in the BMDB after its removal")
 	}
-	h := bmdbtest.Events(bmdbtest.History(t, db))
+	hist, err := db.History(ctx, b.Machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := bmdbtest.Events(hist)
 	if len(h) == 0 || h[len(h)-1] != bmdb.EventRemoved {
 		t.Errorf("history %v, want it to end with Removed", h)
 	}

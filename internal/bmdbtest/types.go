@@ -2,11 +2,11 @@ package bmdbtest
 
 import "github.com/shepherd-fleet/shepherd/internal/bmdb"
 
-// The types a test names when it drives the machinery directly: a process
-// in a controlloop runner (NewRunner takes a DB), a lease held by the test
-// itself, a database opened with options. They are the machinery's own,
-// which a user's module cannot import: a test may reach further into the
-// BMDB than a process, whose face is package bmdb.
+// The types a test names when it drives the machinery directly: a lease
+// held by the test itself, a session, a database opened with options
+// (DB.Public is what a runner or a process takes). They are the
+// machinery's own, which a user's module cannot import: Shepherd's tests
+// reach further into the BMDB than a process, whose face is package bmdb.
 type (
 	// DB is the database NewDB, Open and OpenWith return.
 	DB = bmdb.DB

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -18,8 +19,15 @@ import (
 // package build their fleets with it.
 func AddMachines(t testing.TB, db *DB, n int) []uuid.UUID {
 	t.Helper()
+	return AddMachinesIn(t, db.Public(), n)
+}
+
+// AddMachinesIn is AddMachines in db as a process holds it: the public
+// kit's.
+func AddMachinesIn(t testing.TB, db bmdbapi.DB, n int) []uuid.UUID {
+	t.Helper()
 	ids := make([]uuid.UUID, 0, n)
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdbapi.Tx) error {
 		ids = ids[:0]
 		for i := range n {
 			id, err := tx.AddMachine(ctx, bmdb.Provided{
@@ -44,8 +52,15 @@ func AddMachines(t testing.TB, db *DB, n int) []uuid.UUID {
 // has none.
 func LastHeartbeat(t testing.TB, db *DB, machine uuid.UUID) time.Time {
 	t.Helper()
+	return LastHeartbeatIn(t, db.Public(), machine)
+}
+
+// LastHeartbeatIn is LastHeartbeat in db as a process holds it: the
+// public kit's.
+func LastHeartbeatIn(t testing.TB, db bmdbapi.DB, machine uuid.UUID) time.Time {
+	t.Helper()
 	var at time.Time
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdbapi.Tx) error {
 		var err error
 		at, err = tx.LastHeartbeat(ctx, machine)
 		if errors.Is(err, bmdb.ErrNotFound) {
@@ -62,8 +77,15 @@ func LastHeartbeat(t testing.TB, db *DB, machine uuid.UUID) time.Time {
 // ProvidedBy returns the machines that provider lists, by provider id.
 func ProvidedBy(t testing.TB, db *DB, provider string) map[string]bmdb.Provided {
 	t.Helper()
+	return ProvidedByIn(t, db.Public(), provider)
+}
+
+// ProvidedByIn is ProvidedBy in db as a process holds it: the public
+// kit's.
+func ProvidedByIn(t testing.TB, db bmdbapi.DB, provider string) map[string]bmdb.Provided {
+	t.Helper()
 	got := map[string]bmdb.Provided{}
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+	err := db.Transact(context.Background(), func(ctx context.Context, tx bmdbapi.Tx) error {
 		clear(got)
 		ps, err := tx.ProvidedBy(ctx, provider)
 		for _, p := range ps {
