@@ -51,6 +51,13 @@ type Tx = bmdb.Tx
 // the provider's name and id, and its address and location.
 type Provided = bmdb.Provided
 
+// Removal is what Tx.RemoveMachines did: the machines removed, those kept
+// because a process holds a lease on them, and those not found.
+type Removal = bmdb.Removal
+
+// LeasedMachine is a machine Tx.RemoveMachines kept, with its leases.
+type LeasedMachine = bmdb.LeasedMachine
+
 // Process is a process's identity in the BMDB: its name, and the exclusion
 // group within which no two processes hold a lease on the same machine.
 type Process = bmdb.Process
