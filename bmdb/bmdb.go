@@ -58,6 +58,16 @@ type Removal = bmdb.Removal
 // LeasedMachine is a machine Tx.RemoveMachines kept, with its leases.
 type LeasedMachine = bmdb.LeasedMachine
 
+// Fact is one fact a process's condition read on a machine, as 'shepherd
+// explain' shows it ("name: value"): {"last heartbeat", "never"}. Values
+// are escaped and bounded where they are shown.
+type Fact = bmdb.Fact
+
+// AgentFacts are the facts of a machine's agent (Tx.AgentFacts) that the
+// shipped processes' conditions read: what their definitions' Explain
+// report.
+type AgentFacts = bmdb.AgentFacts
+
 // Process is a process's identity in the BMDB: its name, and the exclusion
 // group within which no two processes hold a lease on the same machine.
 type Process = bmdb.Process
