@@ -86,6 +86,12 @@ type Tx interface {
 	// ErrLeased while a process holds a lease on it: the caller tries
 	// again once the lease ended.
 	RemoveMachine(ctx context.Context, machine uuid.UUID, reason string) error
+	// RemoveMachines removes machines as RemoveMachine does, with a few
+	// statements for all of them: a provider removes a fleet's worth as
+	// it adds one. Machines a process holds a lease on are kept and
+	// reported in Removal.Leased; those already gone in
+	// Removal.NotFound.
+	RemoveMachines(ctx context.Context, machines []uuid.UUID, reason string) (Removal, error)
 
 	// SetAgentStarted records that machine's agent started with
 	// publicKey. It drops the heartbeat of any previous agent: the new
@@ -98,6 +104,10 @@ type Tx interface {
 	// statement. Machines without a recorded agent are absent from the
 	// result.
 	AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]byte, error)
+	// AgentFacts reads the facts of machine's agent that the shipped
+	// processes' conditions read (a definition's Explain reports them);
+	// a machine that does not exist has none.
+	AgentFacts(ctx context.Context, machine uuid.UUID) (AgentFacts, error)
 	// DeleteAgentTags removes the agent-started and heartbeat tags of
 	// machine, which hands it back to the process that starts agents.
 	DeleteAgentTags(ctx context.Context, machine uuid.UUID) error

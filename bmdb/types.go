@@ -307,3 +307,57 @@ var (
 	// the shepherd_watch call its migration lacks.
 	ErrUnwatchedTable = errors.New("condition reads a table whose writes Shepherd does not watch")
 )
+
+// Removal is what Tx.RemoveMachines did with its machines.
+type Removal struct {
+	// Removed are the machines deleted, each with a Removed event.
+	Removed []uuid.UUID
+	// Leased are the machines kept because a process holds a lease on
+	// them, with their leases.
+	Leased []LeasedMachine
+	// NotFound are the machines that did not exist (removed already).
+	NotFound []uuid.UUID
+}
+
+// LeasedMachine is a machine Tx.RemoveMachines kept, and its leases as
+// "PROCESS (session ID)".
+type LeasedMachine struct {
+	Machine uuid.UUID
+	Leases  []string
+}
+
+// Fact is one fact a process's condition read on a machine, named by the
+// process (its definition's Explain), as 'shepherd explain' shows it:
+// {"last heartbeat", "2026-12-07T10:00:00Z, 12m0s ago"}. Values are
+// escaped and bounded where they are shown.
+type Fact struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// PendingReset is a reset whose machine has not yet heartbeated with a new
+// boot identity: Recovery acts on it again from VerifyBy on.
+type PendingReset struct {
+	ResetAt  time.Time `json:"reset_at"`
+	VerifyBy time.Time `json:"verify_by"`
+	// NotRecoveredAt is when NotRecovered was recorded for it (nil: not
+	// yet, or never).
+	NotRecoveredAt *time.Time `json:"not_recovered_at,omitempty"`
+}
+
+// AgentFacts are the facts of a machine's agent (Tx.AgentFacts) that the
+// shipped processes' conditions read, for their definitions' Explain.
+type AgentFacts struct {
+	// Now is the database's clock, against which ages are measured.
+	Now time.Time
+	// AgentStartedAt and LastHeartbeat are nil when there is none.
+	AgentStartedAt, LastHeartbeat *time.Time
+	// Reset is Recovery's pending reset of the machine (nil: none).
+	Reset *PendingReset
+}
+
+// Ago renders t as its time and age at f.Now: "2026-12-07T10:00:00Z,
+// 12m0s ago".
+func (f AgentFacts) Ago(t time.Time) string {
+	return fmt.Sprintf("%s, %s ago", t.UTC().Format(time.RFC3339), f.Now.Sub(t).Round(time.Second))
+}

@@ -65,6 +65,16 @@ type Definition struct {
 	// page and 'tags MACHINE'. A machine without them returns none.
 	Tags func(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]Tag, error)
 
+	// Explain, if set, returns the facts the process's condition reads on
+	// machine (the rows of its own tables, Shepherd's tags, the timeouts
+	// its flags set), so that 'shepherd explain' can say why the
+	// condition holds or does not: "firmware: 2.0.1, wanted 2.1.0". It
+	// runs in the transaction that evaluates the condition for explain,
+	// so the facts are the ones the condition saw; it only reads. A
+	// process without it is explained without facts: explain says that
+	// its definition has no Explain.
+	Explain func(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]bmdb.Fact, error)
+
 	// Migrations, if set, is the schema of the process's own tables: 'migrate
 	// up' applies it after Shepherd's, 'migrate down' reverts it first, and
 	// the daemon refuses to start while it is not current.

@@ -51,11 +51,12 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/pgdsn"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
-	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 // Options configure a daemon: what the command line's flags produce. The
-// zero value of a field is its documented default where it has one.
+// zero value of a field is its documented default, the command line's
+// (defaults.go): a program that embeds the daemon and leaves a field unset
+// gets what the command line gets without the flag.
 type Options struct {
 	// Name is the program's name in messages and hints ("run 'fleetd
 	// machines'"). Empty: shepherd.
@@ -83,7 +84,7 @@ type Options struct {
 	Extensions []*bmdbapi.Extension
 
 	// Loops are the processes to run, each with its runner's config.
-	// At least one.
+	// At least one. New checks each definition (Check) and its Config.
 	Loops []Loop
 
 	// Provider is the provider the processes act through, with its flags
@@ -93,15 +94,17 @@ type Options struct {
 	Provider providers.Definition
 
 	// Listen is the HTTP server's address (port 0 picks a free one).
+	// Empty: DefaultListen.
 	Listen string
 	// StatusToken, if set, is required by /status.
 	StatusToken string
-	// SessionInterval is the BMDB sessions' (controlloop.Config's): it
-	// also bounds a transaction left idle and the stall window of
-	// /readyz. Zero: 10s.
+	// SessionInterval is the BMDB sessions' (controlloop.Config's, where
+	// a loop's Config names none): it also bounds a transaction left idle
+	// and the stall window of /readyz. Zero: DefaultSessionInterval.
 	SessionInterval time.Duration
-	// HistoryRetention is how long work_history keeps events (0: forever),
-	// pruned every HistoryPruneInterval (zero: an hour).
+	// HistoryRetention is how long work_history keeps events (zero:
+	// DefaultHistoryRetention; KeepHistoryForever: forever), pruned every
+	// HistoryPruneInterval (zero: DefaultHistoryPruneInterval).
 	HistoryRetention     time.Duration
 	HistoryPruneInterval time.Duration
 
@@ -109,7 +112,9 @@ type Options struct {
 	Agents AgentOptions
 }
 
-// Loop is one process to run, with its runner's configuration.
+// Loop is one process to run, with its runner's configuration. A zero
+// Config is controlloop.DefaultConfig(Process.Info); to change some of its
+// fields, start from that.
 type Loop struct {
 	Process controlloop.Definition
 	Config  controlloop.Config
@@ -159,25 +164,14 @@ type readyzCheck struct {
 // and where the operator commands look for a running demo.
 const DefaultStateDir = ".shepherd"
 
-// New checks opts and returns a daemon that Run runs.
+// New checks opts, gives their zero fields the defaults the command line's
+// flags have (applyDefaults, defaults.go), and returns a daemon that Run
+// runs. Each loop's definition is checked (Definition.Check) and its zero
+// runner Config is the definition's controlloop.DefaultConfig, as the
+// command line's would be without flags.
 func New(opts Options) (*Daemon, error) {
-	if opts.Name == "" {
-		opts.Name = "shepherd"
-	}
-	if opts.Provider.Name == "" && opts.Provider.New == nil {
-		opts.Provider = sim.Definition()
-	}
-	if opts.StateDir == "" {
-		opts.StateDir = DefaultStateDir
-	}
-	if opts.SessionInterval == 0 {
-		opts.SessionInterval = 10 * time.Second
-	}
-	if opts.HistoryPruneInterval == 0 {
-		opts.HistoryPruneInterval = time.Hour
-	}
-	if len(opts.Loops) == 0 {
-		return nil, errors.New("no process to run")
+	if err := applyDefaults(&opts); err != nil {
+		return nil, err
 	}
 	switch p := opts.Provider; {
 	case p.Name == "" || p.New == nil:
@@ -205,6 +199,10 @@ func New(opts Options) (*Daemon, error) {
 	}
 	return d, nil
 }
+
+// Options returns the options d runs with: New's, with the defaults it
+// gave their zero fields.
+func (d *Daemon) Options() Options { return d.opts }
 
 // Add adds a part of the program's own, run with the control loops and
 // stopped with them, first. It must be called before Run.
@@ -416,7 +414,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		watchReplication(ctx, db, replicationCheckInterval)
 		return nil
 	}))
-	if o.HistoryRetention == 0 {
+	if o.HistoryRetention == KeepHistoryForever {
 		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
 		g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {

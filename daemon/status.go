@@ -43,6 +43,7 @@ func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops []Loo
 	for i := range ps {
 		if i < len(loops) {
 			ps[i].Tags = loops[i].Process.Tags
+			ps[i].Explain = loops[i].Process.Explain
 		}
 	}
 	h := statuspage.New(db, ps, statuspage.Options{Program: s.prog})

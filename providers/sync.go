@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
@@ -48,10 +49,11 @@ type SyncResult struct {
 // provider's whole list of machines (Provider and Machine unset: the
 // provider id names each). Entries without a machine become machines and
 // entries whose address, location or power interface differ are updated,
-// in one transaction; then each machine the listing no longer names is
-// removed in a transaction of its own (a removal waits for the claims that
-// hold the machine's due rows, and must not hold the other machines' locks
-// meanwhile). A machine some process holds a lease on is not removed
+// in one transaction; then the machines the listing no longer names are
+// removed (bmdb.Tx.RemoveMachines), removalBatch to a transaction, in
+// transactions of their own (a removal waits for the claims that hold the
+// machines' due rows, and must not hold the additions' locks meanwhile).
+// A machine some process holds a lease on is not removed
 // (bmdb.ErrLeased) but kept, and reported in Kept: the process is acting
 // on it, and the provider should fail its action. A removal that fails
 // otherwise (the database) is logged and the machine kept too: the
@@ -99,27 +101,63 @@ func SyncMachines(ctx context.Context, db bmdb.DB, provider string, listed []bmd
 	if err != nil {
 		return SyncResult{}, fmt.Errorf("syncing %s into the BMDB: %w", opts.Source, err)
 	}
-	for _, p := range unlisted {
-		if opts.KeepUnlisted {
+	if opts.KeepUnlisted {
+		for _, p := range unlisted {
 			res.Kept = append(res.Kept, p.ProviderID)
-			continue
 		}
-		err := db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
-			return tx.RemoveMachine(ctx, p.Machine, "no longer listed in "+opts.Source)
-		})
-		switch {
-		case err == nil:
-			res.Removed = append(res.Removed, p.ProviderID)
-			res.Gone = append(res.Gone, p.Machine)
-		case errors.Is(err, bmdb.ErrNotFound):
-			// Another replica, syncing the same listing, was first.
-			res.Gone = append(res.Gone, p.Machine)
-		case errors.Is(err, bmdb.ErrLeased):
-			res.Kept = append(res.Kept, p.ProviderID)
-		default:
-			klog.FromContext(ctx).Error(err, "Removing a machine no longer listed failed; it is kept and tried again", "source", opts.Source, "machine", p.ProviderID)
+		return res, nil
+	}
+	for batch := range slices.Chunk(unlisted, removalBatch) {
+		removeUnlisted(ctx, db, batch, opts.Source, &res)
+	}
+	return res, nil
+}
+
+// removalBatch is how many machines one transaction of SyncMachines
+// removes: a fleet's worth in a few transactions, each holding its
+// machines' locks (which claims of those machines wait for) only briefly.
+const removalBatch = 2500
+
+// removeUnlisted removes batch, machines no longer listed in source, in
+// one transaction, and adds them to res. Should the batch fail with
+// bmdb.ErrLeased (a lease committed as its machine was removed), it
+// removes them one by one to keep the leased one alone.
+func removeUnlisted(ctx context.Context, db bmdb.DB, batch []bmdb.Provided, source string, res *SyncResult) {
+	ids := make([]uuid.UUID, len(batch))
+	byID := make(map[uuid.UUID]string, len(batch))
+	for i, p := range batch {
+		ids[i] = p.Machine
+		byID[p.Machine] = p.ProviderID
+	}
+	reason := "no longer listed in " + source
+	var removal bmdb.Removal
+	err := db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
+		var err error
+		removal, err = tx.RemoveMachines(ctx, ids, reason)
+		return err
+	})
+	switch {
+	case err == nil:
+		for _, m := range removal.Removed {
+			res.Removed = append(res.Removed, byID[m])
+			res.Gone = append(res.Gone, m)
+		}
+		for _, l := range removal.Leased {
+			res.Kept = append(res.Kept, byID[l.Machine])
+		}
+		// Those not found another replica, syncing the same listing,
+		// removed first.
+		res.Gone = append(res.Gone, removal.NotFound...)
+	case errors.Is(err, bmdb.ErrLeased) && len(batch) > 1:
+		for _, p := range batch {
+			removeUnlisted(ctx, db, []bmdb.Provided{p}, source, res)
+		}
+	case errors.Is(err, bmdb.ErrLeased):
+		res.Kept = append(res.Kept, batch[0].ProviderID)
+	default:
+		klog.FromContext(ctx).Error(err, "Removing machines no longer listed failed; they are kept and tried again", "source", source, "machines", len(batch))
+		for _, p := range batch {
 			res.Kept = append(res.Kept, p.ProviderID)
 		}
 	}
-	return res, nil
 }

@@ -342,6 +342,9 @@ type cliProcess struct {
 	tags func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]controlloop.Tag, error)
 	// budget is the process's default per-machine budget (explain).
 	budget bmdb.MachineBudget
+	// explain reads the facts of its condition (explain); nil if the
+	// definition has none.
+	explain func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]bmdb.Fact, error)
 }
 
 // knownProcesses are the binary's registered processes.
@@ -357,7 +360,7 @@ func buildProcesses(defs []controlloop.Definition) ([]cliProcess, error) {
 		if err != nil {
 			return nil, fmt.Errorf("process %s: candidates: %w", def.Info.Label, err)
 		}
-		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags, budget: def.Info.DefaultMachineBudget})
+		out = append(out, cliProcess{label: def.Info.Label, process: def.Info.Process, candidates: &cand, tags: def.Tags, budget: def.Info.DefaultMachineBudget, explain: def.Explain})
 	}
 	return out, nil
 }

@@ -60,7 +60,7 @@ func (c *cli) explainProcesses(only string) []bmdb.ExplainProcess {
 		if only != "" && p.process.Name != only {
 			continue
 		}
-		out = append(out, bmdb.ExplainProcess{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}})
+		out = append(out, p.explainProcess())
 	}
 	if len(out) == 0 && only != "" {
 		out = append(out, bmdb.ExplainProcess{Process: bmdb.Process{Name: only}})
@@ -132,7 +132,13 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 
 // explainProcessesFor is p as ExplainMachine takes it.
 func (c *cli) explainProcessesFor(p cliProcess) []bmdb.ExplainProcess {
-	return []bmdb.ExplainProcess{{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}}}
+	return []bmdb.ExplainProcess{p.explainProcess()}
+}
+
+// explainProcess is p as ExplainMachine takes it: its condition, default
+// budget, and its definition's Explain for the facts its condition read.
+func (p cliProcess) explainProcess() bmdb.ExplainProcess {
+	return bmdb.ExplainProcess{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}, Facts: p.explain}
 }
 
 // blockingReasons are the reasons of e that keep a run-now request

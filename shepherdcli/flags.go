@@ -137,12 +137,12 @@ func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
 
 	c.dsn.register(fs)
 	c.retention.register(fs)
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:9120", "address of the HTTP server for /metrics, /healthz, /readyz and /status (port 0 picks a free one)")
+	fs.StringVar(&c.listen, "listen", daemon.DefaultListen, "address of the HTTP server for /metrics, /healthz, /readyz and /status (port 0 picks a free one)")
 	fs.StringVar(&c.statusTokenFile, "status_token_file", "", "file holding a token that /status requires (as a bearer token, or as the password of HTTP Basic authentication, any user); empty: /status is open to whoever reaches -listen")
 	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
 	fs.StringVar(&c.provider, "provider", d.defaultProvider(), providerUsage)
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
-	fs.DurationVar(&c.sessionInterval, "session_interval", 10*time.Second, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about 1.5 times this (expiry, then a live session's next heartbeat reaps)")
+	fs.DurationVar(&c.sessionInterval, "session_interval", daemon.DefaultSessionInterval, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about 1.5 times this (expiry, then a live session's next heartbeat reaps)")
 	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
 	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
 	fs.StringVar(&c.agentTLSCert, "agent_tls_cert", "", "PEM certificate (chain) of the heartbeat endpoint; with -agent_tls_key it serves HTTPS instead of HTTP")
@@ -320,7 +320,7 @@ func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Option
 		Listen:               c.listen,
 		StatusToken:          c.statusToken,
 		SessionInterval:      c.sessionInterval,
-		HistoryRetention:     c.retention.retention,
+		HistoryRetention:     c.retention.daemonRetention(),
 		HistoryPruneInterval: c.retention.every,
 		Agents: daemon.AgentOptions{
 			Listen:            c.agentListen,

@@ -4,14 +4,12 @@ import (
 	"flag"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/daemon"
 )
 
-// minHistoryRetention is the shortest -history_retention accepted. History
-// is the audit trail that proves no machine was leased twice; a retention
-// of minutes would delete the Started events of leases still running and
-// leave nothing to audit a failure with.
-const minHistoryRetention = time.Hour
+// minHistoryRetention is the shortest -history_retention accepted: the
+// daemon's (daemon.MinHistoryRetention says why).
+const minHistoryRetention = daemon.MinHistoryRetention
 
 // retentionFlags are the daemon's history retention settings. Every replica
 // prunes; bmdb.PruneHistory makes them take turns.
@@ -21,10 +19,20 @@ type retentionFlags struct {
 }
 
 func (r *retentionFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&r.retention, "history_retention", bmdb.DefaultHistoryRetention,
+	fs.DurationVar(&r.retention, "history_retention", daemon.DefaultHistoryRetention,
 		"how long work_history keeps events; older ones are deleted in small batches, by one replica at a time (0: keep them forever)")
-	fs.DurationVar(&r.every, "history_prune_interval", time.Hour,
+	fs.DurationVar(&r.every, "history_prune_interval", daemon.DefaultHistoryPruneInterval,
 		"how often each replica looks for work_history events past -history_retention")
+}
+
+// daemonRetention is -history_retention as daemon.Options takes it: the
+// flag's 0 (forever) is daemon.KeepHistoryForever, since the Options'
+// zero is the default retention.
+func (r *retentionFlags) daemonRetention() time.Duration {
+	if r.retention == 0 {
+		return daemon.KeepHistoryForever
+	}
+	return r.retention
 }
 
 // check validates the flags; its errors name the flag.

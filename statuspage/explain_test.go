@@ -53,7 +53,7 @@ func TestMachinePageExplains(t *testing.T) {
 		}
 	}
 	code, _, body = get(t, srv, MachinePath(f.Failed))
-	if code != http.StatusOK || !strings.Contains(body, "condition recovery does not hold (no agent started)") {
+	if code != http.StatusOK || !strings.Contains(body, "condition recovery does not hold (agent: none started)") {
 		t.Errorf("the failed machine's page: %d, want Recovery's condition and its facts among the reasons", code)
 	}
 }

@@ -48,6 +48,10 @@ type Process struct {
 	// this daemon runs it, which the machine view's explanation judges
 	// (zero: not judged).
 	Limits bmdb.Limits
+	// Explain, if set, reads the facts the process's condition reads on
+	// a machine (a controlloop.Definition's Explain), which the machine
+	// view's explanation shows.
+	Explain func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]bmdb.Fact, error)
 }
 
 // Tag is one line of a process's tags on a machine's page (a
@@ -457,7 +461,7 @@ func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explana
 	ps := make([]bmdb.ExplainProcess, len(h.processes))
 	for i, p := range h.processes {
 		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates,
-			Limits: p.Limits}
+			Limits: p.Limits, Facts: p.Explain}
 	}
 	ex, err := h.db.ExplainMachine(ctx, machine, ps)
 	if err != nil {

@@ -25,8 +25,8 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 var (
 	// The two shipped processes, as their packages declare them.
 	processes = []Process{
-		{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates()},
-		{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+		{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates(), Explain: agentstart.Definition().Explain},
+		{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute), Explain: recovery.Definition().Explain},
 	}
 )
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 )
 
 // healthy gives machine an agent that heartbeats now: Recovery's
@@ -265,9 +266,11 @@ func TestExplainShowsPendingReset(t *testing.T) {
 	e, _, m := newEnvWithMachine(t)
 	ctx := t.Context()
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	// Recovery's definition reads the reset among its condition's facts.
+	cfg := recoveryproc.Config{StartTimeout: time.Hour, HeartbeatTimeout: time.Hour}
 	explain := func() bmdb.MachineExplanation {
 		t.Helper()
-		ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
+		ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand, Facts: cfg.Explain}})
 		if err != nil {
 			t.Fatal(err)
 		}

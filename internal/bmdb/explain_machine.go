@@ -3,10 +3,14 @@ package bmdb
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // ExplainProcess is a process an explanation covers, as the caller's
@@ -20,7 +24,21 @@ type ExplainProcess struct {
 	// Limits are the process's limits as the caller knows them (the
 	// daemons' flags); a zero limit is not judged.
 	Limits Limits
+	// Facts, if set, reads the facts the process's condition reads on
+	// machine (its definition's Explain), in the transaction the
+	// condition is evaluated in, so that an explanation says why the
+	// condition holds or not. Nil: the explanation says the process does
+	// not explain its condition.
+	Facts func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Fact, error)
 }
+
+// Bounds of the facts of one process an explanation keeps: they come from
+// a process's code and its tables, which may hold text from machines.
+const (
+	maxFacts        = 32
+	maxFactNameLen  = 64
+	maxFactValueLen = 512
+)
 
 // ExplainedLease is a lease held in a process's exclusion group.
 type ExplainedLease struct {
@@ -79,6 +97,11 @@ type Explanation struct {
 	// for the processes whose conditions have them (Recovery).
 	HeartbeatTimeout time.Duration `json:"heartbeat_timeout_ns,omitempty"`
 	StartTimeout     time.Duration `json:"start_timeout_ns,omitempty"`
+	// Facts are what the process's condition read on the machine, as
+	// its definition's Explain says (nil: it has none).
+	Facts []Fact `json:"facts,omitempty"`
+	// explains is whether the process has an Explain.
+	explains bool
 	// Lease is a lease held in the process's exclusion group.
 	Lease *ExplainedLease `json:"lease,omitempty"`
 	// Backoff is the process's active backoff; CheckAgainAfter its
@@ -127,16 +150,6 @@ type MachineExplanation struct {
 	// that it came back (nil: none).
 	Reset     *PendingReset `json:"reset,omitempty"`
 	Processes []Explanation `json:"processes"`
-}
-
-// PendingReset is a reset whose machine has not yet heartbeated with a new
-// boot identity: Recovery acts on it again from VerifyBy on.
-type PendingReset struct {
-	ResetAt  time.Time `json:"reset_at"`
-	VerifyBy time.Time `json:"verify_by"`
-	// NotRecoveredAt is when NotRecovered was recorded for it (nil: not
-	// yet, or never).
-	NotRecoveredAt *time.Time `json:"not_recovered_at,omitempty"`
 }
 
 // ExplainMachine says, for each of processes, whether it would act on
@@ -220,6 +233,13 @@ func explainProcess(ctx context.Context, tx *Tx, machine uuid.UUID, p ExplainPro
 			e.StartTimeout, _ = v.(time.Duration)
 		}
 	}
+	if p.Facts != nil {
+		facts, err := p.Facts(ctx, tx, machine)
+		if err != nil {
+			return Explanation{}, fmt.Errorf("reading the facts of its condition: %w", err)
+		}
+		e.Facts, e.explains = cleanFacts(facts), true
+	}
 	var (
 		leaseProcess, pauseReason, pauseSource, backoffCause *string
 		leaseSession                                         *uuid.UUID
@@ -272,7 +292,7 @@ func (e *Explanation) reasons(m MachineExplanation) []string {
 	case e.Condition == nil && e.RunNow == nil:
 		block("condition: not judged (this binary does not define %s)", e.Process)
 	case e.Condition != nil && !*e.Condition:
-		facts := conditionFacts(e, m)
+		facts := conditionFacts(e)
 		if e.RunNow != nil {
 			out = append(out, fmt.Sprintf("condition %s does not hold%s; a run-now request overrides it", e.ConditionName, facts))
 		} else {
@@ -338,29 +358,45 @@ func (e *Explanation) reasons(m MachineExplanation) []string {
 	return out
 }
 
-// conditionFacts renders the facts the shipped conditions read.
-func conditionFacts(e *Explanation, m MachineExplanation) string {
-	if e.HeartbeatTimeout == 0 && e.StartTimeout == 0 {
-		if m.AgentStartedAt != nil {
-			return fmt.Sprintf(" (agent started %s)", m.AgentStartedAt.UTC().Format(time.RFC3339))
-		}
-		return " (no agent started)"
+// conditionFacts renders the facts the process's condition read, as its
+// definition's Explain gave them, or says that it gives none: never
+// another process's facts.
+func conditionFacts(e *Explanation) string {
+	if !e.explains {
+		return " (" + e.Process + " does not explain its condition: its definition has no Explain)"
 	}
-	reset := ""
-	if r := m.Reset; r != nil {
-		reset = fmt.Sprintf("; reset %s, awaiting a heartbeat of a new boot until %s", r.ResetAt.UTC().Format(time.RFC3339), r.VerifyBy.UTC().Format(time.RFC3339))
+	if len(e.Facts) == 0 {
+		return ""
 	}
-	switch {
-	case m.AgentStartedAt == nil:
-		return " (no agent started" + reset + ")"
-	case m.LastHeartbeat == nil:
-		return fmt.Sprintf(" (agent started %s, %s ago, never heartbeated; start timeout %s%s)",
-			m.AgentStartedAt.UTC().Format(time.RFC3339), m.Now.Sub(*m.AgentStartedAt).Round(time.Second), e.StartTimeout, reset)
-	default:
-		return fmt.Sprintf(" (agent started %s; last heartbeat %s, %s ago; heartbeat timeout %s%s)",
-			m.AgentStartedAt.UTC().Format(time.RFC3339), m.LastHeartbeat.UTC().Format(time.RFC3339),
-			m.Now.Sub(*m.LastHeartbeat).Round(time.Second), e.HeartbeatTimeout, reset)
+	parts := make([]string, len(e.Facts))
+	for i, f := range e.Facts {
+		parts[i] = f.Name + ": " + f.Value
 	}
+	return " (" + strings.Join(parts, "; ") + ")"
+}
+
+// cleanFacts bounds facts and strips their control characters.
+func cleanFacts(facts []Fact) []Fact {
+	out := make([]Fact, 0, min(len(facts), maxFacts))
+	for _, f := range facts[:min(len(facts), maxFacts)] {
+		out = append(out, Fact{Name: untrusted.Line(f.Name, maxFactNameLen), Value: untrusted.Line(f.Value, maxFactValueLen)})
+	}
+	return out
+}
+
+// AgentFacts reads the facts of machine's agent. A machine that does not
+// exist has none.
+func (t *Tx) AgentFacts(ctx context.Context, machine uuid.UUID) (AgentFacts, error) {
+	var f AgentFacts
+	var exists bool
+	var resetAt, verifyBy, notRecoveredAt *time.Time
+	if err := t.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &f.AgentStartedAt, &f.LastHeartbeat, &f.Now, &resetAt, &verifyBy, &notRecoveredAt); err != nil {
+		return AgentFacts{}, fmt.Errorf("reading the agent facts of %s: %w", machine, err)
+	}
+	if resetAt != nil && verifyBy != nil {
+		f.Reset = &PendingReset{ResetAt: *resetAt, VerifyBy: *verifyBy, NotRecoveredAt: notRecoveredAt}
+	}
+	return f, nil
 }
 
 func orOperator(actor string) string {

@@ -20,6 +20,11 @@ type (
 	BackoffState      = bmdbapi.BackoffState
 	MachineBudget     = bmdbapi.MachineBudget
 	Event             = bmdbapi.Event
+	Removal           = bmdbapi.Removal
+	LeasedMachine     = bmdbapi.LeasedMachine
+	Fact              = bmdbapi.Fact
+	PendingReset      = bmdbapi.PendingReset
+	AgentFacts        = bmdbapi.AgentFacts
 )
 
 // Errors of the public face.

@@ -2,7 +2,6 @@ package bmdb
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -17,81 +16,172 @@ import (
 // other row keeps once the machine is gone, and the provider's reason.
 const EventRemoved = bmdbapi.EventRemoved
 
-// RemoveMachine deletes machine and all its tags, backoffs, holds and due
-// rows, and records EventRemoved in its history with reason, the actor
-// "provider:NAME" (NAME from its machine_provided tag) and the writing
-// session's database role. The history is not deleted: work_history has no
-// foreign key on machines, so 'shepherd history' and the status page keep
-// showing it by the machine's UUID. The UUID is not reused: a machine the
-// provider lists again later is a new machine.
+// RemoveMachine removes one machine as RemoveMachines does. It returns an
+// error wrapping ErrLeased, naming the leases, and changes nothing, when a
+// lease of any process exists on the machine, and one wrapping ErrNotFound
+// when no such machine exists.
+func (t *Tx) RemoveMachine(ctx context.Context, machine uuid.UUID, reason string) error {
+	res, err := t.RemoveMachines(ctx, []uuid.UUID{machine}, reason)
+	switch {
+	case err != nil:
+		return err
+	case len(res.Leased) > 0:
+		return fmt.Errorf("removing machine %s: %w by %s", machine, ErrLeased, strings.Join(res.Leased[0].Leases, ", "))
+	case len(res.NotFound) > 0:
+		return fmt.Errorf("removing machine %s: %w", machine, ErrNotFound)
+	}
+	return nil
+}
+
+// RemoveMachines deletes machines and all their tags, backoffs, holds and
+// due rows, and records EventRemoved in each one's history with reason,
+// the actor "provider:NAME" (NAME from its machine_provided tag) and the
+// writing session's database role, with a few statements for all of them:
+// a provider removes a fleet's worth as it adds one. The history is not
+// deleted: work_history has no foreign key on machines, so 'shepherd
+// history' and the status page keep showing it by the machine's UUID. The
+// UUID is not reused: a machine the provider lists again later is a new
+// machine.
 //
-// It returns an error wrapping ErrLeased, and changes nothing, when a lease
-// of any process exists on the machine, and one wrapping ErrNotFound when
-// no such machine exists.
+// A machine on which a process holds a lease is kept, and reported in
+// Leased; one that does not exist is reported in NotFound; the others are
+// removed. An error means nothing was removed (the transaction is to be
+// rolled back); one wrapping ErrLeased says a lease was committed as its
+// machine was removed, and the caller removes the machines one by one to
+// learn which.
 //
 // A concurrent claim cannot slip a lease in between the check and the
 // delete. A claim leases only machines whose due rows it locked, so
-// RemoveMachine first locks the machine's due rows (waiting for a claim
+// RemoveMachines first locks the machines' due rows (waiting for a claim
 // that holds one to commit its lease or pass the machine over; claimers
-// that come later skip them), then locks the machines row FOR UPDATE,
-// which any new lease's lock of that row (FOR KEY SHARE: the claim's own,
-// or work's row trigger for any other insert, migration 0028) waits for,
-// and only then reads work. The two locks are taken in the order a claim
-// takes them (due row, then the machines row), so they do not deadlock
-// with it; a due row made after the first lock by a concurrent watched
+// that come later skip them), then locks the machines rows FOR UPDATE,
+// which any new lease's lock of such a row (FOR KEY SHARE: the claim's
+// own, or work's row trigger for any other insert, migration 0028) waits
+// for, and only then reads work. The locks are taken in the order a claim
+// takes them (due rows, then machines rows), and each kind in one order
+// (machine, then process), so they do not deadlock with a claim or another
+// removal; a due row made after the first lock by a concurrent watched
 // write and claimed at once can still deadlock, which PostgreSQL breaks
 // and Transact retries. Should a lease be committed all the same, the
 // delete's trigger refuses the delete with the error of the foreign key
-// work once had (work_machine_id_fkey), and that is reported as ErrLeased
-// too: a live lease is never deleted.
+// work once had (work_machine_id_fkey), reported as ErrLeased: a live
+// lease is never deleted.
 //
-// The delete's trigger (migrations 0023 and 0028) deletes the machine's
+// The delete's trigger (migrations 0023 and 0028) deletes each machine's
 // due rows by work_due's primary key, one probe per registered process,
 // then probes work's key for a lease of the machine.
-func (t *Tx) RemoveMachine(ctx context.Context, machine uuid.UUID, reason string) error {
-	fail := func(err error) error { return fmt.Errorf("removing machine %s: %w", machine, err) }
+func (t *Tx) RemoveMachines(ctx context.Context, machines []uuid.UUID, reason string) (Removal, error) {
+	fail := func(err error) (Removal, error) {
+		return Removal{}, fmt.Errorf("removing %d machines: %w", len(machines), err)
+	}
+	if len(machines) == 0 {
+		return Removal{}, nil
+	}
 	if _, err := t.tx.Exec(ctx, qRemoveWaitBuilds); err != nil {
 		return fail(err)
 	}
-	if _, err := t.tx.Exec(ctx, qRemoveLockDue, machine); err != nil {
+	if _, err := t.tx.Exec(ctx, qRemoveLockDue, machines); err != nil {
 		return fail(err)
 	}
-	var provider, providerID *string
-	err := t.tx.QueryRow(ctx, qRemoveLockMachine, machine).Scan(&provider, &providerID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fail(ErrNotFound)
-	}
+	found, err := queryRows(ctx, t.tx, scanRemoving, qRemoveLockMachines, machines)
 	if err != nil {
 		return fail(err)
 	}
-	leases, err := queryRows(ctx, t.tx, func(row pgx.CollectableRow) (string, error) {
-		var process string
-		var session uuid.UUID
-		err := row.Scan(&process, &session)
-		return fmt.Sprintf("%s (session %s)", process, session), err
-	}, qRemoveLeases, machine)
+	leases, err := t.removalLeases(ctx, machines)
 	if err != nil {
 		return fail(err)
 	}
-	if len(leases) > 0 {
-		return fmt.Errorf("removing machine %s: %w by %s", machine, ErrLeased, strings.Join(leases, ", "))
+	res, record := sortRemovals(machines, found, leases, reason)
+	if len(res.Removed) == 0 {
+		return res, nil
 	}
-	actor := "provider"
-	cause := cleanCause(reason)
-	if provider != nil {
-		actor = "provider:" + *provider
-		cause = cleanCause(*provider + "/" + *providerID + ": " + reason)
-	}
-	if _, err := t.tx.Exec(ctx, qRemoveRecord, machine, cause, actor); err != nil {
+	if _, err := t.tx.Exec(ctx, qRemoveRecord, res.Removed, record.causes, record.actors); err != nil {
 		return fail(err)
 	}
-	if _, err := t.tx.Exec(ctx, qRemoveDelete, machine); err != nil {
+	if _, err := t.tx.Exec(ctx, qRemoveDelete, res.Removed); err != nil {
 		if isForeignKeyOn(err, "work_machine_id_fkey") {
-			return fmt.Errorf("removing machine %s: %w (a lease was committed as it was removed)", machine, ErrLeased)
+			return Removal{}, fmt.Errorf("removing %d machines: %w (a lease was committed as its machine was removed)", len(machines), ErrLeased)
 		}
 		return fail(err)
 	}
-	return nil
+	return res, nil
+}
+
+// removing is a machine RemoveMachines found and locked, with its
+// provider tag (nil when it has none).
+type removing struct {
+	machine              uuid.UUID
+	provider, providerID *string
+}
+
+func scanRemoving(row pgx.CollectableRow) (removing, error) {
+	var r removing
+	err := row.Scan(&r.machine, &r.provider, &r.providerID)
+	return r, err
+}
+
+// removalLeases reads the leases of machines, after their rows are locked,
+// as "PROCESS (session ID)" by machine.
+func (t *Tx) removalLeases(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]string, error) {
+	type lease struct {
+		machine uuid.UUID
+		text    string
+	}
+	rows, err := queryRows(ctx, t.tx, func(row pgx.CollectableRow) (lease, error) {
+		var l lease
+		var process string
+		var session uuid.UUID
+		err := row.Scan(&l.machine, &process, &session)
+		l.text = fmt.Sprintf("%s (session %s)", process, session)
+		return l, err
+	}, qRemoveLeases, machines)
+	if err != nil {
+		return nil, err
+	}
+	leases := make(map[uuid.UUID][]string)
+	for _, l := range rows {
+		leases[l.machine] = append(leases[l.machine], l.text)
+	}
+	return leases, nil
+}
+
+// removalRecords are the Removed events' causes and actors, one per
+// removed machine in Removal.Removed's order.
+type removalRecords struct{ causes, actors []string }
+
+// sortRemovals sorts machines, in their order, into removed, leased and
+// not found, and words the Removed events of those removed.
+func sortRemovals(machines []uuid.UUID, found []removing, leases map[uuid.UUID][]string, reason string) (Removal, removalRecords) {
+	byID := make(map[uuid.UUID]removing, len(found))
+	for _, r := range found {
+		byID[r.machine] = r
+	}
+	var res Removal
+	var rec removalRecords
+	seen := make(map[uuid.UUID]bool, len(machines))
+	for _, m := range machines {
+		if seen[m] {
+			continue
+		}
+		seen[m] = true
+		r, ok := byID[m]
+		switch {
+		case !ok:
+			res.NotFound = append(res.NotFound, m)
+		case len(leases[m]) > 0:
+			res.Leased = append(res.Leased, LeasedMachine{Machine: m, Leases: leases[m]})
+		default:
+			actor, cause := "provider", reason
+			if r.provider != nil {
+				actor = "provider:" + *r.provider
+				cause = *r.provider + "/" + *r.providerID + ": " + reason
+			}
+			res.Removed = append(res.Removed, m)
+			rec.causes = append(rec.causes, cleanCause(cause))
+			rec.actors = append(rec.actors, actor)
+		}
+	}
+	return res, rec
 }
 
 // RemovedMachines returns the machines a provider removed (RemoveMachine)
@@ -106,55 +196,3 @@ func (db *DB) RemovedMachines(ctx context.Context, providerID string) ([]uuid.UU
 	}
 	return ids, nil
 }
-
-const (
-	// qRemovedByProviderID finds Removed events by the "PROVIDER/ID: "
-	// that starts their cause, PROVIDER from the actor "provider:NAME".
-	qRemovedByProviderID = `
-SELECT machine_id FROM (
-    SELECT machine_id, max(id) AS last FROM work_history
-    WHERE process = '' AND event = 'Removed' AND actor LIKE 'provider:%'
-      AND starts_with(failed_cause, substr(actor, length('provider:') + 1) || '/' || $1 || ': ')
-    GROUP BY machine_id
-) r ORDER BY last DESC LIMIT 100`
-
-	// qRemoveWaitBuilds takes, shared, the registration lock of every
-	// process whose due rows are being built (due.go). A chunk of a build
-	// reads machines with one snapshot and inserts their due rows after:
-	// a machine deleted in between would keep a due row until a claim
-	// locked it. The shared lock waits for the chunk under way to
-	// commit, and the next chunk's try-lock fails while it is held (the
-	// build goes on at the next registration, from where it stopped).
-	// Taken first, before any row lock a chunk's inserts could wait for.
-	qRemoveWaitBuilds = `
-SELECT pg_advisory_xact_lock_shared(hashtext('shepherd.process_registry'), hashtext(process))
-FROM process_registry WHERE NOT due_built ORDER BY process`
-
-	// qRemoveLockDue locks the machine's due rows of every registered
-	// process, by work_due's primary key (process, machine_id), in the
-	// process order every locker of several rows of one machine uses.
-	qRemoveLockDue = `
-SELECT d.process FROM process_registry r
-JOIN work_due d ON d.process = r.process AND d.machine_id = $1
-ORDER BY d.process
-FOR UPDATE OF d`
-
-	// qRemoveLockMachine locks the machines row (no lease can be inserted
-	// while it is held) and reads the provider tag for the history.
-	qRemoveLockMachine = `
-SELECT p.provider, p.provider_id FROM machines m
-LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
-WHERE m.machine_id = $1
-FOR UPDATE OF m`
-
-	// qRemoveLeases lists the machine's leases, read after the lock.
-	qRemoveLeases = `SELECT process, session_id FROM work WHERE machine_id = $1 ORDER BY process`
-
-	// qRemoveRecord records the removal: process '' as for a hold of
-	// every process, since no one process removed it.
-	qRemoveRecord = `
-INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
-VALUES ($1, '', 'Removed', $2, $3, session_user)`
-
-	qRemoveDelete = `DELETE FROM machines WHERE machine_id = $1`
-)

@@ -396,3 +396,67 @@ func TestLeaseInsertChecksMachine(t *testing.T) {
 		t.Errorf("a claim's lease has machine_locked %v, want true (the claim locked the machine)", locked)
 	}
 }
+
+// RemoveMachines removes many machines in one transaction: the leased one
+// is kept with its lease named, an unknown one is reported not found, a
+// machine given twice is removed once, and each removed machine's history
+// ends with its own Removed event naming its provider id.
+func TestRemoveMachines(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	machines := e.addMachines(5)
+	w := claim(t, s, agentStart)
+	providerIDs := map[uuid.UUID]string{}
+	for _, m := range machines {
+		var id string
+		if err := e.raw.QueryRow(ctx, `SELECT provider_id FROM machine_provided WHERE machine_id = $1`, m).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		providerIDs[m] = id
+	}
+	unknown := uuid.New()
+	var res bmdb.Removal
+	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		res, err = tx.RemoveMachines(ctx, append(slices.Clone(machines), unknown, machines[0]), "batch")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("RemoveMachines: %v", err)
+	}
+	if len(res.Leased) != 1 || res.Leased[0].Machine != w.Machine || len(res.Leased[0].Leases) != 1 {
+		t.Errorf("leased %+v, want %s with its one lease", res.Leased, w.Machine)
+	}
+	if !slices.Equal(res.NotFound, []uuid.UUID{unknown}) {
+		t.Errorf("not found %v, want [%s]", res.NotFound, unknown)
+	}
+	want := slices.DeleteFunc(slices.Clone(machines), func(m uuid.UUID) bool { return m == w.Machine })
+	if !slices.Equal(res.Removed, want) {
+		t.Errorf("removed %v, want %v", res.Removed, want)
+	}
+	for _, m := range want {
+		d, err := e.db.Machine(ctx, m, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Exists || len(d.History) != 1 || d.History[0].Event != bmdb.EventRemoved {
+			t.Fatalf("%s: exists %v, history %+v; want removed with one Removed event", m, d.Exists, d.History)
+		}
+		providerID := providerIDs[m]
+		if c := d.History[0].Cause; c != "test/"+providerID+": batch" {
+			t.Errorf("%s's Removed cause %q, want its provider id and the reason", m, c)
+		}
+		if got, err := e.db.RemovedMachines(ctx, providerID); err != nil || !slices.Equal(got, []uuid.UUID{m}) {
+			t.Errorf("RemovedMachines(%q) = %v, %v; want [%s]", providerID, got, err, m)
+		}
+	}
+	if d, err := e.db.Machine(ctx, w.Machine, 0); err != nil || !d.Exists || len(d.Leases) != 1 {
+		t.Fatalf("the leased machine after the removal: %+v, %v; want kept with its lease", d, err)
+	}
+	if err := w.Finish(ctx, nil); err != nil {
+		t.Fatalf("Finish after the removal: %v", err)
+	}
+	e.auditRemovals()
+}

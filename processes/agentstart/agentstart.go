@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -39,6 +41,7 @@ func Definition() controlloop.Definition {
 		},
 		// Provided machines without a started agent.
 		Candidates: func() (bmdb.Candidates, error) { return shepherdbmdb.AgentStartCandidates(), nil },
+		Explain:    explain,
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
 			if env.Provider == nil {
 				return nil, errors.New("AgentStart needs a provider")
@@ -46,6 +49,19 @@ func Definition() controlloop.Definition {
 			return New(env.Provider), nil
 		},
 	}
+}
+
+// explain returns the fact AgentStart's condition reads: whether, and
+// when, the machine's agent started.
+func explain(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]bmdb.Fact, error) {
+	f, err := tx.AgentFacts(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	if f.AgentStartedAt == nil {
+		return []bmdb.Fact{{Name: "agent", Value: "none started"}}, nil
+	}
+	return []bmdb.Fact{{Name: "agent started", Value: f.Ago(*f.AgentStartedAt)}}, nil
 }
 
 // AgentStart is AgentStart's code (a controlloop.Handler).

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -111,6 +113,7 @@ func Definition() controlloop.Definition {
 			DefaultRunTimeout: 5 * time.Minute,
 		},
 		Candidates: func() (bmdb.Candidates, error) { return cfg.Candidates(), nil },
+		Explain:    cfg.Explain,
 		Flags:      cfg.RegisterFlags,
 		Check:      cfg.Check,
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
@@ -124,6 +127,37 @@ func Definition() controlloop.Definition {
 			Label + "_start_timeout":     "1m",
 		},
 	}
+}
+
+// Explain returns the facts Recovery's condition under c reads on
+// machine: when its agent started and last heartbeated, the timeouts they
+// are judged by, and a pending reset (the controlloop.Definition's
+// Explain).
+func (c *Config) Explain(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]bmdb.Fact, error) {
+	f, err := tx.AgentFacts(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	var facts []bmdb.Fact
+	switch {
+	case f.AgentStartedAt == nil:
+		facts = append(facts, bmdb.Fact{Name: "agent", Value: "none started"})
+	case f.LastHeartbeat == nil:
+		facts = append(facts,
+			bmdb.Fact{Name: "agent started", Value: f.Ago(*f.AgentStartedAt)},
+			bmdb.Fact{Name: "last heartbeat", Value: "never"},
+			bmdb.Fact{Name: "start timeout", Value: c.StartTimeout.String()})
+	default:
+		facts = append(facts,
+			bmdb.Fact{Name: "agent started", Value: f.Ago(*f.AgentStartedAt)},
+			bmdb.Fact{Name: "last heartbeat", Value: f.Ago(*f.LastHeartbeat)},
+			bmdb.Fact{Name: "heartbeat timeout", Value: c.HeartbeatTimeout.String()})
+	}
+	if r := f.Reset; r != nil {
+		facts = append(facts, bmdb.Fact{Name: "reset", Value: fmt.Sprintf("%s, awaiting a heartbeat of a new boot until %s",
+			r.ResetAt.UTC().Format(time.RFC3339), r.VerifyBy.UTC().Format(time.RFC3339))})
+	}
+	return facts, nil
 }
 
 // Candidates are the machines that need Recovery under c: machines whose

@@ -41,6 +41,7 @@ func Definition() controlloop.Definition {
 			return New(checker, cfg), nil
 		},
 		Tags:       Tags,
+		Explain:    Explain,
 		Migrations: Migrations,
 		DemoFlags:  map[string]string{Label + "_period": "2m"},
 	}
@@ -67,4 +68,17 @@ func Tags(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]controlloop.Tag
 		{Name: "Firmware", Value: version + " (" + state + ")"},
 		{Name: "Firmware checked", Value: checked.UTC().Format(time.RFC3339)},
 	}, nil
+}
+
+// Explain returns the fact FirmwareCheck's condition reads on a machine,
+// for 'shepherd explain': whether its agent heartbeats.
+func Explain(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]bmdb.Fact, error) {
+	at, err := tx.LastHeartbeat(ctx, machine)
+	if errors.Is(err, bmdb.ErrNotFound) {
+		return []bmdb.Fact{{Name: "agent heartbeat", Value: "none"}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []bmdb.Fact{{Name: "last agent heartbeat", Value: at.UTC().Format(time.RFC3339)}}, nil
 }

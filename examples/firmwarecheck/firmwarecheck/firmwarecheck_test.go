@@ -255,3 +255,30 @@ func TestHostileVersionIsStoredClean(t *testing.T) {
 		t.Errorf("stored version %q (%d bytes): want it printable, valid and at most 64 bytes", v, len(v))
 	}
 }
+
+// Explain reports the fact the condition reads: a machine without a
+// heartbeating agent has none, one with it its last heartbeat.
+func TestExplainReadsTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	silent, alive := e.machine("silent", false), e.machine("alive", true)
+	facts := func(m uuid.UUID) []bmdb.Fact {
+		t.Helper()
+		var out []bmdb.Fact
+		err := e.db.Transact(context.Background(), func(ctx context.Context, tx bmdb.Tx) error {
+			var err error
+			out, err = firmwarecheck.Explain(ctx, tx, m)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := facts(silent); len(got) != 1 || got[0] != (bmdb.Fact{Name: "agent heartbeat", Value: "none"}) {
+		t.Errorf("facts of a machine without an agent: %+v", got)
+	}
+	if got := facts(alive); len(got) != 1 || got[0].Name != "last agent heartbeat" {
+		t.Errorf("facts of a machine with a heartbeating agent: %+v", got)
+	}
+}
