@@ -223,23 +223,26 @@ WHERE machine_id = $1 AND until > now() ORDER BY process`
 
 	// qKnownProcesses lists every process name the BMDB has seen, by a loose
 	// index scan of each table (one index probe per distinct name), so that
-	// it costs the same with a million rows as with ten.
+	// it costs the same with a million rows as with ten. Each scan starts
+	// after '': the events of no one process (a hold or release of every
+	// process, a provider's removal) record the empty name, which names no
+	// process.
 	qKnownProcesses = `
 WITH RECURSIVE
 w AS (
-    (SELECT process FROM work ORDER BY process LIMIT 1)
+    (SELECT process FROM work WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work WHERE process > w.process ORDER BY process LIMIT 1)
     FROM w WHERE w.process IS NOT NULL
 ),
 b AS (
-    (SELECT process FROM work_backoff ORDER BY process LIMIT 1)
+    (SELECT process FROM work_backoff WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work_backoff WHERE process > b.process ORDER BY process LIMIT 1)
     FROM b WHERE b.process IS NOT NULL
 ),
 h AS (
-    (SELECT process FROM work_history ORDER BY process LIMIT 1)
+    (SELECT process FROM work_history WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work_history WHERE process > h.process ORDER BY process LIMIT 1)
     FROM h WHERE h.process IS NOT NULL
@@ -247,7 +250,7 @@ h AS (
 SELECT process FROM w WHERE process IS NOT NULL
 UNION SELECT process FROM b WHERE process IS NOT NULL
 UNION SELECT process FROM h WHERE process IS NOT NULL
-UNION SELECT process FROM process_pause
+UNION SELECT process FROM process_pause WHERE process > ''
 ORDER BY process`
 
 	// qRecentFailures lists a process's newest failures, newest first, by
