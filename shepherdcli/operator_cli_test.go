@@ -52,3 +52,22 @@ func TestMachinesAfterEveryProcessEvents(t *testing.T) {
 		}
 	}
 }
+
+// A bad duration names the flag, the value and an example.
+func TestDurationFlagErrors(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	m := f.unworked(t).String()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"hold", m, "-for", "5x", "-reason", "x"}, `invalid value "5x" for flag -for: not a duration: give a number and a unit (s, m, h), e.g. -for 30m or -for 2h`},
+		{[]string{"machines", "-timeout", "soon"}, `invalid value "soon" for flag -timeout: not a duration`},
+	} {
+		_, errOut := f.expect(t, exitUsage, c.args...)
+		if !strings.Contains(errOut, c.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: stderr %q, want one line with %q", c.args, errOut, c.want)
+		}
+	}
+}
