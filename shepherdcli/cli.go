@@ -188,6 +188,9 @@ type cli struct {
 	known []cliProcess
 	// prog is the program's name, in the commands the output suggests.
 	prog string
+	// given are the flags set on the command line, so that a value given
+	// is told from the default (-for 0 from no -for).
+	given map[string]bool
 }
 
 // printf writes to out a message of this package's own, whose commands
@@ -311,7 +314,9 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
+	c.given = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		c.given[f.Name] = true
 		if processFlags[f.Name] {
 			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
 		}

@@ -226,8 +226,10 @@ func forWhom(process string) string {
 
 func (c *cli) hold(ctx context.Context, args []string) error {
 	d := c.opts.hold.forDur
-	if d < 0 || d > maxHoldFor {
-		return usagef("-for %s: must be positive and at most %s (omit it to hold until released)", d, maxHoldFor)
+	// -for 0 is refused rather than read as "until released": a typo or
+	// an unset variable (-for ${D}s) would hold the machines forever.
+	if (c.given["for"] && d <= 0) || d < 0 || d > maxHoldFor {
+		return usagef("-for %s: must be above 0 and at most %s (omit -for to hold until released)", d, maxHoldFor)
 	}
 	process, err := c.processFlag()
 	if err != nil {

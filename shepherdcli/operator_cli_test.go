@@ -53,6 +53,25 @@ func TestMachinesAfterEveryProcessEvents(t *testing.T) {
 	}
 }
 
+// hold -for 0 (or an unset variable, -for ${D}s) is refused, not read as
+// "until released"; without -for a hold lasts until released.
+func TestHoldForZeroRefused(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	m := f.unworked(t).String()
+	for _, d := range []string{"0s", "0", "-1h"} {
+		_, errOut := f.expect(t, exitUsage, "hold", m, "-for", d, "-reason", "x")
+		if !strings.Contains(errOut, "-for") || !strings.Contains(errOut, "omit -for to hold until released") {
+			t.Errorf("hold -for %s: stderr %q", d, errOut)
+		}
+	}
+	holds, err := f.db.Holds(context.Background(), "", 10)
+	if err != nil || len(holds) != 0 {
+		t.Fatalf("a refused hold held: %+v, %v", holds, err)
+	}
+	f.expect(t, exitOK, "hold", m, "-reason", "until released")
+}
+
 // A bad duration names the flag, the value and an example.
 func TestDurationFlagErrors(t *testing.T) {
 	t.Parallel()
