@@ -154,15 +154,29 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	if c.json {
 		w = c.errOut
 	}
-	names := make([]string, len(out))
-	for i, m := range out {
-		names[i] = machineName(m)
-	}
-	fmt.Fprintf(w, "Selected %d machine(s): %s\n", len(out), strings.Join(names, ", "))
+	fmt.Fprintf(w, "Selected %d machine(s): %s\n", len(out), selectionList(out))
 	if len(out) > 1 && !c.opts.hold.yes {
 		return nil, usagef("%s: %d machines selected (listed above); add -yes to act on all of them", verb, len(out))
 	}
 	return out, nil
+}
+
+// maxListed is how many selected machines a command names: a selection
+// of thousands named in full floods the terminal with one line.
+const maxListed = 20
+
+// selectionList names the first maxListed machines of a selection, and
+// how many more there are.
+func selectionList(ms []bmdb.SelectedMachine) string {
+	names := make([]string, 0, maxListed)
+	for _, m := range ms[:min(len(ms), maxListed)] {
+		names = append(names, machineName(m))
+	}
+	list := strings.Join(names, ", ")
+	if more := len(ms) - maxListed; more > 0 {
+		list += fmt.Sprintf(", ... and %d more", more)
+	}
+	return list
 }
 
 // machineName is a selected machine as the operator knows it: its

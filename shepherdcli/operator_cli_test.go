@@ -3,10 +3,13 @@ package shepherdcli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
 // Operator commands of issue 54, each through the binary.
@@ -88,5 +91,68 @@ func TestDurationFlagErrors(t *testing.T) {
 		if !strings.Contains(errOut, c.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: stderr %q, want one line with %q", c.args, errOut, c.want)
 		}
+	}
+}
+
+// rackFleet is a database with machines in racks whose names share a
+// prefix: 25 in dc3/rack00, 3 in dc3/rack000, 2 in dc3/rack001, and one
+// whose location is the rack itself.
+func rackFleet(t *testing.T) (dsn string, db *bmdb.DB) {
+	t.Helper()
+	dsn = bmdbtest.NewDatabase(t)
+	db = bmdbtest.Open(t, dsn)
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		add := func(id, loc string) error {
+			_, err := tx.AddMachine(ctx, bmdb.Provided{Provider: "test", ProviderID: id, Location: loc})
+			return err
+		}
+		for i := range 25 {
+			if err := add(fmt.Sprintf("node-%03d", i), fmt.Sprintf("dc3/rack00/u%02d", i)); err != nil {
+				return err
+			}
+		}
+		for i := range 3 {
+			if err := add(fmt.Sprintf("other-%d", i), fmt.Sprintf("dc3/rack000/u%02d", i)); err != nil {
+				return err
+			}
+		}
+		for i := range 2 {
+			if err := add(fmt.Sprintf("third-%d", i), fmt.Sprintf("dc3/rack001/u%02d", i)); err != nil {
+				return err
+			}
+		}
+		return add("rack-switch", "dc3/rack00")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn, db
+}
+
+// runIn runs an operator command of the binary against dsn and checks
+// its exit status.
+func runIn(t *testing.T, dsn string, want int, args ...string) (string, string) {
+	t.Helper()
+	code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), append(args, "-bmdb_dsn", dsn)...)
+	if code != want {
+		t.Fatalf("shepherd %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, want, out, errOut)
+	}
+	return out, errOut
+}
+
+// A selection refused for want of -yes names its count and its first 20
+// machines, not every one of them.
+func TestSelectionListsTwentyMachines(t *testing.T) {
+	t.Parallel()
+	dsn, _ := rackFleet(t)
+	out, errOut := runIn(t, dsn, exitUsage, "hold", "-location", "dc3", "-reason", "power work")
+	if !strings.Contains(out, "Selected 31 machine(s): ") || !strings.HasSuffix(strings.TrimSpace(out), ", ... and 11 more") {
+		t.Errorf("selection of 31 prints:\n%s", out)
+	}
+	if n := strings.Count(out, ", "); n != 20 {
+		t.Errorf("selection of 31 names %d machines, want 20:\n%s", n, out)
+	}
+	if !strings.Contains(errOut, "31 machines selected") || !strings.Contains(errOut, "add -yes") {
+		t.Errorf("stderr %q", errOut)
 	}
 }
