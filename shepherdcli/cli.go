@@ -56,10 +56,12 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
   shepherd release MACHINE... [-process P] -reason R
       end the holds of P (default: every hold, a budget's included)
   Selections: hold, release, retry and backoff clear (and cancel) take,
-  instead of machines, -location PREFIX, -process P -state leased|backoff|rescheduled|held
+  instead of machines, -location PATH, -process P -state leased|backoff|rescheduled|held
   or -cause TEXT (in the last failure cause); they list the machines
   selected and act on more than one only with -yes, in one transaction (at
-  most 10000 machines). Operator actions record -as NAME (default
+  most 10000 machines). -location matches whole path components:
+  dc3/rack00 selects dc3/rack00 and dc3/rack00/..., not dc3/rack000 (for
+  racks sharing a name prefix, select each rack). Operator actions record -as NAME (default
   $SHEPHERD_OPERATOR, else user@host) and the database role.
   shepherd pause PROCESS -reason R
       stop every replica from leasing machines for PROCESS until resume
@@ -86,7 +88,7 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       holds: the request waits while one blocks it, and says which;
       -withdraw takes a pending request back
   shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
-  shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-hold] [-yes]
+  shepherd cancel -process P -location PATH|-state S|-cause TEXT -reason R [-hold] [-yes]
       cancel PROCESS's lease on MACHINE (or on each selected machine, in one
       transaction): the replica holding it cancels the work within seconds;
       it ends Canceled, adding no backoff; -hold also holds the machine for

@@ -163,7 +163,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	case len(args) == 0:
 		return c.cancelSelection(ctx)
 	case len(args) != 2:
-		return usagef("usage: shepherd cancel MACHINE PROCESS -reason R, or shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-yes]")
+		return usagef("usage: shepherd cancel MACHINE PROCESS -reason R, or shepherd cancel -process P -location PATH|-state S|-cause TEXT -reason R [-yes]")
 	case !c.selector("").Empty() || c.opts.process != "":
 		return usagef("cancel: give MACHINE PROCESS or -process P with a selection, not both")
 	}

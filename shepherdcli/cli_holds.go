@@ -42,7 +42,7 @@ func asFlag(fs *flag.FlagSet, o *cliOptions) {
 // selectionFlags registers the flags that select machines instead of
 // naming them.
 func selectionFlags(fs *flag.FlagSet, o *cliOptions) {
-	fs.StringVar(&o.hold.location, "location", "", "select the machines whose location at their provider starts with this prefix (e.g. dc1/rack07/)")
+	fs.StringVar(&o.hold.location, "location", "", "select the machines at this location at their provider or under it, by whole path components: dc1/rack07 selects dc1/rack07 and dc1/rack07/..., not dc1/rack070")
 	fs.StringVar(&o.state, "state", "", "with -process: select the machines in this state of the process: leased, backoff, rescheduled or held")
 	fs.StringVar(&o.hold.cause, "cause", "", "select the machines whose last failure cause (their backoff's, of -process when given) contains this text (case-insensitive)")
 	fs.BoolVar(&o.hold.yes, "yes", false, "act when the selection has more than one machine (without it, the command lists them and does nothing)")
@@ -114,7 +114,9 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	case len(args) > 0 && !sel.Empty():
 		return nil, usagef("%s: give machines or a selection (-location, -process P -state S, -cause), not both", verb)
 	case len(args) == 0 && sel.Empty():
-		return nil, usagef("%s: give machines, or a selection: -location PREFIX, -process P -state S, -cause TEXT", verb)
+		return nil, usagef("%s: give machines, or a selection: -location PATH, -process P -state S, -cause TEXT", verb)
+	case sel.Location != "" && strings.Trim(sel.Location, "/") == "":
+		return nil, usagef("-location %q: give a location's path components, e.g. dc1 or dc1/rack07", sel.Location)
 	case sel.State != "" && process == "":
 		return nil, usagef("-state %q: give -process too (the state of which process?)", sel.State)
 	case sel.State != "" && !slices.Contains(bmdb.SelectableStates, sel.State):
@@ -147,7 +149,7 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	case len(out) == 0:
 		return nil, fmt.Errorf("no machine matches the selection: %w", bmdb.ErrNotFound)
 	case len(out) > bmdb.MaxHoldBatch:
-		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a longer -location prefix, -cause)", verb, bmdb.MaxHoldBatch)
+		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a deeper -location, -cause)", verb, bmdb.MaxHoldBatch)
 	}
 	// The list goes to stderr with -o json, whose stdout is the result.
 	w := c.out
@@ -300,7 +302,7 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 	ctx = bmdb.WithActor(ctx, operatorActor(c.opts.hold.as))
 	if len(args) > 0 {
 		if len(args) != 2 {
-			return usagef("usage: shepherd retry MACHINE PROCESS -reason R, or shepherd retry -process P (-state S | -location PREFIX | -cause TEXT) -reason R [-yes]")
+			return usagef("usage: shepherd retry MACHINE PROCESS -reason R, or shepherd retry -process P (-state S | -location PATH | -cause TEXT) -reason R [-yes]")
 		}
 		if !c.selector("").Empty() || c.opts.process != "" {
 			return usagef("retry: give MACHINE PROCESS or a selection with -process, not both")

@@ -156,3 +156,23 @@ func TestSelectionListsTwentyMachines(t *testing.T) {
 		t.Errorf("stderr %q", errOut)
 	}
 }
+
+// -location matches whole path components: dc3/rack00 is the rack and
+// what is under it, not dc3/rack000 or dc3/rack001.
+func TestLocationMatchesPathComponents(t *testing.T) {
+	t.Parallel()
+	dsn, _ := rackFleet(t)
+	for _, loc := range []string{"dc3/rack00", "dc3/rack00/"} {
+		out, _ := runIn(t, dsn, exitUsage, "hold", "-location", loc, "-reason", "PDU swap")
+		if !strings.Contains(out, "Selected 26 machine(s)") || strings.Contains(out, "other-") || strings.Contains(out, "third-") {
+			t.Errorf("-location %s selects:\n%s", loc, out)
+		}
+	}
+	out, _ := runIn(t, dsn, exitOK, "hold", "-location", "dc3/rack000", "-yes", "-reason", "PDU swap", "-o", "json")
+	var held []holdJSON
+	if err := json.Unmarshal([]byte(out), &held); err != nil || len(held) != 3 {
+		t.Fatalf("-location dc3/rack000 held %d machines (%v), want 3:\n%s", len(held), err, out)
+	}
+	runIn(t, dsn, exitNotFound, "hold", "-location", "dc3/rack0", "-reason", "x")
+	runIn(t, dsn, exitUsage, "hold", "-location", "/", "-reason", "x")
+}
