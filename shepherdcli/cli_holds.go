@@ -107,9 +107,12 @@ func (c *cli) selector(process string) bmdb.Selector {
 // -process, "" for none), and prints how many and which. A selection of
 // more than one machine needs -yes: without it the command stops here
 // with a usage error, having listed them. verb names the action for the
-// messages ("hold").
+// messages ("hold"); a release selects only the machines it would
+// release (held for process, or at all without one), so that its count
+// and -yes are about them.
 func (c *cli) selectMachines(ctx context.Context, args []string, process, verb string) ([]bmdb.SelectedMachine, error) {
 	sel := c.selector(process)
+	sel.Released = verb == "release"
 	switch {
 	case len(args) > 0 && !sel.Empty():
 		return nil, usagef("%s: give machines or a selection (-location, -process P -state S, -cause), not both", verb)

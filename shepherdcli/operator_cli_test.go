@@ -176,3 +176,26 @@ func TestLocationMatchesPathComponents(t *testing.T) {
 	runIn(t, dsn, exitNotFound, "hold", "-location", "dc3/rack0", "-reason", "x")
 	runIn(t, dsn, exitUsage, "hold", "-location", "/", "-reason", "x")
 }
+
+// release with a selection selects the machines it would release: held
+// for -process (or held at all without it), not every machine there.
+func TestReleaseSelectsHeldMachines(t *testing.T) {
+	t.Parallel()
+	dsn, _ := rackFleet(t)
+	runIn(t, dsn, exitOK, "hold", "node-001", "node-002", "-process", "agentstart", "-reason", "PDU swap")
+	runIn(t, dsn, exitOK, "hold", "node-003", "-reason", "DIMM swap")
+	out, _ := runIn(t, dsn, exitUsage, "release", "-location", "dc3/rack00", "-process", "agentstart", "-reason", "done")
+	if !strings.Contains(out, "Selected 2 machine(s)") || !strings.Contains(out, "node-001") || !strings.Contains(out, "node-002") {
+		t.Errorf("release -location -process selects:\n%s", out)
+	}
+	out, _ = runIn(t, dsn, exitOK, "release", "-location", "dc3/rack00", "-process", "agentstart", "-reason", "done", "-yes")
+	if n := strings.Count(out, "Released "); n != 2 {
+		t.Errorf("released %d holds, want 2:\n%s", n, out)
+	}
+	// Without -process: the one machine still held, without -yes.
+	out, _ = runIn(t, dsn, exitOK, "release", "-location", "dc3/rack00", "-reason", "done")
+	if !strings.Contains(out, "Selected 1 machine(s): node-003") || !strings.Contains(out, "Released node-003") {
+		t.Errorf("release -location selects:\n%s", out)
+	}
+	runIn(t, dsn, exitNotFound, "release", "-location", "dc3/rack00", "-reason", "done")
+}

@@ -96,9 +96,10 @@ WHERE h.machine_id = @machine AND ` + budgetCounted
 
 // qSelectMachines is SelectMachines: the machines whose location is
 // @location or under it (whole path components: dc3/rack00 and
-// dc3/rack00/..., not dc3/rack000), that are in @state for @process, and
+// dc3/rack00/..., not dc3/rack000), that are in @state for @process,
 // whose last failure cause (a backoff's) holds @cause, each test skipped
-// when NULL; ordered by provider id. The location test is starts_with, so
+// when NULL, and, when @released, that have a hold a release of @process
+// (NULL: of any process) ends; ordered by provider id. The location test is starts_with, so
 // that a location holds no LIKE pattern characters.
 const qSelectMachines = `
 SELECT m.machine_id, mp.provider_id, mp.location
@@ -119,6 +120,10 @@ WHERE (@location::text IS NULL OR mp.location = @location::text
           SELECT 1 FROM work_backoff b WHERE b.machine_id = m.machine_id
             AND (@process::text IS NULL OR b.process = @process::text)
             AND strpos(lower(b.cause), lower(@cause::text)) > 0))
+  AND (NOT @released::bool OR EXISTS (
+          SELECT 1 FROM machine_hold h WHERE h.machine_id = m.machine_id
+            AND (@process::text IS NULL OR h.process = @process::text)
+            AND (h.until IS NULL OR h.until > now())))
 ORDER BY mp.provider_id, m.machine_id
 LIMIT @limit`
 

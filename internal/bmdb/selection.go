@@ -44,6 +44,11 @@ type Selector struct {
 	// of the process's backoff on the machine when Process is set, of any
 	// process's otherwise.
 	Cause string
+	// Released narrows the selection to the machines a Release of Process
+	// would act on: those with an active hold of Process, or of any
+	// process when Process is "". A release of a rack names the held
+	// machines, not every machine of the rack.
+	Released bool
 	// Limit bounds the machines returned (default MaxHoldBatch); a
 	// selection that reaches it is reported as such by the caller.
 	Limit int
@@ -94,6 +99,7 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 		"process":  process,
 		"state":    nullIfEmpty(string(sel.State)),
 		"cause":    nullIfEmpty(sel.Cause),
+		"released": sel.Released,
 		"limit":    sel.Limit,
 	}
 	out, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (SelectedMachine, error) {
