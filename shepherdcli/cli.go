@@ -680,16 +680,24 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	holds, err := c.holdsFor(ctx, id, p.process.Name)
+	if err != nil {
+		return err
+	}
 	if c.json {
 		return c.emitJSON(struct {
-			Machine         uuid.UUID `json:"machine"`
-			Process         string    `json:"process"`
-			BackoffEnded    bool      `json:"backoff_ended"`
-			RescheduleEnded bool      `json:"reschedule_ended"`
-			Leased          bool      `json:"leased"`
-		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased})
+			Machine         uuid.UUID  `json:"machine"`
+			Process         string     `json:"process"`
+			BackoffEnded    bool       `json:"backoff_ended"`
+			RescheduleEnded bool       `json:"reschedule_ended"`
+			Leased          bool       `json:"leased"`
+			Held            bool       `json:"held"`
+			Holds           []holdJSON `json:"holds"`
+		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased, len(holds) > 0, jsonList(holds, toHoldJSON)})
 	}
 	switch {
+	case len(holds) > 0:
+		c.printHeldRetry(args[0], p, holds)
 	case res.Leased:
 		fmt.Fprintf(c.out, "%s is working on %s right now; the retry is recorded and matters if that work fails\n", p.process.Name, id)
 	case res.BackoffEnded || res.RescheduleEnded:
@@ -698,6 +706,42 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
 	}
 	return nil
+}
+
+// holdsFor returns the active holds that keep process off machine: its
+// own and those of every process.
+func (c *cli) holdsFor(ctx context.Context, machine uuid.UUID, process string) ([]bmdb.Hold, error) {
+	all, err := c.db.HoldsOf(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	var out []bmdb.Hold
+	for _, h := range all {
+		if h.Process == process || h.Process == "" {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// printHeldRetry tells an operator whose retry cannot take effect that
+// the machine is held (escalated by its budget, or by an operator), and
+// what ends the hold: a retry does not, and "eligible already" would send
+// them waiting for a lease that never comes.
+func (c *cli) printHeldRetry(machine string, p cliProcess, holds []bmdb.Hold) {
+	fmt.Fprintf(c.out, "The retry is recorded, but %s will not act on %s: it is held\n", p.process.Name, machine)
+	for _, h := range holds {
+		what := "held by " + untrusted.Line(h.Actor.Name, 200)
+		if h.Source == bmdb.HoldByBudget {
+			what = "escalated (per-machine budget used up)"
+		}
+		fmt.Fprintf(c.out, "  - for %s: %s since %s: %s\n", forWhom(h.Process), what, when(h.HeldAt), untrusted.Line(h.Reason, 200))
+	}
+	release := fmt.Sprintf("shepherd release %s -process %s -reason R", machine, p.process.Name)
+	if slices.ContainsFunc(holds, func(h bmdb.Hold) bool { return h.Process == "" }) {
+		release = fmt.Sprintf("shepherd release %s -reason R", machine)
+	}
+	fmt.Fprintf(c.out, "A retry does not lift a hold: to let %s act on it again, run: %s\n", p.process.Name, renamed(c.prog, untrusted.Line(release, 0)))
 }
 
 // retryEnded names what a retry ended: a backoff, a check-again-later time

@@ -350,8 +350,32 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(jsonList(out, func(r retried) retried { return r }))
 	}
-	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s) and %d check-again-later time(s); each is eligible now if %s's condition holds\n", process, len(out), ended, rescheduled, process)
+	held, err := c.heldAmong(ctx, ms, process)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s) and %d check-again-later time(s); each is eligible now if %s's condition holds and it is not held\n", process, len(out), ended, rescheduled, process)
+	if len(held) > 0 {
+		c.printf("%d of them are held for %s (escalated by its budget, or by an operator), which a retry does not lift: %s; shepherd release them (-process %s) to let it act\n",
+			len(held), process, selectionList(held), process)
+	}
 	return nil
+}
+
+// heldAmong returns the machines of ms held for process (by its own holds
+// or holds of every process).
+func (c *cli) heldAmong(ctx context.Context, ms []bmdb.SelectedMachine, process string) ([]bmdb.SelectedMachine, error) {
+	holds, err := c.db.HoldsAmong(ctx, machineIDs(ms))
+	if err != nil {
+		return nil, err
+	}
+	var out []bmdb.SelectedMachine
+	for _, m := range ms {
+		if slices.ContainsFunc(holds[m.Machine], func(h bmdb.Hold) bool { return h.Process == process || h.Process == "" }) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // backoffCmd is backoff clear MACHINE [PROCESS], or backoff clear of a

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
+	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
 
 // Operator commands of issue 54, each through the binary.
@@ -198,4 +200,33 @@ func TestReleaseSelectsHeldMachines(t *testing.T) {
 		t.Errorf("release -location selects:\n%s", out)
 	}
 	runIn(t, dsn, exitNotFound, "release", "-location", "dc3/rack00", "-reason", "done")
+}
+
+// retry of an escalated machine says that it is held, by its budget, and
+// that a release (not a retry) lets the process act on it again.
+func TestRetryEscalatedMachine(t *testing.T) {
+	t.Parallel()
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	r := replicatest.Start(t, shepherdBinary, "replica", replicatest.EnvWithoutDSN(), failingFleetFlags(2, dsn, "-agentstart_machine_budget=1/1h")...)
+	m := machineOf(t, db, sim.ProviderID(0))
+	bmdbtest.WaitForNoError(t, 90*time.Second, "the machine escalated", func() (bool, error) {
+		hs, err := db.HoldsOf(context.Background(), m)
+		return len(hs) > 0 && hs[0].Source == bmdb.HoldByBudget, err
+	})
+	r.StopClean(15 * time.Second)
+	out, _ := runIn(t, dsn, exitOK, "retry", sim.ProviderID(0), "agentstart", "-reason", "agent fixed")
+	for _, want := range []string{"will not act on " + sim.ProviderID(0) + ": it is held", "escalated (per-machine budget used up)",
+		"shepherd release " + sim.ProviderID(0) + " -process ShepherdAgentStart -reason R"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("retry of an escalated machine does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "eligible already") {
+		t.Errorf("retry of an escalated machine calls it eligible:\n%s", out)
+	}
+	out, _ = runIn(t, dsn, exitOK, "retry", "-process", "agentstart", "-state", "held", "-yes", "-reason", "agent fixed")
+	if !strings.Contains(out, "of them are held for ShepherdAgentStart") || !strings.Contains(out, sim.ProviderID(0)) {
+		t.Errorf("retry of a selection of escalated machines:\n%s", out)
+	}
 }
