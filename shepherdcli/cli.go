@@ -268,6 +268,9 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
 		return reportUsage(stderr, d.prog(), usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
 	}
+	if err := checkOperatorText(opts); err != nil {
+		return reportUsage(stderr, d.prog(), err)
+	}
 	for _, p := range d.processes {
 		if withProcessFlags && p.Check != nil {
 			if err := p.Check(); err != nil {
@@ -336,6 +339,28 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	default:
 		return fail(err)
 	}
+}
+
+// maxActorBytes bounds -as, the operator's name recorded with an action.
+const maxActorBytes = 200
+
+// checkOperatorText refuses a -reason or -as that the BMDB would store
+// and every reader would show: longer than its bound, or holding control
+// characters (a pasted escape sequence, a newline).
+func checkOperatorText(opts cliOptions) error {
+	if opts.reason != "" {
+		if err := bmdb.CheckReason(opts.reason); err != nil {
+			return usagef("-reason: %v", err)
+		}
+	}
+	as := opts.hold.as
+	switch {
+	case len(as) > maxActorBytes:
+		return usagef("-as: %d bytes, at most %d", len(as), maxActorBytes)
+	case untrusted.Line(as, maxActorBytes) != as:
+		return usagef("-as %s: it holds control characters or invalid UTF-8", untrusted.Line(as, 0))
+	}
+	return nil
 }
 
 // cliProcess is a process named on the command line.
@@ -411,10 +436,12 @@ func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
 	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
 }
 
-// emitJSON writes v as indented JSON, with the controls encoding/json
-// leaves raw (C1 such as U+009B, bidirectional overrides such as U+202E)
-// escaped: strings from the BMDB may hold them, and the JSON is read in
-// terminals and pagers too (untrusted.JSON).
+// emitJSON writes v as indented JSON whose strings hold no control
+// characters: text from the BMDB (a cause from a BMC, a reason an older
+// binary stored) may hold escape sequences, which encoding/json writes as
+// \u001b and jq -r turns back into the raw escape. Each string is
+// written as untrusted.Visible shows it (ESC as the four characters
+// \x1b), so that every reader of the JSON prints it harmlessly.
 func (c *cli) emitJSON(v any) error {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -422,8 +449,52 @@ func (c *cli) emitJSON(v any) error {
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	_, err := c.out.Write(untrusted.JSON(b.Bytes()))
+	out, err := visibleJSONStrings(b.Bytes())
+	if err != nil {
+		return err
+	}
+	_, err = c.out.Write(untrusted.JSON(out))
 	return err
+}
+
+// visibleJSONStrings rewrites each string of data, a JSON text as
+// encoding/json writes it, as untrusted.Visible shows it, keeping the
+// rest (order, indentation) as it is.
+func visibleJSONStrings(data []byte) ([]byte, error) {
+	var out []byte
+	last := 0
+	for i := 0; i < len(data); i++ {
+		if data[i] != '"' {
+			continue
+		}
+		end := i + 1
+		for ; end < len(data) && data[end] != '"'; end++ {
+			if data[end] == '\\' {
+				end++
+			}
+		}
+		if end >= len(data) {
+			return nil, errors.New("writing JSON: an unterminated string")
+		}
+		lit := data[i : end+1]
+		var s string
+		if err := json.Unmarshal(lit, &s); err != nil {
+			return nil, fmt.Errorf("writing JSON: %w", err)
+		}
+		if shown := untrusted.Visible(s); shown != s {
+			enc, err := json.Marshal(shown)
+			if err != nil {
+				return nil, fmt.Errorf("writing JSON: %w", err)
+			}
+			out = append(append(out, data[last:i]...), enc...)
+			last = end + 1
+		}
+		i = end
+	}
+	if out == nil {
+		return data, nil
+	}
+	return append(out, data[last:]...), nil
 }
 
 // table writes aligned columns; empty cells print as "-".

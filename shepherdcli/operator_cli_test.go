@@ -230,3 +230,34 @@ func TestRetryEscalatedMachine(t *testing.T) {
 		t.Errorf("retry of a selection of escalated machines:\n%s", out)
 	}
 }
+
+// An operator's reason is bounded (1,000 bytes) and one line of text: a
+// longer one, or one with a control character, is refused before anything
+// is done (exit 2); -as likewise.
+func TestOperatorReasonBounded(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	m := f.unworked(t).String()
+	long := strings.Repeat("r", 1000+1)
+	for _, args := range [][]string{
+		{"hold", m, "-reason", long},
+		{"hold", m, "-reason", "two\nlines"},
+		{"hold", m, "-reason", "tab\there"},
+		{"pause", "recovery", "-reason", strings.Repeat("x", 100_000)},
+		{"retry", m, "agentstart", "-reason", "esc \x1b]0;owned\x07"},
+		{"hold", m, "-reason", "ok", "-as", "eve\x1b[2J"},
+		{"hold", m, "-reason", "ok", "-as", strings.Repeat("a", 201)},
+	} {
+		_, errOut := f.expect(t, exitUsage, args...)
+		if strings.Count(errOut, "\n") != 1 || len(errOut) > 400 || strings.ContainsAny(errOut, "\x1b\x07\t") {
+			t.Errorf("%.60q: stderr %q, want one short escaped line", args, errOut)
+		}
+	}
+	if hs, err := f.db.Holds(context.Background(), "", 10); err != nil || len(hs) != 0 {
+		t.Fatalf("a refused reason held: %+v, %v", hs, err)
+	}
+	if ps, err := f.db.Pauses(context.Background()); err != nil || len(ps) != 0 {
+		t.Fatalf("a refused reason paused: %+v, %v", ps, err)
+	}
+	f.expect(t, exitOK, "hold", m, "-reason", strings.Repeat("r", 1000))
+}

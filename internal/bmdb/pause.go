@@ -53,8 +53,8 @@ func (db *DB) PauseProcess(ctx context.Context, process, reason string) (Pause, 
 	if err := checkProcessName(process); err != nil {
 		return Pause{}, err
 	}
-	if reason == "" {
-		return Pause{}, ErrReasonRequired
+	if err := CheckReason(reason); err != nil {
+		return Pause{}, err
 	}
 	p, err := queryOne(ctx, db.pool, scanPause, qPauseOperator, process, reason)
 	if err != nil {
