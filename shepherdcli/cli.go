@@ -63,10 +63,13 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
   dc3/rack00 selects dc3/rack00 and dc3/rack00/..., not dc3/rack000 (for
   racks sharing a name prefix, select each rack). Operator actions record -as NAME (default
   $SHEPHERD_OPERATOR, else user@host) and the database role.
-  shepherd pause PROCESS -reason R
+  shepherd pause PROCESS -reason R [-as NAME]
       stop every replica from leasing machines for PROCESS until resume
-  shepherd resume PROCESS
+  shepherd resume PROCESS -reason R [-as NAME]
       lift a pause, an operator's or the circuit breaker's
+  shepherd pauses [-process P] [-limit N]
+      the pauses and resumes of processes, newest first: who (and the
+      database role), the breaker or an operator, and why
   shepherd sessions
       worker sessions, live and expired
   shepherd hostkey forget MACHINE -reason R
@@ -148,9 +151,13 @@ var cliCommands = map[string]cliCommand{
 	"retry":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: retryFlags, run: (*cli).retryCmd},
 	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
 	"release":  {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
-	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
-	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
+	"pause":    {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).pause},
+	"resume":   {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
+	"pauses": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
+		fs.IntVar(&o.limit, "limit", 100, "only the newest N pauses and resumes")
+	}, run: (*cli).pauses},
 	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		reasonFlag(fs, o)
 		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
@@ -161,6 +168,13 @@ var cliCommands = map[string]cliCommand{
 	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow, reasonOptional: true},
 	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
 	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
+}
+
+// pauseFlags are pause's and resume's: a reason and an actor, recorded
+// as a hold's and a release's are.
+func pauseFlags(fs *flag.FlagSet, o *cliOptions) {
+	reasonFlag(fs, o)
+	asFlag(fs, o)
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -868,10 +882,12 @@ type pauseJSON struct {
 	Source    string     `json:"source"`
 	PausedAt  time.Time  `json:"paused_at"`
 	ResumedAt *time.Time `json:"resumed_at,omitempty"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role,omitempty"`
 }
 
 func toPauseJSON(p bmdb.Pause) pauseJSON {
-	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt}
+	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt, Actor: p.Actor.Name, ActorRole: p.Actor.Role}
 	if !p.Active() {
 		j.ResumedAt = &p.ResumedAt
 	}
@@ -883,6 +899,7 @@ func (c *cli) pause(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx = bmdb.WithActor(ctx, c.actor())
 	paused, err := c.db.PauseProcess(ctx, p.process.Name, c.opts.reason)
 	if err != nil {
 		return err
@@ -890,7 +907,7 @@ func (c *cli) pause(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(toPauseJSON(paused))
 	}
-	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
+	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s -reason R\n", paused.Process, args[0])
 	return nil
 }
 
@@ -899,15 +916,58 @@ func (c *cli) resume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	lifted, err := c.db.ResumeProcess(ctx, p.process.Name)
+	ctx = bmdb.WithActor(ctx, c.actor())
+	lifted, err := c.db.ResumeProcessBecause(ctx, p.process.Name, c.opts.reason)
 	if err != nil {
 		return err
 	}
 	if c.json {
 		return c.emitJSON(toPauseJSON(lifted))
 	}
-	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
+	by := lifted.Source
+	if lifted.Actor.Name != "" {
+		by = untrusted.Line(lifted.Actor.Name, 0)
+	}
+	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, by, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
 	return nil
+}
+
+// pauseEventJSON is a pause or resume in JSON.
+type pauseEventJSON struct {
+	ID        int64      `json:"id"`
+	Process   string     `json:"process"`
+	Event     bmdb.Event `json:"event"`
+	Timestamp time.Time  `json:"timestamp"`
+	Reason    string     `json:"reason,omitempty"`
+	Source    string     `json:"source"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role"`
+}
+
+// pauses lists the pauses and resumes of processes, newest first.
+func (c *cli) pauses(ctx context.Context, _ []string) error {
+	process := ""
+	if c.opts.process != "" {
+		p, err := c.process(c.opts.process)
+		if err != nil {
+			return err
+		}
+		process = p.process.Name
+	}
+	events, err := c.db.PauseHistory(ctx, process, c.opts.limit)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(jsonList(events, func(e bmdb.PauseEvent) pauseEventJSON {
+			return pauseEventJSON{e.ID, e.Process, e.Event, e.Timestamp, e.Reason, e.Source, e.Actor.Name, e.Actor.Role}
+		}))
+	}
+	var rows [][]string
+	for _, e := range events {
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, string(e.Event), e.Source, e.Actor.Name + " (role " + e.Actor.Role + ")", e.Reason})
+	}
+	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SOURCE", "ACTOR", "REASON"}, rows)
 }
 
 func (c *cli) sessions(ctx context.Context, _ []string) error {

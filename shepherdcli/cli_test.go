@@ -235,10 +235,11 @@ func TestCLIPauseAndResume(t *testing.T) {
 	f.expect(t, exitUsage, "pause", "recovery")
 	f.expect(t, exitUsage, "pause", "-reason", "x")
 	f.expect(t, exitUsage, "pause", "bogus", "-reason", "x")
-	f.expect(t, exitNotFound, "resume", "recovery")
+	f.expect(t, exitUsage, "resume", "recovery")
+	f.expect(t, exitNotFound, "resume", "recovery", "-reason", "x")
 
 	out, _ := f.expect(t, exitOK, "pause", "recovery", "-reason", "incident 7")
-	if !strings.Contains(out, "shepherd resume recovery") {
+	if !strings.Contains(out, "shepherd resume recovery -reason R") {
 		t.Errorf("pause does not say how to undo it: %q", out)
 	}
 	ps, err := f.db.Pauses(ctx)
@@ -252,11 +253,11 @@ func TestCLIPauseAndResume(t *testing.T) {
 		t.Errorf("pause JSON %s (%v)", out, err)
 	}
 
-	out, _ = f.expect(t, exitOK, "resume", "ShepherdRecovery")
+	out, _ = f.expect(t, exitOK, "resume", "ShepherdRecovery", "-reason", "incident 7 over")
 	if !strings.Contains(out, "incident 7") {
 		t.Errorf("resume does not say what it lifted: %q", out)
 	}
-	f.expect(t, exitNotFound, "resume", "recovery")
+	f.expect(t, exitNotFound, "resume", "recovery", "-reason", "x")
 }
 
 func TestCLISessions(t *testing.T) {

@@ -261,3 +261,51 @@ func TestOperatorReasonBounded(t *testing.T) {
 	}
 	f.expect(t, exitOK, "hold", m, "-reason", strings.Repeat("r", 1000))
 }
+
+// pause and resume are recorded as holds and releases are: the actor,
+// the database role and the reason of each, in the pause history that
+// 'pauses' lists; resume needs a reason as release does.
+func TestPauseResumeRecorded(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	f.expect(t, exitOK, "pause", "recovery", "-reason", "incident 7", "-as", "tech-anna")
+	out, _ := f.expect(t, exitOK, "pause", "recovery", "-reason", "incident 7, still", "-as", "tech-ben", "-o", "json")
+	var p pauseJSON
+	if err := json.Unmarshal([]byte(out), &p); err != nil || p.Actor != "tech-ben" || p.ActorRole == "" {
+		t.Errorf("pause JSON %s (%v): want actor tech-ben and the role", out, err)
+	}
+	_, errOut := f.expect(t, exitUsage, "resume", "recovery", "-as", "tech-carl")
+	if !strings.Contains(errOut, "resume needs -reason") {
+		t.Errorf("resume without -reason: %q", errOut)
+	}
+	out, _ = f.expect(t, exitOK, "resume", "recovery", "-reason", "BMC firmware rolled back", "-as", "tech-carl")
+	if !strings.Contains(out, "paused by tech-ben") {
+		t.Errorf("resume does not say who paused: %q", out)
+	}
+	out, _ = f.expect(t, exitOK, "pauses", "-process", "recovery", "-o", "json")
+	var events []pauseEventJSON
+	if err := json.Unmarshal([]byte(out), &events); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		event         bmdb.Event
+		actor, reason string
+	}{
+		{bmdb.EventResumed, "tech-carl", "BMC firmware rolled back"},
+		{bmdb.EventPaused, "tech-ben", "incident 7, still"},
+		{bmdb.EventPaused, "tech-anna", "incident 7"},
+	}
+	if len(events) != len(want) {
+		t.Fatalf("pauses: %d events, want %d:\n%s", len(events), len(want), out)
+	}
+	for i, w := range want {
+		e := events[i]
+		if e.Event != w.event || e.Actor != w.actor || e.Reason != w.reason || e.ActorRole == "" || e.Process != "ShepherdRecovery" || e.Source != "operator" {
+			t.Errorf("pause event %d: %+v, want %s by %s: %s", i, e, w.event, w.actor, w.reason)
+		}
+	}
+	out, _ = f.expect(t, exitOK, "pauses")
+	if !strings.Contains(out, "Resumed") || !strings.Contains(out, "tech-carl (role ") {
+		t.Errorf("pauses:\n%s", out)
+	}
+}
