@@ -542,6 +542,7 @@ func when(t time.Time) string {
 // machineJSON is a machines row in JSON.
 type machineJSON struct {
 	Machine             uuid.UUID  `json:"machine"`
+	ProviderID          string     `json:"provider_id,omitempty"`
 	Process             string     `json:"process"`
 	State               bmdb.State `json:"state"`
 	Session             *uuid.UUID `json:"session,omitempty"`
@@ -616,10 +617,14 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			rows = append(rows, ms...)
 		}
 	}
+	names, err := c.providerIDs(ctx, rows)
+	if err != nil {
+		return err
+	}
 	if c.json {
 		out := make([]machineJSON, 0, len(rows))
 		for _, m := range rows {
-			j := machineJSON{Machine: m.Machine, Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
+			j := machineJSON{Machine: m.Machine, ProviderID: names[m.Machine], Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
 			if m.State == bmdb.StateLeased {
 				j.Session, j.Since = &m.Session, &m.Since
 			}
@@ -649,22 +654,38 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if m.State == bmdb.StateHeld {
 			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
 		}
-		table = append(table, []string{m.Machine.String(), m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
+		table = append(table, []string{m.Machine.String(), names[m.Machine], m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
 	}
-	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+	return c.table([]string{"MACHINE", "PROVIDER ID", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+}
+
+// providerIDs names the machines of rows as their providers know them
+// (node-007): operators know machines by those, and every command takes
+// them. A machine a provider removed has none.
+func (c *cli) providerIDs(ctx context.Context, rows []bmdb.MachineState) (map[uuid.UUID]string, error) {
+	ids := make([]uuid.UUID, 0, len(rows))
+	seen := map[uuid.UUID]bool{}
+	for _, m := range rows {
+		if !seen[m.Machine] {
+			seen[m.Machine] = true
+			ids = append(ids, m.Machine)
+		}
+	}
+	return c.db.ProviderIDs(ctx, ids)
 }
 
 // historyJSON is a history entry in JSON.
 type historyJSON struct {
-	ID        int64      `json:"id"`
-	Machine   uuid.UUID  `json:"machine"`
-	Process   string     `json:"process"`
-	Event     bmdb.Event `json:"event"`
-	Timestamp time.Time  `json:"timestamp"`
-	Cause     string     `json:"cause,omitempty"`
-	Session   *uuid.UUID `json:"session,omitempty"`
-	Actor     string     `json:"actor,omitempty"`
-	ActorRole string     `json:"actor_role,omitempty"`
+	ID         int64      `json:"id"`
+	Machine    uuid.UUID  `json:"machine"`
+	ProviderID string     `json:"provider_id,omitempty"`
+	Process    string     `json:"process"`
+	Event      bmdb.Event `json:"event"`
+	Timestamp  time.Time  `json:"timestamp"`
+	Cause      string     `json:"cause,omitempty"`
+	Session    *uuid.UUID `json:"session,omitempty"`
+	Actor      string     `json:"actor,omitempty"`
+	ActorRole  string     `json:"actor_role,omitempty"`
 }
 
 func (c *cli) history(ctx context.Context, args []string) error {
@@ -690,10 +711,14 @@ func (c *cli) history(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	names, err := c.db.ProviderIDs(ctx, []uuid.UUID{id})
+	if err != nil {
+		return err
+	}
 	if c.json {
 		out := make([]historyJSON, 0, len(h))
 		for _, e := range h {
-			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
+			j := historyJSON{ID: e.ID, Machine: e.Machine, ProviderID: names[e.Machine], Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
 				Actor: e.Actor.Name, ActorRole: e.Actor.Role}
 			if e.Session != uuid.Nil {
 				j.Session = &e.Session
@@ -702,6 +727,9 @@ func (c *cli) history(ctx context.Context, args []string) error {
 		}
 		return c.emitJSON(out)
 	}
+	// Which machine, as its provider knows it, on stderr: stdout is the
+	// table, which scripts read.
+	fmt.Fprintf(c.errOut, "History of %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}))
 	var rows [][]string
 	for _, e := range h {
 		var session string

@@ -306,7 +306,11 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(explainJSON{MachineExplanation: ex, Power: power})
 	}
-	fmt.Fprintf(c.out, "Machine %s at %s\n", id, when(ex.Now))
+	names, err := c.db.ProviderIDs(ctx, []uuid.UUID{id})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "Machine %s at %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}), when(ex.Now))
 	switch {
 	case ex.AgentStartedAt == nil:
 		fmt.Fprintf(c.out, "  agent: none started\n")

@@ -309,3 +309,44 @@ func TestPauseResumeRecorded(t *testing.T) {
 		t.Errorf("pauses:\n%s", out)
 	}
 }
+
+// Listings name each machine by its provider id beside its UUID, in text
+// and in JSON: operators know node-007, not its UUID.
+func TestListingsShowProviderIDs(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	failed := ""
+	for i := range 4 {
+		if machineOf(t, f.db, fmt.Sprintf("m%d", i)) == f.failed {
+			failed = fmt.Sprintf("m%d", i)
+		}
+	}
+	out, _ := f.expect(t, exitOK, "machines", "-process", "agentstart", "-state", "backoff")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if !strings.Contains(lines[0], "PROVIDER ID") || len(lines) != 2 || !strings.Contains(lines[1], f.failed.String()+"  "+failed+" ") {
+		t.Errorf("machines does not name the machine %s beside its UUID:\n%s", failed, out)
+	}
+	out, _ = f.expect(t, exitOK, "machines", "-o", "json")
+	var rows []machineJSON
+	if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows) == 0 {
+		t.Fatalf("machines -o json: %v\n%s", err, out)
+	}
+	for _, r := range rows {
+		if !strings.HasPrefix(r.ProviderID, "m") {
+			t.Errorf("machines -o json row without its provider id: %+v", r)
+		}
+	}
+	out, errOut := f.expect(t, exitOK, "history", failed)
+	if !strings.Contains(errOut, "History of "+failed+" ("+f.failed.String()+")") || strings.Contains(out, "History of") {
+		t.Errorf("history does not name the machine on stderr:\n%s\n%s", errOut, out)
+	}
+	out, _ = f.expect(t, exitOK, "history", failed, "-o", "json")
+	var entries []historyJSON
+	if err := json.Unmarshal([]byte(out), &entries); err != nil || len(entries) == 0 || entries[0].ProviderID != failed {
+		t.Errorf("history -o json without the provider id (%v):\n%s", err, out)
+	}
+	out, _ = f.expect(t, exitOK, "explain", failed)
+	if !strings.HasPrefix(out, "Machine "+failed+" ("+f.failed.String()+") at ") {
+		t.Errorf("explain does not name the machine:\n%s", out)
+	}
+}
