@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -349,4 +352,46 @@ func TestListingsShowProviderIDs(t *testing.T) {
 	if !strings.HasPrefix(out, "Machine "+failed+" ("+f.failed.String()+") at ") {
 		t.Errorf("explain does not name the machine:\n%s", out)
 	}
+}
+
+// A binary called fleetd names itself: its sessions are fleetd-LABEL, and
+// the commands its logs suggest (release_with, resume_with) are fleetd's.
+func TestProgramNameInSessionsAndHints(t *testing.T) {
+	t.Parallel()
+	fleetd := filepath.Join(t.TempDir(), "fleetd")
+	if err := os.Link(shepherdBinary, fleetd); err != nil {
+		data, err := os.ReadFile(shepherdBinary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(fleetd, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	r := replicatest.Start(t, fleetd, "fleetd", replicatest.EnvWithoutDSN(), failingFleetFlags(1, dsn, "-agentstart_machine_budget=1/1h")...)
+	m := machineOf(t, db, sim.ProviderID(0))
+	bmdbtest.WaitFor(t, 90*time.Second, "the escalation logged", func() (bool, string) {
+		return r.LogCount("Machine escalated") > 0, r.Tail(5)
+	})
+	if want := "fleetd release " + m.String() + " -process agentstart -reason R"; r.LogCount(want) == 0 || r.LogCount("shepherd release") > 0 {
+		t.Errorf("the escalation's hint does not say %q:\n%s", want, r.Tail(20))
+	}
+	code, out, errOut := runShepherd(t, replicatest.EnvWithoutDSN(), "sessions", "-o", "json", "-bmdb_dsn", dsn)
+	if code != exitOK {
+		t.Fatalf("sessions: exit %d\n%s", code, errOut)
+	}
+	var sessions []sessionJSON
+	if err := json.Unmarshal([]byte(out), &sessions); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range sessions {
+		names = append(names, s.Component)
+	}
+	if !slices.Contains(names, "fleetd-agentstart") || slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "shepherd-") }) {
+		t.Errorf("fleetd's sessions are %v, want fleetd-agentstart and none named shepherd-", names)
+	}
+	r.StopClean(15 * time.Second)
 }
