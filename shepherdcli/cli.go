@@ -234,55 +234,23 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	withProcessFlags := name == "machines" || name == "explain" || name == "run-now"
 	processFlags := map[string]bool{}
 	if withProcessFlags {
-		before := map[string]bool{}
-		fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
-		for _, p := range d.processes {
-			if p.Flags != nil {
-				p.Flags(fs)
-			}
-		}
-		fs.VisitAll(func(f *flag.Flag) {
-			if !before[f.Name] {
-				processFlags[f.Name] = true
-			}
-		})
+		processFlags = d.registerProcessFlags(fs)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitFailure
 	}
 
-	// Flags may follow the arguments ("backoff clear M -reason R").
-	var positional []string
-	for {
-		help, err := parseFlags(fs, args)
-		if help {
-			fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
-			printDefaults(fs, prog, stdout)
-			return exitOK
-		}
-		if err != nil {
-			return reportUsage(stderr, d.prog(), err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, help, err := parseCLIArgs(fs, args)
+	if help {
+		fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
+		printDefaults(fs, prog, stdout)
+		return exitOK
 	}
-	switch {
-	case len(positional) < cmd.min || len(positional) > cmd.max:
-		return reportUsage(stderr, d.prog(), usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
-	case *output != "text" && *output != "json":
-		return reportUsage(stderr, d.prog(), usagef("-o %q: want text or json", *output))
-	case *timeout <= 0 || *timeout > 24*time.Hour:
-		return reportUsage(stderr, d.prog(), usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
-	case opts.limit < 0:
-		return reportUsage(stderr, d.prog(), usagef("-limit %d: must not be negative", opts.limit))
-	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
-		return reportUsage(stderr, d.prog(), usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
+	if err == nil {
+		err = checkCLIArgs(name, cmd, fs, positional, *output, *timeout, opts)
 	}
-	if err := checkOperatorText(opts); err != nil {
+	if err != nil {
 		return reportUsage(stderr, d.prog(), err)
 	}
 	for _, p := range d.processes {
@@ -340,18 +308,24 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
 		}
 	})
-	err = cmd.run(c, ctx, positional)
+	return cliExit(cmd.run(c, ctx, positional), prog, name, stderr)
+}
+
+// cliExit reports an operator command's error, if any, on stderr, and
+// returns its exit status.
+func cliExit(err error, prog, name string, stderr io.Writer) int {
 	var usage usageError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &usage):
-		return reportUsage(stderr, d.prog(), err)
+		return reportUsage(stderr, prog, err)
 	case errors.Is(err, bmdb.ErrNotFound):
 		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitNotFound
 	default:
-		return fail(err)
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
+		return exitFailure
 	}
 }
 
@@ -375,6 +349,59 @@ func checkOperatorText(opts cliOptions) error {
 		return usagef("-as %s: it holds control characters or invalid UTF-8", untrusted.Line(as, 0))
 	}
 	return nil
+}
+
+// registerProcessFlags registers the processes' own flags on fs and
+// returns their names.
+func (d *CLI) registerProcessFlags(fs *flag.FlagSet) map[string]bool {
+	before := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
+	for _, p := range d.processes {
+		if p.Flags != nil {
+			p.Flags(fs)
+		}
+	}
+	added := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !before[f.Name] {
+			added[f.Name] = true
+		}
+	})
+	return added
+}
+
+// parseCLIArgs parses args with fs, flags being allowed after the
+// arguments ("backoff clear M -reason R"), and returns the arguments.
+func parseCLIArgs(fs *flag.FlagSet, args []string) (positional []string, help bool, err error) {
+	for {
+		help, err := parseFlags(fs, args)
+		if help || err != nil {
+			return nil, help, err
+		}
+		if fs.NArg() == 0 {
+			return positional, false, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// checkCLIArgs checks a parsed operator command line before anything
+// connects: its arguments, the common flags and the operator's text.
+func checkCLIArgs(name string, cmd cliCommand, fs *flag.FlagSet, positional []string, output string, timeout time.Duration, opts cliOptions) error {
+	switch {
+	case len(positional) < cmd.min || len(positional) > cmd.max:
+		return usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name)
+	case output != "text" && output != "json":
+		return usagef("-o %q: want text or json", output)
+	case timeout <= 0 || timeout > 24*time.Hour:
+		return usagef("-timeout %s: must be above 0 and at most 24h", timeout)
+	case opts.limit < 0:
+		return usagef("-limit %d: must not be negative", opts.limit)
+	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
+		return usagef("%s needs -reason: it is recorded for whoever looks at this next", name)
+	}
+	return checkOperatorText(opts)
 }
 
 // cliProcess is a process named on the command line.
@@ -617,6 +644,12 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			rows = append(rows, ms...)
 		}
 	}
+	return c.printMachines(ctx, rows)
+}
+
+// printMachines writes the rows of machines, each machine named by its
+// provider id beside its UUID.
+func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error {
 	names, err := c.providerIDs(ctx, rows)
 	if err != nil {
 		return err
