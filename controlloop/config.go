@@ -102,8 +102,13 @@ type Config struct {
 	// Backoff is the default backoff of a failed lease (Run returned an
 	// error).
 	Backoff bmdb.Backoff
-	// Session configures the process's BMDB session.
+	// Session configures the process's BMDB session. Its default
+	// Component is DefaultComponent: the program's name and the label.
 	Session bmdb.SessionConfig
+	// Program is the program's name in the commands the runner's logs
+	// suggest (resume_with, release_with): an operator of a binary called
+	// fleetd must be told to run fleetd. Empty: shepherd.
+	Program string
 	// ShutdownGrace is how long in-flight work may run after the runner's
 	// context is done before it is cancelled.
 	ShutdownGrace time.Duration
@@ -158,6 +163,14 @@ const (
 // process's -<p>_backoff_jitter=0 turns it off.
 const DefaultBackoffJitter = 0.1
 
+// DefaultProgram is Config.Program's default.
+const DefaultProgram = "shepherd"
+
+// DefaultComponent is the default name of a process's sessions: the
+// program's name and the process's label ("fleetd-firmwarecheck"), so
+// that the sessions of two programs sharing a BMDB tell them apart.
+func DefaultComponent(program, label string) string { return program + "-" + label }
+
 // DefaultConfig is the configuration of a process before flags.
 func DefaultConfig(info Info) Config {
 	backoff := info.DefaultBackoff
@@ -172,7 +185,7 @@ func DefaultConfig(info Info) Config {
 
 		ReconcileInterval: 10 * time.Minute,
 		Backoff:           backoff,
-		Session:           bmdb.SessionConfig{Component: "shepherd-" + info.Label, Interval: 10 * time.Second},
+		Session:           bmdb.SessionConfig{Component: DefaultComponent(DefaultProgram, info.Label), Interval: 10 * time.Second},
 		ShutdownGrace:     10 * time.Second,
 		MetricsRefresh:    30 * time.Second,
 		Limits:            defaultLimits(info),

@@ -1,6 +1,7 @@
 package controlloop
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -120,8 +121,12 @@ func (r *Runner) escalated(logger klog.Logger, e bmdb.Escalation) {
 	r.metrics.limits.escalated.WithLabelValues(r.info.Label).Inc()
 	logger.Error(nil, "Machine escalated: it used up the process's per-machine budget and is held for a human",
 		"process", r.info.Label, "machine", e.Machine, "provider_id", e.ProviderID, "budget", e.Budget.String(),
-		"see", "shepherd history "+e.Machine.String(), "release_with", "shepherd release "+e.Machine.String()+" -process "+r.info.Label+" -reason R")
+		"see", r.program()+" history "+e.Machine.String(), "release_with", r.program()+" release "+e.Machine.String()+" -process "+r.info.Label+" -reason R")
 }
+
+// program is the program's name in the commands the runner's logs
+// suggest (Config.Program).
+func (r *Runner) program() string { return cmp.Or(r.cfg.Program, DefaultProgram) }
 
 // limitMetrics are the runner's metrics about limits, labelled by process.
 type limitMetrics struct {
@@ -202,7 +207,7 @@ func (r *Runner) checkBreaker(ctx context.Context) {
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByBreaker).Set(1)
 	r.metrics.limits.paused.WithLabelValues(label, bmdb.PauseByOperator).Set(0)
 	logger.Error(nil, "Circuit breaker tripped: the process is paused on every replica until an operator resumes it",
-		"process", label, "failed", v.Failed, "attempts", v.Attempts, "threshold", l.BreakerThreshold, "resume_with", "shepherd resume "+label)
+		"process", label, "failed", v.Failed, "attempts", v.Attempts, "threshold", l.BreakerThreshold, "resume_with", r.program()+" resume "+label+" -reason R")
 }
 
 // showLimitStatus updates the pause and oldest-lease gauges and logs when
@@ -221,7 +226,7 @@ func (r *Runner) showLimitStatus(logger klog.Logger, st bmdb.LimitStatus) {
 	if seen := &r.limitState; !seen.refreshed || seen.pausedBy != st.PausedBy {
 		switch {
 		case st.PausedBy != "":
-			logger.Info("Paused: no replica leases machines for the process until it is resumed", "process", label, "paused_by", st.PausedBy, "reason", st.PauseReason, "resume_with", "shepherd resume "+label)
+			logger.Info("Paused: no replica leases machines for the process until it is resumed", "process", label, "paused_by", st.PausedBy, "reason", st.PauseReason, "resume_with", r.program()+" resume "+label+" -reason R")
 		case seen.refreshed:
 			logger.Info("Resumed", "process", label)
 		}

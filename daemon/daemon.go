@@ -173,6 +173,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := applyDefaults(&opts); err != nil {
 		return nil, err
 	}
+	opts.Loops = namedLoops(opts.Name, opts.Loops)
 	switch p := opts.Provider; {
 	case p.Name == "" || p.New == nil:
 		return nil, fmt.Errorf("provider %q: want a Name and a New function", p.Name)
@@ -434,6 +435,25 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	}
 	d.mu.Unlock()
 	return nil
+}
+
+// namedLoops returns loops with their runners naming the program prog:
+// in the commands their logs suggest (Config.Program, when not set) and
+// in their sessions' names (when the default, shepherd-LABEL), so that a
+// binary called fleetd tells its operators to run fleetd and its
+// sessions read fleetd-LABEL. The caller's slice is left as it is.
+func namedLoops(prog string, loops []Loop) []Loop {
+	out := slices.Clone(loops)
+	for i := range out {
+		c, label := &out[i].Config, out[i].Process.Info.Label
+		if c.Program == "" {
+			c.Program = prog
+		}
+		if c.Session.Component == controlloop.DefaultComponent(controlloop.DefaultProgram, label) {
+			c.Session.Component = controlloop.DefaultComponent(prog, label)
+		}
+	}
+	return out
 }
 
 // buildLoops prepares a runner for every loop.

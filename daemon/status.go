@@ -54,7 +54,7 @@ func (s *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := s.h.Load()
 	if h == nil {
 		w.Header().Set("Retry-After", "5")
-		http.Error(w, "shepherd is starting: the status page is served once the database is reachable and the loops run", http.StatusServiceUnavailable)
+		http.Error(w, s.prog+" is starting: the status page is served once the database is reachable and the loops run", http.StatusServiceUnavailable)
 		return
 	}
 	(*h).ServeHTTP(w, r)

@@ -57,15 +57,20 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
   shepherd release MACHINE... [-process P] -reason R
       end the holds of P (default: every hold, a budget's included)
   Selections: hold, release, retry and backoff clear (and cancel) take,
-  instead of machines, -location PREFIX, -process P -state leased|backoff|rescheduled|held
+  instead of machines, -location PATH, -process P -state leased|backoff|rescheduled|held
   or -cause TEXT (in the last failure cause); they list the machines
   selected and act on more than one only with -yes, in one transaction (at
-  most 10000 machines). Operator actions record -as NAME (default
+  most 10000 machines). -location matches whole path components:
+  dc3/rack00 selects dc3/rack00 and dc3/rack00/..., not dc3/rack000 (for
+  racks sharing a name prefix, select each rack). Operator actions record -as NAME (default
   $SHEPHERD_OPERATOR, else user@host) and the database role.
-  shepherd pause PROCESS -reason R
+  shepherd pause PROCESS -reason R [-as NAME]
       stop every replica from leasing machines for PROCESS until resume
-  shepherd resume PROCESS
+  shepherd resume PROCESS -reason R [-as NAME]
       lift a pause, an operator's or the circuit breaker's
+  shepherd pauses [-process P] [-limit N]
+      the pauses and resumes of processes, newest first: who (and the
+      database role), the breaker or an operator, and why
   shepherd sessions
       worker sessions, live and expired
   shepherd hostkey forget MACHINE -reason R
@@ -87,7 +92,7 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       holds: the request waits while one blocks it, and says which;
       -withdraw takes a pending request back
   shepherd cancel MACHINE PROCESS -reason R [-hold] [-as NAME]
-  shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-hold] [-yes]
+  shepherd cancel -process P -location PATH|-state S|-cause TEXT -reason R [-hold] [-yes]
       cancel PROCESS's lease on MACHINE (or on each selected machine, in one
       transaction): the replica holding it cancels the work within seconds;
       it ends Canceled, adding no backoff; -hold also holds the machine for
@@ -147,9 +152,13 @@ var cliCommands = map[string]cliCommand{
 	"retry":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: retryFlags, run: (*cli).retryCmd},
 	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
 	"release":  {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
-	"pause":    {args: "PROCESS", min: 1, max: 1, flags: reasonFlag, run: (*cli).pause},
-	"resume":   {args: "PROCESS", min: 1, max: 1, run: (*cli).resume},
+	"pause":    {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).pause},
+	"resume":   {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
+	"pauses": {min: 0, max: 0, flags: func(fs *flag.FlagSet, o *cliOptions) {
+		fs.StringVar(&o.process, "process", "", "only this process (label or BMDB name); default every process")
+		fs.IntVar(&o.limit, "limit", 100, "only the newest N pauses and resumes")
+	}, run: (*cli).pauses},
 	"hostkey": {args: "forget MACHINE -reason R | list", min: 1, max: 2, reasonOptional: true, flags: func(fs *flag.FlagSet, o *cliOptions) {
 		reasonFlag(fs, o)
 		fs.IntVar(&o.limit, "limit", 1000, "list: at most this many keys")
@@ -160,6 +169,13 @@ var cliCommands = map[string]cliCommand{
 	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow, reasonOptional: true},
 	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
 	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
+}
+
+// pauseFlags are pause's and resume's: a reason and an actor, recorded
+// as a hold's and a release's are.
+func pauseFlags(fs *flag.FlagSet, o *cliOptions) {
+	reasonFlag(fs, o)
+	asFlag(fs, o)
 }
 
 func reasonFlag(fs *flag.FlagSet, o *cliOptions) {
@@ -189,6 +205,9 @@ type cli struct {
 	known []cliProcess
 	// prog is the program's name, in the commands the output suggests.
 	prog string
+	// given are the flags set on the command line, so that a value given
+	// is told from the default (-for 0 from no -for).
+	given map[string]bool
 }
 
 // printf writes to out a message of this package's own, whose commands
@@ -216,53 +235,24 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	withProcessFlags := name == "machines" || name == "explain" || name == "run-now"
 	processFlags := map[string]bool{}
 	if withProcessFlags {
-		before := map[string]bool{}
-		fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
-		for _, p := range d.processes {
-			if p.Flags != nil {
-				p.Flags(fs)
-			}
-		}
-		fs.VisitAll(func(f *flag.Flag) {
-			if !before[f.Name] {
-				processFlags[f.Name] = true
-			}
-		})
+		processFlags = d.registerProcessFlags(fs)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitFailure
 	}
 
-	// Flags may follow the arguments ("backoff clear M -reason R").
-	var positional []string
-	for {
-		help, err := parseFlags(fs, args)
-		if help {
-			fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
-			printDefaults(fs, prog, stdout)
-			return exitOK
-		}
-		if err != nil {
-			return reportUsage(stderr, d.prog(), err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, help, err := parseCLIArgs(fs, args)
+	if help {
+		fmt.Fprintf(stdout, "Usage: %s %s [flags] %s\n\n%s\nFlags:\n", prog, name, cmd.args, renamed(prog, cliUsage))
+		printDefaults(fs, prog, stdout)
+		return exitOK
 	}
-	switch {
-	case len(positional) < cmd.min || len(positional) > cmd.max:
-		return reportUsage(stderr, d.prog(), usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name))
-	case *output != "text" && *output != "json":
-		return reportUsage(stderr, d.prog(), usagef("-o %q: want text or json", *output))
-	case *timeout <= 0 || *timeout > 24*time.Hour:
-		return reportUsage(stderr, d.prog(), usagef("-timeout %s: must be above 0 and at most 24h", *timeout))
-	case opts.limit < 0:
-		return reportUsage(stderr, d.prog(), usagef("-limit %d: must not be negative", opts.limit))
-	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
-		return reportUsage(stderr, d.prog(), usagef("%s needs -reason: it is recorded for whoever looks at this next", name))
+	if err == nil {
+		err = checkCLIArgs(name, cmd, fs, positional, *output, *timeout, opts)
+	}
+	if err != nil {
+		return reportUsage(stderr, d.prog(), err)
 	}
 	for _, p := range d.processes {
 		if withProcessFlags && p.Check != nil {
@@ -312,24 +302,107 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
+	c.given = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		c.given[f.Name] = true
 		if processFlags[f.Name] {
 			c.givenProcessFlags = append(c.givenProcessFlags, "-"+f.Name)
 		}
 	})
-	err = cmd.run(c, ctx, positional)
+	return cliExit(cmd.run(c, ctx, positional), prog, name, stderr)
+}
+
+// cliExit reports an operator command's error, if any, on stderr, and
+// returns its exit status.
+func cliExit(err error, prog, name string, stderr io.Writer) int {
 	var usage usageError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &usage):
-		return reportUsage(stderr, d.prog(), err)
+		return reportUsage(stderr, prog, err)
 	case errors.Is(err, bmdb.ErrNotFound):
 		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
 		return exitNotFound
 	default:
-		return fail(err)
+		fmt.Fprintf(stderr, "%s %s: %v\n", prog, name, err)
+		return exitFailure
 	}
+}
+
+// maxActorBytes bounds -as, the operator's name recorded with an action.
+const maxActorBytes = 200
+
+// checkOperatorText refuses a -reason or -as that the BMDB would store
+// and every reader would show: longer than its bound, or holding control
+// characters (a pasted escape sequence, a newline).
+func checkOperatorText(opts cliOptions) error {
+	if opts.reason != "" {
+		if err := bmdb.CheckReason(opts.reason); err != nil {
+			return usagef("-reason: %v", err)
+		}
+	}
+	as := opts.hold.as
+	switch {
+	case len(as) > maxActorBytes:
+		return usagef("-as: %d bytes, at most %d", len(as), maxActorBytes)
+	case untrusted.Line(as, maxActorBytes) != as:
+		return usagef("-as %s: it holds control characters or invalid UTF-8", untrusted.Line(as, 0))
+	}
+	return nil
+}
+
+// registerProcessFlags registers the processes' own flags on fs and
+// returns their names.
+func (d *CLI) registerProcessFlags(fs *flag.FlagSet) map[string]bool {
+	before := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
+	for _, p := range d.processes {
+		if p.Flags != nil {
+			p.Flags(fs)
+		}
+	}
+	added := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !before[f.Name] {
+			added[f.Name] = true
+		}
+	})
+	return added
+}
+
+// parseCLIArgs parses args with fs, flags being allowed after the
+// arguments ("backoff clear M -reason R"), and returns the arguments.
+func parseCLIArgs(fs *flag.FlagSet, args []string) (positional []string, help bool, err error) {
+	for {
+		help, err := parseFlags(fs, args)
+		if help || err != nil {
+			return nil, help, err
+		}
+		if fs.NArg() == 0 {
+			return positional, false, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// checkCLIArgs checks a parsed operator command line before anything
+// connects: its arguments, the common flags and the operator's text.
+func checkCLIArgs(name string, cmd cliCommand, fs *flag.FlagSet, positional []string, output string, timeout time.Duration, opts cliOptions) error {
+	switch {
+	case len(positional) < cmd.min || len(positional) > cmd.max:
+		return usagef("usage: shepherd %s [flags] %s (see shepherd %s -h)", name, cmd.args, name)
+	case output != "text" && output != "json":
+		return usagef("-o %q: want text or json", output)
+	case timeout <= 0 || timeout > 24*time.Hour:
+		return usagef("-timeout %s: must be above 0 and at most 24h", timeout)
+	case opts.limit < 0:
+		return usagef("-limit %d: must not be negative", opts.limit)
+	case cmd.flags != nil && fs.Lookup("reason") != nil && !cmd.reasonOptional && strings.TrimSpace(opts.reason) == "":
+		return usagef("%s needs -reason: it is recorded for whoever looks at this next", name)
+	}
+	return checkOperatorText(opts)
 }
 
 // cliProcess is a process named on the command line.
@@ -408,10 +481,12 @@ func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
 	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
 }
 
-// emitJSON writes v as indented JSON, with the controls encoding/json
-// leaves raw (C1 such as U+009B, bidirectional overrides such as U+202E)
-// escaped: strings from the BMDB may hold them, and the JSON is read in
-// terminals and pagers too (untrusted.JSON).
+// emitJSON writes v as indented JSON whose strings hold no control
+// characters: text from the BMDB (a cause from a BMC, a reason an older
+// binary stored) may hold escape sequences, which encoding/json writes as
+// \u001b and jq -r turns back into the raw escape. Each string is
+// written as untrusted.Visible shows it (ESC as the four characters
+// \x1b), so that every reader of the JSON prints it harmlessly.
 func (c *cli) emitJSON(v any) error {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -419,8 +494,52 @@ func (c *cli) emitJSON(v any) error {
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	_, err := c.out.Write(untrusted.JSON(b.Bytes()))
+	out, err := visibleJSONStrings(b.Bytes())
+	if err != nil {
+		return err
+	}
+	_, err = c.out.Write(untrusted.JSON(out))
 	return err
+}
+
+// visibleJSONStrings rewrites each string of data, a JSON text as
+// encoding/json writes it, as untrusted.Visible shows it, keeping the
+// rest (order, indentation) as it is.
+func visibleJSONStrings(data []byte) ([]byte, error) {
+	var out []byte
+	last := 0
+	for i := 0; i < len(data); i++ {
+		if data[i] != '"' {
+			continue
+		}
+		end := i + 1
+		for ; end < len(data) && data[end] != '"'; end++ {
+			if data[end] == '\\' {
+				end++
+			}
+		}
+		if end >= len(data) {
+			return nil, errors.New("writing JSON: an unterminated string")
+		}
+		lit := data[i : end+1]
+		var s string
+		if err := json.Unmarshal(lit, &s); err != nil {
+			return nil, fmt.Errorf("writing JSON: %w", err)
+		}
+		if shown := untrusted.Visible(s); shown != s {
+			enc, err := json.Marshal(shown)
+			if err != nil {
+				return nil, fmt.Errorf("writing JSON: %w", err)
+			}
+			out = append(append(out, data[last:i]...), enc...)
+			last = end + 1
+		}
+		i = end
+	}
+	if out == nil {
+		return data, nil
+	}
+	return append(out, data[last:]...), nil
 }
 
 // table writes aligned columns; empty cells print as "-".
@@ -454,6 +573,7 @@ func when(t time.Time) string {
 // machineJSON is a machines row in JSON.
 type machineJSON struct {
 	Machine             uuid.UUID  `json:"machine"`
+	ProviderID          string     `json:"provider_id,omitempty"`
 	Process             string     `json:"process"`
 	State               bmdb.State `json:"state"`
 	Session             *uuid.UUID `json:"session,omitempty"`
@@ -528,10 +648,20 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 			rows = append(rows, ms...)
 		}
 	}
+	return c.printMachines(ctx, rows)
+}
+
+// printMachines writes the rows of machines, each machine named by its
+// provider id beside its UUID.
+func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error {
+	names, err := c.providerIDs(ctx, rows)
+	if err != nil {
+		return err
+	}
 	if c.json {
 		out := make([]machineJSON, 0, len(rows))
 		for _, m := range rows {
-			j := machineJSON{Machine: m.Machine, Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
+			j := machineJSON{Machine: m.Machine, ProviderID: names[m.Machine], Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
 			if m.State == bmdb.StateLeased {
 				j.Session, j.Since = &m.Session, &m.Since
 			}
@@ -561,22 +691,38 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if m.State == bmdb.StateHeld {
 			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
 		}
-		table = append(table, []string{m.Machine.String(), m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
+		table = append(table, []string{m.Machine.String(), names[m.Machine], m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
 	}
-	return c.table([]string{"MACHINE", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+	return c.table([]string{"MACHINE", "PROVIDER ID", "PROCESS", "STATE", "SINCE", "UNTIL", "INTERVAL", "SESSION", "CAUSE"}, table)
+}
+
+// providerIDs names the machines of rows as their providers know them
+// (node-007): operators know machines by those, and every command takes
+// them. A machine a provider removed has none.
+func (c *cli) providerIDs(ctx context.Context, rows []bmdb.MachineState) (map[uuid.UUID]string, error) {
+	ids := make([]uuid.UUID, 0, len(rows))
+	seen := map[uuid.UUID]bool{}
+	for _, m := range rows {
+		if !seen[m.Machine] {
+			seen[m.Machine] = true
+			ids = append(ids, m.Machine)
+		}
+	}
+	return c.db.ProviderIDs(ctx, ids)
 }
 
 // historyJSON is a history entry in JSON.
 type historyJSON struct {
-	ID        int64      `json:"id"`
-	Machine   uuid.UUID  `json:"machine"`
-	Process   string     `json:"process"`
-	Event     bmdb.Event `json:"event"`
-	Timestamp time.Time  `json:"timestamp"`
-	Cause     string     `json:"cause,omitempty"`
-	Session   *uuid.UUID `json:"session,omitempty"`
-	Actor     string     `json:"actor,omitempty"`
-	ActorRole string     `json:"actor_role,omitempty"`
+	ID         int64      `json:"id"`
+	Machine    uuid.UUID  `json:"machine"`
+	ProviderID string     `json:"provider_id,omitempty"`
+	Process    string     `json:"process"`
+	Event      bmdb.Event `json:"event"`
+	Timestamp  time.Time  `json:"timestamp"`
+	Cause      string     `json:"cause,omitempty"`
+	Session    *uuid.UUID `json:"session,omitempty"`
+	Actor      string     `json:"actor,omitempty"`
+	ActorRole  string     `json:"actor_role,omitempty"`
 }
 
 func (c *cli) history(ctx context.Context, args []string) error {
@@ -602,10 +748,14 @@ func (c *cli) history(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	names, err := c.db.ProviderIDs(ctx, []uuid.UUID{id})
+	if err != nil {
+		return err
+	}
 	if c.json {
 		out := make([]historyJSON, 0, len(h))
 		for _, e := range h {
-			j := historyJSON{ID: e.ID, Machine: e.Machine, Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
+			j := historyJSON{ID: e.ID, Machine: e.Machine, ProviderID: names[e.Machine], Process: e.Process, Event: e.Event, Timestamp: e.Timestamp, Cause: e.Cause,
 				Actor: e.Actor.Name, ActorRole: e.Actor.Role}
 			if e.Session != uuid.Nil {
 				j.Session = &e.Session
@@ -614,6 +764,9 @@ func (c *cli) history(ctx context.Context, args []string) error {
 		}
 		return c.emitJSON(out)
 	}
+	// Which machine, as its provider knows it, on stderr: stdout is the
+	// table, which scripts read.
+	fmt.Fprintf(c.errOut, "History of %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}))
 	var rows [][]string
 	for _, e := range h {
 		var session string
@@ -677,16 +830,24 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	holds, err := c.holdsFor(ctx, id, p.process.Name)
+	if err != nil {
+		return err
+	}
 	if c.json {
 		return c.emitJSON(struct {
-			Machine         uuid.UUID `json:"machine"`
-			Process         string    `json:"process"`
-			BackoffEnded    bool      `json:"backoff_ended"`
-			RescheduleEnded bool      `json:"reschedule_ended"`
-			Leased          bool      `json:"leased"`
-		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased})
+			Machine         uuid.UUID  `json:"machine"`
+			Process         string     `json:"process"`
+			BackoffEnded    bool       `json:"backoff_ended"`
+			RescheduleEnded bool       `json:"reschedule_ended"`
+			Leased          bool       `json:"leased"`
+			Held            bool       `json:"held"`
+			Holds           []holdJSON `json:"holds"`
+		}{id, p.process.Name, res.BackoffEnded, res.RescheduleEnded, res.Leased, len(holds) > 0, jsonList(holds, toHoldJSON)})
 	}
 	switch {
+	case len(holds) > 0:
+		c.printHeldRetry(args[0], p, holds)
 	case res.Leased:
 		fmt.Fprintf(c.out, "%s is working on %s right now; the retry is recorded and matters if that work fails\n", p.process.Name, id)
 	case res.BackoffEnded || res.RescheduleEnded:
@@ -695,6 +856,42 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.out, "%s had no backoff on %s: it is eligible already, if %s's condition holds; the retry is recorded\n", p.process.Name, id, p.process.Name)
 	}
 	return nil
+}
+
+// holdsFor returns the active holds that keep process off machine: its
+// own and those of every process.
+func (c *cli) holdsFor(ctx context.Context, machine uuid.UUID, process string) ([]bmdb.Hold, error) {
+	all, err := c.db.HoldsOf(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	var out []bmdb.Hold
+	for _, h := range all {
+		if h.Process == process || h.Process == "" {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// printHeldRetry tells an operator whose retry cannot take effect that
+// the machine is held (escalated by its budget, or by an operator), and
+// what ends the hold: a retry does not, and "eligible already" would send
+// them waiting for a lease that never comes.
+func (c *cli) printHeldRetry(machine string, p cliProcess, holds []bmdb.Hold) {
+	fmt.Fprintf(c.out, "The retry is recorded, but %s will not act on %s: it is held\n", p.process.Name, machine)
+	for _, h := range holds {
+		what := "held by " + untrusted.Line(h.Actor.Name, 200)
+		if h.Source == bmdb.HoldByBudget {
+			what = "escalated (per-machine budget used up)"
+		}
+		fmt.Fprintf(c.out, "  - for %s: %s since %s: %s\n", forWhom(h.Process), what, when(h.HeldAt), untrusted.Line(h.Reason, 200))
+	}
+	release := fmt.Sprintf("shepherd release %s -process %s -reason R", machine, p.process.Name)
+	if slices.ContainsFunc(holds, func(h bmdb.Hold) bool { return h.Process == "" }) {
+		release = fmt.Sprintf("shepherd release %s -reason R", machine)
+	}
+	fmt.Fprintf(c.out, "A retry does not lift a hold: to let %s act on it again, run: %s\n", p.process.Name, renamed(c.prog, untrusted.Line(release, 0)))
 }
 
 // retryEnded names what a retry ended: a backoff, a check-again-later time
@@ -750,10 +947,12 @@ type pauseJSON struct {
 	Source    string     `json:"source"`
 	PausedAt  time.Time  `json:"paused_at"`
 	ResumedAt *time.Time `json:"resumed_at,omitempty"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role,omitempty"`
 }
 
 func toPauseJSON(p bmdb.Pause) pauseJSON {
-	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt}
+	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt, Actor: p.Actor.Name, ActorRole: p.Actor.Role}
 	if !p.Active() {
 		j.ResumedAt = &p.ResumedAt
 	}
@@ -765,6 +964,7 @@ func (c *cli) pause(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx = bmdb.WithActor(ctx, c.actor())
 	paused, err := c.db.PauseProcess(ctx, p.process.Name, c.opts.reason)
 	if err != nil {
 		return err
@@ -772,7 +972,7 @@ func (c *cli) pause(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(toPauseJSON(paused))
 	}
-	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s\n", paused.Process, args[0])
+	c.printf("Paused %s: no replica leases machines for it from its next claim on; work in flight runs to its end. Undo with: shepherd resume %s -reason R\n", paused.Process, args[0])
 	return nil
 }
 
@@ -781,15 +981,58 @@ func (c *cli) resume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	lifted, err := c.db.ResumeProcess(ctx, p.process.Name)
+	ctx = bmdb.WithActor(ctx, c.actor())
+	lifted, err := c.db.ResumeProcessBecause(ctx, p.process.Name, c.opts.reason)
 	if err != nil {
 		return err
 	}
 	if c.json {
 		return c.emitJSON(toPauseJSON(lifted))
 	}
-	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, lifted.Source, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
+	by := lifted.Source
+	if lifted.Actor.Name != "" {
+		by = untrusted.Line(lifted.Actor.Name, 0)
+	}
+	fmt.Fprintf(c.out, "Resumed %s (paused by %s since %s: %s)\n", lifted.Process, by, when(lifted.PausedAt), untrusted.Line(lifted.Reason, 0))
 	return nil
+}
+
+// pauseEventJSON is a pause or resume in JSON.
+type pauseEventJSON struct {
+	ID        int64      `json:"id"`
+	Process   string     `json:"process"`
+	Event     bmdb.Event `json:"event"`
+	Timestamp time.Time  `json:"timestamp"`
+	Reason    string     `json:"reason,omitempty"`
+	Source    string     `json:"source"`
+	Actor     string     `json:"actor,omitempty"`
+	ActorRole string     `json:"actor_role"`
+}
+
+// pauses lists the pauses and resumes of processes, newest first.
+func (c *cli) pauses(ctx context.Context, _ []string) error {
+	process := ""
+	if c.opts.process != "" {
+		p, err := c.process(c.opts.process)
+		if err != nil {
+			return err
+		}
+		process = p.process.Name
+	}
+	events, err := c.db.PauseHistory(ctx, process, c.opts.limit)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.emitJSON(jsonList(events, func(e bmdb.PauseEvent) pauseEventJSON {
+			return pauseEventJSON{e.ID, e.Process, e.Event, e.Timestamp, e.Reason, e.Source, e.Actor.Name, e.Actor.Role}
+		}))
+	}
+	var rows [][]string
+	for _, e := range events {
+		rows = append(rows, []string{fmt.Sprint(e.ID), when(e.Timestamp), e.Process, string(e.Event), e.Source, e.Actor.Name + " (role " + e.Actor.Role + ")", e.Reason})
+	}
+	return c.table([]string{"ID", "TIME", "PROCESS", "EVENT", "SOURCE", "ACTOR", "REASON"}, rows)
 }
 
 func (c *cli) sessions(ctx context.Context, _ []string) error {

@@ -169,7 +169,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	case len(args) == 0:
 		return c.cancelSelection(ctx)
 	case len(args) != 2:
-		return usagef("usage: shepherd cancel MACHINE PROCESS -reason R, or shepherd cancel -process P -location PREFIX|-state S|-cause TEXT -reason R [-yes]")
+		return usagef("usage: shepherd cancel MACHINE PROCESS -reason R, or shepherd cancel -process P -location PATH|-state S|-cause TEXT -reason R [-yes]")
 	case !c.selector("").Empty() || c.opts.process != "":
 		return usagef("cancel: give MACHINE PROCESS or -process P with a selection, not both")
 	}
@@ -312,7 +312,11 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(explainJSON{MachineExplanation: ex, Power: power})
 	}
-	fmt.Fprintf(c.out, "Machine %s at %s\n", id, when(ex.Now))
+	names, err := c.db.ProviderIDs(ctx, []uuid.UUID{id})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "Machine %s at %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}), when(ex.Now))
 	switch {
 	case ex.AgentStartedAt == nil:
 		fmt.Fprintf(c.out, "  agent: none started\n")

@@ -42,7 +42,7 @@ func asFlag(fs *flag.FlagSet, o *cliOptions) {
 // selectionFlags registers the flags that select machines instead of
 // naming them.
 func selectionFlags(fs *flag.FlagSet, o *cliOptions) {
-	fs.StringVar(&o.hold.location, "location", "", "select the machines whose location at their provider starts with this prefix (e.g. dc1/rack07/)")
+	fs.StringVar(&o.hold.location, "location", "", "select the machines at this location at their provider or under it, by whole path components: dc1/rack07 selects dc1/rack07 and dc1/rack07/..., not dc1/rack070")
 	fs.StringVar(&o.state, "state", "", "with -process: select the machines in this state of the process: leased, backoff, rescheduled or held")
 	fs.StringVar(&o.hold.cause, "cause", "", "select the machines whose last failure cause (their backoff's, of -process when given) contains this text (case-insensitive)")
 	fs.BoolVar(&o.hold.yes, "yes", false, "act when the selection has more than one machine (without it, the command lists them and does nothing)")
@@ -107,14 +107,19 @@ func (c *cli) selector(process string) bmdb.Selector {
 // -process, "" for none), and prints how many and which. A selection of
 // more than one machine needs -yes: without it the command stops here
 // with a usage error, having listed them. verb names the action for the
-// messages ("hold").
+// messages ("hold"); a release selects only the machines it would
+// release (held for process, or at all without one), so that its count
+// and -yes are about them.
 func (c *cli) selectMachines(ctx context.Context, args []string, process, verb string) ([]bmdb.SelectedMachine, error) {
 	sel := c.selector(process)
+	sel.Released = verb == "release"
 	switch {
 	case len(args) > 0 && !sel.Empty():
 		return nil, usagef("%s: give machines or a selection (-location, -process P -state S, -cause), not both", verb)
 	case len(args) == 0 && sel.Empty():
-		return nil, usagef("%s: give machines, or a selection: -location PREFIX, -process P -state S, -cause TEXT", verb)
+		return nil, usagef("%s: give machines, or a selection: -location PATH, -process P -state S, -cause TEXT", verb)
+	case sel.Location != "" && strings.Trim(sel.Location, "/") == "":
+		return nil, usagef("-location %q: give a location's path components, e.g. dc1 or dc1/rack07", sel.Location)
 	case sel.State != "" && process == "":
 		return nil, usagef("-state %q: give -process too (the state of which process?)", sel.State)
 	case sel.State != "" && !slices.Contains(bmdb.SelectableStates, sel.State):
@@ -147,22 +152,36 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	case len(out) == 0:
 		return nil, fmt.Errorf("no machine matches the selection: %w", bmdb.ErrNotFound)
 	case len(out) > bmdb.MaxHoldBatch:
-		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a longer -location prefix, -cause)", verb, bmdb.MaxHoldBatch)
+		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a deeper -location, -cause)", verb, bmdb.MaxHoldBatch)
 	}
 	// The list goes to stderr with -o json, whose stdout is the result.
 	w := c.out
 	if c.json {
 		w = c.errOut
 	}
-	names := make([]string, len(out))
-	for i, m := range out {
-		names[i] = machineName(m)
-	}
-	fmt.Fprintf(w, "Selected %d machine(s): %s\n", len(out), strings.Join(names, ", "))
+	fmt.Fprintf(w, "Selected %d machine(s): %s\n", len(out), selectionList(out))
 	if len(out) > 1 && !c.opts.hold.yes {
 		return nil, usagef("%s: %d machines selected (listed above); add -yes to act on all of them", verb, len(out))
 	}
 	return out, nil
+}
+
+// maxListed is how many selected machines a command names: a selection
+// of thousands named in full floods the terminal with one line.
+const maxListed = 20
+
+// selectionList names the first maxListed machines of a selection, and
+// how many more there are.
+func selectionList(ms []bmdb.SelectedMachine) string {
+	names := make([]string, 0, maxListed)
+	for _, m := range ms[:min(len(ms), maxListed)] {
+		names = append(names, machineName(m))
+	}
+	list := strings.Join(names, ", ")
+	if more := len(ms) - maxListed; more > 0 {
+		list += fmt.Sprintf(", ... and %d more", more)
+	}
+	return list
 }
 
 // machineName is a selected machine as the operator knows it: its
@@ -226,8 +245,10 @@ func forWhom(process string) string {
 
 func (c *cli) hold(ctx context.Context, args []string) error {
 	d := c.opts.hold.forDur
-	if d < 0 || d > maxHoldFor {
-		return usagef("-for %s: must be positive and at most %s (omit it to hold until released)", d, maxHoldFor)
+	// -for 0 is refused rather than read as "until released": a typo or
+	// an unset variable (-for ${D}s) would hold the machines forever.
+	if (c.given["for"] && d <= 0) || d < 0 || d > maxHoldFor {
+		return usagef("-for %s: must be above 0 and at most %s (omit -for to hold until released)", d, maxHoldFor)
 	}
 	process, err := c.processFlag()
 	if err != nil {
@@ -284,7 +305,7 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 	ctx = bmdb.WithActor(ctx, operatorActor(c.opts.hold.as))
 	if len(args) > 0 {
 		if len(args) != 2 {
-			return usagef("usage: shepherd retry MACHINE PROCESS -reason R, or shepherd retry -process P (-state S | -location PREFIX | -cause TEXT) -reason R [-yes]")
+			return usagef("usage: shepherd retry MACHINE PROCESS -reason R, or shepherd retry -process P (-state S | -location PATH | -cause TEXT) -reason R [-yes]")
 		}
 		if !c.selector("").Empty() || c.opts.process != "" {
 			return usagef("retry: give MACHINE PROCESS or a selection with -process, not both")
@@ -329,8 +350,32 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 	if c.json {
 		return c.emitJSON(jsonList(out, func(r retried) retried { return r }))
 	}
-	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s) and %d check-again-later time(s); each is eligible now if %s's condition holds\n", process, len(out), ended, rescheduled, process)
+	held, err := c.heldAmong(ctx, ms, process)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "Retried %s on %d machine(s), ending %d backoff(s) and %d check-again-later time(s); each is eligible now if %s's condition holds and it is not held\n", process, len(out), ended, rescheduled, process)
+	if len(held) > 0 {
+		c.printf("%d of them are held for %s (escalated by its budget, or by an operator), which a retry does not lift: %s; shepherd release them (-process %s) to let it act\n",
+			len(held), process, selectionList(held), process)
+	}
 	return nil
+}
+
+// heldAmong returns the machines of ms held for process (by its own holds
+// or holds of every process).
+func (c *cli) heldAmong(ctx context.Context, ms []bmdb.SelectedMachine, process string) ([]bmdb.SelectedMachine, error) {
+	holds, err := c.db.HoldsAmong(ctx, machineIDs(ms))
+	if err != nil {
+		return nil, err
+	}
+	var out []bmdb.SelectedMachine
+	for _, m := range ms {
+		if slices.ContainsFunc(holds[m.Machine], func(h bmdb.Hold) bool { return h.Process == process || h.Process == "" }) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // backoffCmd is backoff clear MACHINE [PROCESS], or backoff clear of a

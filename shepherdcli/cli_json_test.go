@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // rawControls holds a character of each class a terminal acts on or
@@ -14,9 +15,11 @@ import (
 // U+202E (a bidirectional override).
 const rawControls = "\x1b\u009b\u202e"
 
-// JSON output escapes C0 and C1 controls and bidirectional overrides that
-// the BMDB's strings hold (encoding/json alone passes C1 and U+202E raw),
-// and decodes back to the stored strings.
+// JSON output holds no C0 or C1 control or bidirectional override that
+// the BMDB's strings hold, neither raw (encoding/json alone passes C1 and
+// U+202E raw) nor as a JSON escape that a decoder (jq -r) turns back into
+// the raw character: each string decodes to the text as the terminal
+// output shows it (untrusted.Visible: ESC as the text \x1b).
 func TestCLIJSONEscapesControls(t *testing.T) {
 	t.Parallel()
 	f := newCLIFleet(t)
@@ -45,10 +48,12 @@ func TestCLIJSONEscapesControls(t *testing.T) {
 		if i := strings.IndexAny(out, rawControls); i >= 0 {
 			t.Errorf("%s: a control character left raw at byte %d:\n%q", what, i, out)
 		}
-		for _, want := range []string{`\u001b`, `\u009b`, `\u202e`} {
-			if !strings.Contains(out, want) {
-				t.Errorf("%s: no %s escape:\n%s", what, want, out)
-			}
+		var decoded any
+		if err := json.Unmarshal([]byte(out), &decoded); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if s := rawString(decoded); s != "" {
+			t.Errorf("%s: a string decodes to a raw control character: %q", what, s)
 		}
 	}
 
@@ -58,8 +63,8 @@ func TestCLIJSONEscapesControls(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatalf("machines -o json: %v\n%s", err, out)
 	}
-	if len(rows) != 1 || rows[0].Cause != cause {
-		t.Errorf("machines -o json decodes to %+v, want the cause %q", rows, cause)
+	if len(rows) != 1 || rows[0].Cause != untrusted.Visible(cause) {
+		t.Errorf("machines -o json decodes to %+v, want the cause %q", rows, untrusted.Visible(cause))
 	}
 
 	out, _ = f.expect(t, exitOK, "machines", "-all", "-o", "json")
@@ -70,14 +75,38 @@ func TestCLIJSONEscapesControls(t *testing.T) {
 	}
 	found := false
 	for _, m := range fleet {
-		if m.Provider == hostile.Provider && m.ProviderID == hostile.ProviderID {
+		if m.Provider == hostile.Provider && m.ProviderID == untrusted.Visible(hostile.ProviderID) {
 			found = true
-			if m.Address != hostile.Address || m.Location != hostile.Location {
-				t.Errorf("machines -all -o json: address %q, location %q; want %q, %q", m.Address, m.Location, hostile.Address, hostile.Location)
+			if m.Address != untrusted.Visible(hostile.Address) || m.Location != untrusted.Visible(hostile.Location) {
+				t.Errorf("machines -all -o json: address %q, location %q; want them escaped", m.Address, m.Location)
 			}
 		}
 	}
 	if !found {
 		t.Errorf("machines -all -o json: no machine with provider id %q:\n%s", hostile.ProviderID, out)
 	}
+}
+
+// rawString returns a string of the decoded JSON v holding a character of
+// rawControls, "" if none does.
+func rawString(v any) string {
+	switch v := v.(type) {
+	case string:
+		if strings.ContainsAny(v, rawControls) {
+			return v
+		}
+	case []any:
+		for _, e := range v {
+			if s := rawString(e); s != "" {
+				return s
+			}
+		}
+	case map[string]any:
+		for _, e := range v {
+			if s := rawString(e); s != "" {
+				return s
+			}
+		}
+	}
+	return ""
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -236,10 +237,11 @@ func TestCLIPauseAndResume(t *testing.T) {
 	f.expect(t, exitUsage, "pause", "recovery")
 	f.expect(t, exitUsage, "pause", "-reason", "x")
 	f.expect(t, exitUsage, "pause", "bogus", "-reason", "x")
-	f.expect(t, exitNotFound, "resume", "recovery")
+	f.expect(t, exitUsage, "resume", "recovery")
+	f.expect(t, exitNotFound, "resume", "recovery", "-reason", "x")
 
 	out, _ := f.expect(t, exitOK, "pause", "recovery", "-reason", "incident 7")
-	if !strings.Contains(out, "shepherd resume recovery") {
+	if !strings.Contains(out, "shepherd resume recovery -reason R") {
 		t.Errorf("pause does not say how to undo it: %q", out)
 	}
 	ps, err := f.db.Pauses(ctx)
@@ -253,11 +255,11 @@ func TestCLIPauseAndResume(t *testing.T) {
 		t.Errorf("pause JSON %s (%v)", out, err)
 	}
 
-	out, _ = f.expect(t, exitOK, "resume", "ShepherdRecovery")
+	out, _ = f.expect(t, exitOK, "resume", "ShepherdRecovery", "-reason", "incident 7 over")
 	if !strings.Contains(out, "incident 7") {
 		t.Errorf("resume does not say what it lifted: %q", out)
 	}
-	f.expect(t, exitNotFound, "resume", "recovery")
+	f.expect(t, exitNotFound, "resume", "recovery", "-reason", "x")
 }
 
 func TestCLISessions(t *testing.T) {
@@ -449,17 +451,48 @@ func TestCLIHostKey(t *testing.T) {
 	}
 }
 
-// Text from machines, BMCs and operators reaches the terminal escaped: an
-// escape sequence in a cause or reason does not act on the screen.
+// Text from machines and BMCs reaches the terminal escaped, in text and
+// in JSON (whose strings jq -r prints raw): an escape sequence in a cause
+// does not act on the screen. An operator's reason with one is refused.
 func TestCLIEscapesTerminalControls(t *testing.T) {
 	t.Parallel()
 	f := newCLIFleet(t)
-	f.expect(t, exitOK, "retry", f.failed.String(), "agentstart", "-reason", "fixed \x1b[2J\x07 by hand")
+	_, errOut := f.expect(t, exitUsage, "retry", f.failed.String(), "agentstart", "-reason", "fixed \x1b[2J\x07 by hand")
+	if !strings.Contains(errOut, "-reason: an operator's reason must be one line of printable text") || strings.ContainsAny(errOut, "\x1b\x07") {
+		t.Errorf("a reason with escapes: stderr %q", errOut)
+	}
+	// A reason an older binary stored raw.
+	ctx := context.Background()
+	raw, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close(ctx)
+	_, err = raw.Exec(ctx, `INSERT INTO work_history (machine_id, process, event, failed_cause, actor, actor_role)
+		VALUES ($1, 'ShepherdAgentStart', 'Retried', $2, 'eve', session_user)`, f.failed, "BMC says \x1b[2J\x07\u202e gone")
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, _ := f.expect(t, exitOK, "history", f.failed.String())
-	if strings.ContainsAny(out, "\x1b\x07") {
+	if strings.ContainsAny(out, "\x1b\x07\u202e") {
 		t.Errorf("history prints raw control characters:\n%q", out)
 	}
-	if !strings.Contains(out, `fixed \x1b[2J\x07 by hand`) {
-		t.Errorf("history does not show the reason escaped:\n%s", out)
+	if !strings.Contains(out, `BMC says \x1b[2J\x07\u202e gone`) {
+		t.Errorf("history does not show the cause escaped:\n%s", out)
+	}
+	out, _ = f.expect(t, exitOK, "history", f.failed.String(), "-o", "json")
+	var entries []historyJSON
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range entries {
+		if strings.ContainsAny(e.Cause, "\x1b\x07\u202e") {
+			t.Errorf("JSON history holds a raw control character once decoded: %q", e.Cause)
+		}
+		found = found || e.Cause == `BMC says \x1b[2J\x07\u202e gone`
+	}
+	if !found {
+		t.Errorf("JSON history does not show the cause escaped:\n%s", out)
 	}
 }

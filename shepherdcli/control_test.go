@@ -132,7 +132,7 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 		rec.RunNow.Actor != "alice" || rec.Condition == nil || *rec.Condition {
 		t.Fatalf("explain JSON for Recovery: %+v", rec)
 	}
-	cli(exitOK, "resume", "recovery")
+	cli(exitOK, "resume", "recovery", "-reason", "test over")
 	cli(exitOK, "backoff", "clear", m.String(), "recovery", "-reason", "test over")
 
 	// cancel ends the lease within 5 s, whichever replica holds it.

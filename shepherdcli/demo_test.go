@@ -127,7 +127,7 @@ func TestCLIAgainstTheDemo(t *testing.T) {
 	}
 	shepherd(0, "history", "sim-0002")
 	shepherd(0, "pause", "recovery", "-reason", "demo test")
-	out, _ = shepherd(0, "resume", "recovery")
+	out, _ = shepherd(0, "resume", "recovery", "-reason", "demo test over")
 	if !strings.Contains(out, "demo test") {
 		t.Errorf("resume does not echo the pause it lifted:\n%s", out)
 	}

@@ -376,6 +376,7 @@ func (c *daemonConfig) labels() []string {
 func parseFlags(fs *flag.FlagSet, args []string) (help bool, err error) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	explainDurations(fs)
 	err = fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
 		return true, nil
@@ -410,4 +411,42 @@ func printDefaults(fs *flag.FlagSet, prog string, w io.Writer) {
 	fs.PrintDefaults()
 	fs.SetOutput(w)
 	fmt.Fprint(w, renamed(prog, b.String()))
+}
+
+// explainDurations makes fs's duration flags say what a bad value is
+// wrong with: the flag package answers "-for 5x" with a bare "parse
+// error", which names neither the unit nor an example.
+func explainDurations(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, done := f.Value.(*durationValue); done {
+			return
+		}
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, isDuration := g.Get().(time.Duration); isDuration {
+				f.Value = &durationValue{Getter: g, name: f.Name}
+			}
+		}
+	})
+}
+
+// durationValue is a duration flag whose errors give an example.
+type durationValue struct {
+	flag.Getter
+	name string
+}
+
+func (d *durationValue) Set(s string) error {
+	if _, err := time.ParseDuration(s); err != nil {
+		return fmt.Errorf("not a duration: give a number and a unit (s, m, h), e.g. -%s 30m or -%s 2h", d.name, d.name)
+	}
+	return d.Getter.Set(s)
+}
+
+// String is the flag's value; the zero durationValue (which the flag
+// package makes to tell a default from the zero value) has none.
+func (d *durationValue) String() string {
+	if d.Getter == nil {
+		return time.Duration(0).String()
+	}
+	return d.Getter.String()
 }

@@ -67,3 +67,29 @@ func TestHoldsAndEscalationsShown(t *testing.T) {
 		t.Error("/status shows an operator's reason as markup")
 	}
 }
+
+// A reason stored unbounded (by a release before reasons were bounded)
+// is shown cut to 1,000 bytes, saying how much was cut: a page of a
+// thousand such holds stays a page.
+func TestLongReasonShownBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := statuspagetest.NewFleet(t)
+	srv := httptest.NewServer(New(f.DB, processes, Options{}))
+	defer srv.Close()
+	if _, err := f.DB.Hold(ctx, f.Twins[:1], "", "short for now", 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 100_000)
+	err := f.DB.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE machine_hold SET reason = $1`, long)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, body := get(t, srv, "/status")
+	if strings.Contains(body, strings.Repeat("x", shownTextBytes+1)) || !strings.Contains(body, "[truncated") {
+		t.Errorf("the overview shows more than %d bytes of a reason (page %d bytes)", shownTextBytes, len(body))
+	}
+}

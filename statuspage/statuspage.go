@@ -132,7 +132,18 @@ var templateFuncs = template.FuncMap{
 	"eventClass":  eventClass,
 	"sparkline":   sparkline,
 	"refreshJS":   refreshJS,
+	"bounded":     bounded,
 }
+
+// shownTextBytes bounds a reason or cause as a page shows it: an
+// operator's reason stored by an older binary, which did not bound it,
+// would otherwise grow the page by its whole size for every hold that
+// carries it.
+const shownTextBytes = 1000
+
+// bounded is s cut to shownTextBytes, saying how much was cut
+// (untrusted.Text; the page is escaped whole when written).
+func bounded(s string) string { return untrusted.Text(s, shownTextBytes) }
 
 // defaultProgram is Options.Program's default.
 const defaultProgram = "shepherd"

@@ -211,7 +211,7 @@ func TestProgramNamedInHints(t *testing.T) {
 	plain := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer plain.Close()
 	_, _, body := get(t, fleetd, "/status")
-	if !strings.Contains(body, "<code>fleetd resume ShepherdAgentStart</code>") || strings.Contains(body, "<code>shepherd ") {
+	if !strings.Contains(body, "<code>fleetd resume ShepherdAgentStart -reason R</code>") || strings.Contains(body, "<code>shepherd ") {
 		t.Errorf("fleetd's /status does not name fleetd in its hints")
 	}
 	_, _, body = get(t, fleetd, MachinePath(f.Failed))
@@ -219,7 +219,7 @@ func TestProgramNamedInHints(t *testing.T) {
 		t.Errorf("fleetd's machine page does not name fleetd in its hints")
 	}
 	_, _, body = get(t, plain, "/status")
-	if !strings.Contains(body, "<code>shepherd resume ShepherdAgentStart</code>") {
+	if !strings.Contains(body, "<code>shepherd resume ShepherdAgentStart -reason R</code>") {
 		t.Errorf("the default /status does not name shepherd in its hints")
 	}
 }

@@ -100,7 +100,7 @@ func TestFleetd(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "FirmwareCheck") || !strings.Contains(out, "simulated BMC busy") {
 		t.Errorf("machines -process firmwarecheck -state backoff: exit %d\n%s%s", code, out, errOut)
 	}
-	backingOff := regexp.MustCompile(`(?m)^([0-9a-f-]{36})\s+FirmwareCheck\s+backoff`).FindAllStringSubmatch(out, -1)
+	backingOff := regexp.MustCompile(`(?m)^([0-9a-f-]{36})\s+\S+\s+FirmwareCheck\s+backoff`).FindAllStringSubmatch(out, -1)
 	if len(backingOff) == 0 {
 		t.Fatalf("no machine backing off from FirmwareCheck:\n%s", out)
 	}

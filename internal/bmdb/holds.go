@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -113,8 +112,8 @@ func checkHoldArgs(machines []uuid.UUID, process, reason string) error {
 			return err
 		}
 	}
-	if strings.TrimSpace(reason) == "" {
-		return ErrReasonRequired
+	if err := CheckReason(reason); err != nil {
+		return err
 	}
 	if len(machines) > MaxHoldBatch {
 		return fmt.Errorf("%d machines: %w (at most %d)", len(machines), ErrTooManyMachines, MaxHoldBatch)

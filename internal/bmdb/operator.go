@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // The operator surface of the BMDB: what the CLI and the status page read
@@ -34,6 +37,33 @@ const (
 // audit history must say why an operator intervened.
 var ErrReasonRequired = errors.New("an operator action needs a reason")
 
+// MaxReasonBytes bounds an operator's reason: enough for a sentence and a
+// ticket link, and small enough that thousands of holds keep a status
+// page and a history readable.
+const MaxReasonBytes = 1000
+
+// ErrReasonInvalid is returned by operator actions given a reason longer
+// than MaxReasonBytes or holding control characters: a reason is stored
+// and shown to other operators, in terminals and pages, where escapes act.
+var ErrReasonInvalid = errors.New("an operator's reason must be one line of printable text")
+
+// CheckReason checks an operator's reason before it is stored: given, at
+// most MaxReasonBytes, valid UTF-8 without control characters (tabs and
+// newlines included) or invisible formatting characters. Refusing it at
+// input, rather than escaping it, keeps what is stored what the operator
+// meant, and what every reader (jq -r of JSON history too) prints safe.
+func CheckReason(reason string) error {
+	switch {
+	case strings.TrimSpace(reason) == "":
+		return ErrReasonRequired
+	case len(reason) > MaxReasonBytes:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrReasonInvalid, len(reason), MaxReasonBytes)
+	case untrusted.Line(reason, MaxReasonBytes) != reason:
+		return fmt.Errorf("%w: it holds control characters or invalid UTF-8: %s", ErrReasonInvalid, untrusted.Line(reason, 120))
+	}
+	return nil
+}
+
 // ClearedBackoff is a backoff an operator deleted.
 type ClearedBackoff struct {
 	Process      string
@@ -59,8 +89,8 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 		}
 		processArg = &process
 	}
-	if reason == "" {
-		return nil, ErrReasonRequired
+	if err := CheckReason(reason); err != nil {
+		return nil, err
 	}
 	var cleared []ClearedBackoff
 	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
@@ -106,8 +136,8 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 	if err := checkProcessName(process); err != nil {
 		return RetryResult{}, err
 	}
-	if reason == "" {
-		return RetryResult{}, ErrReasonRequired
+	if err := CheckReason(reason); err != nil {
+		return RetryResult{}, err
 	}
 	var res RetryResult
 	var exists bool

@@ -174,8 +174,8 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		wantIndex string
 	}
 	cases := []tc{
-		{"pause", bmdb.OpsQueries["pause"], []any{"ShepherdRecovery", "why"}, tiny, ""},
-		{"resume", bmdb.OpsQueries["resume"], []any{"ShepherdRecovery"}, tiny, ""},
+		{"pause", bmdb.OpsQueries["pause"], []any{"ShepherdRecovery", "why", "alice"}, tiny, ""},
+		{"resume", bmdb.OpsQueries["resume"], []any{"ShepherdRecovery", "why", "alice"}, tiny, ""},
 		{"breaker", bmdb.OpsQueries["breaker"], []any{"ShepherdAgentStart", 100, 0.5}, tiny, "work_history_process_event_idx"},
 		{"limitGauges", bmdb.OpsQueries["limitGauges"], []any{"ShepherdRecovery"}, []string{"process_pause", "machine_hold"}, "work_process_idx"},
 		{"backoffClear", bmdb.OpsQueries["backoffClear"], []any{machine, "ShepherdAgentStart", "why", "alice"}, tiny, "work_backoff_pkey"},
@@ -292,6 +292,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 	exempt := map[string]string{
 		"qFleetTotals":    "counts the fleet by definition (index-only scans); the status page reads it at most every 30 s",
 		"qPausesList":     "reads the pause table, a row per pause of a process",
+		"qPauseHistory":   "reads the pause history, a row per pause or resume of a process (by hand or by a breaker), newest first by its key",
 		"qClaimLimitLock": "takes an advisory lock, reads no table",
 		"qNotifyProcess":  "sends a notification, reads no table",
 		"qNotifyCancel":   "sends a notification, reads no table",

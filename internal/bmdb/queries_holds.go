@@ -94,15 +94,18 @@ SELECT count(*) FROM work_history h
 WHERE h.machine_id = @machine AND ` + budgetCounted
 )
 
-// qSelectMachines is SelectMachines: the machines whose location starts
-// with @location, that are in @state for @process, and whose last failure
-// cause (a backoff's) holds @cause, each test skipped when NULL; ordered
-// by provider id. The location test is starts_with, so that a prefix holds
-// no LIKE pattern characters.
+// qSelectMachines is SelectMachines: the machines whose location is
+// @location or under it (whole path components: dc3/rack00 and
+// dc3/rack00/..., not dc3/rack000), that are in @state for @process,
+// whose last failure cause (a backoff's) holds @cause, each test skipped
+// when NULL, and, when @released, that have a hold a release of @process
+// (NULL: of any process) ends; ordered by provider id. The location test is starts_with, so
+// that a location holds no LIKE pattern characters.
 const qSelectMachines = `
 SELECT m.machine_id, mp.provider_id, mp.location
 FROM machines m LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
-WHERE (@location::text IS NULL OR starts_with(mp.location, @location::text))
+WHERE (@location::text IS NULL OR mp.location = @location::text
+       OR starts_with(mp.location, @location::text || '/'))
   AND (@state::text IS NULL
        OR (@state::text = 'leased' AND EXISTS (
               SELECT 1 FROM work w WHERE w.machine_id = m.machine_id AND w.process = @process::text))
@@ -117,6 +120,10 @@ WHERE (@location::text IS NULL OR starts_with(mp.location, @location::text))
           SELECT 1 FROM work_backoff b WHERE b.machine_id = m.machine_id
             AND (@process::text IS NULL OR b.process = @process::text)
             AND strpos(lower(b.cause), lower(@cause::text)) > 0))
+  AND (NOT @released::bool OR EXISTS (
+          SELECT 1 FROM machine_hold h WHERE h.machine_id = m.machine_id
+            AND (@process::text IS NULL OR h.process = @process::text)
+            AND (h.until IS NULL OR h.until > now())))
 ORDER BY mp.provider_id, m.machine_id
 LIMIT @limit`
 

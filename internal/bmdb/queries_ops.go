@@ -14,24 +14,47 @@ package bmdb
 const (
 	// Pauses.
 
-	// qPauseOperator pauses a process on an operator's word. It takes over a
-	// pause the breaker set (the operator now owns it) and re-pauses a
-	// resumed process.
+	// qPauseOperator pauses a process on an operator's word (reason $2,
+	// actor $3, the role is session_user) and records Paused in
+	// process_pause_history. It takes over a pause the breaker set (the
+	// operator now owns it) and re-pauses a resumed process.
 	qPauseOperator = `
-INSERT INTO process_pause (process, reason, source, paused_at)
-VALUES ($1, $2, 'operator', now())
-ON CONFLICT (process) DO UPDATE
-SET reason = excluded.reason, source = 'operator', paused_at = now(), resumed_at = NULL
-RETURNING process, reason, source, paused_at, resumed_at`
+WITH paused AS (
+    INSERT INTO process_pause (process, reason, source, paused_at, actor, actor_role)
+    VALUES ($1, $2, 'operator', now(), $3::text, session_user)
+    ON CONFLICT (process) DO UPDATE
+    SET reason = excluded.reason, source = 'operator', paused_at = now(), resumed_at = NULL,
+        actor = excluded.actor, actor_role = excluded.actor_role
+    RETURNING process, reason, source, paused_at, resumed_at, actor, actor_role
+), recorded AS (
+    INSERT INTO process_pause_history (process, event, reason, source, actor, actor_role)
+    SELECT process, 'Paused', reason, source, actor, actor_role FROM paused
+)
+SELECT * FROM paused`
 
-	// qResume resumes a paused process; no row means it was not paused.
+	// qResume resumes a paused process on an operator's word (reason $2,
+	// actor $3) and records Resumed; no row means it was not paused.
 	qResume = `
-UPDATE process_pause SET resumed_at = now()
-WHERE process = $1 AND resumed_at IS NULL
-RETURNING process, reason, source, paused_at, resumed_at`
+WITH resumed AS (
+    UPDATE process_pause SET resumed_at = now()
+    WHERE process = $1 AND resumed_at IS NULL
+    RETURNING process, reason, source, paused_at, resumed_at, actor, actor_role
+), recorded AS (
+    INSERT INTO process_pause_history (process, event, reason, source, actor, actor_role)
+    SELECT process, 'Resumed', $2::text, 'operator', $3::text, session_user FROM resumed
+)
+SELECT * FROM resumed`
 
 	qPausesList = `
-SELECT process, reason, source, paused_at, resumed_at FROM process_pause ORDER BY process`
+SELECT process, reason, source, paused_at, resumed_at, actor, actor_role FROM process_pause ORDER BY process`
+
+	// qPauseHistory lists the newest $2 pauses and resumes, of process $1
+	// (NULL: of every process), newest first, by
+	// process_pause_history_process_idx (or its key).
+	qPauseHistory = `
+SELECT id, process, event, "timestamp", reason, source, actor, actor_role FROM process_pause_history
+WHERE ($1::text IS NULL OR process = $1::text)
+ORDER BY id DESC LIMIT $2`
 
 	// qBreakerTrip judges the last $2 attempts (Finished, Rescheduled or
 	// Failed events) of process $1 made since its last resume, and pauses
@@ -44,7 +67,8 @@ SELECT process, reason, source, paused_at, resumed_at FROM process_pause ORDER B
 	// and changes nothing (no row returned), so the trip is logged once. An
 	// existing pause (an operator's, or a previous trip) is never
 	// overwritten. The pause's reason says what the breaker saw, with the
-	// newest failure's cause. It returns the window's counts in every case.
+	// newest failure's cause; a trip is recorded Paused by the breaker in
+	// process_pause_history. It returns the window's counts in every case.
 	qBreakerTrip = `
 WITH since AS (
     SELECT COALESCE(
@@ -80,9 +104,13 @@ WITH since AS (
     FROM window_counts
     WHERE total >= $2 AND failed > $3::float8 * total
     ON CONFLICT (process) DO UPDATE
-    SET reason = excluded.reason, source = 'breaker', paused_at = now(), resumed_at = NULL
+    SET reason = excluded.reason, source = 'breaker', paused_at = now(), resumed_at = NULL,
+        actor = NULL, actor_role = NULL
     WHERE process_pause.resumed_at IS NOT NULL
-    RETURNING process
+    RETURNING process, reason
+), recorded AS (
+    INSERT INTO process_pause_history (process, event, reason, source, actor, actor_role)
+    SELECT process, 'Paused', reason, 'breaker', 'breaker', session_user FROM tripped
 )
 SELECT failed, total, EXISTS (SELECT 1 FROM tripped) FROM window_counts`
 
@@ -223,23 +251,26 @@ WHERE machine_id = $1 AND until > now() ORDER BY process`
 
 	// qKnownProcesses lists every process name the BMDB has seen, by a loose
 	// index scan of each table (one index probe per distinct name), so that
-	// it costs the same with a million rows as with ten.
+	// it costs the same with a million rows as with ten. Each scan starts
+	// after '': the events of no one process (a hold or release of every
+	// process, a provider's removal) record the empty name, which names no
+	// process.
 	qKnownProcesses = `
 WITH RECURSIVE
 w AS (
-    (SELECT process FROM work ORDER BY process LIMIT 1)
+    (SELECT process FROM work WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work WHERE process > w.process ORDER BY process LIMIT 1)
     FROM w WHERE w.process IS NOT NULL
 ),
 b AS (
-    (SELECT process FROM work_backoff ORDER BY process LIMIT 1)
+    (SELECT process FROM work_backoff WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work_backoff WHERE process > b.process ORDER BY process LIMIT 1)
     FROM b WHERE b.process IS NOT NULL
 ),
 h AS (
-    (SELECT process FROM work_history ORDER BY process LIMIT 1)
+    (SELECT process FROM work_history WHERE process > '' ORDER BY process LIMIT 1)
     UNION ALL
     SELECT (SELECT process FROM work_history WHERE process > h.process ORDER BY process LIMIT 1)
     FROM h WHERE h.process IS NOT NULL
@@ -247,7 +278,7 @@ h AS (
 SELECT process FROM w WHERE process IS NOT NULL
 UNION SELECT process FROM b WHERE process IS NOT NULL
 UNION SELECT process FROM h WHERE process IS NOT NULL
-UNION SELECT process FROM process_pause
+UNION SELECT process FROM process_pause WHERE process > ''
 ORDER BY process`
 
 	// qRecentFailures lists a process's newest failures, newest first, by

@@ -30,8 +30,11 @@ func joinStates(states []State) string {
 // (shepherd hold, release, retry, backoff clear, cancel) instead of naming
 // them. Every field set narrows the selection; at least one must be set.
 type Selector struct {
-	// Location is a prefix of the machine's location at its provider
-	// ("dc1/rack07/").
+	// Location selects the machines whose location at their provider is
+	// Location or under it, by whole path components: "dc3/rack00" (or
+	// "dc3/rack00/") selects dc3/rack00 and dc3/rack00/u07, not
+	// dc3/rack000. A plain string prefix would select racks an operator
+	// did not name.
 	Location string
 	// Process and State select the machines in that state of the process
 	// (SelectableStates); State needs Process.
@@ -41,6 +44,11 @@ type Selector struct {
 	// of the process's backoff on the machine when Process is set, of any
 	// process's otherwise.
 	Cause string
+	// Released narrows the selection to the machines a Release of Process
+	// would act on: those with an active hold of Process, or of any
+	// process when Process is "". A release of a rack names the held
+	// machines, not every machine of the rack.
+	Released bool
 	// Limit bounds the machines returned (default MaxHoldBatch); a
 	// selection that reaches it is reported as such by the caller.
 	Limit int
@@ -82,11 +90,16 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 	if sel.Limit <= 0 {
 		sel.Limit = MaxHoldBatch
 	}
+	location, err := selectedLocation(sel.Location)
+	if err != nil {
+		return nil, err
+	}
 	args := pgx.NamedArgs{
-		"location": nullIfEmpty(sel.Location),
+		"location": nullIfEmpty(location),
 		"process":  process,
 		"state":    nullIfEmpty(string(sel.State)),
 		"cause":    nullIfEmpty(sel.Cause),
+		"released": sel.Released,
 		"limit":    sel.Limit,
 	}
 	out, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (SelectedMachine, error) {
@@ -100,6 +113,16 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 		return nil, fmt.Errorf("selecting machines: %w", err)
 	}
 	return out, nil
+}
+
+// selectedLocation is a Selector's Location as qSelectMachines compares
+// it: without its trailing slashes ("dc1/rack07/" is dc1/rack07).
+func selectedLocation(loc string) (string, error) {
+	trimmed := strings.TrimRight(loc, "/")
+	if loc != "" && trimmed == "" {
+		return "", fmt.Errorf("selecting machines at location %q: it names no path component (give e.g. dc1 or dc1/rack07)", loc)
+	}
+	return trimmed, nil
 }
 
 func nullIfEmpty(s string) *string {
