@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -96,8 +97,10 @@ func (c *AgentConfig) Check(prefix string) error {
 
 // agent is a running simulated agent.
 type agent struct {
-	key     ed25519.PublicKey
-	started time.Time
+	// providerID is the machine's, by which faults name it.
+	providerID string
+	key        ed25519.PublicKey
+	started    time.Time
 	// recorded is set once a heartbeat found the agent recorded in the
 	// BMDB. Until then a mismatch only means AgentStart has not committed
 	// yet.
@@ -143,6 +146,18 @@ type Agents struct {
 	// an agent start draws a new one (see StartAgent), even when another
 	// replica did the reboot.
 	boots map[uuid.UUID]uuid.UUID
+
+	// pollFaults makes Run read the faults of 'shepherd sim fault' (the
+	// simulated provider's own fleet; see faults.go).
+	pollFaults bool
+	// faults are the faults in force as last read; faultEpoch counts the
+	// changes made here since (a power action ending a hang), so that a
+	// read that started before one is not applied.
+	faults     faults
+	faultEpoch uint64
+	// powerActions counts the power actions received
+	// (shepherd_sim_power_actions_total).
+	powerActions *prometheus.CounterVec
 }
 
 var (
@@ -167,6 +182,9 @@ func newAgents(db bmdb.DB, cfg AgentConfig) *Agents {
 		agents: map[uuid.UUID]*agent{},
 		off:    map[uuid.UUID]bool{},
 		boots:  map[uuid.UUID]uuid.UUID{},
+		faults: newFaults(nil),
+
+		powerActions: newPowerActions(),
 	}
 }
 
@@ -180,6 +198,9 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 	}
 	if err := a.act(ctx); err != nil {
 		return nil, fmt.Errorf("sim: agent start on %s: %w", m.ProviderID, err)
+	}
+	if err := a.startRefused(m); err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -195,7 +216,7 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 	if err != nil {
 		return nil, fmt.Errorf("sim: generating agent key: %w", err)
 	}
-	a.agents[m.Machine] = &agent{key: key, started: time.Now()}
+	a.agents[m.Machine] = &agent{providerID: m.ProviderID, key: key, started: time.Now()}
 	// A simulated agent starts after the machine booted (AgentStart takes
 	// a machine only when it has no agent: at first, or after Recovery
 	// reset it), possibly through another replica, whose reboot this
@@ -212,8 +233,14 @@ func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
+	if err := a.powerAction(m, actionReboot); err != nil {
+		return err
+	}
 	if err := a.act(ctx); err != nil {
 		return fmt.Errorf("sim: reboot of %s: %w", m.ProviderID, err)
+	}
+	if err := a.endMachineFault(ctx, m); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -234,6 +261,9 @@ func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.Pow
 	if err := a.act(ctx); err != nil {
 		return providers.PowerState{}, fmt.Errorf("sim: reading the power of %s: %w", m.ProviderID, err)
 	}
+	if err := a.reachBMC(m); err != nil {
+		return providers.PowerState{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.off[m.Machine] {
@@ -248,8 +278,14 @@ func (a *Agents) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
+	if err := a.powerAction(m, actionPowerOn); err != nil {
+		return err
+	}
 	if err := a.act(ctx); err != nil {
 		return fmt.Errorf("sim: powering on %s: %w", m.ProviderID, err)
+	}
+	if err := a.endMachineFault(ctx, m); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -339,6 +375,15 @@ func (a *Agents) Run(ctx context.Context) error {
 	if a.cfg.HeartbeatInterval <= 0 {
 		return fmt.Errorf("sim: heartbeat interval %s: must be positive", a.cfg.HeartbeatInterval)
 	}
+	if a.pollFaults {
+		// A heartbeat round of a large fleet does not delay the faults.
+		polled := make(chan struct{})
+		defer func() { <-polled }()
+		go func() {
+			defer close(polled)
+			a.runFaults(ctx)
+		}()
+	}
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
@@ -364,6 +409,9 @@ func (a *Agents) heartbeat(ctx context.Context) error {
 	var beating []bmdb.AgentKey
 	died := 0
 	for id, ag := range a.agents {
+		if a.faults.silent(ag.providerID) {
+			continue // unreachable, hung or blipping: heard by no one
+		}
 		if a.rng.Float64() < death {
 			delete(a.agents, id)
 			died++
