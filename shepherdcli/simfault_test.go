@@ -123,10 +123,11 @@ func simFaultsListed(t *testing.T, dsn string) []simFaultJSON {
 	return fs
 }
 
-// A running daemon over 120 simulated machines (3 racks, 2 PDUs): a rack's
-// network down silences its 40 agents and up brings them back from the
-// same boot; a PDU off silences its machines and on brings them back from
-// new boots; no power action is sent meanwhile.
+// Two replicas over 120 simulated machines (3 racks, 2 PDUs), each
+// running some of the agents: a rack's network down silences its 40
+// agents on both and up brings them back from the same boot; a PDU off
+// silences its machines and on brings them back from new boots; no power
+// action is sent meanwhile.
 func TestSimFaultNetworkAndPower(t *testing.T) {
 	t.Parallel()
 	const machines = 120
@@ -137,7 +138,10 @@ func TestSimFaultNetworkAndPower(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	// Recovery stays away (1h): the test is about what the simulator does.
-	run := replicatest.Start(t, shepherdBinary, "simfault", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "1h")...)
+	runs := []*replicatest.Run{
+		replicatest.Start(t, shepherdBinary, "simfault-a", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "1h")...),
+		replicatest.Start(t, shepherdBinary, "simfault-b", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "1h")...),
+	}
 	var before map[string]simBeat
 	bmdbtest.WaitFor(t, 90*time.Second, "every simulated machine heartbeating", func() (bool, string) {
 		before, _ = simBeats(t, conn)
@@ -155,6 +159,10 @@ func TestSimFaultNetworkAndPower(t *testing.T) {
 	bmdbtest.WaitFor(t, 60*time.Second, "sim-rack-01's agents silent, the others heartbeating", func() (bool, string) {
 		beats, _ := simBeats(t, conn)
 		return silentSince(beats, machines, 40, 79)
+	})
+	bmdbtest.WaitFor(t, 30*time.Second, "both replicas' simulators applying the fault", func() (bool, string) {
+		a, b := runs[0].LogCount("network sim-rack-01 down"), runs[1].LogCount("network sim-rack-01 down")
+		return a > 0 && b > 0, fmt.Sprintf("logged by a %d, b %d times", a, b)
 	})
 	_, upAt := simBeats(t, conn)
 	simCLI(t, dsn, exitOK, "sim", "fault", "network", "sim-rack-01", "up")
@@ -207,11 +215,15 @@ func TestSimFaultNetworkAndPower(t *testing.T) {
 	if fs := simFaultsListed(t, dsn); len(fs) != 0 {
 		t.Errorf("faults left in force: %+v", fs)
 	}
-	fams, _ := run.Metrics()
-	if n, err := fams.Sum("shepherd_sim_power_actions_total"); err != nil || n != 0 {
-		t.Errorf("shepherd_sim_power_actions_total = %v (%v), want 0: nothing acted", n, err)
+	for _, run := range runs {
+		fams, _ := run.Metrics()
+		if n, err := fams.Sum("shepherd_sim_power_actions_total"); err != nil || n != 0 {
+			t.Errorf("%s: shepherd_sim_power_actions_total = %v (%v), want 0: nothing acted", run.Name, n, err)
+		}
 	}
-	run.StopClean(15 * time.Second)
+	for _, run := range runs {
+		run.StopClean(15 * time.Second)
+	}
 }
 
 // A hung machine stays silent until Recovery resets it; it comes back
