@@ -230,3 +230,31 @@ func TestFaultsReachAgentsAndBMCs(t *testing.T) {
 		t.Errorf("an agent start after the reset: %v", err)
 	}
 }
+
+// A machine seeded before the topology (location sim-rack-NN) moves to
+// the topology's location at the next Seed.
+func TestSeedMovesOldLocations(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	ctx := context.Background()
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		_, err := tx.AddMachine(ctx, bmdb.Provided{Provider: sim.Name, ProviderID: sim.ProviderID(41), Address: "sim-0041.sim.invalid", Location: "sim-rack-01"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.New(db, sim.Config{Machines: 42, HeartbeatInterval: time.Second}).Seed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ms := simMachines(t, db)
+	if len(ms) != 42 {
+		t.Fatalf("%d machines, want 42", len(ms))
+	}
+	for _, m := range ms {
+		top, _ := sim.TopologyOfProviderID(m.ProviderID)
+		if m.Location != top.Location {
+			t.Errorf("%s: location %q, want %q", m.ProviderID, m.Location, top.Location)
+		}
+	}
+}

@@ -21,6 +21,11 @@
 // key, as the machine's agent. When another replica restarted the agent (a new
 // key) or Recovery deleted the tags, the old agent stops for good, so that
 // two replicas never keep one machine looking alive.
+//
+// The fleet has a shape (topology.go: racks of 40, PDUs of two racks, a
+// switch per rack, one site) and faults that 'shepherd sim fault' injects
+// through the BMDB (faults.go): a dark rack, a PDU off, the site down, a
+// hung or blipping machine. docs/simulator.md describes both.
 package sim
 
 import (
