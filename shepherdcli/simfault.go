@@ -277,7 +277,9 @@ func describeSimFault(f bmdb.SimFault) string {
 }
 
 func (c *cli) simFaultInject(ctx context.Context, f bmdb.SimFault, d time.Duration, machines string) error {
-	f.Reason = untrusted.Line(strings.TrimSpace(c.opts.reason), 1000)
+	// Cut below the table's bound of 1000 bytes, leaving room for the
+	// mark that says how much was cut.
+	f.Reason = untrusted.Line(strings.TrimSpace(c.opts.reason), 900)
 	var set bmdb.SimFault
 	err := c.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error
