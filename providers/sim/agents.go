@@ -191,7 +191,8 @@ func newAgents(db bmdb.DB, cfg AgentConfig) *Agents {
 // StartAgent implements providers.Provider: after a simulated delay it
 // fails with probability AgentStartFailureRate, or starts an agent with a
 // fresh ed25519 key and returns its public key. The agent heartbeats (while
-// Run runs) once AgentStart has recorded it.
+// Run runs) once AgentStart has recorded it. A machine that a fault makes
+// unreachable, or that hangs or blips, refuses the start (faults.go).
 func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
 	if err := a.check(m); err != nil {
 		return nil, err
@@ -228,7 +229,9 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 // Reboot implements providers.Provider: after a simulated delay, the
 // machine's agent (if this replica runs one) is gone, and with probability
 // StayOffRate the machine is left off. A machine that is off stays off, as
-// with a BMC that ignores a power cycle of a chassis that is off.
+// with a BMC that ignores a power cycle of a chassis that is off. The
+// reboot is counted (shepherd_sim_power_actions_total), fails when a fault
+// makes the BMC unreachable, and ends the machine's hang or blip.
 func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
@@ -253,7 +256,8 @@ func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 }
 
 // PowerState implements providers.PowerReader: after a simulated delay (a
-// BMC's answer), off if this replica saw the machine left off, else on.
+// BMC's answer), off if this replica saw the machine left off, else on;
+// an error when a fault makes the BMC unreachable.
 func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
 	if err := a.check(m); err != nil {
 		return providers.PowerState{}, err
@@ -273,7 +277,8 @@ func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.Pow
 }
 
 // PowerOn implements providers.PowerOner: after a simulated delay the
-// machine is on (with no agent running).
+// machine is on (with no agent running). Like Reboot, it is counted, fails
+// behind a fault that makes the BMC unreachable, and ends a hang or blip.
 func (a *Agents) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
@@ -370,7 +375,9 @@ func (a *Agents) act(ctx context.Context) error {
 // heartbeat, all in one transaction. A failed round is logged and retried at
 // the next interval, as a real agent would. Run returns nil when ctx is done;
 // stopping it stops all heartbeats (agents are kept, and heartbeat again when
-// Run is called again).
+// Run is called again). Agents that a fault silences skip their rounds.
+// For the simulated provider's own fleet (New), Run also reads the faults
+// every FaultPollInterval.
 func (a *Agents) Run(ctx context.Context) error {
 	if a.cfg.HeartbeatInterval <= 0 {
 		return fmt.Errorf("sim: heartbeat interval %s: must be positive", a.cfg.HeartbeatInterval)
