@@ -97,8 +97,12 @@ func (c *AgentConfig) Check(prefix string) error {
 
 // agent is a running simulated agent.
 type agent struct {
-	// providerID is the machine's, by which faults name it.
+	// providerID is the machine's, by which faults name it, and domains
+	// its rack and PDU (inTopology false for a machine outside the
+	// simulated topology), derived once for the heartbeat rounds.
 	providerID string
+	domains    domains
+	inTopology bool
 	key        ed25519.PublicKey
 	started    time.Time
 	// recorded is set once a heartbeat found the agent recorded in the
@@ -217,7 +221,8 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 	if err != nil {
 		return nil, fmt.Errorf("sim: generating agent key: %w", err)
 	}
-	a.agents[m.Machine] = &agent{providerID: m.ProviderID, key: key, started: time.Now()}
+	d, inTopology := simDomains(m.ProviderID)
+	a.agents[m.Machine] = &agent{providerID: m.ProviderID, domains: d, inTopology: inTopology, key: key, started: time.Now()}
 	// A simulated agent starts after the machine booted (AgentStart takes
 	// a machine only when it has no agent: at first, or after Recovery
 	// reset it), possibly through another replica, whose reboot this
@@ -415,8 +420,9 @@ func (a *Agents) heartbeat(ctx context.Context) error {
 	a.mu.Lock()
 	var beating []bmdb.AgentKey
 	died := 0
+	quiet := a.faults.none()
 	for id, ag := range a.agents {
-		if a.faults.silent(ag.providerID) {
+		if !quiet && a.faults.silent(ag) {
 			continue // unreachable, hung or blipping: heard by no one
 		}
 		if a.rng.Float64() < death {

@@ -112,35 +112,39 @@ func (f faults) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// powerOff reports whether the machine providerID has no power (its PDU is
-// off). A machine outside the simulated topology has no PDU.
-func (f faults) powerOff(providerID string) bool {
-	t, ok := simDomains(providerID)
-	return ok && f.pdus[t.pdu]
+// none reports whether no fault is in force: the heartbeat round's fast
+// path.
+func (f faults) none() bool {
+	return !f.site && len(f.racks) == 0 && len(f.pdus) == 0 && len(f.machines) == 0
 }
 
 // unreachable returns why the machine providerID, its agent and its BMC
 // cannot be reached, or "" when they can.
 func (f faults) unreachable(providerID string) string {
-	if f.site {
-		return "the site " + Site + " is down"
-	}
-	t, ok := simDomains(providerID)
+	d, ok := simDomains(providerID)
+	return f.unreachableIn(d, ok)
+}
+
+// unreachableIn is unreachable for a machine in the domains d (ok false:
+// outside the simulated topology, reached only by a site fault).
+func (f faults) unreachableIn(d domains, ok bool) string {
 	switch {
+	case f.site:
+		return "the site " + Site + " is down"
 	case !ok:
 		return ""
-	case f.pdus[t.pdu]:
-		return "the PDU " + PDUName(t.pdu) + " is off"
-	case f.racks[t.rack]:
-		return "the network of " + RackName(t.rack) + " is down"
+	case f.pdus[d.pdu]:
+		return "the PDU " + PDUName(d.pdu) + " is off"
+	case f.racks[d.rack]:
+		return "the network of " + RackName(d.rack) + " is down"
 	}
 	return ""
 }
 
-// silent reports whether the agent of the machine providerID cannot
-// heartbeat: it is unreachable, or its machine hangs or blips.
-func (f faults) silent(providerID string) bool {
-	return f.unreachable(providerID) != "" || f.machines[providerID] != ""
+// silent reports whether the agent ag cannot heartbeat: its machine is
+// unreachable, or hangs or blips.
+func (f faults) silent(ag *agent) bool {
+	return f.unreachableIn(ag.domains, ag.inTopology) != "" || f.machines[ag.providerID] != ""
 }
 
 // domains are a simulated machine's rack and PDU numbers.
@@ -281,7 +285,7 @@ func (a *Agents) readFaults(ctx context.Context) error {
 	// A machine without power ends its boot: when power returns, its
 	// agent heartbeats from a new one (bootLocked).
 	for id, ag := range a.agents {
-		if f.powerOff(ag.providerID) {
+		if len(f.pdus) > 0 && ag.inTopology && f.pdus[ag.domains.pdu] {
 			delete(a.boots, id)
 		}
 	}
