@@ -74,6 +74,8 @@ func (c *cli) sim(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.simFaultClear(ctx)
+	case args[0] == "list" || args[0] == "clear":
+		return simUsageError("sim fault %s: unexpected %q", args[0], args[1])
 	}
 	kind, ok := simFaultKinds[args[0]]
 	if !ok {

@@ -313,6 +313,7 @@ func TestSimFaultBadInput(t *testing.T) {
 		{[]string{"fault", "site"}, "STATE"},
 		{[]string{"fault", "site", "down", "now"}, `unexpected "now"`},
 		{[]string{"faults", "list"}, `"faults"`},
+		{[]string{"fault", "clear", "sim-rack-00"}, `unexpected "sim-rack-00"`},
 	} {
 		out := simCLI(t, dsn, exitUsage, append([]string{"sim"}, c.args...)...)
 		if !strings.Contains(out, c.want) {
