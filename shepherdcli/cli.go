@@ -101,6 +101,10 @@ $SHEPHERD_BMDB_DSN; without them, the demo running in -state_dir):
       for each process, whether it would act on MACHINE and every reason it
       will not, in the order a claim checks them; the limits are the
       daemons' flags, which the BMDB does not record: give them to judge
+  shepherd sim fault KIND [TARGET] STATE [DURATION] [-reason R] | fault clear | fault list
+      faults of a simulated fleet (-provider sim), on every replica within a
+      second: network RACK down|up, power PDU off|on, site down|up, machine
+      MACHINE hang|blip DURATION|clear (docs/simulator.md)
 
 MACHINE is a machine's UUID or its provider id (sim-0002, a hostname).
 PROCESS is a process's label (agentstart, recovery) or its BMDB name
@@ -169,6 +173,7 @@ var cliCommands = map[string]cliCommand{
 	"run-now":   {args: "MACHINE PROCESS", min: 2, max: 2, flags: runNowFlags, run: (*cli).runNow, reasonOptional: true},
 	"cancel":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: cancelFlags, run: (*cli).cancel},
 	"explain":   {args: "MACHINE", min: 1, max: 1, flags: explainFlags, run: (*cli).explain},
+	"sim":       {args: "fault KIND [TARGET] STATE [DURATION] | fault clear | fault list", min: 2, max: 5, flags: simFlags, run: (*cli).sim, reasonOptional: true},
 }
 
 // pauseFlags are pause's and resume's: a reason and an actor, recorded

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
@@ -96,8 +97,14 @@ func (c *AgentConfig) Check(prefix string) error {
 
 // agent is a running simulated agent.
 type agent struct {
-	key     ed25519.PublicKey
-	started time.Time
+	// providerID is the machine's, by which faults name it, and domains
+	// its rack and PDU (inTopology false for a machine outside the
+	// simulated topology), derived once for the heartbeat rounds.
+	providerID string
+	domains    domains
+	inTopology bool
+	key        ed25519.PublicKey
+	started    time.Time
 	// recorded is set once a heartbeat found the agent recorded in the
 	// BMDB. Until then a mismatch only means AgentStart has not committed
 	// yet.
@@ -143,6 +150,18 @@ type Agents struct {
 	// an agent start draws a new one (see StartAgent), even when another
 	// replica did the reboot.
 	boots map[uuid.UUID]uuid.UUID
+
+	// pollFaults makes Run read the faults of 'shepherd sim fault' (the
+	// simulated provider's own fleet; see faults.go).
+	pollFaults bool
+	// faults are the faults in force as last read; faultEpoch counts the
+	// changes made here since (a power action ending a hang), so that a
+	// read that started before one is not applied.
+	faults     faults
+	faultEpoch uint64
+	// powerActions counts the power actions received
+	// (shepherd_sim_power_actions_total).
+	powerActions *prometheus.CounterVec
 }
 
 var (
@@ -167,19 +186,26 @@ func newAgents(db bmdb.DB, cfg AgentConfig) *Agents {
 		agents: map[uuid.UUID]*agent{},
 		off:    map[uuid.UUID]bool{},
 		boots:  map[uuid.UUID]uuid.UUID{},
+		faults: newFaults(nil),
+
+		powerActions: newPowerActions(),
 	}
 }
 
 // StartAgent implements providers.Provider: after a simulated delay it
 // fails with probability AgentStartFailureRate, or starts an agent with a
 // fresh ed25519 key and returns its public key. The agent heartbeats (while
-// Run runs) once AgentStart has recorded it.
+// Run runs) once AgentStart has recorded it. A machine that a fault makes
+// unreachable, or that hangs or blips, refuses the start (faults.go).
 func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error) {
 	if err := a.check(m); err != nil {
 		return nil, err
 	}
 	if err := a.act(ctx); err != nil {
 		return nil, fmt.Errorf("sim: agent start on %s: %w", m.ProviderID, err)
+	}
+	if err := a.startRefused(m); err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -195,7 +221,8 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 	if err != nil {
 		return nil, fmt.Errorf("sim: generating agent key: %w", err)
 	}
-	a.agents[m.Machine] = &agent{key: key, started: time.Now()}
+	d, inTopology := simDomains(m.ProviderID)
+	a.agents[m.Machine] = &agent{providerID: m.ProviderID, domains: d, inTopology: inTopology, key: key, started: time.Now()}
 	// A simulated agent starts after the machine booted (AgentStart takes
 	// a machine only when it has no agent: at first, or after Recovery
 	// reset it), possibly through another replica, whose reboot this
@@ -207,13 +234,21 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 // Reboot implements providers.Provider: after a simulated delay, the
 // machine's agent (if this replica runs one) is gone, and with probability
 // StayOffRate the machine is left off. A machine that is off stays off, as
-// with a BMC that ignores a power cycle of a chassis that is off.
+// with a BMC that ignores a power cycle of a chassis that is off. The
+// reboot is counted (shepherd_sim_power_actions_total), fails when a fault
+// makes the BMC unreachable, and ends the machine's hang or blip.
 func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
+	if err := a.powerAction(m, actionReboot); err != nil {
+		return err
+	}
 	if err := a.act(ctx); err != nil {
 		return fmt.Errorf("sim: reboot of %s: %w", m.ProviderID, err)
+	}
+	if err := a.endMachineFault(ctx, m); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -226,13 +261,17 @@ func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 }
 
 // PowerState implements providers.PowerReader: after a simulated delay (a
-// BMC's answer), off if this replica saw the machine left off, else on.
+// BMC's answer), off if this replica saw the machine left off, else on;
+// an error when a fault makes the BMC unreachable.
 func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
 	if err := a.check(m); err != nil {
 		return providers.PowerState{}, err
 	}
 	if err := a.act(ctx); err != nil {
 		return providers.PowerState{}, fmt.Errorf("sim: reading the power of %s: %w", m.ProviderID, err)
+	}
+	if err := a.reachBMC(m); err != nil {
+		return providers.PowerState{}, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -243,13 +282,20 @@ func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.Pow
 }
 
 // PowerOn implements providers.PowerOner: after a simulated delay the
-// machine is on (with no agent running).
+// machine is on (with no agent running). Like Reboot, it is counted, fails
+// behind a fault that makes the BMC unreachable, and ends a hang or blip.
 func (a *Agents) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
+	if err := a.powerAction(m, actionPowerOn); err != nil {
+		return err
+	}
 	if err := a.act(ctx); err != nil {
 		return fmt.Errorf("sim: powering on %s: %w", m.ProviderID, err)
+	}
+	if err := a.endMachineFault(ctx, m); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -334,10 +380,21 @@ func (a *Agents) act(ctx context.Context) error {
 // heartbeat, all in one transaction. A failed round is logged and retried at
 // the next interval, as a real agent would. Run returns nil when ctx is done;
 // stopping it stops all heartbeats (agents are kept, and heartbeat again when
-// Run is called again).
+// Run is called again). Agents that a fault silences skip their rounds.
+// For the simulated provider's own fleet (New), Run also reads the faults
+// every FaultPollInterval.
 func (a *Agents) Run(ctx context.Context) error {
 	if a.cfg.HeartbeatInterval <= 0 {
 		return fmt.Errorf("sim: heartbeat interval %s: must be positive", a.cfg.HeartbeatInterval)
+	}
+	if a.pollFaults {
+		// A heartbeat round of a large fleet does not delay the faults.
+		polled := make(chan struct{})
+		defer func() { <-polled }()
+		go func() {
+			defer close(polled)
+			a.runFaults(ctx)
+		}()
 	}
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
@@ -363,7 +420,11 @@ func (a *Agents) heartbeat(ctx context.Context) error {
 	a.mu.Lock()
 	var beating []bmdb.AgentKey
 	died := 0
+	quiet := a.faults.none()
 	for id, ag := range a.agents {
+		if !quiet && a.faults.silent(ag) {
+			continue // unreachable, hung or blipping: heard by no one
+		}
 		if a.rng.Float64() < death {
 			delete(a.agents, id)
 			died++

@@ -21,7 +21,13 @@ func Definition() providers.Definition {
 		Flags: cfg.RegisterFlags,
 		Check: cfg.Check,
 		New: func(env providers.Env) (providers.Provider, error) {
-			return New(env.DB, cfg), nil
+			p := New(env.DB, cfg)
+			if env.Registerer != nil {
+				if err := p.RegisterMetrics(env.Registerer); err != nil {
+					return nil, err
+				}
+			}
+			return p, nil
 		},
 		Demo:      true,
 		DemoFlags: map[string]string{"sim_heartbeat_loss_rate": "0.5"},

@@ -21,6 +21,11 @@
 // key, as the machine's agent. When another replica restarted the agent (a new
 // key) or Recovery deleted the tags, the old agent stops for good, so that
 // two replicas never keep one machine looking alive.
+//
+// The fleet has a shape (topology.go: racks of 40, PDUs of two racks, a
+// switch per rack, one site) and faults that 'shepherd sim fault' injects
+// through the BMDB (faults.go): a dark rack, a PDU off, the site down, a
+// hung or blipping machine. docs/simulator.md describes both.
 package sim
 
 import (
@@ -114,7 +119,11 @@ type Provider struct {
 
 // New returns a simulated provider over db; cfg must have passed Check.
 func New(db bmdb.DB, cfg Config) *Provider {
-	return &Provider{Agents: newAgents(db, cfg.AgentConfig()), db: db, cfg: cfg}
+	a := newAgents(db, cfg.AgentConfig())
+	// The faults of 'shepherd sim fault' name this provider's racks, PDUs
+	// and machines.
+	a.pollFaults = true
+	return &Provider{Agents: a, db: db, cfg: cfg}
 }
 
 // Name implements providers.Provider.
@@ -150,51 +159,79 @@ func (p *Provider) Seed(ctx context.Context) error {
 }
 
 func (p *Provider) seedOnce(ctx context.Context) (int, error) {
-	var existing map[string]bool
+	var existing map[string]bmdb.Provided
 	err := p.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 		ms, err := tx.ProvidedBy(ctx, Name)
 		if err != nil {
 			return err
 		}
-		existing = make(map[string]bool, len(ms))
+		existing = make(map[string]bmdb.Provided, len(ms))
 		for _, m := range ms {
-			existing[m.ProviderID] = true
+			existing[m.ProviderID] = m
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
-	var missing []int
+	var missing, moved []int
 	for i := range p.cfg.Machines {
-		if !existing[ProviderID(i)] {
+		m, ok := existing[ProviderID(i)]
+		switch {
+		case !ok:
 			missing = append(missing, i)
+		case m.Location != TopologyOf(i).Location:
+			// Seeded by a binary before the topology (location sim-rack-NN).
+			moved = append(moved, i)
 		}
 	}
-	created := 0
-	for len(missing) > 0 {
-		batch := missing[:min(len(missing), seedBatch)]
-		missing = missing[len(batch):]
+	created, err := p.seedBatches(ctx, missing, func(ctx context.Context, tx bmdb.Tx, i int) error {
+		_, err := tx.AddMachine(ctx, simMachine(i))
+		return err
+	})
+	if err != nil {
+		return created, err
+	}
+	_, err = p.seedBatches(ctx, moved, func(ctx context.Context, tx bmdb.Tx, i int) error {
+		m := simMachine(i)
+		m.Power = existing[m.ProviderID].Power
+		_, err := tx.UpdateProvided(ctx, m)
+		return err
+	})
+	return created, err
+}
+
+// simMachine is the i-th simulated machine as Seed provides it.
+func simMachine(i int) bmdb.Provided {
+	return bmdb.Provided{
+		Provider:   Name,
+		ProviderID: ProviderID(i),
+		Address:    fmt.Sprintf("%s.sim.invalid", ProviderID(i)),
+		Location:   TopologyOf(i).Location,
+	}
+}
+
+// seedBatches calls write for each of the machines ids, seedBatch of them
+// per transaction, and returns how many it wrote.
+func (p *Provider) seedBatches(ctx context.Context, ids []int, write func(ctx context.Context, tx bmdb.Tx, i int) error) (int, error) {
+	done := 0
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), seedBatch)]
+		ids = ids[len(batch):]
 		err := p.db.Transact(ctx, func(ctx context.Context, tx bmdb.Tx) error {
 			for _, i := range batch {
-				_, err := tx.AddMachine(ctx, bmdb.Provided{
-					Provider:   Name,
-					ProviderID: ProviderID(i),
-					Address:    fmt.Sprintf("%s.sim.invalid", ProviderID(i)),
-					Location:   fmt.Sprintf("sim-rack-%02d", i/40),
-				})
-				if err != nil {
+				if err := write(ctx, tx, i); err != nil {
 					return err
 				}
 			}
 			return nil
 		})
 		if err != nil {
-			return created, err
+			return done, err
 		}
-		created += len(batch)
+		done += len(batch)
 	}
-	return created, nil
+	return done, nil
 }
 
 func isUniqueViolation(err error) bool {
