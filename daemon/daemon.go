@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"sync"
 	"time"
@@ -106,7 +107,21 @@ type Options struct {
 
 	// Agents configures the agents' heartbeat endpoint.
 	Agents AgentOptions
+
+	// GracefulShutdownTimeout bounds the whole stop, from the end of Run's
+	// context (or a part's error) to Run's return: every stage of Run's
+	// stop order shares it, in-flight work's ShutdownGrace included, so it
+	// must be longer than every loop's. A part still running when it has
+	// passed is abandoned and named in the log, and Run's error wraps
+	// ErrShutdownTimeout. Zero: DefaultGracefulShutdownTimeout; negative:
+	// no bound.
+	GracefulShutdownTimeout time.Duration
 }
+
+// DefaultGracefulShutdownTimeout is Options.GracefulShutdownTimeout's
+// default: the loops' default ShutdownGrace (10s) and RunGrace (5s), with
+// room for the lease ends and the other stages.
+const DefaultGracefulShutdownTimeout = 30 * time.Second
 
 // Loop is one process to run, with its runner's configuration.
 type Loop struct {
@@ -148,12 +163,6 @@ type Daemon struct {
 	ran bool
 }
 
-// readyzCheck is a readiness check of AddReadyzCheck.
-type readyzCheck struct {
-	name  string
-	check func(*http.Request) error
-}
-
 // DefaultStateDir is demo mode's directory when Options.StateDir is empty,
 // and where the operator commands look for a running demo.
 const DefaultStateDir = ".shepherd"
@@ -177,6 +186,12 @@ func New(opts Options) (*Daemon, error) {
 	}
 	if len(opts.Loops) == 0 {
 		return nil, errors.New("no process to run")
+	}
+	if opts.GracefulShutdownTimeout == 0 {
+		opts.GracefulShutdownTimeout = DefaultGracefulShutdownTimeout
+	}
+	if err := checkShutdownTimeout(opts.GracefulShutdownTimeout, opts.Loops); err != nil {
+		return nil, err
 	}
 	switch p := opts.Provider; {
 	case p.Name == "" || p.New == nil:
@@ -205,8 +220,23 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
+// checkShutdownTimeout refuses a bound on the stop that a loop's grace for
+// its in-flight work would overrun by itself.
+func checkShutdownTimeout(timeout time.Duration, loops []Loop) error {
+	if timeout < 0 {
+		return nil
+	}
+	for _, l := range loops {
+		if grace := l.Config.ShutdownGrace; grace >= timeout {
+			return fmt.Errorf("GracefulShutdownTimeout %s: must be longer than the ShutdownGrace of %s (%s), which is part of the stop", timeout, l.Process.Info.Label, grace)
+		}
+	}
+	return nil
+}
+
 // Add adds a part of the program's own, run with the control loops and
-// stopped with them, first. It must be called before Run.
+// stopped with them, first. It must be called before Run. The log names
+// it (Named) when it overruns Options.GracefulShutdownTimeout.
 func (d *Daemon) Add(r Runnable) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -217,18 +247,34 @@ func (d *Daemon) Add(r Runnable) error {
 	return nil
 }
 
-// AddReadyzCheck adds a condition of readiness: while the daemon runs,
-// /readyz answers 503 with "name: error" while check returns an error. It
-// must be called before Run.
+// AddReadyzCheck adds a named condition of readiness: /readyz fails
+// (500, with the line "[-]name failed: error") while check returns an
+// error, lists it with ?verbose ("[+]name ok"), leaves it out with
+// ?exclude=name, and /readyz/name answers for it alone. The built-in
+// checks are running, database, sessions, agents and stalled
+// (docs/lifecycle.md). name is a word of lower-case letters, digits, '-'
+// and '_', used once. check is called on every probe, from the start of
+// Run to its end, and must return quickly. It must be called before Run.
 func (d *Daemon) AddReadyzCheck(name string, check func(*http.Request) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ran {
 		return errors.New("daemon: AddReadyzCheck after Run")
 	}
+	switch {
+	case !checkNameRE.MatchString(name):
+		return fmt.Errorf("daemon: readiness check name %q: want lower-case letters, digits, '-' and '_'", name)
+	case isBuiltinCheck(name) || slices.ContainsFunc(d.checks, func(c readyzCheck) bool { return c.name == name }):
+		return fmt.Errorf("daemon: readiness check %q added twice (or named like a built-in one)", name)
+	case check == nil:
+		return fmt.Errorf("daemon: readiness check %q: no function", name)
+	}
 	d.checks = append(d.checks, readyzCheck{name: name, check: check})
 	return nil
 }
+
+// checkNameRE is a valid readiness check's name.
+var checkNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 // Reload asks the provider to reread its configuration (the static
 // inventory): the command line's answer to SIGHUP. It does not wait: the
@@ -258,7 +304,9 @@ func (d *Daemon) Reload() {
 // shutdown grace); the provider; history retention and the replication
 // watch; the heartbeat endpoint; the BMDB's connections; demo mode's
 // PostgreSQL; the HTTP server, so that /readyz reports the stop until the
-// end.
+// end. Options.GracefulShutdownTimeout bounds the whole stop: past it, the
+// parts still running are abandoned and named, and the error wraps
+// ErrShutdownTimeout.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	ran := d.ran
@@ -273,12 +321,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx = klog.NewContext(ctx, log)
 	g := newGroup(ctx, log)
-	var ready readiness
-	ready.set("starting")
-	if err := d.start(ctx, g, &ready); err != nil {
+	ready := newReadiness(d.opts.Agents.Listen != "", d.checks)
+	if err := d.start(ctx, g, ready); err != nil {
 		g.fail(err)
 	}
-	return g.wait(func(err error) {
+	return g.wait(d.opts.GracefulShutdownTimeout, func(err error) {
 		if err != nil {
 			ready.set("stopping: " + err.Error())
 			return
@@ -301,7 +348,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	if err != nil {
 		return err
 	}
-	g.start(stageHTTP, httpServer)
+	g.start(stageHTTP, "HTTP server", httpServer)
 
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
@@ -314,7 +361,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		if err != nil {
 			return err
 		}
-		g.start(stageAgents, agents)
+		g.start(stageAgents, "heartbeat endpoint", agents)
 		if o.Agents.HeartbeatURL == "" {
 			o.Agents.HeartbeatURL = derivedHeartbeatURL(o.Agents.Listen, o.Agents.TLSCert != "", agents.port())
 		}
@@ -324,7 +371,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	if dsn == "" {
 		ready.set("demo mode: starting PostgreSQL")
 		demo := &demoCluster{opts: o, statusURL: statusURL(httpServer.addr()), stop: g.stop, ready: make(chan string, 1)}
-		g.start(stageDemo, demo)
+		g.start(stageDemo, "demo PostgreSQL", demo)
 		select {
 		case dsn = <-demo.ready:
 		case <-g.stop.Done():
@@ -350,7 +397,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		db.Close()
 		return err
 	}
-	g.start(stageDatabase, RunnableFunc(func(ctx context.Context) error {
+	g.start(stageDatabase, "BMDB pools", RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
 		readDB.Close()
 		db.Close()
@@ -358,7 +405,6 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	}))
 	log.Info("Using the BMDB", "target", target)
 
-	checks := slices.Clone(d.checks)
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
 		// with 503; the agents send the next one at their next interval.
@@ -367,7 +413,6 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 			SourceRate: o.Agents.SourceRate, SourceBurst: o.Agents.SourceBurst,
 			MaxConns: o.Agents.MaxConns, MaxConnsPerSource: o.Agents.MaxConnsPerSource, IdleTimeout: o.Agents.IdleTimeout,
 		})
-		checks = append(checks, readyzCheck{check: agents.check})
 	}
 
 	// Opening does not connect, so the fleet and the loops can be built
@@ -399,42 +444,40 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		return err
 	}
 
-	// Readiness reflects progress, not only a ping: heartbeats, reaps and
-	// transactions that keep failing (a locked table, statements timing
-	// out, a broken reaper) make the replica not ready.
-	stallWindow := 2 * o.SessionInterval
-	checks = append(checks, readyzCheck{check: func(*http.Request) error {
-		if p := db.Stalled(stallWindow); p != "" {
-			return errors.New(p)
-		}
-		return nil
-	}})
-	ready.running(db, runners, checks)
+	ready.running(&readyState{db: db, runners: runners, agents: agents, stallWindow: 2 * o.SessionInterval})
 
-	g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+	g.start(stageBackground, "replication watch", RunnableFunc(func(ctx context.Context) error {
 		watchReplication(ctx, db, replicationCheckInterval)
 		return nil
 	}))
 	if o.HistoryRetention == 0 {
 		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
-		g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+		g.start(stageBackground, "history retention", RunnableFunc(func(ctx context.Context) error {
 			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
 		}))
 	}
-	g.start(stageProvider, RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
+	g.start(stageProvider, "provider "+f.Name(), RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
 	// A loop that refuses to run (a process whose condition reads a table
 	// no trigger watches) stops the others: the daemon exits with its
 	// error instead of running without it.
 	for _, r := range runners {
-		g.start(stageLoops, RunnableFunc(r.Run))
+		g.start(stageLoops, "process "+r.Info().Label, RunnableFunc(r.Run))
 	}
 	d.mu.Lock()
-	for _, r := range d.runnables {
-		g.start(stageLoops, r)
+	for i, r := range d.runnables {
+		g.start(stageLoops, partName(i, r), r)
 	}
 	d.mu.Unlock()
 	return nil
+}
+
+// partName is the name in the log of r, the i-th part of Add.
+func partName(i int, r Runnable) string {
+	if n, ok := r.(Named); ok {
+		return n.Name()
+	}
+	return fmt.Sprintf("part %d of Add (%T)", i+1, r)
 }
 
 // buildLoops prepares a runner for every loop.

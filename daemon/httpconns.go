@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,7 +46,9 @@ func httpConnLimits() connLimits {
 }
 
 // isProbe reports the paths a probe-only connection serves.
-func isProbe(path string) bool { return path == "/healthz" || path == "/readyz" }
+func isProbe(path string) bool {
+	return path == "/healthz" || path == "/readyz" || strings.HasPrefix(path, "/readyz/")
+}
 
 // Actions of the limiting listener, the values of the action label of
 // shepherd_http_connections_limited_total.
