@@ -311,7 +311,7 @@ func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h h
 	// headers, sending a slow body, holding idle keep-alives or opening
 	// thousands of connections costs a bounded amount of memory and no
 	// goroutine forever, and cannot keep the probes from being answered
-	// (limitListener).
+	// (package connlimit).
 	ll := newLimitListener(l, httpConnLimits(), limited)
 	srv := &http.Server{
 		Handler:           probeOnlyGuard(h),
@@ -320,7 +320,7 @@ func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h h
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ConnState:         ll.trackConnState,
+		ConnState:         trackConnState(ll),
 		ConnContext:       connContext,
 	}
 	klog.FromContext(ctx).Info("Serving /metrics, /healthz and /readyz", "url", "http://"+ll.Addr().String())
