@@ -28,6 +28,10 @@ var layers = map[string][]string{
 	"statuspage":  {"daemon", "shepherdcli", "cmd", "processes", "providers/"},
 	"heartbeat":   {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
 	"daemon":      {"shepherdcli", "cmd"},
+	// The BMC protocols share their credentials through bmccred, not
+	// through each other.
+	"providers/ipmi":    {"providers/redfish"},
+	"providers/redfish": {"providers/ipmi"},
 }
 
 // forbids reports whether the rule (a package path relative to the

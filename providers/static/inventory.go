@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/shepherd-fleet/shepherd/internal/secretfile"
+	"github.com/shepherd-fleet/shepherd/providers/bmccred"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/untrusted"
@@ -388,7 +388,7 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 				"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
 				"credentials_file": func(_, v *yaml.Node) {
 					hasCredentials = true
-					t.CredentialsFile, _ = p.ipmiCredentialsFile(v, path+".ipmi.credentials_file")
+					t.CredentialsFile, _ = p.credentialsFile(v, path+".ipmi.credentials_file")
 				},
 				"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
 				"privilege": func(_, v *yaml.Node) {
@@ -594,26 +594,13 @@ func (p *parser) path(n *yaml.Node, field string) (string, bool) {
 	return s, true
 }
 
-// credentialsFile must exist and parse, as must an IPMI credentials file
-// and a CA file; their content is not kept (it is read again at each use,
+// credentialsFile (a Redfish or IPMI BMC's, package bmccred) must exist
+// and parse, as must a CA file; their content is not kept (it is read again at each use,
 // so that rotation needs no reload) and never quoted.
 func (p *parser) credentialsFile(n *yaml.Node, field string) (string, bool) {
 	return parsed(p, n, field, p.path, checkFile(func(file string) error {
-		_, err := redfish.ReadCredentials(file)
+		_, err := bmccred.Read(file)
 		return err
-	}))
-}
-
-func (p *parser) ipmiCredentialsFile(n *yaml.Node, field string) (string, bool) {
-	return parsed(p, n, field, p.path, checkFile(func(file string) error {
-		data, err := secretfile.Read(file, 64<<10)
-		if err == nil {
-			_, err = redfish.ParseCredentials(data)
-		}
-		if err != nil {
-			return fmt.Errorf("IPMI credentials: %w", err)
-		}
-		return nil
 	}))
 }
 
