@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -267,8 +268,8 @@ func TestRunnerCustomBackoff(t *testing.T) {
 
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		if hostKey[task.Machine] {
-			err := controlloop.WithBackoff(errors.New("ssh: host key changed"), custom)
-			// Wrapped: the runner finds the BackoffError in the chain.
+			err := backoff.With(errors.New("ssh: host key changed"), custom)
+			// Wrapped: the runner finds the backoff.Error in the chain.
 			return fmt.Errorf("starting agent: %w", err)
 		}
 		return errors.New("ssh: connection reset")

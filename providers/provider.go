@@ -17,7 +17,7 @@ import (
 // cloud API. Implementations must honour ctx: when it is cancelled the lease
 // may no longer be held, and the provider must stop acting. A failure mode
 // that deserves its own backoff (a changed SSH host key) is returned wrapped
-// by controlloop.WithBackoff; the runner applies it to the failing lease.
+// by backoff.With; the runner applies it to the failing lease.
 type Provider interface {
 	// Name identifies the provider in machine_provided.provider.
 	Name() string

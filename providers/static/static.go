@@ -37,8 +37,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
@@ -333,7 +333,7 @@ func (p *Provider) lookup(m bmdb.Provided) (*Machine, error) {
 	inv := p.Inventory()
 	e, ok := inv.Machine(m.ProviderID)
 	if !ok {
-		return nil, controlloop.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or let it be removed", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
+		return nil, backoff.With(fmt.Errorf("%w %s: %s was removed from it; list it again, or let it be removed", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
 	}
 	return e, nil
 }
