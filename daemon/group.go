@@ -128,7 +128,7 @@ func (g *group) fail(err error) {
 		g.cancelStop()
 	case errors.Is(err, context.Canceled):
 	default:
-		g.log.Error(err, "a part of the daemon failed while it stopped")
+		g.log.Error(err, "A part of the daemon failed while it stopped")
 	}
 }
 
@@ -191,7 +191,7 @@ func (g *group) overran(s stage, timeout time.Duration) error {
 	}
 	slices.Sort(late)
 	slices.Sort(abandoned)
-	g.log.Error(nil, "the stop overran the shutdown timeout: abandoning the parts still running",
+	g.log.Error(nil, "The stop overran the shutdown timeout: abandoning the parts still running",
 		"timeout", timeout, "overran", late, "not_stopped", abandoned)
 	if len(late) == 0 {
 		// The stage returned as the timeout passed: the later ones had

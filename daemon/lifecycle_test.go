@@ -353,7 +353,7 @@ func TestShutdownTimeoutNamesThePart(t *testing.T) {
 		t.Fatalf("Run: %v, want ErrShutdownTimeout naming stubborn", err)
 	}
 	log := td.log()
-	if !regexp.MustCompile(`"msg"="the stop overran the shutdown timeout[^"]*".*"overran"=\["stubborn"\]`).MatchString(log) {
+	if !regexp.MustCompile(`"msg"="The stop overran the shutdown timeout[^"]*".*"overran"=\["stubborn"\]`).MatchString(log) {
 		t.Errorf("the log does not name the part that overran:\n%s", log)
 	}
 }

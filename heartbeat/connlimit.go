@@ -30,7 +30,7 @@ func (s *Server) limitConns(ln net.Listener, logger klog.Logger) *connlimit.List
 			if sourceFull {
 				what = fmt.Sprintf("source %s has %d connections open (Options.MaxConnsPerSource)", source, maxPerSource)
 			}
-			s.connLog.log(logger, "heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
+			s.connLog.log(logger, "Heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
 		},
 	})
 }

@@ -40,7 +40,7 @@ func TestShutdownTimeoutExitStatus(t *testing.T) {
 		t.Errorf("exit status %d, want %d", code, exitShutdownTimeout)
 	}
 	log := run.Log()
-	for _, want := range []string{`"the stop overran the shutdown timeout`, `overran=["provider stubborn"]`, "still running: provider stubborn"} {
+	for _, want := range []string{`"The stop overran the shutdown timeout`, `overran=["provider stubborn"]`, "still running: provider stubborn"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %q:\n%s", want, run.Tail(20))
 		}
