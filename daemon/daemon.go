@@ -125,8 +125,10 @@ const DefaultGracefulShutdownTimeout = 30 * time.Second
 
 // Loop is one process to run, with its runner's configuration.
 type Loop struct {
-	Process controlloop.Definition
-	Config  controlloop.Config
+	// Definition is the process's: its identity, condition and Handler.
+	Definition controlloop.Definition
+	// Config is its runner's.
+	Config controlloop.Config
 }
 
 // AgentOptions configure the agents' heartbeat endpoint.
@@ -228,7 +230,7 @@ func checkShutdownTimeout(timeout time.Duration, loops []Loop) error {
 	}
 	for _, l := range loops {
 		if grace := l.Config.ShutdownGrace; grace >= timeout {
-			return fmt.Errorf("GracefulShutdownTimeout %s: must be longer than the ShutdownGrace of %s (%s), which is part of the stop", timeout, l.Process.Info.Label, grace)
+			return fmt.Errorf("GracefulShutdownTimeout %s: must be longer than the ShutdownGrace of %s (%s), which is part of the stop", timeout, l.Definition.Info.Label, grace)
 		}
 	}
 	return nil
@@ -485,13 +487,13 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 	var runners []*controlloop.Runner
 	for _, l := range loops {
 		dbMetrics.InitComponent(l.Config.Session.Component)
-		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db})
+		h, err := l.Definition.New(controlloop.Env{Provider: provider, DB: db})
 		if err != nil {
-			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
+			return nil, fmt.Errorf("building %s: %w", l.Definition.Info.Label, err)
 		}
-		r, err := controlloop.NewRunner(db, l.Process, h, l.Config, loopMetrics)
+		r, err := controlloop.NewRunner(db, l.Definition, h, l.Config, loopMetrics)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", l.Process.Info.Label, err)
+			return nil, fmt.Errorf("%s: %w", l.Definition.Info.Label, err)
 		}
 		runners = append(runners, r)
 	}

@@ -87,7 +87,7 @@ func newTestDaemonWith(t *testing.T, edit func(*daemon.Options)) *testDaemon {
 	opts := daemon.Options{
 		Logger:           log,
 		DSN:              bmdbtest.NewDatabase(t),
-		Loops:            []daemon.Loop{{Process: def, Config: controlloop.DefaultConfig(def.Info)}},
+		Loops:            []daemon.Loop{{Definition: def, Config: controlloop.DefaultConfig(def.Info)}},
 		Provider:         simDef,
 		Listen:           "127.0.0.1:0",
 		HistoryRetention: time.Hour,
@@ -365,7 +365,7 @@ func TestShutdownTimeoutBelowTheGrace(t *testing.T) {
 	def := agentstart.Definition()
 	cfg := controlloop.DefaultConfig(def.Info)
 	_, err := daemon.New(daemon.Options{
-		Loops:                   []daemon.Loop{{Process: def, Config: cfg}},
+		Loops:                   []daemon.Loop{{Definition: def, Config: cfg}},
 		GracefulShutdownTimeout: cfg.ShutdownGrace,
 	})
 	if err == nil || !strings.Contains(err.Error(), "must be longer than the ShutdownGrace of agentstart") {

@@ -101,7 +101,7 @@ func TestProviderDefinitionLifecycle(t *testing.T) {
 func TestNewChecksTheProvider(t *testing.T) {
 	t.Parallel()
 	def := agentstart.Definition()
-	loops := []daemon.Loop{{Process: def, Config: controlloop.DefaultConfig(def.Info)}}
+	loops := []daemon.Loop{{Definition: def, Config: controlloop.DefaultConfig(def.Info)}}
 	newProvider := func(providers.Env) (providers.Provider, error) { return nil, nil }
 	for _, c := range []struct {
 		name string

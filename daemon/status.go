@@ -42,7 +42,7 @@ func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops []Loo
 	ps := statuspage.FromRunners(runners...)
 	for i := range ps {
 		if i < len(loops) {
-			ps[i].Tags = loops[i].Process.Tags
+			ps[i].Tags = loops[i].Definition.Tags
 		}
 	}
 	h := statuspage.New(db, ps, statuspage.Options{Program: s.prog})

@@ -342,7 +342,7 @@ func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Option
 		},
 	}
 	for _, l := range c.enabled {
-		o.Loops = append(o.Loops, daemon.Loop{Process: l.def, Config: l.cfg})
+		o.Loops = append(o.Loops, daemon.Loop{Definition: l.def, Config: l.cfg})
 	}
 	return o
 }

@@ -320,11 +320,6 @@ func recoverLibrary(ctx context.Context, t Target, when string, err *error) {
 // maxPanicText bounds the panic's text in a cause.
 const maxPanicText = 200
 
-// errLibraryFailed opens the cause of an action during which the IPMI
-// library panicked on what the BMC sent (a bug of the library's, reached
-// by a broken or hostile BMC past the guard).
-var errLibraryFailed = errors.New("BMC protocol library failed on the BMC's reply")
-
 // stage names the part of the session a library error came from, to keep
 // in a cause that names the refused packet instead of the library's words.
 func stage(err error) string {

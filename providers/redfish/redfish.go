@@ -126,9 +126,6 @@ func ParseEndpoint(s string) (string, error) {
 	return u.Scheme + "://" + u.Host, nil
 }
 
-// ErrCleartext refuses an http:// endpoint not explicitly allowed.
-var ErrCleartext = errors.New("http:// would send the BMC's password in cleartext: use https://, or set redfish.allow_http: true for this machine")
-
 // ValidResetType reports whether t is one of ResetTypes.
 func ValidResetType(t string) bool { return slices.Contains(ResetTypes, t) }
 

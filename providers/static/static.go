@@ -51,10 +51,6 @@ import (
 // Name is the provider's name in machine_provided.provider.
 const Name = "static"
 
-// ErrNotInInventory is wrapped by the errors of actions on a machine that
-// the BMDB has but the loaded inventory no longer lists.
-var ErrNotInInventory = errors.New("machine not in the inventory")
-
 // RemovedBackoff is the backoff of an action on a machine removed from the
 // inventory but still in the BMDB (kept while leased, or by
 // -inventory_keep_unlisted): nothing will change for it until an operator
