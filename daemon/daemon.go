@@ -369,43 +369,10 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		}
 	}
 
-	dsn := o.DSN
-	if dsn == "" {
-		ready.set("demo mode: starting PostgreSQL")
-		demo := &demoCluster{opts: o, statusURL: statusURL(httpServer.addr()), stop: g.stop, ready: make(chan string, 1)}
-		g.start(stageDemo, "demo PostgreSQL", demo)
-		select {
-		case dsn = <-demo.ready:
-		case <-g.stop.Done():
-			return nil
-		}
-	}
-	target, _ := pgdsn.Describe(dsn)
-
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{
-		Metrics: dbMetrics,
-		// A partitioned replica's open transaction must not hold lease rows
-		// past its sessions' expiry: the server ends it well before.
-		IdleInTransactionTimeout: o.SessionInterval / 2,
-	})
-	if err != nil {
+	db, readDB, target, err := d.openDatabase(ctx, g, ready, httpServer.addr(), dbMetrics)
+	if db == nil {
 		return err
 	}
-	// The status page reads through a pool of its own, so that operators
-	// reloading it (or a flood of requests) during a slow database cannot
-	// take the connections that sessions, claims and lease endings need.
-	readDB, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
-	if err != nil {
-		db.Close()
-		return err
-	}
-	g.start(stageDatabase, "BMDB pools", RunnableFunc(func(ctx context.Context) error {
-		<-ctx.Done()
-		readDB.Close()
-		db.Close()
-		return nil
-	}))
-	log.Info("Using the BMDB", "target", target)
 
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
@@ -447,13 +414,66 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	}
 
 	ready.running(&readyState{db: db, runners: runners, agents: agents, stallWindow: 2 * o.SessionInterval})
+	d.startRunning(ctx, g, db, f, runners)
+	return nil
+}
 
+// openDatabase opens the BMDB's pools (after starting demo mode's
+// PostgreSQL when no DSN is given) and starts the part that closes them.
+// It returns no database, and the error (nil when g stopped first), if
+// the daemon must not go on.
+func (d *Daemon) openDatabase(ctx context.Context, g *group, ready *readiness, httpAddr string, metrics *bmdb.Metrics) (db, readDB *bmdb.DB, target string, err error) {
+	o := &d.opts
+	dsn := o.DSN
+	if dsn == "" {
+		ready.set("demo mode: starting PostgreSQL")
+		demo := &demoCluster{opts: o, statusURL: statusURL(httpAddr), stop: g.stop, ready: make(chan string, 1)}
+		g.start(stageDemo, "demo PostgreSQL", demo)
+		select {
+		case dsn = <-demo.ready:
+		case <-g.stop.Done():
+			return nil, nil, "", nil
+		}
+	}
+	target, _ = pgdsn.Describe(dsn)
+	db, err = bmdb.Open(ctx, dsn, bmdb.Options{
+		Metrics: metrics,
+		// A partitioned replica's open transaction must not hold lease rows
+		// past its sessions' expiry: the server ends it well before.
+		IdleInTransactionTimeout: o.SessionInterval / 2,
+	})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	// The status page reads through a pool of its own, so that operators
+	// reloading it (or a flood of requests) during a slow database cannot
+	// take the connections that sessions, claims and lease endings need.
+	readDB, err = bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
+	if err != nil {
+		db.Close()
+		return nil, nil, "", err
+	}
+	g.start(stageDatabase, "BMDB pools", RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		readDB.Close()
+		db.Close()
+		return nil
+	}))
+	klog.FromContext(ctx).Info("Using the BMDB", "target", target)
+	return db, readDB, target, nil
+}
+
+// startRunning starts the parts that run once the BMDB is ready: history
+// retention, the replication watch, the provider's own work, the control
+// loops and the parts of Add.
+func (d *Daemon) startRunning(ctx context.Context, g *group, db *bmdb.DB, f *fleet, runners []*controlloop.Runner) {
+	o := &d.opts
 	g.start(stageBackground, "replication watch", RunnableFunc(func(ctx context.Context) error {
 		watchReplication(ctx, db, replicationCheckInterval)
 		return nil
 	}))
 	if o.HistoryRetention == 0 {
-		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
+		klog.FromContext(ctx).Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
 		g.start(stageBackground, "history retention", RunnableFunc(func(ctx context.Context) error {
 			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
@@ -471,7 +491,6 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		g.start(stageLoops, partName(i, r), r)
 	}
 	d.mu.Unlock()
-	return nil
 }
 
 // partName is the name in the log of r, the i-th part of Add.

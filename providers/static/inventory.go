@@ -344,69 +344,8 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 				hasAddress, hasUser = true, true // reported as not a mapping
 			}
 		},
-		"redfish": func(k, v *yaml.Node) {
-			rf := d.redfish
-			var hasEndpoint, hasCredentials bool
-			endpointLine := k.Line
-			if p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
-				"endpoint": func(_, v *yaml.Node) {
-					hasEndpoint = true
-					endpointLine = v.Line
-					rf.Endpoint, _ = p.endpoint(v, path+".redfish.endpoint")
-				},
-				"allow_http": func(_, v *yaml.Node) { rf.AllowHTTP, _ = p.boolean(v, path+".redfish.allow_http") },
-				"credentials_file": func(_, v *yaml.Node) {
-					hasCredentials = true
-					rf.CredentialsFile, _ = p.credentialsFile(v, path+".redfish.credentials_file")
-				},
-				"system_id": func(_, v *yaml.Node) { rf.SystemID, _ = p.text(v, path+".redfish.system_id", 255) },
-				"reset_type": func(_, v *yaml.Node) {
-					rf.ResetType, _ = p.resetType(v, path+".redfish.reset_type")
-				},
-				"ca_file": func(_, v *yaml.Node) { rf.CAFile, _ = p.caFile(v, path+".redfish.ca_file") },
-			}) {
-				if !hasEndpoint {
-					p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
-				}
-				if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
-					p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
-				}
-				if !hasCredentials && d.redfish.CredentialsFile == "" {
-					p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
-				}
-				m.Redfish = &rf
-			}
-		},
-		"ipmi": func(k, v *yaml.Node) {
-			t := ipmi.Target{Port: ipmi.DefaultPort}
-			var hasAddress, hasCredentials bool
-			if p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
-				"address": func(_, v *yaml.Node) {
-					hasAddress = true
-					t.Address, _ = p.host(v, path+".ipmi.address")
-				},
-				"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
-				"credentials_file": func(_, v *yaml.Node) {
-					hasCredentials = true
-					t.CredentialsFile, _ = p.credentialsFile(v, path+".ipmi.credentials_file")
-				},
-				"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
-				"privilege": func(_, v *yaml.Node) {
-					t.Privilege, _ = p.oneOf(v, path+".ipmi.privilege", ipmi.Privileges)
-				},
-				"reset_type": func(_, v *yaml.Node) {
-					t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
-				},
-			}) {
-				if !hasAddress {
-					p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
-				}
-				if !hasCredentials {
-					p.addf(k.Line, path+".ipmi.credentials_file", "missing")
-				}
-				m.IPMI = &t
-			}
-		},
+		"redfish": func(k, v *yaml.Node) { m.Redfish = p.redfishSection(k, v, path, d) },
+		"ipmi":    func(k, v *yaml.Node) { m.IPMI = p.ipmiSection(k, v, path) },
 		"power": func(k, v *yaml.Node) {
 			powerLine = v.Line
 			m.Power, _ = p.oneOf(v, path+".power", []string{PowerRedfish, PowerIPMI, PowerSSH})
@@ -440,6 +379,77 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 		p.addf(sshLine, path+".ssh.user", "missing, and no defaults.ssh.user")
 	}
 	return m, len(p.problems) == before
+}
+
+// redfishSection parses a machine's redfish section, at key k and value
+// v, over the inventory's defaults d; nil if it is not a mapping.
+func (p *parser) redfishSection(k, v *yaml.Node, path string, d defaults) *redfish.Target {
+	rf := d.redfish
+	var hasEndpoint, hasCredentials bool
+	endpointLine := k.Line
+	if p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
+		"endpoint": func(_, v *yaml.Node) {
+			hasEndpoint = true
+			endpointLine = v.Line
+			rf.Endpoint, _ = p.endpoint(v, path+".redfish.endpoint")
+		},
+		"allow_http": func(_, v *yaml.Node) { rf.AllowHTTP, _ = p.boolean(v, path+".redfish.allow_http") },
+		"credentials_file": func(_, v *yaml.Node) {
+			hasCredentials = true
+			rf.CredentialsFile, _ = p.credentialsFile(v, path+".redfish.credentials_file")
+		},
+		"system_id": func(_, v *yaml.Node) { rf.SystemID, _ = p.text(v, path+".redfish.system_id", 255) },
+		"reset_type": func(_, v *yaml.Node) {
+			rf.ResetType, _ = p.resetType(v, path+".redfish.reset_type")
+		},
+		"ca_file": func(_, v *yaml.Node) { rf.CAFile, _ = p.caFile(v, path+".redfish.ca_file") },
+	}) {
+		if !hasEndpoint {
+			p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
+		}
+		if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
+			p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
+		}
+		if !hasCredentials && d.redfish.CredentialsFile == "" {
+			p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
+		}
+		return &rf
+	}
+	return nil
+}
+
+// ipmiSection parses a machine's ipmi section, at key k and value v; nil
+// if it is not a mapping.
+func (p *parser) ipmiSection(k, v *yaml.Node, path string) *ipmi.Target {
+	t := ipmi.Target{Port: ipmi.DefaultPort}
+	var hasAddress, hasCredentials bool
+	if p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
+		"address": func(_, v *yaml.Node) {
+			hasAddress = true
+			t.Address, _ = p.host(v, path+".ipmi.address")
+		},
+		"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
+		"credentials_file": func(_, v *yaml.Node) {
+			hasCredentials = true
+			t.CredentialsFile, _ = p.credentialsFile(v, path+".ipmi.credentials_file")
+		},
+		"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
+		"privilege": func(_, v *yaml.Node) {
+			t.Privilege, _ = p.oneOf(v, path+".ipmi.privilege", ipmi.Privileges)
+		},
+		"reset_type": func(_, v *yaml.Node) {
+			t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
+		},
+	}) {
+		if !hasAddress {
+			p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
+		}
+		if !hasCredentials {
+			p.addf(k.Line, path+".ipmi.credentials_file", "missing")
+		}
+		return &t
+	}
+	return nil
 }
 
 // mapping checks that n is a mapping whose keys are all in fields, each at
@@ -595,8 +605,8 @@ func (p *parser) path(n *yaml.Node, field string) (string, bool) {
 }
 
 // credentialsFile (a Redfish or IPMI BMC's, package bmccred) must exist
-// and parse, as must a CA file; their content is not kept (it is read again at each use,
-// so that rotation needs no reload) and never quoted.
+// and parse, as must a CA file; their content is not kept (it is read
+// again at each use, so that rotation needs no reload) and never quoted.
 func (p *parser) credentialsFile(n *yaml.Node, field string) (string, bool) {
 	return parsed(p, n, field, p.path, checkFile(func(file string) error {
 		_, err := bmccred.Read(file)
