@@ -20,6 +20,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -320,7 +321,7 @@ func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h h
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ConnState:         trackConnState(ll),
+		ConnState:         connlimit.StateHook(ll, http.StateActive, http.StateIdle),
 		ConnContext:       connContext,
 	}
 	klog.FromContext(ctx).Info("Serving /metrics, /healthz and /readyz", "url", "http://"+ll.Addr().String())

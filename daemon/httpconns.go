@@ -57,19 +57,6 @@ func newLimitListener(l net.Listener, limits connlimit.Limits, limited *promethe
 	})
 }
 
-// trackConnState returns the server's ConnState hook, which tells ll
-// which of its connections carry a request.
-func trackConnState(ll *connlimit.Listener) func(net.Conn, http.ConnState) {
-	return func(c net.Conn, state http.ConnState) {
-		switch state {
-		case http.StateActive:
-			ll.SetBusy(c, true)
-		case http.StateIdle:
-			ll.SetBusy(c, false)
-		}
-	}
-}
-
 type probeOnlyKey struct{}
 
 // connContext marks the requests of a probe-only connection (the server's

@@ -30,7 +30,7 @@ func limitedServer(t *testing.T, limits connlimit.Limits) (*connlimit.Listener, 
 	srv := &http.Server{
 		Handler:           probeOnlyGuard(mux),
 		ReadHeaderTimeout: 5 * time.Minute,
-		ConnState:         trackConnState(ll),
+		ConnState:         connlimit.StateHook(ll, http.StateActive, http.StateIdle),
 		ConnContext:       connContext,
 	}
 	go srv.Serve(ll)

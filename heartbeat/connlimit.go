@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/valyala/fasthttp"
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/internal/connlimit"
@@ -33,18 +32,4 @@ func (s *Server) limitConns(ln net.Listener, logger klog.Logger) *connlimit.List
 			s.connLog.log(logger, "Heartbeat connection refused", fmt.Errorf("%s, each carrying a request", what))
 		},
 	})
-}
-
-// trackFastConnState returns the server's ConnState hook: a connection
-// carrying a request (from its first byte) may not be evicted, one that
-// went idle may again.
-func trackFastConnState(l *connlimit.Listener) func(net.Conn, fasthttp.ConnState) {
-	return func(c net.Conn, state fasthttp.ConnState) {
-		switch state {
-		case fasthttp.StateActive:
-			l.SetBusy(c, true)
-		case fasthttp.StateIdle:
-			l.SetBusy(c, false)
-		}
-	}
 }

@@ -67,7 +67,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		// the request says its body is.
 		DisablePreParseMultipartForm: true,
 		TLSConfig:                    &tls.Config{MinVersion: tls.VersionTLS12},
-		ConnState:                    trackFastConnState(limited),
+		ConnState:                    connlimit.StateHook(limited, fasthttp.StateActive, fasthttp.StateIdle),
 		// Every failed TLS handshake and broken connection would be a
 		// line: anyone who reaches the port could fill the log.
 		Logger:                &logWriter{msg: "Heartbeat connection failed", logger: logger},

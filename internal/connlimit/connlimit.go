@@ -242,6 +242,21 @@ func (l *Listener) SetBusy(c net.Conn, busy bool) {
 	}
 }
 
+// StateHook returns a server's ConnState hook that tells l which of its
+// connections carry a request: active is the server's state of one that
+// does (http.StateActive, fasthttp.StateActive), idle of one that waits
+// for its next request.
+func StateHook[S comparable](l *Listener, active, idle S) func(net.Conn, S) {
+	return func(c net.Conn, state S) {
+		switch state {
+		case active:
+			l.SetBusy(c, true)
+		case idle:
+			l.SetBusy(c, false)
+		}
+	}
+}
+
 // Counts are a Listener's connections: open (probe-only ones included),
 // probe-only, and evictable (carrying no request).
 type Counts struct{ Open, ProbeOnly, Evictable int }

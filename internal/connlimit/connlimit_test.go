@@ -160,7 +160,8 @@ func TestEvictNew(t *testing.T) {
 		t.Errorf("after the second: %+v, want the first evicted", got)
 	}
 	silent.Close() // already forgotten: counts unchanged
-	a.l.SetBusy(next, true)
+	// A server's ConnState hook says the connection carries a request.
+	StateHook(a.l, "active", "idle")(next, "active")
 	if c := a.dial(t, 2); !closed(c, 30*time.Second) {
 		t.Error("a connection was admitted while the source's only one carries a request")
 	}
