@@ -68,26 +68,9 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 			t.Errorf("library root %s: %v (moved? update libraryRoots)", lib, err)
 			continue
 		}
-		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				if d.Name() == "testdata" {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return nil
-			}
-			rel, err := filepath.Rel(root, path)
-			if err != nil {
-				return err
-			}
+		err := walkSource(root, dir, func(path, key string) {
 			files++
 			for _, v := range globalKlogUses(t, path) {
-				key := filepath.ToSlash(rel)
 				if _, ok := notYetConverted[key]; ok {
 					used[key] = true
 					continue
@@ -100,7 +83,6 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 					"log through klog.FromContext(ctx) (or a logger the caller gives), which the embedding program sets with klog.NewContext",
 					key, v.line, v.name)
 			}
-			return nil
 		})
 		if err != nil {
 			t.Fatalf("walking %s: %v", lib, err)
@@ -118,6 +100,43 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 	}
 }
 
+// walkSource calls fn with the path of every non-test Go file under dir,
+// and that path relative to root (with slashes). It skips testdata and
+// hidden directories, and bench-results.
+func walkSource(root, dir string, fn func(path, rel string)) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); name == "testdata" || name == "bench-results" || strings.HasPrefix(name, ".") && path != dir {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		fn(path, filepath.ToSlash(rel))
+		return nil
+	})
+}
+
+// parseGo parses the Go file at path, failing the test if it cannot.
+func parseGo(t *testing.T, path string) (*token.FileSet, *ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	return fset, f
+}
+
 // klogUse is one use of klog's package API.
 type klogUse struct {
 	name string // the identifier after "klog."
@@ -130,11 +149,7 @@ type klogUse struct {
 // klog.
 func globalKlogUses(t *testing.T, path string) []klogUse {
 	t.Helper()
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", path, err)
-	}
+	fset, f := parseGo(t, path)
 	name := ""
 	for _, imp := range f.Imports {
 		p, err := strconv.Unquote(imp.Path.Value)
@@ -244,24 +259,7 @@ func TestLogMessagesStartWithACapital(t *testing.T) {
 	root := moduleRoot(t)
 	used := map[string]bool{}
 	messages := 0
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); name == "testdata" || name == "bench-results" || strings.HasPrefix(name, ".") && path != root {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
+	err := walkSource(root, root, func(path, rel string) {
 		for _, m := range logMessages(t, path) {
 			messages++
 			r, _ := utf8.DecodeRuneInString(m.text)
@@ -274,7 +272,6 @@ func TestLogMessagesStartWithACapital(t *testing.T) {
 			}
 			t.Errorf("%s:%d: log message %q: start it with a capital letter, and end it without a period", rel, m.line, m.text)
 		}
-		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -301,11 +298,7 @@ type logMessage struct {
 // expression (a logger, klog, logger.V(2)) but http and a test's t.
 func logMessages(t *testing.T, path string) []logMessage {
 	t.Helper()
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", path, err)
-	}
+	fset, f := parseGo(t, path)
 	var msgs []logMessage
 	ast.Inspect(f, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
