@@ -113,15 +113,31 @@ type Options struct {
 	// stop order shares it, in-flight work's ShutdownGrace included, so it
 	// must be longer than every loop's. A part still running when it has
 	// passed is abandoned and named in the log, and Run's error wraps
-	// ErrShutdownTimeout. Zero: DefaultGracefulShutdownTimeout; negative:
-	// no bound.
+	// ErrShutdownTimeout. Zero: DefaultGracefulShutdownTimeout, or the
+	// longest ShutdownGrace of the loops plus ShutdownTimeoutRoom if that
+	// is longer; negative: no bound.
 	GracefulShutdownTimeout time.Duration
 }
 
 // DefaultGracefulShutdownTimeout is Options.GracefulShutdownTimeout's
-// default: the loops' default ShutdownGrace (10s) and RunGrace (5s), with
-// room for the lease ends and the other stages.
+// default for loops with the default ShutdownGrace (10s): room for it,
+// the RunGrace (5s) of runs that ignore their cancellation, the lease
+// ends and the other stages.
 const DefaultGracefulShutdownTimeout = 30 * time.Second
+
+// ShutdownTimeoutRoom is what the default GracefulShutdownTimeout leaves
+// beyond a longer ShutdownGrace than the default's, so that a program (or
+// a command line) that raised the grace need not raise the bound too.
+const ShutdownTimeoutRoom = 20 * time.Second
+
+// defaultShutdownTimeout is GracefulShutdownTimeout's default for loops.
+func defaultShutdownTimeout(loops []Loop) time.Duration {
+	d := DefaultGracefulShutdownTimeout
+	for _, l := range loops {
+		d = max(d, l.Config.ShutdownGrace+ShutdownTimeoutRoom)
+	}
+	return d
+}
 
 // Loop is one process to run, with its runner's configuration.
 type Loop struct {
@@ -190,7 +206,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, errors.New("no process to run")
 	}
 	if opts.GracefulShutdownTimeout == 0 {
-		opts.GracefulShutdownTimeout = DefaultGracefulShutdownTimeout
+		opts.GracefulShutdownTimeout = defaultShutdownTimeout(opts.Loops)
 	}
 	if err := checkShutdownTimeout(opts.GracefulShutdownTimeout, opts.Loops); err != nil {
 		return nil, err

@@ -371,4 +371,9 @@ func TestShutdownTimeoutBelowTheGrace(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "must be longer than the ShutdownGrace of agentstart") {
 		t.Errorf("New: %v, want an error naming the grace", err)
 	}
+	// Not given, the bound makes room for a longer grace.
+	cfg.ShutdownGrace = time.Minute
+	if _, err := daemon.New(daemon.Options{Loops: []daemon.Loop{{Definition: def, Config: cfg}}}); err != nil {
+		t.Errorf("New with a 1m grace and the default bound: %v", err)
+	}
 }
