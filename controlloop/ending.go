@@ -42,7 +42,7 @@ func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Con
 		cancel()
 		if err == nil || isLeaseGone(err) {
 			if attempt > 1 && err == nil {
-				logger.Info("ended the lease", "attempt", attempt)
+				logger.Info("Ended the lease", "attempt", attempt)
 			}
 			return err
 		}
@@ -52,14 +52,14 @@ func (r *Runner) endLease(ctx context.Context, t *Task, end func(ctx context.Con
 		}
 		if time.Now().After(giveUp) {
 			r.metrics.endRetries.WithLabelValues(r.info.Label, "abandoned").Inc()
-			logger.Error(nil, "could not record the end of the lease: abandoning the session so that the reaper records its leases as Lost",
+			logger.Error(nil, "Could not record the end of the lease: abandoning the session so that the reaper records its leases as Lost",
 				"for", retry, "attempts", attempt, "cause", untrusted.Line(err.Error(), 0))
 			sess.Abandon()
 			return fmt.Errorf("%w: abandoned after %d attempts: %v", bmdb.ErrSessionExpired, attempt, err)
 		}
 		r.metrics.endRetries.WithLabelValues(r.info.Label, "retried").Inc()
 		if attempt == 1 {
-			logger.Info("recording the end of the lease failed, retrying until it is recorded", "for", retry, "cause", untrusted.Line(err.Error(), 0))
+			logger.Info("Recording the end of the lease failed, retrying until it is recorded", "for", retry, "cause", untrusted.Line(err.Error(), 0))
 		}
 		wait := jitter.Half(pause)
 		pause = min(2*pause, endPauseMax)

@@ -11,13 +11,13 @@ package controlloop
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -84,48 +84,12 @@ type Task struct {
 // that still matches the condition is a candidate again at once.
 func (t *Task) CheckAgainAfter(d time.Duration) { t.checkAgain = max(d, time.Second) }
 
-// BackoffError is an error for which the failing lease backs off with
-// Backoff instead of the task's. Return it (see WithBackoff), wrapped or
-// not, from Run or from a provider: the runner finds it anywhere in the
-// chain of Run's error, so a process never has to remember to apply it. A
-// changed SSH host key, which an operator has to look at, should not be
-// retried every few minutes like a connection reset.
-type BackoffError struct {
-	// Err is the failure itself; it is what history records as the cause.
-	Err error
-	// Backoff replaces the task's backoff for this failure.
-	Backoff bmdb.Backoff
-}
-
-// WithBackoff wraps err so that the lease failing with it backs off with b.
-// It returns nil for a nil err.
-func WithBackoff(err error, b bmdb.Backoff) error {
-	if err == nil {
-		return nil
-	}
-	return &BackoffError{Err: err, Backoff: b}
-}
-
-// Error is the wrapped error's message: the backoff is how the failure is
-// handled, not what it is, so it stays out of the recorded cause.
-func (e *BackoffError) Error() string {
-	if e.Err == nil {
-		return fmt.Sprintf("failure with a custom backoff of %s", e.Backoff.Initial)
-	}
-	return e.Err.Error()
-}
-
-// Unwrap returns the wrapped error, so that errors.Is and errors.As see
-// through the backoff.
-func (e *BackoffError) Unwrap() error { return e.Err }
-
 // backoffFor returns the backoff a failure with err gets: that of the
-// outermost BackoffError in its chain (added last, by the code with the
+// outermost backoff.Error in its chain (added last, by the code with the
 // most context), else the task's.
 func (t *Task) backoffFor(err error) bmdb.Backoff {
-	var be *BackoffError
-	if errors.As(err, &be) {
-		return be.Backoff
+	if b, ok := backoff.Of(err); ok {
+		return b
 	}
 	return t.Backoff
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -72,7 +73,7 @@ func TestCheckAgainAfterIsNeitherFailureNorBackoff(t *testing.T) {
 	}
 }
 
-// A BackoffError anywhere in the chain of Run's error sets the backoff; the
+// A backoff.Error anywhere in the chain of Run's error sets the backoff; the
 // process calls no helper.
 func TestBackoffErrorInChainSetsBackoff(t *testing.T) {
 	t.Parallel()
@@ -80,7 +81,7 @@ func TestBackoffErrorInChainSetsBackoff(t *testing.T) {
 	m := e.addMachines(1)[0]
 	custom := bmdb.Backoff{Initial: 7 * time.Hour, Maximum: 7 * time.Hour}
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
-		return errors.Join(errors.New("context"), controlloop.WithBackoff(errors.New("host key changed"), custom))
+		return errors.Join(errors.New("context"), backoff.With(errors.New("host key changed"), custom))
 	})
 	e.start(p, fastConfig(p, 1))
 	bmdbtest.WaitForNoError(t, 20*time.Second, "the failure", func() (bool, error) { return e.count(bmdb.EventFailed) == 1, nil })

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -282,8 +283,8 @@ func TestRunnerCustomBackoff(t *testing.T) {
 
 	p := newProcess(func(ctx context.Context, task *controlloop.Task) error {
 		if hostKey[task.Machine] {
-			err := controlloop.WithBackoff(errors.New("ssh: host key changed"), custom)
-			// Wrapped: the runner finds the BackoffError in the chain.
+			err := backoff.With(errors.New("ssh: host key changed"), custom)
+			// Wrapped: the runner finds the backoff.Error in the chain.
 			return fmt.Errorf("starting agent: %w", err)
 		}
 		return errors.New("ssh: connection reset")

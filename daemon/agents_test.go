@@ -33,8 +33,8 @@ func TestAgentEndpointReadiness(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Error("Start returned nil after its listener failed")
 	}
-	if err := e.check(nil); err == nil || err.Error() != "heartbeat endpoint: not serving" {
-		t.Errorf("check after the failure: %v, want heartbeat endpoint: not serving", err)
+	if err := e.check(nil); err == nil || err.Error() != "the heartbeat endpoint is not serving" {
+		t.Errorf("check after the failure: %v, want the heartbeat endpoint is not serving", err)
 	}
 }
 

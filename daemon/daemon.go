@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"sync"
 	"time"
@@ -110,14 +111,46 @@ type Options struct {
 
 	// Agents configures the agents' heartbeat endpoint.
 	Agents AgentOptions
+
+	// GracefulShutdownTimeout bounds the whole stop, from the end of Run's
+	// context (or a part's error) to Run's return: every stage of Run's
+	// stop order shares it, in-flight work's ShutdownGrace included, so it
+	// must be longer than every loop's. A part still running when it has
+	// passed is abandoned and named in the log, and Run's error wraps
+	// ErrShutdownTimeout. Zero: DefaultGracefulShutdownTimeout, or the
+	// longest ShutdownGrace of the loops plus ShutdownTimeoutRoom if that
+	// is longer; negative: no bound.
+	GracefulShutdownTimeout time.Duration
+}
+
+// DefaultGracefulShutdownTimeout is Options.GracefulShutdownTimeout's
+// default for loops with the default ShutdownGrace (10s): room for it,
+// the RunGrace (5s) of runs that ignore their cancellation, the lease
+// ends and the other stages.
+const DefaultGracefulShutdownTimeout = 30 * time.Second
+
+// ShutdownTimeoutRoom is what the default GracefulShutdownTimeout leaves
+// beyond a longer ShutdownGrace than the default's, so that a program (or
+// a command line) that raised the grace need not raise the bound too.
+const ShutdownTimeoutRoom = 20 * time.Second
+
+// defaultShutdownTimeout is GracefulShutdownTimeout's default for loops.
+func defaultShutdownTimeout(loops []Loop) time.Duration {
+	d := DefaultGracefulShutdownTimeout
+	for _, l := range loops {
+		d = max(d, l.Config.ShutdownGrace+ShutdownTimeoutRoom)
+	}
+	return d
 }
 
 // Loop is one process to run, with its runner's configuration. A zero
 // Config is controlloop.DefaultConfig(Process.Info); to change some of its
 // fields, start from that.
 type Loop struct {
-	Process controlloop.Definition
-	Config  controlloop.Config
+	// Definition is the process's: its identity, condition and Handler.
+	Definition controlloop.Definition
+	// Config is its runner's.
+	Config controlloop.Config
 }
 
 // AgentOptions configure the agents' heartbeat endpoint.
@@ -154,12 +187,6 @@ type Daemon struct {
 	ran bool
 }
 
-// readyzCheck is a readiness check of AddReadyzCheck.
-type readyzCheck struct {
-	name  string
-	check func(*http.Request) error
-}
-
 // DefaultStateDir is demo mode's directory when Options.StateDir is empty,
 // and where the operator commands look for a running demo.
 const DefaultStateDir = ".shepherd"
@@ -174,6 +201,12 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	opts.Loops = namedLoops(opts.Name, opts.Loops)
+	if opts.GracefulShutdownTimeout == 0 {
+		opts.GracefulShutdownTimeout = defaultShutdownTimeout(opts.Loops)
+	}
+	if err := checkShutdownTimeout(opts.GracefulShutdownTimeout, opts.Loops); err != nil {
+		return nil, err
+	}
 	switch p := opts.Provider; {
 	case p.Name == "" || p.New == nil:
 		return nil, fmt.Errorf("provider %q: want a Name and a New function", p.Name)
@@ -205,8 +238,23 @@ func New(opts Options) (*Daemon, error) {
 // gave their zero fields.
 func (d *Daemon) Options() Options { return d.opts }
 
+// checkShutdownTimeout refuses a bound on the stop that a loop's grace for
+// its in-flight work would overrun by itself.
+func checkShutdownTimeout(timeout time.Duration, loops []Loop) error {
+	if timeout < 0 {
+		return nil
+	}
+	for _, l := range loops {
+		if grace := l.Config.ShutdownGrace; grace >= timeout {
+			return fmt.Errorf("GracefulShutdownTimeout %s: must be longer than the ShutdownGrace of %s (%s), which is part of the stop", timeout, l.Definition.Info.Label, grace)
+		}
+	}
+	return nil
+}
+
 // Add adds a part of the program's own, run with the control loops and
-// stopped with them, first. It must be called before Run.
+// stopped with them, first. It must be called before Run. The log names
+// it (Named) when it overruns Options.GracefulShutdownTimeout.
 func (d *Daemon) Add(r Runnable) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -217,18 +265,34 @@ func (d *Daemon) Add(r Runnable) error {
 	return nil
 }
 
-// AddReadyzCheck adds a condition of readiness: while the daemon runs,
-// /readyz answers 503 with "name: error" while check returns an error. It
-// must be called before Run.
+// AddReadyzCheck adds a named condition of readiness: /readyz fails
+// (500, with the line "[-]name failed: error") while check returns an
+// error, lists it with ?verbose ("[+]name ok"), leaves it out with
+// ?exclude=name, and /readyz/name answers for it alone. The built-in
+// checks are running, database, sessions, agents and stalled
+// (docs/lifecycle.md). name is a word of lower-case letters, digits, '-'
+// and '_', used once. check is called on every probe, from the start of
+// Run to its end, and must return quickly. It must be called before Run.
 func (d *Daemon) AddReadyzCheck(name string, check func(*http.Request) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ran {
 		return errors.New("daemon: AddReadyzCheck after Run")
 	}
+	switch {
+	case !checkNameRE.MatchString(name):
+		return fmt.Errorf("daemon: readiness check name %q: want lower-case letters, digits, '-' and '_'", name)
+	case isBuiltinCheck(name) || slices.ContainsFunc(d.checks, func(c readyzCheck) bool { return c.name == name }):
+		return fmt.Errorf("daemon: readiness check %q added twice (or named like a built-in one)", name)
+	case check == nil:
+		return fmt.Errorf("daemon: readiness check %q: no function", name)
+	}
 	d.checks = append(d.checks, readyzCheck{name: name, check: check})
 	return nil
 }
+
+// checkNameRE is a valid readiness check's name.
+var checkNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 // Reload asks the provider to reread its configuration (the static
 // inventory): the command line's answer to SIGHUP. It does not wait: the
@@ -258,7 +322,9 @@ func (d *Daemon) Reload() {
 // shutdown grace); the provider; history retention and the replication
 // watch; the heartbeat endpoint; the BMDB's connections; demo mode's
 // PostgreSQL; the HTTP server, so that /readyz reports the stop until the
-// end.
+// end. Options.GracefulShutdownTimeout bounds the whole stop: past it, the
+// parts still running are abandoned and named, and the error wraps
+// ErrShutdownTimeout.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	ran := d.ran
@@ -273,12 +339,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx = klog.NewContext(ctx, log)
 	g := newGroup(ctx, log)
-	var ready readiness
-	ready.set("starting")
-	if err := d.start(ctx, g, &ready); err != nil {
+	ready := newReadiness(d.opts.Agents.Listen != "", d.checks)
+	if err := d.start(ctx, g, ready); err != nil {
 		g.fail(err)
 	}
-	return g.wait(func(err error) {
+	return g.wait(d.opts.GracefulShutdownTimeout, func(err error) {
 		if err != nil {
 			ready.set("stopping: " + err.Error())
 			return
@@ -301,7 +366,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	if err != nil {
 		return err
 	}
-	g.start(stageHTTP, httpServer)
+	g.start(stageHTTP, "HTTP server", httpServer)
 
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
@@ -314,51 +379,17 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		if err != nil {
 			return err
 		}
-		g.start(stageAgents, agents)
+		g.start(stageAgents, "heartbeat endpoint", agents)
 		if o.Agents.HeartbeatURL == "" {
 			o.Agents.HeartbeatURL = derivedHeartbeatURL(o.Agents.Listen, o.Agents.TLSCert != "", agents.port())
 		}
 	}
 
-	dsn := o.DSN
-	if dsn == "" {
-		ready.set("demo mode: starting PostgreSQL")
-		demo := &demoCluster{opts: o, statusURL: statusURL(httpServer.addr()), stop: g.stop, ready: make(chan string, 1)}
-		g.start(stageDemo, demo)
-		select {
-		case dsn = <-demo.ready:
-		case <-g.stop.Done():
-			return nil
-		}
-	}
-	target, _ := pgdsn.Describe(dsn)
-
-	db, err := bmdb.Open(ctx, dsn, bmdb.Options{
-		Metrics: dbMetrics,
-		// A partitioned replica's open transaction must not hold lease rows
-		// past its sessions' expiry: the server ends it well before.
-		IdleInTransactionTimeout: o.SessionInterval / 2,
-	})
-	if err != nil {
+	db, readDB, target, err := d.openDatabase(ctx, g, ready, httpServer.addr(), dbMetrics)
+	if db == nil {
 		return err
 	}
-	// The status page reads through a pool of its own, so that operators
-	// reloading it (or a flood of requests) during a slow database cannot
-	// take the connections that sessions, claims and lease endings need.
-	readDB, err := bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
-	if err != nil {
-		db.Close()
-		return err
-	}
-	g.start(stageDatabase, RunnableFunc(func(ctx context.Context) error {
-		<-ctx.Done()
-		readDB.Close()
-		db.Close()
-		return nil
-	}))
-	log.Info("Using the BMDB", "target", target)
 
-	checks := slices.Clone(d.checks)
 	if agents != nil {
 		// Heartbeats that come while the database is down are refused
 		// with 503; the agents send the next one at their next interval.
@@ -367,7 +398,6 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 			SourceRate: o.Agents.SourceRate, SourceBurst: o.Agents.SourceBurst,
 			MaxConns: o.Agents.MaxConns, MaxConnsPerSource: o.Agents.MaxConnsPerSource, IdleTimeout: o.Agents.IdleTimeout,
 		})
-		checks = append(checks, readyzCheck{check: agents.check})
 	}
 
 	// Opening does not connect, so the fleet and the loops can be built
@@ -399,42 +429,92 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		return err
 	}
 
-	// Readiness reflects progress, not only a ping: heartbeats, reaps and
-	// transactions that keep failing (a locked table, statements timing
-	// out, a broken reaper) make the replica not ready.
-	stallWindow := 2 * o.SessionInterval
-	checks = append(checks, readyzCheck{check: func(*http.Request) error {
-		if p := db.Stalled(stallWindow); p != "" {
-			return errors.New(p)
-		}
-		return nil
-	}})
-	ready.running(db, runners, checks)
+	ready.running(&readyState{db: db, runners: runners, agents: agents, stallWindow: 2 * o.SessionInterval})
+	d.startRunning(ctx, g, db, f, runners)
+	return nil
+}
 
-	g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+// openDatabase opens the BMDB's pools (after starting demo mode's
+// PostgreSQL when no DSN is given) and starts the part that closes them.
+// It returns no database, and the error (nil when g stopped first), if
+// the daemon must not go on.
+func (d *Daemon) openDatabase(ctx context.Context, g *group, ready *readiness, httpAddr string, metrics *bmdb.Metrics) (db, readDB *bmdb.DB, target string, err error) {
+	o := &d.opts
+	dsn := o.DSN
+	if dsn == "" {
+		ready.set("demo mode: starting PostgreSQL")
+		demo := &demoCluster{opts: o, statusURL: statusURL(httpAddr), stop: g.stop, ready: make(chan string, 1)}
+		g.start(stageDemo, "demo PostgreSQL", demo)
+		select {
+		case dsn = <-demo.ready:
+		case <-g.stop.Done():
+			return nil, nil, "", nil
+		}
+	}
+	target, _ = pgdsn.Describe(dsn)
+	db, err = bmdb.Open(ctx, dsn, bmdb.Options{
+		Metrics: metrics,
+		// A partitioned replica's open transaction must not hold lease rows
+		// past its sessions' expiry: the server ends it well before.
+		IdleInTransactionTimeout: o.SessionInterval / 2,
+	})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	// The status page reads through a pool of its own, so that operators
+	// reloading it (or a flood of requests) during a slow database cannot
+	// take the connections that sessions, claims and lease endings need.
+	readDB, err = bmdb.Open(ctx, dsn, bmdb.Options{MaxConns: statusPoolSize, QuietConnections: true})
+	if err != nil {
+		db.Close()
+		return nil, nil, "", err
+	}
+	g.start(stageDatabase, "BMDB pools", RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		readDB.Close()
+		db.Close()
+		return nil
+	}))
+	klog.FromContext(ctx).Info("Using the BMDB", "target", target)
+	return db, readDB, target, nil
+}
+
+// startRunning starts the parts that run once the BMDB is ready: history
+// retention, the replication watch, the provider's own work, the control
+// loops and the parts of Add.
+func (d *Daemon) startRunning(ctx context.Context, g *group, db *bmdb.DB, f *fleet, runners []*controlloop.Runner) {
+	o := &d.opts
+	g.start(stageBackground, "replication watch", RunnableFunc(func(ctx context.Context) error {
 		watchReplication(ctx, db, replicationCheckInterval)
 		return nil
 	}))
 	if o.HistoryRetention == KeepHistoryForever {
-		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
+		klog.FromContext(ctx).Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
-		g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
+		g.start(stageBackground, "history retention", RunnableFunc(func(ctx context.Context) error {
 			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
 		}))
 	}
-	g.start(stageProvider, RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
+	g.start(stageProvider, "provider "+f.Name(), RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
 	// A loop that refuses to run (a process whose condition reads a table
 	// no trigger watches) stops the others: the daemon exits with its
 	// error instead of running without it.
 	for _, r := range runners {
-		g.start(stageLoops, RunnableFunc(r.Run))
+		g.start(stageLoops, "process "+r.Info().Label, RunnableFunc(r.Run))
 	}
 	d.mu.Lock()
-	for _, r := range d.runnables {
-		g.start(stageLoops, r)
+	for i, r := range d.runnables {
+		g.start(stageLoops, partName(i, r), r)
 	}
 	d.mu.Unlock()
-	return nil
+}
+
+// partName is the name in the log of r, the i-th part of Add.
+func partName(i int, r Runnable) string {
+	if n, ok := r.(Named); ok {
+		return n.Name()
+	}
+	return fmt.Sprintf("part %d of Add (%T)", i+1, r)
 }
 
 // namedLoops returns loops with their runners naming the program prog:
@@ -445,7 +525,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 func namedLoops(prog string, loops []Loop) []Loop {
 	out := slices.Clone(loops)
 	for i := range out {
-		c, label := &out[i].Config, out[i].Process.Info.Label
+		c, label := &out[i].Config, out[i].Definition.Info.Label
 		if c.Program == "" {
 			c.Program = prog
 		}
@@ -461,13 +541,13 @@ func buildLoops(db *bmdb.DB, provider providers.Provider, loops []Loop, dbMetric
 	var runners []*controlloop.Runner
 	for _, l := range loops {
 		dbMetrics.InitComponent(l.Config.Session.Component)
-		h, err := l.Process.New(controlloop.Env{Provider: provider, DB: db.Public()})
+		h, err := l.Definition.New(controlloop.Env{Provider: provider, DB: db.Public()})
 		if err != nil {
-			return nil, fmt.Errorf("building %s: %w", l.Process.Info.Label, err)
+			return nil, fmt.Errorf("building %s: %w", l.Definition.Info.Label, err)
 		}
-		r, err := controlloop.NewRunner(db.Public(), l.Process, h, l.Config, loopMetrics)
+		r, err := controlloop.NewRunner(db.Public(), l.Definition, h, l.Config, loopMetrics)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", l.Process.Info.Label, err)
+			return nil, fmt.Errorf("%s: %w", l.Definition.Info.Label, err)
 		}
 		runners = append(runners, r)
 	}

@@ -93,7 +93,7 @@ func applyDefaults(opts *Options) error {
 		if err := applyLoopDefaults(&opts.Loops[i], opts.SessionInterval); err != nil {
 			return err
 		}
-		if m := opts.Loops[i].Process.Migrations; m != nil && !slices.Contains(opts.Extensions, m) {
+		if m := opts.Loops[i].Definition.Migrations; m != nil && !slices.Contains(opts.Extensions, m) {
 			opts.Extensions = append(opts.Extensions, m)
 		}
 	}
@@ -106,7 +106,7 @@ func applyDefaults(opts *Options) error {
 // be told from one left unset, so a Config that sets some fields starts
 // from controlloop.DefaultConfig), and the session's when it names none.
 func applyLoopDefaults(l *Loop, sessionInterval time.Duration) error {
-	def := l.Process
+	def := l.Definition
 	if err := def.Validate(); err != nil {
 		return err
 	}

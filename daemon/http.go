@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -19,65 +20,217 @@ import (
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/heartbeat"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
+	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
 // readyPingTimeout bounds the database ping of /readyz: a probe that hangs
 // on a dead database would be as bad as a wrong answer.
 const readyPingTimeout = time.Second
 
-// readiness is what /readyz reports on. The daemon fills it in as it starts:
-// until the loops run (database schema checked, fleet seeded), and again
-// once it is stopping, the daemon is not ready.
+// readiness is what /readyz reports on: named checks, after
+// controller-runtime's healthz. The daemon fills it in as it starts: until
+// the loops run (database schema checked, fleet seeded), and again once it
+// is stopping, the check "running" fails with the phase, and the other
+// built-in checks are not run.
 type readiness struct {
 	state atomic.Pointer[readyState]
+	// checks are every check in the order /readyz lists them: the
+	// built-in ones (those of readyNames), then the program's own.
+	checks []readyzCheck
 }
 
 type readyState struct {
 	// phase is "" while running, else why the daemon is not (yet) ready.
-	phase   string
-	db      *bmdb.DB
-	runners []*controlloop.Runner
-	// checks are further conditions of readiness.
-	checks []readyzCheck
+	phase string
+	// What the built-in checks check while the daemon runs.
+	db          *bmdb.DB
+	runners     []*controlloop.Runner
+	agents      *agentEndpoint // nil: no heartbeat endpoint
+	stallWindow time.Duration
 }
+
+// readyzCheck is a named readiness check: one of the program's own
+// (AddReadyzCheck), or a built-in one, which checks the running daemon's
+// parts.
+type readyzCheck struct {
+	name    string
+	check   func(*http.Request) error
+	builtin func(*readyState, *http.Request) error
+}
+
+// newReadiness returns the readiness of a daemon starting, with the
+// built-in checks, "agents" if it serves heartbeats, then own.
+func newReadiness(agents bool, own []readyzCheck) *readiness {
+	r := &readiness{checks: []readyzCheck{
+		{name: checkRunning, builtin: func(st *readyState, _ *http.Request) error {
+			if st.phase != "" {
+				return errors.New(st.phase)
+			}
+			return nil
+		}},
+		{name: checkDatabase, builtin: func(st *readyState, req *http.Request) error {
+			ctx, cancel := context.WithTimeout(req.Context(), readyPingTimeout)
+			defer cancel()
+			return st.db.Ping(ctx)
+		}},
+		{name: checkSessions, builtin: func(st *readyState, _ *http.Request) error {
+			var lost []string
+			for _, rn := range st.runners {
+				if !rn.Ready() {
+					lost = append(lost, rn.Info().Label)
+				}
+			}
+			if len(lost) > 0 {
+				return fmt.Errorf("no live BMDB session: %s", strings.Join(lost, ", "))
+			}
+			return nil
+		}},
+	}}
+	if agents {
+		r.checks = append(r.checks, readyzCheck{name: checkAgents, builtin: func(st *readyState, req *http.Request) error {
+			return st.agents.check(req)
+		}})
+	}
+	// Readiness reflects progress, not only a ping: heartbeats, reaps and
+	// transactions that keep failing (a locked table, statements timing
+	// out, a broken reaper) make the replica not ready.
+	r.checks = append(r.checks, readyzCheck{name: checkStalled, builtin: func(st *readyState, _ *http.Request) error {
+		if p := st.db.Stalled(st.stallWindow); p != "" {
+			return errors.New(p)
+		}
+		return nil
+	}})
+	r.checks = append(r.checks, own...)
+	r.set("starting")
+	return r
+}
+
+// Names of the built-in readiness checks.
+const (
+	checkRunning  = "running"  // the daemon runs its loops: not starting or stopping
+	checkDatabase = "database" // the BMDB answers a ping
+	checkSessions = "sessions" // every loop has a live BMDB session
+	checkAgents   = "agents"   // the heartbeat endpoint serves (with -agent_listen)
+	checkStalled  = "stalled"  // heartbeats, reaps and transactions succeed
+)
+
+// isBuiltinCheck reports whether name is a built-in check's.
+func isBuiltinCheck(name string) bool {
+	switch name {
+	case checkRunning, checkDatabase, checkSessions, checkAgents, checkStalled:
+		return true
+	}
+	return false
+}
+
+// maxReasonBytes bounds a failed check's reason on /readyz: a reason may
+// quote a database's or a program's error.
+const maxReasonBytes = 512
 
 func (r *readiness) set(phase string) { r.state.Store(&readyState{phase: phase}) }
 
-func (r *readiness) running(db *bmdb.DB, runners []*controlloop.Runner, checks []readyzCheck) {
-	r.state.Store(&readyState{db: db, runners: runners, checks: checks})
+// running marks the daemon running: every check is run, the built-in
+// ones on what st holds.
+func (r *readiness) running(st *readyState) { r.state.Store(st) }
+
+// result is one check's outcome on /readyz.
+type result struct {
+	name string
+	err  error
 }
 
-// check returns nil when ready, else the reasons, one per line.
-func (r *readiness) check(req *http.Request) []string {
+// run runs the checks not excluded, in order, and returns their results
+// and the exclusions that matched no check.
+func (r *readiness) run(req *http.Request, exclude []string) ([]result, []string) {
 	st := r.state.Load()
-	if st == nil {
-		return []string{"starting"}
+	excluded := map[string]bool{}
+	for _, name := range exclude {
+		excluded[name] = true
 	}
-	if st.phase != "" {
-		return []string{st.phase}
-	}
-	var problems []string
-	pingCtx, cancel := context.WithTimeout(req.Context(), readyPingTimeout)
-	defer cancel()
-	if err := st.db.Ping(pingCtx); err != nil {
-		problems = append(problems, fmt.Sprintf("database: %v", err))
-	}
-	for _, rn := range st.runners {
-		if !rn.Ready() {
-			problems = append(problems, rn.Info().Label+": no live BMDB session")
+	var results []result
+	for _, c := range r.checks {
+		if excluded[c.name] {
+			delete(excluded, c.name)
+			continue
 		}
-	}
-	for _, c := range st.checks {
-		err := c.check(req)
+		var err error
 		switch {
-		case err == nil:
-		case c.name == "":
-			problems = append(problems, err.Error())
+		case c.builtin == nil:
+			err = c.check(req)
+		case st.phase != "" && c.name != checkRunning:
+			err = errors.New("not checked: the daemon is not running")
 		default:
-			problems = append(problems, c.name+": "+err.Error())
+			err = c.builtin(st, req)
+		}
+		results = append(results, result{name: c.name, err: err})
+	}
+	var unmatched []string
+	for _, name := range exclude {
+		if excluded[name] {
+			unmatched = append(unmatched, name)
+			delete(excluded, name)
 		}
 	}
-	return problems
+	return results, unmatched
+}
+
+// serveReadyz answers /readyz as controller-runtime's healthz does: "ok"
+// and 200 when every check passes; with ?verbose, a line for each check
+// ("[+]database ok") and "readyz check passed"; when one fails, 500 and
+// every line ("[-]sessions failed: reason"), then "readyz check failed".
+// ?exclude=NAME (repeatable) leaves a check out.
+func (r *readiness) serveReadyz(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	results, unmatched := r.run(req, q["exclude"])
+	var out strings.Builder
+	failed := false
+	for _, res := range results {
+		if res.err != nil {
+			failed = true
+			fmt.Fprintf(&out, "[-]%s failed: %s\n", res.name, untrusted.Line(res.err.Error(), maxReasonBytes))
+		} else {
+			fmt.Fprintf(&out, "[+]%s ok\n", res.name)
+		}
+	}
+	if len(unmatched) > 0 {
+		fmt.Fprintf(&out, "warn: some readyz checks cannot be excluded: no matches for %s\n", untrusted.Line(strings.Join(unmatched, ", "), maxReasonBytes))
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	switch {
+	case failed:
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprintf(w, "%sreadyz check failed\n", out.String())
+	case q.Has("verbose"):
+		fmt.Fprintf(w, "%sreadyz check passed\n", out.String())
+	default:
+		fmt.Fprint(w, "ok")
+	}
+}
+
+// serveCheck answers /readyz/NAME: that one check's outcome, "ok" or 500
+// with its reason, as controller-runtime's per-check paths do.
+func (r *readiness) serveCheck(w http.ResponseWriter, req *http.Request) {
+	name := req.PathValue("name")
+	if !slices.ContainsFunc(r.checks, func(c readyzCheck) bool { return c.name == name }) {
+		http.NotFound(w, req)
+		return
+	}
+	var exclude []string
+	for _, c := range r.checks {
+		if c.name != name {
+			exclude = append(exclude, c.name)
+		}
+	}
+	results, _ := r.run(req, exclude)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := results[0].err; err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprintf(w, "[-]%s failed: %s\n", name, untrusted.Line(err.Error(), maxReasonBytes))
+		return
+	}
+	fmt.Fprint(w, "ok")
 }
 
 // newHandler serves the metrics of reg and the probes.
@@ -91,16 +244,8 @@ func newHandler(reg prometheus.Gatherer, ready *readiness, status *statusPage, s
 		fmt.Fprintln(w, "ok")
 	})
 	// /readyz says whether this replica is doing its job right now.
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
-		problems := ready.check(req)
-		if len(problems) > 0 {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready:\n%s\n", strings.Join(problems, "\n"))
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	mux.HandleFunc("GET /readyz", ready.serveReadyz)
+	mux.HandleFunc("GET /readyz/{name}", ready.serveCheck)
 	return mux
 }
 
@@ -167,7 +312,7 @@ func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h h
 	// headers, sending a slow body, holding idle keep-alives or opening
 	// thousands of connections costs a bounded amount of memory and no
 	// goroutine forever, and cannot keep the probes from being answered
-	// (limitListener).
+	// (package connlimit).
 	ll := newLimitListener(l, httpConnLimits(), limited)
 	srv := &http.Server{
 		Handler:           probeOnlyGuard(h),
@@ -176,7 +321,7 @@ func listenHTTP(ctx context.Context, addr string, reg prometheus.Registerer, h h
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ConnState:         ll.trackConnState,
+		ConnState:         connlimit.StateHook(ll, http.StateActive, http.StateIdle),
 		ConnContext:       connContext,
 	}
 	klog.FromContext(ctx).Info("Serving /metrics, /healthz and /readyz", "url", "http://"+ll.Addr().String())
@@ -292,7 +437,7 @@ func (e *agentEndpoint) check(*http.Request) error {
 	if e.serving.Load() {
 		return nil
 	}
-	return errors.New("heartbeat endpoint: not serving")
+	return errors.New("the heartbeat endpoint is not serving")
 }
 
 // derivedHeartbeatURL is the URL of the heartbeat endpoint listening at

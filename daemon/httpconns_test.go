@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
 )
 
-// limitedServer serves /healthz and /metrics on a limitListener with
+// limitedServer serves /healthz and /metrics on a limiting listener with
 // limits, with header timeouts long enough that no connection of the test
 // expires by itself.
-func limitedServer(t *testing.T, limits connLimits) (*limitListener, string) {
+func limitedServer(t *testing.T, limits connlimit.Limits) (*connlimit.Listener, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -29,7 +30,7 @@ func limitedServer(t *testing.T, limits connLimits) (*limitListener, string) {
 	srv := &http.Server{
 		Handler:           probeOnlyGuard(mux),
 		ReadHeaderTimeout: 5 * time.Minute,
-		ConnState:         ll.trackConnState,
+		ConnState:         connlimit.StateHook(ll, http.StateActive, http.StateIdle),
 		ConnContext:       connContext,
 	}
 	go srv.Serve(ll)
@@ -37,36 +38,22 @@ func limitedServer(t *testing.T, limits connLimits) (*limitListener, string) {
 	return ll, ln.Addr().String()
 }
 
-// counts are a limitListener's connections: all, probe-only.
-func (l *limitListener) counts() (all, reserved int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.conns), l.reserved
-}
-
-// waitIdle waits for the listener to know n of its connections idle.
-func waitIdle(t *testing.T, l *limitListener, n int) {
+// waitIdle waits until n connections of l carry no request.
+func waitIdle(t *testing.T, l *connlimit.Listener, n int) {
 	t.Helper()
 	bmdbtest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d idle connections", n), func() (bool, string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		idle := 0
-		for c := range l.conns {
-			if c.idle {
-				idle++
-			}
-		}
-		return idle == n, fmt.Sprintf("%d idle", idle)
+		c := l.Counts("")
+		return c.Evictable == n, fmt.Sprintf("%d idle", c.Evictable)
 	})
 }
 
-// waitCounts waits for the listener to hold all connections, reserved of
-// them probe-only (it admits them in the order they were dialled).
-func waitCounts(t *testing.T, l *limitListener, all, reserved int) {
+// waitCounts waits until l has all connections, reserved of them
+// probe-only.
+func waitCounts(t *testing.T, l *connlimit.Listener, all, reserved int) {
 	t.Helper()
 	bmdbtest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d connections, %d probe-only", all, reserved), func() (bool, string) {
-		a, r := l.counts()
-		return a == all && r == reserved, fmt.Sprintf("%d connections, %d probe-only", a, r)
+		c := l.Counts("")
+		return c.Open == all && c.ProbeOnly == reserved, fmt.Sprintf("%d connections, %d probe-only", c.Open, c.ProbeOnly)
 	})
 }
 
@@ -111,12 +98,13 @@ func getFrom(addr string, last byte, path string) (*http.Response, string, error
 // each; a source may hold few of them, and none beyond the reserve.
 func TestConnLimitsReserveSlotsForProbes(t *testing.T) {
 	t.Parallel()
-	ll, addr := limitedServer(t, connLimits{total: 4, perSource: 2, probeReserve: 2, probeReservePerSource: 1})
+	ll, addr := limitedServer(t, connlimit.Limits{Total: 4, PerSource: 2, ProbeReserve: 2, ProbeReservePerSource: 1})
 	// Every slot busy: two sources with two requests in progress each.
 	for _, src := range []byte{2, 2, 3, 3} {
 		busy(t, addr, src)
 	}
 	waitCounts(t, ll, 4, 0)
+	waitIdle(t, ll, 0) // each carries its request: none may be closed
 
 	// A probe from a source at its limit, and from another: answered, and
 	// the connection closed after it.
@@ -154,7 +142,7 @@ func TestConnLimitsReserveSlotsForProbes(t *testing.T) {
 // sources' connections are left alone.
 func TestConnLimitsCloseIdleForNew(t *testing.T) {
 	t.Parallel()
-	ll, addr := limitedServer(t, connLimits{total: 4, perSource: 2, probeReserve: 2, probeReservePerSource: 1})
+	ll, addr := limitedServer(t, connlimit.Limits{Total: 4, PerSource: 2, ProbeReserve: 2, ProbeReservePerSource: 1})
 	// Each made idle before the next, which orders them.
 	other := keepAlive(t, addr, net.IPv4(127, 0, 0, 3))
 	waitIdle(t, ll, 1)

@@ -28,6 +28,16 @@ type testDaemon struct {
 	*daemon.Daemon
 	// url is the HTTP server's, once it logged it.
 	url chan string
+
+	mu    sync.Mutex
+	lines []string // the log
+}
+
+// log returns the lines logged so far.
+func (td *testDaemon) log() string {
+	td.mu.Lock()
+	defer td.mu.Unlock()
+	return strings.Join(td.lines, "\n")
 }
 
 var urlRE = regexp.MustCompile(`"msg"="Serving /metrics, /healthz and /readyz" "url"="(http://[^"]+)"`)
@@ -58,6 +68,9 @@ func newTestDaemonWith(t *testing.T, edit func(*daemon.Options)) *testDaemon {
 			t.Log(prefix, args)
 		}
 		mu.Unlock()
+		td.mu.Lock()
+		td.lines = append(td.lines, args)
+		td.mu.Unlock()
 		if m := urlRE.FindStringSubmatch(args); m != nil {
 			once.Do(func() { td.url <- m[1] })
 		}
@@ -74,7 +87,7 @@ func newTestDaemonWith(t *testing.T, edit func(*daemon.Options)) *testDaemon {
 	opts := daemon.Options{
 		Logger:           log,
 		DSN:              bmdbtest.NewDatabase(t),
-		Loops:            []daemon.Loop{{Process: def, Config: controlloop.DefaultConfig(def.Info)}},
+		Loops:            []daemon.Loop{{Definition: def, Config: controlloop.DefaultConfig(def.Info)}},
 		Provider:         simDef,
 		Listen:           "127.0.0.1:0",
 		HistoryRetention: time.Hour,
@@ -90,9 +103,13 @@ func newTestDaemonWith(t *testing.T, edit func(*daemon.Options)) *testDaemon {
 	return td
 }
 
-// readyz returns /readyz's status and body.
+// readyz returns the status and body of /readyz at the server's url, or
+// of the page at url if it names a path.
 func readyz(ctx context.Context, url string) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+	if !strings.Contains(strings.TrimPrefix(url, "http://"), "/") {
+		url += "/readyz"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, "", err
 	}
@@ -184,8 +201,8 @@ func TestRunReturnsFirstError(t *testing.T) {
 	}
 	select {
 	case got := <-w.stopped:
-		if !strings.HasPrefix(got, "503 not ready:\nstopping: boom") {
-			t.Errorf("/readyz while the loops stopped: %q, want 503 and stopping: boom", got)
+		if !strings.HasPrefix(got, "500 [-]running failed: stopping: boom\n") {
+			t.Errorf("/readyz while the loops stopped: %q, want 500 and running failed: stopping: boom", got)
 		}
 	default:
 		t.Error("Run returned before stopping a part")
@@ -236,32 +253,127 @@ func TestRunStopsWithContext(t *testing.T) {
 	}
 	select {
 	case got := <-w.stopped:
-		if !strings.HasPrefix(got, "503 not ready:\nshutting down") {
-			t.Errorf("/readyz while the loops stopped: %q, want 503 and shutting down", got)
+		if !strings.HasPrefix(got, "500 [-]running failed: shutting down\n") {
+			t.Errorf("/readyz while the loops stopped: %q, want 500 and running failed: shutting down", got)
 		}
 	default:
 		t.Error("Run returned before stopping a part")
 	}
 }
 
-// A readiness check of the program's own makes /readyz fail, naming it.
+// A readiness check of the program's own makes /readyz fail, naming it
+// beside the built-in checks, as controller-runtime's healthz does:
+// ?verbose lists every check, ?exclude leaves one out, /readyz/NAME
+// answers for one.
 func TestAddReadyzCheck(t *testing.T) {
 	t.Parallel()
 	td := newTestDaemon(t)
-	if err := td.AddReadyzCheck("mine", func(*http.Request) error { return errors.New("not yet") }); err != nil {
+	// The reason is the check's error on one line (a newline escaped).
+	if err := td.AddReadyzCheck("mine", func(*http.Request) error { return errors.New("not\nyet") }); err != nil {
 		t.Fatal(err)
+	}
+	for _, bad := range []string{"mine", "database", "Mine", "", "a b"} {
+		if err := td.AddReadyzCheck(bad, func(*http.Request) error { return nil }); err == nil {
+			t.Errorf("AddReadyzCheck(%q) succeeded", bad)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := runDaemon(ctx, td)
 	url := <-td.url
 	td.url <- url
-	bmdbtest.WaitFor(t, 2*time.Minute, "/readyz to name the check", func() (bool, string) {
-		code, body, err := readyz(ctx, url)
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "\nmine: not yet"), fmt.Sprintf("%d %q %v", code, body, err)
+	want := "[+]running ok\n[+]database ok\n[+]sessions ok\n[+]stalled ok\n[-]mine failed: not\\nyet\nreadyz check failed\n"
+	bmdbtest.WaitFor(t, 2*time.Minute, "/readyz to name every check", func() (bool, string) {
+		code, body, err := readyz(ctx, url+"/readyz?verbose")
+		return code == http.StatusInternalServerError && body == want, fmt.Sprintf("%d %q %v", code, body, err)
 	})
+	for _, c := range []struct {
+		path string
+		code int
+		body string
+	}{
+		{"/readyz?exclude=mine", 200, "ok"},
+		{"/readyz?verbose&exclude=mine&exclude=stalled&exclude=nope", 200,
+			"[+]running ok\n[+]database ok\n[+]sessions ok\nwarn: some readyz checks cannot be excluded: no matches for nope\nreadyz check passed\n"},
+		{"/readyz/database", 200, "ok"},
+		{"/readyz/mine", 500, "[-]mine failed: not\\nyet\n"},
+	} {
+		if code, body, err := readyz(ctx, url+c.path); code != c.code || body != c.body {
+			t.Errorf("%s: %d %q %v, want %d %q", c.path, code, body, err, c.code, c.body)
+		}
+	}
+	if code, _, err := readyz(ctx, url+"/readyz/nope"); code != http.StatusNotFound {
+		t.Errorf("/readyz/nope: %d %v, want 404", code, err)
+	}
 	cancel()
 	if err := waitRun(t, done); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stubborn is a part that ignores its context: it returns only once the
+// test releases it.
+type stubborn struct{ release chan struct{} }
+
+func (s stubborn) Name() string { return "stubborn" }
+
+func (s stubborn) Start(context.Context) error {
+	<-s.release
+	return nil
+}
+
+// A part that ignores its context does not hold the stop beyond
+// GracefulShutdownTimeout: Run returns while the part still runs, with an
+// error that wraps ErrShutdownTimeout and names the part, which the log
+// names too. The stages after the loops' still get their stop.
+func TestShutdownTimeoutNamesThePart(t *testing.T) {
+	t.Parallel()
+	const timeout = 3 * time.Second
+	td := newTestDaemonWith(t, func(o *daemon.Options) {
+		o.Loops[0].Config.ShutdownGrace = 100 * time.Millisecond
+		o.GracefulShutdownTimeout = timeout
+	})
+	part := stubborn{release: make(chan struct{})}
+	t.Cleanup(func() { close(part.release) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := td.Add(part); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.Add(td.waitReady(func(context.Context) error {
+		cancel()
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	err := waitRun(t, runDaemon(ctx, td))
+	t.Logf("Run returned %s after the stop began", time.Since(started).Round(time.Millisecond))
+	if !errors.Is(err, daemon.ErrShutdownTimeout) || !strings.Contains(err.Error(), "still running: stubborn") {
+		t.Fatalf("Run: %v, want ErrShutdownTimeout naming stubborn", err)
+	}
+	log := td.log()
+	if !regexp.MustCompile(`"msg"="The stop overran the shutdown timeout[^"]*".*"overran"=\["stubborn"\]`).MatchString(log) {
+		t.Errorf("the log does not name the part that overran:\n%s", log)
+	}
+}
+
+// New refuses a bound on the stop that a loop's grace for its in-flight
+// work would overrun by itself.
+func TestShutdownTimeoutBelowTheGrace(t *testing.T) {
+	t.Parallel()
+	def := agentstart.Definition()
+	cfg := controlloop.DefaultConfig(def.Info)
+	_, err := daemon.New(daemon.Options{
+		Loops:                   []daemon.Loop{{Definition: def, Config: cfg}},
+		GracefulShutdownTimeout: cfg.ShutdownGrace,
+	})
+	if err == nil || !strings.Contains(err.Error(), "must be longer than the ShutdownGrace of agentstart") {
+		t.Errorf("New: %v, want an error naming the grace", err)
+	}
+	// Not given, the bound makes room for a longer grace.
+	cfg.ShutdownGrace = time.Minute
+	if _, err := daemon.New(daemon.Options{Loops: []daemon.Loop{{Definition: def, Config: cfg}}}); err != nil {
+		t.Errorf("New with a 1m grace and the default bound: %v", err)
 	}
 }

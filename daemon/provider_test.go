@@ -81,7 +81,7 @@ func TestProviderDefinitionLifecycle(t *testing.T) {
 	td.url <- url
 	bmdbtest.WaitFor(t, 2*time.Minute, "/readyz to say what the provider prepares", func() (bool, string) {
 		code, body, err := readyz(ctx, url)
-		return err == nil && code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the test"), body
+		return err == nil && code == http.StatusInternalServerError && strings.Contains(body, "[-]running failed: waiting for the test"), body
 	})
 	close(gp.release)
 	if err := waitRun(t, done); err != nil {
@@ -101,7 +101,7 @@ func TestProviderDefinitionLifecycle(t *testing.T) {
 func TestNewChecksTheProvider(t *testing.T) {
 	t.Parallel()
 	def := agentstart.Definition()
-	loops := []daemon.Loop{{Process: def, Config: controlloop.DefaultConfig(def.Info)}}
+	loops := []daemon.Loop{{Definition: def, Config: controlloop.DefaultConfig(def.Info)}}
 	newProvider := func(providers.Env) (providers.Provider, error) { return nil, nil }
 	for _, c := range []struct {
 		name string

@@ -42,8 +42,8 @@ func (s *statusPage) set(db *bmdb.DB, runners []*controlloop.Runner, loops []Loo
 	ps := statuspage.FromRunners(runners...)
 	for i := range ps {
 		if i < len(loops) {
-			ps[i].Tags = loops[i].Process.Tags
-			ps[i].Explain = loops[i].Process.Explain
+			ps[i].Tags = loops[i].Definition.Tags
+			ps[i].Explain = loops[i].Definition.Explain
 		}
 	}
 	h := statuspage.New(db, ps, statuspage.Options{Program: s.prog})

@@ -274,13 +274,21 @@ func TestDeployment(t *testing.T) {
 	if strings.HasPrefix(listen, "127.") || strings.HasPrefix(listen, "localhost") {
 		t.Errorf("-listen=%q is unreachable from the kubelet and Prometheus", listen)
 	}
-	// The kubelet must wait for the daemon's graceful shutdown.
+	// The kubelet must wait for the daemon's graceful shutdown, which
+	// gives in-flight work its grace within the bound of the whole stop.
 	grace, err := time.ParseDuration(flagValue(c.Args, "shutdown_grace"))
 	if err != nil {
 		t.Fatalf("-shutdown_grace: %v", err)
 	}
-	if tg := pod.TerminationGracePeriodSeconds; tg == nil || time.Duration(*tg)*time.Second < grace+10*time.Second {
-		t.Errorf("terminationGracePeriodSeconds %v leaves no room after -shutdown_grace %s", tg, grace)
+	stop, err := time.ParseDuration(flagValue(c.Args, "graceful_shutdown_timeout"))
+	if err != nil {
+		t.Fatalf("-graceful_shutdown_timeout: %v", err)
+	}
+	if stop < grace+10*time.Second {
+		t.Errorf("-graceful_shutdown_timeout %s leaves no room after -shutdown_grace %s", stop, grace)
+	}
+	if tg := pod.TerminationGracePeriodSeconds; tg == nil || time.Duration(*tg)*time.Second <= stop {
+		t.Errorf("terminationGracePeriodSeconds %v does not outlast -graceful_shutdown_timeout %s", tg, stop)
 	}
 }
 

@@ -144,8 +144,8 @@ func TestUnknownDSNParameter(t *testing.T) {
 		}
 		return n >= 2, fmt.Sprintf("%d lines", n)
 	})
-	if ok, why := r.Ready(); ok || !strings.Contains(why, "503") {
-		t.Errorf("/readyz: %s, want 503", why)
+	if ok, why := r.Ready(); ok || !strings.HasPrefix(why, "500 ") {
+		t.Errorf("/readyz: %s, want 500", why)
 	}
 	if code, _ := r.Stop(30 * time.Second); code != 0 {
 		t.Errorf("exit status %d after SIGTERM, want 0", code)

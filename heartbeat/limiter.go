@@ -1,13 +1,13 @@
 package heartbeat
 
 import (
-	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
 )
 
 // RemoteIPKey is the default Options.SourceKey: the client's IP address, or
@@ -16,26 +16,7 @@ import (
 // load balancer every request comes from the proxy: set SourceKey to read
 // the client address the proxy forwards, from a header only that proxy can
 // set.
-func RemoteIPKey(r *http.Request) string { return addrKey(r.RemoteAddr) }
-
-// addrKey is RemoteIPKey of a remote address (host:port).
-func addrKey(remoteAddr string) string {
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		host = remoteAddr
-	}
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	addr = addr.Unmap().WithZone("")
-	if addr.Is6() {
-		if p, err := addr.Prefix(64); err == nil {
-			return p.String()
-		}
-	}
-	return addr.String()
-}
+func RemoteIPKey(r *http.Request) string { return connlimit.Source(r.RemoteAddr) }
 
 // sourceLimiters holds a token bucket per source, in a bounded map. A
 // token pays for one key lookup in the BMDB: take takes it before the

@@ -452,7 +452,7 @@ func TestConnectionLimits(t *testing.T) {
 				for {
 					ok := true
 					for source, n := range want {
-						ok = ok && srv.conns.Load().evictableOf(source) == n
+						ok = ok && srv.conns.Load().Counts(source).Evictable == n
 					}
 					if ok {
 						return
@@ -540,7 +540,7 @@ func TestConnectionLimits(t *testing.T) {
 		idleNow := func(n int) {
 			t.Helper()
 			deadline := time.Now().Add(wait)
-			for srv.conns.Load().evictableOf("127.0.0.13") != n {
+			for srv.conns.Load().Counts("127.0.0.13").Evictable != n {
 				if time.Now().After(deadline) {
 					t.Fatalf("the server did not see %d idle connections", n)
 				}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
 )
 
 // ListenAndServe listens on addr and serves the endpoint until ctx is done,
@@ -46,7 +47,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		return errors.New("heartbeat endpoint: give both a certificate and a key file, or neither")
 	}
 	logger := klog.FromContext(ctx)
-	limited := newConnLimiter(ln, s.opts.MaxConns, s.opts.MaxConnsPerSource, s.opts.Metrics, &s.connLog, logger)
+	limited := s.limitConns(ln, logger)
 	s.conns.Store(limited)
 	base := context.WithoutCancel(ctx)
 	srv := &fasthttp.Server{
@@ -66,7 +67,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile s
 		// the request says its body is.
 		DisablePreParseMultipartForm: true,
 		TLSConfig:                    &tls.Config{MinVersion: tls.VersionTLS12},
-		ConnState:                    limited.trackFastConnState,
+		ConnState:                    connlimit.StateHook(limited, fasthttp.StateActive, fasthttp.StateIdle),
 		// Every failed TLS handshake and broken connection would be a
 		// line: anyone who reaches the port could fill the log.
 		Logger:                &logWriter{msg: "Heartbeat connection failed", logger: logger},
@@ -181,11 +182,11 @@ func writeFast(c *fasthttp.RequestCtx, result string, status int, reason string)
 // takes.
 func (s *Server) fastSourceKey(c *fasthttp.RequestCtx) string {
 	if s.opts.SourceKey == nil {
-		return addrKey(c.RemoteAddr().String())
+		return connlimit.Source(c.RemoteAddr().String())
 	}
 	var r http.Request
 	if err := fasthttpadaptor.ConvertRequest(c, &r, true); err != nil {
-		return addrKey(c.RemoteAddr().String())
+		return connlimit.Source(c.RemoteAddr().String())
 	}
 	return s.opts.SourceKey(&r)
 }

@@ -59,6 +59,7 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/connlimit"
 )
 
 // Path is where Handler serves heartbeats. Shepherd's agent-start code
@@ -259,7 +260,7 @@ type Server struct {
 	errLog   rateLimitedLog
 	connLog  rateLimitedLog // connections refused by MaxConns, MaxConnsPerSource
 	// conns is the connection limiter of the last Serve, for tests.
-	conns atomic.Pointer[connLimiter]
+	conns atomic.Pointer[connlimit.Listener]
 
 	// epoch is when the server was made: machineState's times are
 	// durations since then, on the monotonic clock.

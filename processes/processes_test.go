@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -348,7 +349,7 @@ func (p *fakeProvider) Reboot(ctx context.Context, m bmdb.Provided) error { retu
 
 func (p *fakeProvider) fail(m bmdb.Provided) error {
 	if p.hostKeyChanged[m.ProviderID] {
-		return controlloop.WithBackoff(errors.New("ssh: host key changed"), p.backoff)
+		return backoff.With(errors.New("ssh: host key changed"), p.backoff)
 	}
 	return errors.New("ssh: connection refused")
 }

@@ -7,7 +7,6 @@ package providers
 
 import (
 	"context"
-	"errors"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
@@ -17,7 +16,7 @@ import (
 // cloud API. Implementations must honour ctx: when it is cancelled the lease
 // may no longer be held, and the provider must stop acting. A failure mode
 // that deserves its own backoff (a changed SSH host key) is returned wrapped
-// by controlloop.WithBackoff; the runner applies it to the failing lease.
+// by backoff.With; the runner applies it to the failing lease.
 type Provider interface {
 	// Name identifies the provider in machine_provided.provider.
 	Name() string
@@ -48,12 +47,6 @@ type PowerState struct {
 	// to operators beside the state.
 	Cause string
 }
-
-// ErrPowerUnsupported is wrapped by the errors of PowerState and PowerOn
-// for a machine that has no way to read or switch its power (a machine of
-// the static provider rebooted over SSH): the caller then acts as it would
-// without power truth, and says so.
-var ErrPowerUnsupported = errors.New("cannot read or switch this machine's power (no BMC)")
 
 // PowerReader is implemented by providers that can read a machine's power
 // state, so that Recovery powers on a machine that is off instead of

@@ -40,7 +40,7 @@ func TestEmbeddedDefaultsAreTheCommandLines(t *testing.T) {
 		t.Fatalf("the command line's daemon: %v", err)
 	}
 	embedded, err := daemon.New(daemon.Options{DSN: dsn, Loops: []daemon.Loop{
-		{Process: agentstart.Definition()}, {Process: recovery.Definition()},
+		{Definition: agentstart.Definition()}, {Definition: recovery.Definition()},
 	}})
 	if err != nil {
 		t.Fatalf("the embedded daemon: %v", err)
@@ -69,7 +69,7 @@ func TestEmbeddedDefaultsAreTheCommandLines(t *testing.T) {
 	}
 	for i := range e.Loops {
 		if !reflect.DeepEqual(e.Loops[i].Config, c.Loops[i].Config) {
-			t.Errorf("%s's runner config: embedded %+v, command line %+v", e.Loops[i].Process.Info.Label, e.Loops[i].Config, c.Loops[i].Config)
+			t.Errorf("%s's runner config: embedded %+v, command line %+v", e.Loops[i].Definition.Info.Label, e.Loops[i].Config, c.Loops[i].Config)
 		}
 	}
 
@@ -91,11 +91,11 @@ func TestEmbeddedDefaultsAreTheCommandLines(t *testing.T) {
 		opts daemon.Options
 		want string
 	}{
-		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Process: bad}}}, "process fw: -fw_period 0s: must be positive"},
-		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Process: agentstart.Definition(), Config: controlloop.Config{Parallelism: 2}}}}, "process agentstart: -agentstart_db_query_rate: burst must be at least 1"},
-		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Process: testDefinition("Fw", "Fw")}}}, `invalid label "Fw"`},
-		{daemon.Options{DSN: dsn, HistoryRetention: time.Minute, Loops: []daemon.Loop{{Process: agentstart.Definition()}}}, "must be at least 1h0m0s"},
-		{daemon.Options{DSN: dsn, HistoryRetention: -time.Hour, Loops: []daemon.Loop{{Process: agentstart.Definition()}}}, "must not be negative"},
+		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Definition: bad}}}, "process fw: -fw_period 0s: must be positive"},
+		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Definition: agentstart.Definition(), Config: controlloop.Config{Parallelism: 2}}}}, "process agentstart: -agentstart_db_query_rate: burst must be at least 1"},
+		{daemon.Options{DSN: dsn, Loops: []daemon.Loop{{Definition: testDefinition("Fw", "Fw")}}}, `invalid label "Fw"`},
+		{daemon.Options{DSN: dsn, HistoryRetention: time.Minute, Loops: []daemon.Loop{{Definition: agentstart.Definition()}}}, "must be at least 1h0m0s"},
+		{daemon.Options{DSN: dsn, HistoryRetention: -time.Hour, Loops: []daemon.Loop{{Definition: agentstart.Definition()}}}, "must not be negative"},
 	} {
 		if _, err := daemon.New(c.opts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New: %v, want an error with %q", err, c.want)

@@ -64,8 +64,11 @@ type daemonConfig struct {
 	processes             string
 	provider              string
 	shutdownGrace         time.Duration
-	sessionInterval       time.Duration
-	stateDir              string
+	// gracefulShutdownTimeout bounds the whole stop
+	// (daemon.Options.GracefulShutdownTimeout).
+	gracefulShutdownTimeout time.Duration
+	sessionInterval         time.Duration
+	stateDir                string
 	// demoDefaults lists the flags demo mode changed, for its log.
 	demoDefaults []string
 
@@ -142,6 +145,7 @@ func newDaemonFlags(fs *flag.FlagSet, d *CLI) *daemonConfig {
 	fs.StringVar(&c.processes, "processes", strings.Join(byDefault, ","), "comma-separated processes to run: "+known)
 	fs.StringVar(&c.provider, "provider", d.defaultProvider(), providerUsage)
 	fs.DurationVar(&c.shutdownGrace, "shutdown_grace", 10*time.Second, "on SIGTERM, how long in-flight work may run before it is cancelled")
+	fs.DurationVar(&c.gracefulShutdownTimeout, "graceful_shutdown_timeout", daemon.DefaultGracefulShutdownTimeout, "on SIGTERM, how long the whole stop may take, -shutdown_grace included (unless given: -shutdown_grace plus "+daemon.ShutdownTimeoutRoom.String()+", if that is longer); a part still running then is abandoned and named in the log, and the daemon exits with status 4")
 	fs.DurationVar(&c.sessionInterval, "session_interval", daemon.DefaultSessionInterval, "BMDB session lifetime without a heartbeat (heartbeat every half of it); a dead replica's leases are released within about 1.5 times this (expiry, then a live session's next heartbeat reaps)")
 	fs.StringVar(&c.stateDir, "state_dir", defaultStateDir, "demo mode (no database given): directory of the private PostgreSQL; kept between runs")
 	fs.StringVar(&c.agentListen, "agent_listen", "", "address of the agents' heartbeat endpoint (POST "+heartbeat.Path+"), e.g. :7443 (port 0 picks a free one); empty: none. Required with -provider static unless -agent_heartbeat_url names an endpoint served elsewhere")
@@ -212,6 +216,12 @@ func (c *daemonConfig) check() error {
 	}
 	if c.shutdownGrace > time.Hour {
 		return usagef("-shutdown_grace %s: must be at most 1h", c.shutdownGrace)
+	}
+	if !slices.Contains(c.given, "graceful_shutdown_timeout") {
+		// The daemon's default, which makes room for a longer grace.
+		c.gracefulShutdownTimeout = 0
+	} else if c.gracefulShutdownTimeout <= c.shutdownGrace || c.gracefulShutdownTimeout > 2*time.Hour {
+		return usagef("-graceful_shutdown_timeout %s: must be longer than -shutdown_grace (%s), which is part of the stop, and at most 2h", c.gracefulShutdownTimeout, c.shutdownGrace)
 	}
 	if !(c.heartbeatRefusalRate > 0 && c.heartbeatRefusalRate <= 1e6) {
 		return usagef("-agent_refusals_per_second %g: must be above 0 and at most 1000000", c.heartbeatRefusalRate)
@@ -311,17 +321,18 @@ func (c *daemonConfig) checkHeartbeat(provider *providers.Definition) error {
 // resolved (dsn) and exts, the migrations of every registered process.
 func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Options {
 	o := daemon.Options{
-		Name:                 c.prog,
-		DSN:                  dsn,
-		StateDir:             c.stateDir,
-		DemoDefaults:         c.demoDefaults,
-		Extensions:           exts,
-		Provider:             *c.selected(),
-		Listen:               c.listen,
-		StatusToken:          c.statusToken,
-		SessionInterval:      c.sessionInterval,
-		HistoryRetention:     c.retention.daemonRetention(),
-		HistoryPruneInterval: c.retention.every,
+		Name:                    c.prog,
+		DSN:                     dsn,
+		StateDir:                c.stateDir,
+		DemoDefaults:            c.demoDefaults,
+		Extensions:              exts,
+		Provider:                *c.selected(),
+		Listen:                  c.listen,
+		StatusToken:             c.statusToken,
+		SessionInterval:         c.sessionInterval,
+		HistoryRetention:        c.retention.daemonRetention(),
+		HistoryPruneInterval:    c.retention.every,
+		GracefulShutdownTimeout: c.gracefulShutdownTimeout,
 		Agents: daemon.AgentOptions{
 			Listen:            c.agentListen,
 			TLSCert:           c.agentTLSCert,
@@ -334,7 +345,7 @@ func (c *daemonConfig) options(dsn string, exts []*bmdb.Extension) daemon.Option
 		},
 	}
 	for _, l := range c.enabled {
-		o.Loops = append(o.Loops, daemon.Loop{Process: l.def, Config: l.cfg})
+		o.Loops = append(o.Loops, daemon.Loop{Definition: l.def, Config: l.cfg})
 	}
 	return o
 }

@@ -59,6 +59,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-bmdb_dsn=postgres://u:pw@127.0.0.1:1/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"}, "shepherd: -bmdb_dsn: a TLS file the DSN names cannot be read: open /nonexistent/ca.pem: no such file or directory"},
 		{[]string{"-session_interval=1200h"}, "shepherd: -session_interval 1200h0m0s: must be between 1s and 1h"},
 		{[]string{"-shutdown_grace=100h"}, "shepherd: -shutdown_grace 100h0m0s: must be at most 1h"},
+		{[]string{"-shutdown_grace=40s", "-graceful_shutdown_timeout=30s"}, "shepherd: -graceful_shutdown_timeout 30s: must be longer than -shutdown_grace (40s), which is part of the stop, and at most 2h"},
+		{[]string{"-graceful_shutdown_timeout=0s"}, "shepherd: -graceful_shutdown_timeout 0s: must be longer than -shutdown_grace (10s), which is part of the stop, and at most 2h"},
 		{[]string{"-agentstart_loop_parallelism=2147483647"}, "shepherd: -agentstart_loop_parallelism 2147483647: must be at most 4096"},
 		{[]string{"-recovery_idle_poll=2h"}, "shepherd: -recovery_idle_poll 2h0m0s: must be at most 1h"},
 		{[]string{"-recovery_safety_poll=0s"}, "shepherd: -recovery_safety_poll 0s: must be positive and at most 1h"},

@@ -103,12 +103,17 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitShutdownTimeout: the daemon stopped, but not within
+	// -graceful_shutdown_timeout; the parts still running were abandoned
+	// and the log names them.
+	exitShutdownTimeout = 4
 )
 
 // Main runs the command line given in args (without the program name) with
 // the registered processes and providers, and returns the exit status for
 // os.Exit: 0 done, 1 failure, 2 bad command line (3: an operator command's
-// machine, backoff or pause not found). A mistake in the registered
+// machine, backoff or pause not found; 4: the daemon's stop overran
+// -graceful_shutdown_timeout). A mistake in the registered
 // definitions (no process, a label used twice) is a failure, reported
 // before anything runs.
 func (d *CLI) Main(args []string, stdout, stderr io.Writer) int {

@@ -57,8 +57,8 @@ func TestDatabaseOutage(t *testing.T) {
 	// Away while running: the probe fails on the ping, then on the loops,
 	// whose sessions are lost.
 	proxy.Cut()
-	bmdbtest.WaitFor(t, 10*time.Second, "not ready: database", readyz(false, "database: "))
-	bmdbtest.WaitFor(t, 15*time.Second, "not ready: sessions lost", readyz(false, "agentstart: no live BMDB session"))
+	bmdbtest.WaitFor(t, 10*time.Second, "not ready: database", readyz(false, "[-]database failed: "))
+	bmdbtest.WaitFor(t, 15*time.Second, "not ready: sessions lost", readyz(false, "[-]sessions failed: no live BMDB session: agentstart"))
 
 	proxy.Restore()
 	bmdbtest.WaitFor(t, 45*time.Second, "ready again once the database is back", readyz(true, "ok"))

@@ -401,8 +401,8 @@ func TestStaticReload(t *testing.T) {
 		n := d.LogCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)
 	})
-	if code, body, err := d.Get("/readyz"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the BMDB") {
-		t.Errorf("/readyz while the database is down: %d %q %v, want 503 waiting for the BMDB", code, body, err)
+	if code, body, err := d.Get("/readyz"); err != nil || code != http.StatusInternalServerError || !strings.Contains(body, "[-]running failed: waiting for the BMDB") {
+		t.Errorf("/readyz while the database is down: %d %q %v, want 500 running failed: waiting for the BMDB", code, body, err)
 	}
 	proxy.Restore()
 	bmdbtest.WaitFor(t, 30*time.Second, "node1 synced", func() (bool, string) {

@@ -2,6 +2,7 @@ package shepherdcli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,6 +70,9 @@ func (d *CLI) runDaemon(args []string, stdout, stderr io.Writer) int {
 	if err := dmn.Run(ctx); err != nil {
 		klog.Flush()
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		if errors.Is(err, daemon.ErrShutdownTimeout) {
+			return exitShutdownTimeout
+		}
 		return exitFailure
 	}
 	klog.InfoS("Shepherd stopped")

@@ -287,7 +287,7 @@ func (s *Session) CheckCancels(ctx context.Context) (int, error) {
 		}
 		cause := &CanceledByOperator{Actor: r.actor, Reason: r.reason}
 		if b.w.canceledBy.CompareAndSwap(nil, cause) {
-			klog.FromContext(ctx).Info("lease cancelled by an operator", "process", r.process, "machine", r.machine, "actor", r.actor, "reason", r.reason, "session", s.id)
+			klog.FromContext(ctx).Info("Lease cancelled by an operator", "process", r.process, "machine", r.machine, "actor", r.actor, "reason", r.reason, "session", s.id)
 			b.cancel(cause)
 			n++
 		}

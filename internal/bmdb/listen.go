@@ -86,7 +86,7 @@ func (db *DB) listenDue(ctx context.Context, process string, l *DueListener) {
 		setListening(false)
 		pause = min(max(2*pause, time.Second), 30*time.Second)
 		wait := jitter.Half(pause)
-		klog.FromContext(ctx).Info("due notifications lost; polling until they are back", "process", process, "err", err, "retry_in", wait.Round(time.Millisecond))
+		klog.FromContext(ctx).Info("Due notifications lost; polling until they are back", "process", process, "err", err, "retry_in", wait.Round(time.Millisecond))
 		if !sleep.For(ctx, wait) {
 			return
 		}

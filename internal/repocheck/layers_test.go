@@ -22,12 +22,17 @@ const module = "github.com/shepherd-fleet/shepherd/"
 // moved to the wrong package.
 var layers = map[string][]string{
 	"processes":   {"daemon", "shepherdcli", "cmd"},
-	"providers":   {"daemon", "shepherdcli", "cmd", "processes"},
+	"providers":   {"daemon", "shepherdcli", "cmd", "processes", "controlloop"},
 	"controlloop": {"daemon", "shepherdcli", "cmd", "processes", "providers/"},
 	"bmdb":        {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
 	"statuspage":  {"daemon", "shepherdcli", "cmd", "processes", "providers/"},
 	"heartbeat":   {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
+	"backoff":     {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
 	"daemon":      {"shepherdcli", "cmd"},
+	// The BMC protocols share their credentials through bmccred, not
+	// through each other.
+	"providers/ipmi":    {"providers/redfish"},
+	"providers/redfish": {"providers/ipmi"},
 }
 
 // forbids reports whether the rule (a package path relative to the

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // libraryRoots are the library packages (with every package under them)
@@ -66,26 +68,9 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 			t.Errorf("library root %s: %v (moved? update libraryRoots)", lib, err)
 			continue
 		}
-		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				if d.Name() == "testdata" {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return nil
-			}
-			rel, err := filepath.Rel(root, path)
-			if err != nil {
-				return err
-			}
+		err := walkSource(root, dir, func(path, key string) {
 			files++
 			for _, v := range globalKlogUses(t, path) {
-				key := filepath.ToSlash(rel)
 				if _, ok := notYetConverted[key]; ok {
 					used[key] = true
 					continue
@@ -98,7 +83,6 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 					"log through klog.FromContext(ctx) (or a logger the caller gives), which the embedding program sets with klog.NewContext",
 					key, v.line, v.name)
 			}
-			return nil
 		})
 		if err != nil {
 			t.Fatalf("walking %s: %v", lib, err)
@@ -116,6 +100,43 @@ func TestLibrariesLogThroughTheirContext(t *testing.T) {
 	}
 }
 
+// walkSource calls fn with the path of every non-test Go file under dir,
+// and that path relative to root (with slashes). It skips testdata and
+// hidden directories, and bench-results.
+func walkSource(root, dir string, fn func(path, rel string)) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); name == "testdata" || name == "bench-results" || strings.HasPrefix(name, ".") && path != dir {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		fn(path, filepath.ToSlash(rel))
+		return nil
+	})
+}
+
+// parseGo parses the Go file at path, failing the test if it cannot.
+func parseGo(t *testing.T, path string) (*token.FileSet, *ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	return fset, f
+}
+
 // klogUse is one use of klog's package API.
 type klogUse struct {
 	name string // the identifier after "klog."
@@ -128,11 +149,7 @@ type klogUse struct {
 // klog.
 func globalKlogUses(t *testing.T, path string) []klogUse {
 	t.Helper()
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", path, err)
-	}
+	fset, f := parseGo(t, path)
 	name := ""
 	for _, imp := range f.Imports {
 		p, err := strconv.Unquote(imp.Path.Value)
@@ -219,6 +236,129 @@ func f(ctx context.Context) {
 	}
 	want := []string{":Infof", "f:InfoS", "f:V", "f:ErrorS", "f:Background"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("found %q, want %q", got, want)
+	}
+}
+
+// lowerCaseLogs are files whose log messages may still start with a
+// lower-case letter, with the reason. Remove an entry when its file is
+// converted; the test says when one no longer matches.
+var lowerCaseLogs = map[string]string{
+	"controlloop/runner.go":  "the claim path's split (issue 49) rewrites it; convert its messages once that lands",
+	"controlloop/claimer.go": "split from runner.go by the claim path's split; convert with it",
+	"controlloop/ender.go":   "split from runner.go by the claim path's split; convert with it",
+}
+
+// TestLogMessagesStartWithACapital fails when a log message of non-test
+// code starts with a lower-case letter. One convention for the whole
+// repository, Kubernetes' for structured logs (which klog and most of
+// Shepherd's messages follow): a message starts with a capital letter and
+// has no trailing period, so that the log reads alike whichever package
+// wrote a line, and a search for a message finds it.
+func TestLogMessagesStartWithACapital(t *testing.T) {
+	root := moduleRoot(t)
+	used := map[string]bool{}
+	messages := 0
+	err := walkSource(root, root, func(path, rel string) {
+		for _, m := range logMessages(t, path) {
+			messages++
+			r, _ := utf8.DecodeRuneInString(m.text)
+			if !unicode.IsLower(r) && !strings.HasSuffix(m.text, ".") {
+				continue
+			}
+			if _, ok := lowerCaseLogs[rel]; ok {
+				used[rel] = true
+				continue
+			}
+			t.Errorf("%s:%d: log message %q: start it with a capital letter, and end it without a period", rel, m.line, m.text)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if messages < 100 {
+		t.Fatalf("found %d log messages: the check no longer finds the calls", messages)
+	}
+	for key := range lowerCaseLogs {
+		if !used[key] {
+			t.Logf("lowerCaseLogs[%q] no longer matches a lower-case message: remove the entry", key)
+		}
+	}
+}
+
+// logMessage is the constant message of a log call.
+type logMessage struct {
+	text string
+	line int
+}
+
+// logMessages parses the Go file at path and returns the constant
+// messages of its log calls: X.Info(msg, ...) and X.InfoS(msg, ...),
+// X.Error(err, msg, ...) and X.ErrorS(err, msg, ...), with X any
+// expression (a logger, klog, logger.V(2)) but http and a test's t.
+func logMessages(t *testing.T, path string) []logMessage {
+	t.Helper()
+	fset, f := parseGo(t, path)
+	var msgs []logMessage
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		arg := 0
+		switch sel.Sel.Name {
+		case "Info", "InfoS":
+		case "Error", "ErrorS":
+			arg = 1
+		default:
+			return true
+		}
+		if x, ok := sel.X.(*ast.Ident); ok && (x.Name == "http" || x.Name == "t") {
+			return true
+		}
+		if len(call.Args) <= arg {
+			return true
+		}
+		lit, ok := call.Args[arg].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		if s, err := strconv.Unquote(lit.Value); err == nil && s != "" {
+			msgs = append(msgs, logMessage{text: s, line: fset.Position(lit.Pos()).Line})
+		}
+		return true
+	})
+	return msgs
+}
+
+// The check finds the messages of Info and Error calls on any logger, and
+// leaves http.Error and non-constant messages alone.
+func TestLogMessagesFindsEveryForm(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lib.go")
+	src := `package lib
+
+func f(logger logr.Logger, w http.ResponseWriter, msg string) {
+	logger.Info("one", "k", 1)
+	logger.V(2).Info("two")
+	logger.Error(err, "three")
+	klog.InfoS("four")
+	klog.ErrorS(nil, "five")
+	logger.Info(msg)
+	http.Error(w, "not a log", 500)
+}
+`
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range logMessages(t, path) {
+		got = append(got, m.text)
+	}
+	if want := "one two three four five"; strings.Join(got, " ") != want {
 		t.Errorf("found %q, want %q", got, want)
 	}
 }

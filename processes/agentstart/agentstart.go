@@ -77,7 +77,7 @@ func New(p providers.Provider) *AgentStart {
 // Run implements controlloop.Handler: it starts the agent through the
 // provider and, on success, records the agent's public key when the work
 // finishes, so that the tag exists if and only if the lease was still held.
-// A provider error carrying a controlloop.BackoffError sets the task's backoff.
+// A provider error carrying a backoff.Error sets the task's backoff.
 func (a *AgentStart) Run(ctx context.Context, t *controlloop.Task) error {
 	m, err := t.Provided(ctx)
 	if err != nil {

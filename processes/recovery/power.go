@@ -164,6 +164,6 @@ func (r *Recovery) recordPower(ctx context.Context, t *controlloop.Task, seen Se
 		return tx.RecordPower(ctx, t.Machine, string(seen.Power), seen.Cause)
 	})
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "recording the power state read failed", "power", seen.Power)
+		klog.FromContext(ctx).Error(err, "Recording the power state read failed", "power", seen.Power)
 	}
 }

@@ -188,7 +188,7 @@ func New(p providers.Provider, cfg Config) *Recovery {
 // powers it on or resets it (powerAct), records what it read and did, and,
 // when the work finishes, deletes its agent tags, which makes
 // it an AgentStart candidate again. A provider error carrying a
-// controlloop.BackoffError sets the task's backoff.
+// backoff.Error sets the task's backoff.
 func (r *Recovery) Run(ctx context.Context, t *controlloop.Task) error {
 	m, err := t.Provided(ctx)
 	if err != nil {

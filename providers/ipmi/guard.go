@@ -39,9 +39,6 @@ import (
 // broken or hostile, and waiting for a better one would only cost the
 // timeout.
 
-// errMalformed marks a packet the guard refused.
-var errMalformed = errors.New("malformed reply from the BMC")
-
 // rmcpClassASF is the RMCP message class of ASF (presence ping and pong).
 const rmcpClassASF = 0x06
 

@@ -28,8 +28,7 @@ import (
 	"github.com/bougou/go-ipmi/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/shepherd-fleet/shepherd/internal/secretfile"
-	"github.com/shepherd-fleet/shepherd/providers/redfish"
+	"github.com/shepherd-fleet/shepherd/providers/bmccred"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -86,7 +85,7 @@ type Target struct {
 	// Port is its RMCP port (DefaultPort when 0).
 	Port int
 	// CredentialsFile names the file holding the BMC account, user:password
-	// (or the JSON form; see redfish.ParseCredentials).
+	// (or the JSON form; see bmccred.Read).
 	CredentialsFile string
 	// CipherSuite is the RMCP+ cipher suite (DefaultCipherSuite when 0).
 	CipherSuite int
@@ -119,9 +118,6 @@ type Client struct {
 
 // New returns a client with cfg.
 func New(cfg Config) *Client { return &Client{cfg: cfg} }
-
-// maxCredentialsFile bounds a credentials file.
-const maxCredentialsFile = 64 << 10
 
 // Reset power-cycles (or resets) the machine behind t. It returns once the
 // BMC accepted the command. A BMC that does not answer costs at most the
@@ -215,13 +211,9 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 		}
 		return fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0))
 	}
-	data, err := secretfile.Read(t.CredentialsFile, maxCredentialsFile)
+	creds, err := bmccred.Read(t.CredentialsFile)
 	if err != nil {
-		return fmt.Errorf("ipmi at %s: reading credentials: %w", t.Endpoint(), err)
-	}
-	creds, err := redfish.ParseCredentials(data)
-	if err != nil {
-		return fmt.Errorf("ipmi at %s: credentials file %s: %w", t.Endpoint(), t.CredentialsFile, err)
+		return fmt.Errorf("ipmi at %s: %w", t.Endpoint(), err)
 	}
 	suite := t.CipherSuite
 	if suite == 0 {
@@ -327,11 +319,6 @@ func recoverLibrary(ctx context.Context, t Target, when string, err *error) {
 
 // maxPanicText bounds the panic's text in a cause.
 const maxPanicText = 200
-
-// errLibraryFailed opens the cause of an action during which the IPMI
-// library panicked on what the BMC sent (a bug of the library's, reached
-// by a broken or hostile BMC past the guard).
-var errLibraryFailed = errors.New("BMC protocol library failed on the BMC's reply")
 
 // stage names the part of the session a library error came from, to keep
 // in a cause that names the refused packet instead of the library's words.

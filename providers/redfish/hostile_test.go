@@ -109,22 +109,6 @@ func TestRedirectAcrossSchemeOrHostRefused(t *testing.T) {
 	}
 }
 
-// A credentials file that group or others may read is refused, as OpenSSH
-// refuses such a private key.
-func TestCredentialsReadableByOthersRefused(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "creds")
-	if err := os.WriteFile(p, []byte("admin:pw-hunter2"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(p, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := ReadCredentials(p)
-	if err == nil || !strings.Contains(err.Error(), "accessible by others (mode 0644)") || strings.Contains(err.Error(), "hunter2") {
-		t.Errorf("ReadCredentials of a 0644 file: %v, want a refusal naming the mode (and not the password)", err)
-	}
-}
-
 // An http:// endpoint is refused unless the target allows it: HTTP Basic
 // would send the password in cleartext. Nothing reaches the BMC.
 func TestHTTPEndpointRefusedUnlessAllowed(t *testing.T) {

@@ -5,7 +5,7 @@
 // Authentication is HTTP Basic, which the Redfish specification requires
 // every service to support: it is stateless, so an interrupted reboot never
 // leaves a session behind on a BMC with few session slots. Credentials come
-// from a file named by the inventory (see ReadCredentials), read afresh for
+// from a file named by the inventory (package bmccred), read afresh for
 // every reboot so that rotating them needs no restart; they never appear in
 // flags, logs or errors. TLS is verified against the system roots or a CA
 // file given per machine; there is no option to skip verification.
@@ -35,6 +35,8 @@ import (
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
+
+	"github.com/shepherd-fleet/shepherd/providers/bmccred"
 )
 
 // DefaultResetType is the reset a reboot asks for when the inventory names
@@ -78,7 +80,7 @@ type Target struct {
 	// https://10.0.100.12 (the client adds /redfish/v1).
 	Endpoint string
 	// CredentialsFile names the file holding the BMC account (see
-	// ReadCredentials).
+	// bmccred.Read).
 	CredentialsFile string
 	// SystemID selects the ComputerSystem by its Id or @odata.id; empty
 	// means the only system the BMC manages.
@@ -123,9 +125,6 @@ func ParseEndpoint(s string) (string, error) {
 	}
 	return u.Scheme + "://" + u.Host, nil
 }
-
-// ErrCleartext refuses an http:// endpoint not explicitly allowed.
-var ErrCleartext = errors.New("http:// would send the BMC's password in cleartext: use https://, or set redfish.allow_http: true for this machine")
 
 // ValidResetType reports whether t is one of ResetTypes.
 func ValidResetType(t string) bool { return slices.Contains(ResetTypes, t) }
@@ -215,7 +214,7 @@ func (c *Client) withSystem(ctx context.Context, t Target, action func(system *s
 	if strings.HasPrefix(endpoint, "http://") && !t.AllowHTTP {
 		return fmt.Errorf("redfish endpoint %s: %w", endpoint, ErrCleartext)
 	}
-	creds, err := ReadCredentials(t.CredentialsFile)
+	creds, err := bmccred.Read(t.CredentialsFile)
 	if err != nil {
 		return err
 	}

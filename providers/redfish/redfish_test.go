@@ -144,46 +144,6 @@ func TestParseEndpoint(t *testing.T) {
 	}
 }
 
-func TestParseCredentials(t *testing.T) {
-	for _, tc := range []struct {
-		in         string
-		user, pass string
-		err        string
-	}{
-		{in: "admin:pa:ss\n", user: "admin", pass: "pa:ss"},
-		{in: "admin: spaced pass \r\n", user: "admin", pass: " spaced pass "},
-		{in: `{"username": "root", "password": "calvin"}`, user: "root", pass: "calvin"},
-		{in: "", err: "empty"},
-		{in: "adminonly", err: "no colon"},
-		{in: ":pw", err: "empty username"},
-		{in: "admin:", err: "empty password"},
-		{in: "a:b\nc:d\n", err: "more than one line"},
-		{in: `{"username": "root"}`, err: "lacks"},
-		{in: `{"username": "root", "password": "x", "extra": 1}`, err: "unknown fields"},
-		{in: `{"username": "root", "password": "secretvalue"`, err: "not a valid JSON"},
-	} {
-		c, err := ParseCredentials([]byte(tc.in))
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("ParseCredentials(%q) = %v, %v; want error containing %q", tc.in, c, err, tc.err)
-			}
-			if err != nil && strings.Contains(err.Error(), "secretvalue") {
-				t.Errorf("ParseCredentials(%q) error quotes the input: %v", tc.in, err)
-			}
-			continue
-		}
-		if err != nil || c.Username != tc.user || c.Password != tc.pass {
-			t.Errorf("ParseCredentials(%q) = %q/%q, %v; want %q/%q", tc.in, c.Username, c.Password, err, tc.user, tc.pass)
-		}
-	}
-	c := Credentials{Username: "u", Password: "topsecret"}
-	for _, s := range []string{c.String(), c.GoString()} {
-		if strings.Contains(s, "topsecret") {
-			t.Errorf("Credentials print their password: %s", s)
-		}
-	}
-}
-
 // PowerState reads the system's PowerState, and PowerOn posts the Reset
 // action with On, which powers a system that is off on.
 func TestPowerStateAndPowerOn(t *testing.T) {

@@ -35,14 +35,6 @@ const (
 	maxTotalBytes = 4 << 20
 )
 
-// ErrConversationBound is wrapped by the error of an action whose
-// conversation with the BMC went beyond maxRequests or maxTotalBytes.
-var ErrConversationBound = errors.New("redfish: BMC conversation exceeded")
-
-// ErrForeignHost is wrapped by the error of a request refused because it
-// was not for the BMC's endpoint.
-var ErrForeignHost = errors.New("refusing a request that is not for the BMC's endpoint")
-
 // conversation is the transport of one action: it sends requests only to
 // the action's endpoint, at most maxRequests of them, reads at most
 // maxTotalBytes of answers in all and each answer cut to maxBody (or

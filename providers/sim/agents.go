@@ -405,7 +405,7 @@ func (a *Agents) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		if err := a.heartbeat(ctx); err != nil && ctx.Err() == nil {
-			klog.FromContext(ctx).Error(err, "sim: heartbeat round failed")
+			klog.FromContext(ctx).Error(err, "Simulated agents: heartbeat round failed")
 		}
 	}
 }
@@ -434,7 +434,7 @@ func (a *Agents) heartbeat(ctx context.Context) error {
 	}
 	a.mu.Unlock()
 	if died > 0 {
-		klog.FromContext(ctx).V(1).Info("sim: agents died", "agents", died)
+		klog.FromContext(ctx).V(1).Info("Simulated agents died", "agents", died)
 	}
 	if len(beating) == 0 {
 		return nil

@@ -146,7 +146,7 @@ func (p *Provider) Seed(ctx context.Context) error {
 		created, err := p.seedOnce(ctx)
 		if err == nil {
 			if created > 0 {
-				klog.FromContext(ctx).Info("sim: created machines", "created", created, "fleet", p.cfg.Machines)
+				klog.FromContext(ctx).Info("Simulated fleet: created machines", "created", created, "fleet", p.cfg.Machines)
 			}
 			return nil
 		}

@@ -19,17 +19,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/bmdb"
 )
 
-var (
-	// ErrHostKeyChanged is wrapped by the error of a connection refused
-	// because the machine presented a host key other than the pinned one
-	// (or the one in known_hosts): a reinstalled machine, or someone in
-	// the middle. An operator has to decide which.
-	ErrHostKeyChanged = errors.New("SSH host key changed")
-	// ErrHostKeyUnknown is wrapped by the error of a connection refused
-	// because known_hosts has no key for the machine.
-	ErrHostKeyUnknown = errors.New("SSH host key unknown")
-)
-
 // HostKeyBackoff is the backoff of a failure caused by a host key problem
 // (changed, unknown, revoked). Retrying every few minutes would not fix it,
 // only fill the history: an operator has to act, and then can clear the

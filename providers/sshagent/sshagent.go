@@ -8,7 +8,7 @@
 // pinning the first key a machine presents in the BMDB
 // (machine_ssh_host_key) and refusing any other afterwards. A refused key
 // fails with an error wrapping ErrHostKeyChanged (or ErrHostKeyUnknown) and
-// carrying HostKeyBackoff as a controlloop.BackoffError, so that the machine
+// carrying HostKeyBackoff as a backoff.Error, so that the machine
 // is left alone long enough for an operator to look.
 //
 // Every step has its own bound (connect, upload, exec), and every step
@@ -34,7 +34,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/internal/secretfile"
 )
 
@@ -166,7 +166,7 @@ func (c *Client) dial(ctx context.Context, t Target) (*conn, error) {
 // hostKeyFailure marks err, a host key refusal, for the longer backoff.
 func hostKeyFailure(err error) error {
 	if errors.Is(err, ErrHostKeyChanged) || errors.Is(err, ErrHostKeyUnknown) {
-		return controlloop.WithBackoff(err, HostKeyBackoff)
+		return backoff.With(err, HostKeyBackoff)
 	}
 	return err
 }

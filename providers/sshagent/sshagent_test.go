@@ -22,7 +22,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/shepherd-fleet/shepherd/agentproto"
-	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
@@ -191,9 +191,9 @@ func TestChangedHostKeyIsRefusedWithLongBackoff(t *testing.T) {
 	if !errors.Is(err, ErrHostKeyChanged) || !strings.Contains(err.Error(), "SSH host key changed") {
 		t.Fatalf("StartAgent after a host key change: %v, want ErrHostKeyChanged", err)
 	}
-	var be *controlloop.BackoffError
+	var be *backoff.Error
 	if !errors.As(err, &be) || be.Backoff != HostKeyBackoff {
-		t.Fatalf("StartAgent after a host key change: %v carries no BackoffError with HostKeyBackoff", err)
+		t.Fatalf("StartAgent after a host key change: %v carries no backoff.Error with HostKeyBackoff", err)
 	}
 	if !strings.Contains(err.Error(), ssh.FingerprintSHA256(f.sshd.HostKey())) {
 		t.Errorf("the error does not name the new key's fingerprint: %v", err)
@@ -243,7 +243,7 @@ func TestKnownHosts(t *testing.T) {
 
 	f.sshd.RotateHostKey(t)
 	err = c.Reboot(withTimeout(t, time.Minute), f.target)
-	var be *controlloop.BackoffError
+	var be *backoff.Error
 	if !errors.Is(err, ErrHostKeyChanged) || !errors.As(err, &be) || !strings.Contains(err.Error(), "known_hosts has") {
 		t.Fatalf("Reboot after a host key change: %v", err)
 	}
@@ -347,7 +347,7 @@ func TestLoginRefused(t *testing.T) {
 	f.cfg.KeyFile = filepath.Join(t.TempDir(), "other_key")
 	sshdtest.WriteNewKey(t, f.cfg.KeyFile)
 	err := f.client(t).Reboot(withTimeout(t, time.Minute), f.target)
-	var be *controlloop.BackoffError
+	var be *backoff.Error
 	if err == nil || !strings.Contains(err.Error(), "unable to authenticate") || errors.As(err, &be) {
 		t.Fatalf("Reboot with an unauthorized key: %v, want an authentication failure with the default backoff", err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/shepherd-fleet/shepherd/internal/secretfile"
+	"github.com/shepherd-fleet/shepherd/providers/bmccred"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/untrusted"
@@ -344,7 +344,7 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 				hasAddress, hasUser = true, true // reported as not a mapping
 			}
 		},
-		"redfish": func(k, v *yaml.Node) { m.Redfish = p.redfishSection(k, v, path, d.redfish) },
+		"redfish": func(k, v *yaml.Node) { m.Redfish = p.redfishSection(k, v, path, d) },
 		"ipmi":    func(k, v *yaml.Node) { m.IPMI = p.ipmiSection(k, v, path) },
 		"power": func(k, v *yaml.Node) {
 			powerLine = v.Line
@@ -357,7 +357,19 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 	if !hasID {
 		p.addf(n.Line, path+".id", "missing")
 	}
-	p.powerMethod(&m, n.Line, powerLine, path)
+	// How the machine is rebooted: what power says, else its only BMC.
+	switch {
+	case m.Power == "" && m.Redfish != nil && m.IPMI != nil:
+		p.addf(n.Line, path+".power", "missing: the machine has both a redfish and an ipmi section; say which reboots it (power: redfish or power: ipmi)")
+	case m.Power == "" && m.Redfish != nil:
+		m.Power = PowerRedfish
+	case m.Power == "" && m.IPMI != nil:
+		m.Power = PowerIPMI
+	case m.Power == "":
+		m.Power = PowerSSH
+	case m.Power == PowerRedfish && m.Redfish == nil, m.Power == PowerIPMI && m.IPMI == nil:
+		p.addf(powerLine, path+".power", "%s: the machine has no %s section", m.Power, m.Power)
+	}
 	switch {
 	case !hasSSH:
 		p.addf(n.Line, path+".ssh", "missing: every machine needs an SSH address")
@@ -369,15 +381,13 @@ func (p *parser) machine(n *yaml.Node, path string, d defaults) (Machine, bool) 
 	return m, len(p.problems) == before
 }
 
-// redfishSection reads a machine's redfish section over the inventory's
-// defaults (def). It returns nil when the section is not a mapping, which
-// is reported already; a section with problems is returned with them
-// reported, so that the machine's other checks still run.
-func (p *parser) redfishSection(k, v *yaml.Node, path string, def redfish.Target) *redfish.Target {
-	rf := def
+// redfishSection parses a machine's redfish section, at key k and value
+// v, over the inventory's defaults d; nil if it is not a mapping.
+func (p *parser) redfishSection(k, v *yaml.Node, path string, d defaults) *redfish.Target {
+	rf := d.redfish
 	var hasEndpoint, hasCredentials bool
 	endpointLine := k.Line
-	if !p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
+	if p.mapping(v, path+".redfish", map[string]func(key, value *yaml.Node){
 		"endpoint": func(_, v *yaml.Node) {
 			hasEndpoint = true
 			endpointLine = v.Line
@@ -394,26 +404,26 @@ func (p *parser) redfishSection(k, v *yaml.Node, path string, def redfish.Target
 		},
 		"ca_file": func(_, v *yaml.Node) { rf.CAFile, _ = p.caFile(v, path+".redfish.ca_file") },
 	}) {
-		return nil
+		if !hasEndpoint {
+			p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
+		}
+		if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
+			p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
+		}
+		if !hasCredentials && d.redfish.CredentialsFile == "" {
+			p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
+		}
+		return &rf
 	}
-	if !hasEndpoint {
-		p.addf(k.Line, path+".redfish.endpoint", "missing (a machine without a BMC has no redfish section)")
-	}
-	if strings.HasPrefix(rf.Endpoint, "http://") && !rf.AllowHTTP {
-		p.addf(endpointLine, path+".redfish.endpoint", "%v", redfish.ErrCleartext)
-	}
-	if !hasCredentials && def.CredentialsFile == "" {
-		p.addf(k.Line, path+".redfish.credentials_file", "missing, and no defaults.redfish.credentials_file")
-	}
-	return &rf
+	return nil
 }
 
-// ipmiSection reads a machine's ipmi section; nil when it is not a
-// mapping (reported already).
+// ipmiSection parses a machine's ipmi section, at key k and value v; nil
+// if it is not a mapping.
 func (p *parser) ipmiSection(k, v *yaml.Node, path string) *ipmi.Target {
 	t := ipmi.Target{Port: ipmi.DefaultPort}
 	var hasAddress, hasCredentials bool
-	if !p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
+	if p.mapping(v, path+".ipmi", map[string]func(key, value *yaml.Node){
 		"address": func(_, v *yaml.Node) {
 			hasAddress = true
 			t.Address, _ = p.host(v, path+".ipmi.address")
@@ -421,7 +431,7 @@ func (p *parser) ipmiSection(k, v *yaml.Node, path string) *ipmi.Target {
 		"port": func(_, v *yaml.Node) { t.Port, _ = p.port(v, path+".ipmi.port") },
 		"credentials_file": func(_, v *yaml.Node) {
 			hasCredentials = true
-			t.CredentialsFile, _ = p.ipmiCredentialsFile(v, path+".ipmi.credentials_file")
+			t.CredentialsFile, _ = p.credentialsFile(v, path+".ipmi.credentials_file")
 		},
 		"cipher_suite": func(_, v *yaml.Node) { t.CipherSuite, _ = p.cipherSuite(v, path+".ipmi.cipher_suite") },
 		"privilege": func(_, v *yaml.Node) {
@@ -431,33 +441,15 @@ func (p *parser) ipmiSection(k, v *yaml.Node, path string) *ipmi.Target {
 			t.ResetType, _ = p.oneOf(v, path+".ipmi.reset_type", ipmi.ResetTypes)
 		},
 	}) {
-		return nil
+		if !hasAddress {
+			p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
+		}
+		if !hasCredentials {
+			p.addf(k.Line, path+".ipmi.credentials_file", "missing")
+		}
+		return &t
 	}
-	if !hasAddress {
-		p.addf(k.Line, path+".ipmi.address", "missing (a machine without an IPMI BMC has no ipmi section)")
-	}
-	if !hasCredentials {
-		p.addf(k.Line, path+".ipmi.credentials_file", "missing")
-	}
-	return &t
-}
-
-// powerMethod settles how the machine is rebooted: what its power field
-// says, else its only BMC, else SSH; a power method without its section,
-// or two BMCs and no power field, is a problem at the line given.
-func (p *parser) powerMethod(m *Machine, machineLine, powerLine int, path string) {
-	switch {
-	case m.Power == "" && m.Redfish != nil && m.IPMI != nil:
-		p.addf(machineLine, path+".power", "missing: the machine has both a redfish and an ipmi section; say which reboots it (power: redfish or power: ipmi)")
-	case m.Power == "" && m.Redfish != nil:
-		m.Power = PowerRedfish
-	case m.Power == "" && m.IPMI != nil:
-		m.Power = PowerIPMI
-	case m.Power == "":
-		m.Power = PowerSSH
-	case m.Power == PowerRedfish && m.Redfish == nil, m.Power == PowerIPMI && m.IPMI == nil:
-		p.addf(powerLine, path+".power", "%s: the machine has no %s section", m.Power, m.Power)
-	}
+	return nil
 }
 
 // mapping checks that n is a mapping whose keys are all in fields, each at
@@ -612,26 +604,13 @@ func (p *parser) path(n *yaml.Node, field string) (string, bool) {
 	return s, true
 }
 
-// credentialsFile must exist and parse, as must an IPMI credentials file
-// and a CA file; their content is not kept (it is read again at each use,
-// so that rotation needs no reload) and never quoted.
+// credentialsFile (a Redfish or IPMI BMC's, package bmccred) must exist
+// and parse, as must a CA file; their content is not kept (it is read
+// again at each use, so that rotation needs no reload) and never quoted.
 func (p *parser) credentialsFile(n *yaml.Node, field string) (string, bool) {
 	return parsed(p, n, field, p.path, checkFile(func(file string) error {
-		_, err := redfish.ReadCredentials(file)
+		_, err := bmccred.Read(file)
 		return err
-	}))
-}
-
-func (p *parser) ipmiCredentialsFile(n *yaml.Node, field string) (string, bool) {
-	return parsed(p, n, field, p.path, checkFile(func(file string) error {
-		data, err := secretfile.Read(file, 64<<10)
-		if err == nil {
-			_, err = redfish.ParseCredentials(data)
-		}
-		if err != nil {
-			return fmt.Errorf("IPMI credentials: %w", err)
-		}
-		return nil
 	}))
 }
 

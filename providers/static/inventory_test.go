@@ -207,10 +207,10 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 `,
 		want: []string{
 			f + ":4: machines[0].redfish.endpoint: credentials in the URL are refused: put them in credentials_file",
-			f + ":10: machines[1].redfish.credentials_file: Redfish credentials file " + filepath.Join(dir, "badcreds") + ": no colon; want username:password",
+			f + ":10: machines[1].redfish.credentials_file: BMC credentials file " + filepath.Join(dir, "badcreds") + ": no colon; want username:password",
 			f + `:11: machines[1].redfish.reset_type: "ForceOff": want one of ForceRestart, GracefulRestart, PowerCycle, FullPowerCycle`,
 			f + ":12: machines[1].redfish.ca_file: CA file " + filepath.Join(dir, "notpem.ca") + ": no PEM certificate in it",
-			f + ":16: machines[2].redfish.credentials_file: reading Redfish credentials: stat " + filepath.Join(dir, "missing-file") + ": no such file or directory",
+			f + ":16: machines[2].redfish.credentials_file: reading BMC credentials: stat " + filepath.Join(dir, "missing-file") + ": no such file or directory",
 			f + ":15: machines[2].redfish.endpoint: missing (a machine without a BMC has no redfish section)",
 		},
 	}, {
@@ -392,7 +392,7 @@ func TestIPMIInventory(t *testing.T) {
 		file + `:12: machines[1].ipmi.cipher_suite: "99": want an RMCP+ cipher suite number`,
 		file + `:13: machines[1].ipmi.privilege: "god": want one of operator, administrator`,
 		file + `:14: machines[1].ipmi.reset_type: "explode": want one of power_cycle, hard_reset`,
-		file + ":15: machines[1].ipmi.credentials_file: IPMI credentials: " + open + " is accessible by others (mode 0644)",
+		file + ":15: machines[1].ipmi.credentials_file: reading BMC credentials: " + open + " is accessible by others (mode 0644)",
 		file + ":18: machines[2].power: redfish: the machine has no redfish section",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {

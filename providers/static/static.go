@@ -37,8 +37,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
@@ -50,10 +50,6 @@ import (
 
 // Name is the provider's name in machine_provided.provider.
 const Name = "static"
-
-// ErrNotInInventory is wrapped by the errors of actions on a machine that
-// the BMDB has but the loaded inventory no longer lists.
-var ErrNotInInventory = errors.New("machine not in the inventory")
 
 // RemovedBackoff is the backoff of an action on a machine removed from the
 // inventory but still in the BMDB (kept while leased, or by
@@ -333,7 +329,7 @@ func (p *Provider) lookup(m bmdb.Provided) (*Machine, error) {
 	inv := p.Inventory()
 	e, ok := inv.Machine(m.ProviderID)
 	if !ok {
-		return nil, controlloop.WithBackoff(fmt.Errorf("%w %s: %s was removed from it; list it again, or let it be removed", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
+		return nil, backoff.With(fmt.Errorf("%w %s: %s was removed from it; list it again, or let it be removed", ErrNotInInventory, inv.File, m.ProviderID), RemovedBackoff)
 	}
 	return e, nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
@@ -181,7 +181,7 @@ func TestSyncKeepsUnlisted(t *testing.T) {
 
 	// Actions on the unlisted machine fail with the long backoff.
 	_, err = p.StartAgent(ctx, second["c"])
-	var be *controlloop.BackoffError
+	var be *backoff.Error
 	if !errors.Is(err, ErrNotInInventory) || !errors.As(err, &be) || be.Backoff != RemovedBackoff {
 		t.Fatalf("StartAgent on an unlisted machine: %v, want ErrNotInInventory with RemovedBackoff", err)
 	}

@@ -94,7 +94,7 @@ SET version = excluded.version, current = excluded.current, checked_at = exclude
 // the provider and records it when the work finishes, so that the tag is
 // written if and only if the lease was still held; the machine then waits
 // Period for its next check. A failed check returns the error: the runner
-// backs off (with a controlloop.BackoffError's backoff, if the provider
+// backs off (with a backoff.Error's backoff, if the provider
 // wrapped one).
 func (f *FirmwareCheck) Run(ctx context.Context, t *controlloop.Task) error {
 	m, err := t.Provided(ctx)

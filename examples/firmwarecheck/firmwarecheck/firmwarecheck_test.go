@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -199,7 +200,7 @@ func TestFailedCheckBacksOff(t *testing.T) {
 	c := newChecker()
 	c.fail["plain"] = errors.New("BMC busy")
 	hour := bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 1}
-	c.fail["custom"] = controlloop.WithBackoff(errors.New("BMC locked out"), hour)
+	c.fail["custom"] = backoff.With(errors.New("BMC locked out"), hour)
 	e.run(c, firmwarecheck.DefaultConfig())
 
 	backoff := func(m uuid.UUID) *bmdb.BackoffState {

@@ -25,8 +25,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
 	"github.com/shepherd-fleet/shepherd/providers/sim"
 )
@@ -168,7 +168,7 @@ func (p *Provider) listed(m bmdb.Provided) error {
 	if p.unlisted[m.ProviderID] {
 		// Backed off, not retried at once: the next sync removes the
 		// machine once its lease ended, backoff and all.
-		return controlloop.WithBackoff(fmt.Errorf("%s: %s: %w", Name, m.ProviderID, ErrNotListed), notListedBackoff)
+		return backoff.With(fmt.Errorf("%s: %s: %w", Name, m.ProviderID, ErrNotListed), notListedBackoff)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/backoff"
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -77,7 +78,7 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 		t.Fatalf("Sync with b leased: %+v, %v; want a updated and b kept", res, err)
 	}
 	_, err = p.StartAgent(ctx, b)
-	var be *controlloop.BackoffError
+	var be *backoff.Error
 	if !errors.Is(err, httpinv.ErrNotListed) || !errors.As(err, &be) || be.Backoff.Initial == 0 {
 		t.Errorf("StartAgent on the unlisted leased machine: %v, want ErrNotListed with a backoff", err)
 	}

@@ -1,4 +1,8 @@
-package redfish
+// Package bmccred reads the credentials of a BMC account, for the
+// providers that reach BMCs: Redfish (package redfish) and IPMI (package
+// ipmi) take them from the same kind of file, named by the inventory and
+// read afresh at each use, so that rotating a password needs no reload.
+package bmccred
 
 import (
 	"bytes"
@@ -14,8 +18,8 @@ import (
 const maxCredentialsSize = 64 << 10
 
 // Credentials are a BMC account's user name and password. They come from a
-// file (see ReadCredentials), never from flags, and are never logged: String
-// and the error messages of this package leave the password out.
+// file (see Read), never from flags, and are never logged: String and the
+// error messages of this package leave the password out.
 type Credentials struct {
 	Username string
 	Password string
@@ -24,37 +28,36 @@ type Credentials struct {
 // String names the user and hides the password, so that printing
 // credentials by mistake leaks nothing.
 func (c Credentials) String() string {
-	return fmt.Sprintf("redfish credentials for user %q (password hidden)", c.Username)
+	return fmt.Sprintf("BMC credentials for user %q (password hidden)", c.Username)
 }
 
 // GoString is String, for %#v.
 func (c Credentials) GoString() string { return c.String() }
 
-// ReadCredentials reads a credentials file. Two formats are accepted:
+// Read reads a credentials file. Two formats are accepted:
 //
 //   - one line "username:password" (a trailing newline is ignored; the
 //     password is everything after the first colon and may contain colons);
 //   - a JSON object {"username": "...", "password": "..."}.
 //
 // Errors name the file and what is wrong with it, never its content.
-func ReadCredentials(path string) (Credentials, error) {
+func Read(path string) (Credentials, error) {
 	// Readable by others, the BMC's password would be anyone's on this
 	// machine: refused, as OpenSSH refuses such a private key.
 	data, err := secretfile.Read(path, maxCredentialsSize)
 	if err != nil {
-		return Credentials{}, fmt.Errorf("reading Redfish credentials: %w", err)
+		return Credentials{}, fmt.Errorf("reading BMC credentials: %w", err)
 	}
-	c, err := ParseCredentials(data)
+	c, err := Parse(data)
 	if err != nil {
-		//lint:ignore ST1005 Redfish is a proper noun.
-		return Credentials{}, fmt.Errorf("Redfish credentials file %s: %w", path, err)
+		return Credentials{}, fmt.Errorf("BMC credentials file %s: %w", path, err)
 	}
 	return c, nil
 }
 
-// ParseCredentials parses the content of a credentials file; see
-// ReadCredentials for the formats. Its errors never quote data.
-func ParseCredentials(data []byte) (Credentials, error) {
+// Parse parses the content of a credentials file; see Read for the
+// formats. Its errors never quote data.
+func Parse(data []byte) (Credentials, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
 		return Credentials{}, errors.New("empty; want username:password or {\"username\": ..., \"password\": ...}")
