@@ -224,7 +224,7 @@ func (a *Agents) endMachineFault(ctx context.Context, m bmdb.Provided) error {
 	delete(a.faults.machines, m.ProviderID)
 	a.faultEpoch++
 	a.mu.Unlock()
-	klog.FromContext(ctx).Info("sim: a power action ended a simulated fault", "provider_id", m.ProviderID, "fault", state)
+	klog.FromContext(ctx).Info("Simulated fault ended by a power action", "provider_id", m.ProviderID, "fault", state)
 	return nil
 }
 
@@ -260,7 +260,7 @@ func (a *Agents) runFaults(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		if err := a.readFaults(ctx); err != nil && ctx.Err() == nil {
-			klog.FromContext(ctx).Error(err, "sim: reading the simulated faults failed")
+			klog.FromContext(ctx).Error(err, "Reading the simulated faults failed")
 		}
 		select {
 		case <-ctx.Done():
@@ -301,7 +301,7 @@ func (a *Agents) readFaults(ctx context.Context) error {
 		}
 	}
 	if changed {
-		klog.FromContext(ctx).Info("sim: simulated faults in force", "faults", f.String())
+		klog.FromContext(ctx).Info("Simulated faults in force", "faults", f.String())
 	}
 	return nil
 }
