@@ -184,6 +184,9 @@ func TestMigrationDeclarations(t *testing.T) {
 		t.Fatalf("declarations %v, want one per migration up to %d", decls, bmdb.LatestVersion())
 	}
 	for _, d := range decls {
+		if d.Version == 30 && (d.Gate != bmdb.GateEnforcedInDatabase || d.RefuseBefore != 18 || d.RefuseWhy == "") {
+			t.Errorf("migration 30 declares %+v, want its gates enforced in the database and binaries before 18 refused", d)
+		}
 		if d.Version == 15 && !d.CompatibleWithPrevious {
 			t.Errorf("migration 15 (the declarations' table) is not declared compatible-with-previous")
 		}
@@ -208,6 +211,15 @@ func TestMigrationDeclarations(t *testing.T) {
 		{text: "-- shepherd: release two words\n", err: "release NAME"},
 		{text: "-- shepherd: release v1; DROP TABLE machines\n", err: "release NAME"},
 		{text: "-- shepherd: release v1\n-- shepherd: release v2\n", err: "line 2: release declared twice"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate enforced-in-database\n",
+			want: bmdb.Declaration{CompatibleWithPrevious: true, Gate: bmdb.GateEnforcedInDatabase}},
+		{text: "-- shepherd: gate enforced-in-database\n", err: "without compatible-with-previous"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate by-luck\n", err: "is not a declaration"},
+		{text: "-- shepherd: incompatible: drops machines.note\n", want: bmdb.Declaration{Incompatible: "drops machines.note"}},
+		{text: "-- shepherd: incompatible:\n", err: "says why"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible: x\n", err: "both"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible-before 1: no\n", err: "at least 2"},
+		{text: "-- shepherd: incompatible-before 18 no colon\n", err: "a version, a colon and why"},
 	} {
 		ext := &bmdb.Extension{Name: "decl", FS: fstest.MapFS{"0001_x.up.sql": {Data: []byte(c.text)}}}
 		decls, err := ext.Declarations()
