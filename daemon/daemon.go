@@ -419,7 +419,7 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		log.Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
 		g.start(stageBackground, RunnableFunc(func(ctx context.Context) error {
-			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
+			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention, longestBudgetWindow(runners))
 		}))
 	}
 	g.start(stageProvider, RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
@@ -555,4 +555,17 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 			return
 		}
 	}
+}
+
+// longestBudgetWindow is the longest per-machine budget window of the
+// runners' processes (0: none), which history retention keeps: budgets
+// are counted from history.
+func longestBudgetWindow(runners []*controlloop.Runner) time.Duration {
+	var longest time.Duration
+	for _, r := range runners {
+		if b := r.Limits().MachineBudget; b.Set() {
+			longest = max(longest, b.Window)
+		}
+	}
+	return longest
 }
