@@ -302,6 +302,10 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		return err
 	}
 	g.start(stageHTTP, httpServer)
+	if o.StatusToken == "" && !loopbackOnly(httpServer.addr()) {
+		log.Info("Warning: /status is served without a token on an address other hosts can reach: whoever reaches it reads the fleet's machines, failure causes and operators' names; set -status_token_file (daemon.Options.StatusToken), or -listen on 127.0.0.1",
+			"url", "http://"+httpServer.addr()+"/status")
+	}
 
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
