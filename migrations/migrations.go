@@ -21,6 +21,16 @@
 // 'shepherd migrate up' records both in the database, where binaries older
 // than the migration, which do not embed it, read them at start.
 //
+// A migration that adds or changes a safety gate (holds, budgets, cancel
+// requests, ...) also says how binaries that do not know the gate are
+// kept to it: "-- shepherd: gate enforced-in-database" (the database
+// refuses what they would do against it), "-- shepherd: incompatible:
+// WHY" (a contract step), or "-- shepherd: incompatible-before N: WHY"
+// (binaries before schema N refuse to start on it). 0030 is the first:
+// it binds older binaries to holds and budgets in the database, and
+// refuses binaries before 0018, which ignore cancel requests
+// (docs/upgrading.md).
+//
 // 0001 has no previous version; 0008 (binaries before it would take
 // machines that asked to be checked again later) and 0011 (due-time
 // sourcing, which binaries before it do not register for) are not declared
