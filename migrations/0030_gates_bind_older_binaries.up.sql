@@ -64,16 +64,17 @@ BEGIN
         RETURN NEW;
     END IF;
     -- Started events of the process within the window since the last
-    -- release of a hold of the machine for it, as a claim counts them,
-    -- read from the machine's history by work_history_machine_idx.
+    -- release of a hold of the machine for it (one for every process
+    -- too), as a claim counts them: one read of the machine's events of
+    -- the window by work_history_machine_idx (a release before the window
+    -- excludes none of them).
     SELECT count(*) INTO used FROM (
-        SELECT 1 FROM work_history h
-        WHERE h.machine_id = NEW.machine_id AND h.process = NEW.process AND h.event = 'Started'
-          AND h."timestamp" > now() - make_interval(secs => window_seconds)
-          AND h.id > COALESCE((SELECT max(r.id) FROM work_history r
-                               WHERE r.machine_id = NEW.machine_id AND r.event = 'Released'
-                                 AND r.process IN (NEW.process, '')), 0)
-        LIMIT n) u;
+        SELECT h.id, h.event, h.process,
+               max(h.id) FILTER (WHERE h.event = 'Released' AND h.process IN (NEW.process, '')) OVER () AS released
+        FROM work_history h
+        WHERE h.machine_id = NEW.machine_id AND h."timestamp" > now() - make_interval(secs => window_seconds)
+    ) e
+    WHERE e.event = 'Started' AND e.process = NEW.process AND e.id > COALESCE(e.released, 0);
     IF used < n THEN
         RETURN NEW;
     END IF;

@@ -79,6 +79,15 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 		t.Errorf("last event %s %q, want Escalated for the budget", last.Event, last.Cause)
 	}
 
+	// An operator's release gives the machine its whole budget again.
+	if _, err := e.db.Release(ctx, ms[3:4], recovery.Name, "replaced the DIMM", actor); err != nil {
+		t.Fatal(err)
+	}
+	if !e.oldLease(ms[3], recovery, s.ID()) {
+		t.Errorf("an older binary's lease after the release was refused")
+	}
+	e.exec(`DELETE FROM work`)
+
 	// That replica's session is of this release; one that records no
 	// schema version is an older binary's, and is named.
 	sessions, total, err := e.db.OlderSessions(ctx)
