@@ -163,7 +163,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	var pruned int64
 	var newest pgtype.Timestamptz
 	err := batch.QueryRow(ctx, bmdb.HistoryPruneBatchSQL, (30*24*time.Hour).Seconds(), 100000,
-		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}).Scan(&pruned, &newest)
+		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, (5*time.Minute).Seconds()).Scan(&pruned, &newest)
 	if err != nil || pruned != 5000 {
 		t.Fatalf("pruning batch: %d rows, %v; want 5000", pruned, err)
 	}
