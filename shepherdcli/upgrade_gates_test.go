@@ -102,7 +102,7 @@ func TestOlderBinaryKeptToGates(t *testing.T) {
 
 	// The rollout's migrate Job, while the older replica runs.
 	code, out := runBinary(t, shepherdBinary, "migrate", "up", "-bmdb_dsn="+dsn)
-	if want := fmt.Sprintf("migrated schema from version %d to %d", bmdb.LatestVersion()-1, bmdb.LatestVersion()); code != 0 || !strings.Contains(out, want) {
+	if want := fmt.Sprintf("to %d", bmdb.LatestVersion()); code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("migrate up: exit %d, %q; want %q", code, out, want)
 	}
 	if !strings.Contains(out, "live session(s) of binaries of a schema older than") || !strings.Contains(out, "a schema before 30") {
@@ -152,37 +152,57 @@ func TestOlderBinaryKeptToGates(t *testing.T) {
 }
 
 // atPreviousSchema migrates the database at dsn to the schema of the
-// release before this one, as that release leaves it: this release's
-// migrate up, then its newest migration reverted by its own down file and
-// its declarations taken back (a 'migrate down' to a version is not a
-// command of shepherd's).
+// release before the one whose migration binds older binaries to the
+// gates (the migration that declares incompatible-before), as that
+// release leaves it: this release's migrate up, then every migration from
+// the newest down to that one reverted by its own down file, and the
+// declarations recorded as the releases before it recorded them (every
+// version since 17 compatible with the binaries before it). 'migrate
+// down' to a version is not a command of shepherd's.
 func atPreviousSchema(t *testing.T, dsn string) {
 	t.Helper()
 	if code, out := runBinary(t, shepherdBinary, "migrate", "up", "-bmdb_dsn="+dsn); code != 0 {
 		t.Fatalf("migrate up: exit %d, %q", code, out)
 	}
-	latest := bmdb.LatestVersion()
-	downs, err := filepath.Glob(filepath.Join("..", "migrations", fmt.Sprintf("%04d_*.down.sql", latest)))
-	if err != nil || len(downs) != 1 {
-		t.Fatalf("the down file of migration %d: %v, %v", latest, downs, err)
-	}
-	down, err := os.ReadFile(downs[0])
+	decls, err := bmdb.Declarations()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var gate uint
+	for _, d := range decls {
+		if d.RefuseBefore == 18 {
+			gate = d.Version
+		}
+	}
+	if gate == 0 {
+		t.Fatal("no migration declares incompatible-before 18")
+	}
+	var sqls []string
+	for v := bmdb.LatestVersion(); v >= gate; v-- {
+		downs, err := filepath.Glob(filepath.Join("..", "migrations", fmt.Sprintf("%04d_*.down.sql", v)))
+		if err != nil || len(downs) != 1 {
+			t.Fatalf("the down file of migration %d: %v, %v", v, downs, err)
+		}
+		down, err := os.ReadFile(downs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		sqls = append(sqls, string(down))
+	}
+	sqls = append(sqls,
+		fmt.Sprintf(`UPDATE schema_migrations SET version = %d`, gate-1),
+		fmt.Sprintf(`DELETE FROM migration_declarations WHERE schema_name = '' AND version >= %d`, gate),
+		fmt.Sprintf(`INSERT INTO migration_declarations (schema_name, version, compatible_with_previous, release)
+SELECT '', v, true, '' FROM generate_series(17, %d) v
+ON CONFLICT (schema_name, version) DO UPDATE SET compatible_with_previous = true`, gate-1))
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.WithoutCancel(t.Context()))
-	for _, sql := range []string{
-		string(down),
-		fmt.Sprintf(`UPDATE schema_migrations SET version = %d`, latest-1),
-		fmt.Sprintf(`DELETE FROM migration_declarations WHERE schema_name = '' AND version >= %d`, latest),
-		`UPDATE migration_declarations SET compatible_with_previous = true WHERE schema_name = '' AND version = 18`,
-	} {
+	for _, sql := range sqls {
 		if _, err := conn.Exec(t.Context(), sql); err != nil {
-			t.Fatalf("reverting migration %d: %v\n%s", latest, err, sql)
+			t.Fatalf("going back to schema %d: %v\n%s", gate-1, err, sql)
 		}
 	}
 }

@@ -112,13 +112,30 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 func TestIncompatibleBeforeRecorded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, bmdb.Options{})
-	for v, want := range map[int]bool{17: true, 18: false, 19: true} {
-		var got bool
-		if err := e.raw.QueryRow(t.Context(), `SELECT compatible_with_previous FROM migration_declarations WHERE schema_name = '' AND version = $1`, v).Scan(&got); err != nil {
+	rows, err := e.raw.Query(t.Context(), `SELECT version, compatible_with_previous FROM migration_declarations WHERE schema_name = '' AND version BETWEEN 17 AND 19`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		var compatible bool
+		if err := rows.Scan(&v, &compatible); err != nil {
 			t.Fatal(err)
 		}
-		if got != want {
-			t.Errorf("version %d recorded compatible_with_previous = %v, want %v", v, got, want)
+		recorded[v] = compatible
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// 17 and 19 as their files declare them (if a file still does), 18
+	// not compatible.
+	if compatible, ok := recorded[18]; !ok || compatible {
+		t.Errorf("version 18 recorded %v (present %v), want not compatible with the binaries before it", compatible, ok)
+	}
+	for _, v := range []int64{17, 19} {
+		if compatible, ok := recorded[v]; ok && !compatible {
+			t.Errorf("version %d recorded not compatible, want as its file declares it (compatible)", v)
 		}
 	}
 }
