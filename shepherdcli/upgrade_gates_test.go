@@ -105,7 +105,7 @@ func TestOlderBinaryKeptToGates(t *testing.T) {
 	if want := fmt.Sprintf("to %d", bmdb.LatestVersion()); code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("migrate up: exit %d, %q; want %q", code, out, want)
 	}
-	if !strings.Contains(out, "live session(s) of binaries of a schema older than") || !strings.Contains(out, "a schema before 30") {
+	if !strings.Contains(out, "live session(s) of binaries of a schema older than") || !strings.Contains(out, "schema not recorded") {
 		t.Errorf("migrate up with a schema-16 replica live: %q, want a warning naming it", out)
 	}
 
@@ -204,5 +204,45 @@ ON CONFLICT (schema_name, version) DO UPDATE SET compatible_with_previous = true
 		if _, err := conn.Exec(t.Context(), sql); err != nil {
 			t.Fatalf("going back to schema %d: %v\n%s", gate-1, err, sql)
 		}
+	}
+}
+
+// 'cancel' warns while a session of an older binary is live: a replica
+// before schema 18 that was already running ignores the request. The
+// older session is written as such a binary writes it (its process row
+// records no schema version).
+func TestCancelWarnsOfOlderSessions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	m := bmdbtest.AddMachines(t, db, 1)[0]
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	session := uuid.New()
+	for _, sql := range []string{
+		`INSERT INTO sessions (session_id, session_component_name, session_runtime_info, session_interval_seconds, session_deadline)
+		 VALUES ($1, 'shepherd-recovery', 'host=old-node pid=7', 10, now() + interval '1 hour')`,
+		`INSERT INTO process_registrants (process, session_id, fingerprint, condition_args) VALUES ('ShepherdRecovery', $1, 'f', '{}')`,
+		`INSERT INTO work (machine_id, exclusion_group, process, session_id) VALUES ($2, 'Shepherd', 'ShepherdRecovery', $1)`,
+	} {
+		args := []any{session}
+		if strings.Contains(sql, "$2") {
+			args = append(args, m)
+		}
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	env := replicatest.EnvWithoutDSN(envDSN + "=" + dsn)
+	code, stdout, stderr := runShepherd(t, env, "cancel", "-reason", "wrong machine", m.String(), "recovery")
+	if code != 0 || !strings.Contains(stdout, "to cancel it") {
+		t.Fatalf("cancel: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if want := "shepherd-recovery (host=old-node pid=7, schema not recorded)"; !strings.Contains(stderr, "live session(s) of binaries of a schema older than") || !strings.Contains(stderr, want) {
+		t.Errorf("cancel with an older session live: stderr %q, want the warning naming %q", stderr, want)
 	}
 }

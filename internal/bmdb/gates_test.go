@@ -101,7 +101,7 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 		t.Fatalf("OlderSessions: %v, %d, %v; want the older binary's", sessions, total, err)
 	}
 	w := bmdb.OlderSessionsWarning(sessions, total)
-	if !strings.Contains(w, "shepherd-recovery (host=old") || strings.Contains(w, "\x1b") || !strings.Contains(w, "a schema before 30") {
+	if !strings.Contains(w, "shepherd-recovery (host=old") || strings.Contains(w, "\x1b") || !strings.Contains(w, "schema not recorded") {
 		t.Errorf("warning %q: want the session named, without control characters", w)
 	}
 }

@@ -14,7 +14,8 @@ import (
 
 // OlderSession is a live session of a binary whose schema is older than
 // this binary's: one that records no schema version with its process
-// (a binary before schema 30) or an older one. During a rolling upgrade
+// (a binary before migration 0030, which added the column) or an older
+// one. During a rolling upgrade
 // such a replica does not know the gates that newer migrations add; the
 // database binds it to holds and budgets (migration 0030), and binaries
 // that ignore cancel requests refuse to start, but one already running
@@ -23,7 +24,7 @@ type OlderSession struct {
 	Component   string
 	RuntimeInfo string
 	// Schema is the version the session's binary recorded, 0 when it
-	// recorded none (a binary before schema 30).
+	// recorded none (a binary before migration 0030).
 	Schema int
 }
 
@@ -31,7 +32,7 @@ type OlderSession struct {
 // its schema, with the text its owner wrote bounded and stripped of
 // control characters.
 func (s OlderSession) String() string {
-	schema := "a schema before 30"
+	schema := "schema not recorded"
 	if s.Schema > 0 {
 		schema = fmt.Sprintf("schema %d", s.Schema)
 	}
