@@ -51,7 +51,8 @@ type Declaration struct {
 	// such promise, its older binaries refuse to start.
 	Gate string
 	// Incompatible is why the migration is a contract step, when its file
-	// says so explicitly ("" otherwise); 'migrate up' prints it.
+	// says so explicitly ("" otherwise). It is for the reader: older
+	// binaries read only that the migration is not compatible.
 	Incompatible string
 	// RefuseBefore, when not 0, is a schema version below Version whose
 	// binaries must not run on this schema: they ignore a gate that the
