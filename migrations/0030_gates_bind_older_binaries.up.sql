@@ -34,8 +34,8 @@
 --
 -- process_registrants gains what a live replica runs: its schema version
 -- (NULL: a binary before this one, which does not write it) and the
--- process's per-machine budget (NULL: none). History retention keeps the
--- events a budget counts for the longest window recorded here.
+-- process's per-machine budget (NULL: none). History retention keeps all
+-- events within the longest budget window recorded here.
 ALTER TABLE process_registrants
     ADD COLUMN schema_version INT,
     ADD COLUMN budget_n INT CHECK (budget_n > 0),
