@@ -214,7 +214,7 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	logger.Info("holding BMDB session", "process", r.info.Label, "session", s.ID())
 	// Tools compare the replicas' conditions through these rows; a
 	// failure costs only that comparison, so work goes on.
-	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates); err != nil {
+	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates, r.cfg.Limits); err != nil {
 		logger.Error(err, "Recording the process's candidate parameters failed", "process", r.info.Label)
 	}
 	return s, nil

@@ -367,6 +367,10 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 		return err
 	}
 	g.start(stageHTTP, "HTTP server", httpServer)
+	if o.StatusToken == "" && !loopbackOnly(httpServer.addr()) {
+		klog.FromContext(ctx).Info("Warning: /status is served without a token on an address other hosts can reach: whoever reaches it reads the fleet's machines, failure causes and operators' names; set -status_token_file (daemon.Options.StatusToken), or -listen on 127.0.0.1",
+			"url", "http://"+httpServer.addr()+"/status")
+	}
 
 	// The heartbeat endpoint's address is bound now, so that one in use
 	// fails the start at once, and its port is known (-agent_listen :0).
@@ -492,7 +496,7 @@ func (d *Daemon) startRunning(ctx context.Context, g *group, db *bmdb.DB, f *fle
 		klog.FromContext(ctx).Info("History retention is off (-history_retention 0): work_history grows without bound")
 	} else {
 		g.start(stageBackground, "history retention", RunnableFunc(func(ctx context.Context) error {
-			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention)
+			return db.RunRetention(ctx, o.HistoryPruneInterval, o.HistoryRetention, longestBudgetWindow(runners))
 		}))
 	}
 	g.start(stageProvider, "provider "+f.Name(), RunnableFunc(func(ctx context.Context) error { return runFleet(ctx, f, d.reload) }))
@@ -654,4 +658,17 @@ func watchReplication(ctx context.Context, db *bmdb.DB, interval time.Duration) 
 			return
 		}
 	}
+}
+
+// longestBudgetWindow is the longest per-machine budget window of the
+// runners' processes (0: none), which history retention keeps: budgets
+// are counted from history.
+func longestBudgetWindow(runners []*controlloop.Runner) time.Duration {
+	var longest time.Duration
+	for _, r := range runners {
+		if b := r.Limits().MachineBudget; b.Set() {
+			longest = max(longest, b.Window)
+		}
+	}
+	return longest
 }

@@ -472,3 +472,16 @@ func statusURL(addr string) string {
 	}
 	return "http://" + net.JoinHostPort(host, port) + "/status"
 }
+
+// loopbackOnly reports whether the listen address addr (host:port, as
+// bound) is reachable from this host only: a loopback IP. An unspecified
+// address (":9120", "0.0.0.0", "::") or any other is reachable from
+// elsewhere.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

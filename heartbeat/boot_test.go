@@ -303,3 +303,55 @@ func TestForgedOrReplayedBootRefused(t *testing.T) {
 		t.Errorf("%d Recovered, want 1", n)
 	}
 }
+
+// A machine known to speak version 2 does not pass a reset by sending a
+// genuine version 1 heartbeat (issue 54): it proves no reboot, so the
+// reset stays pending, is NotRecovered at its verify timeout, and a
+// heartbeat of a new boot still ends it as Recovered before then.
+func TestVersion1AfterVersion2ProvesNothing(t *testing.T) {
+	t.Parallel()
+	e, _ := bootEnv(t)
+	a := e.addMachine(true)
+	client := clientFrom("127.0.0.9")
+	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
+		t.Fatalf("version 2 heartbeat: %d %q", status, body)
+	}
+	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
+		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
+	}
+	h, err := agentproto.NewHeartbeatV1(a.machine, time.Now().Add(time.Millisecond), a.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := agentproto.EncodeHeartbeat(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, resp := post(t, client, e.url, body); status != http.StatusNoContent {
+		t.Fatalf("version 1 heartbeat: %d %q, want 204 (the agent is alive)", status, resp)
+	}
+	if _, err := pendingReset(t, e.db, a.machine); err != nil {
+		t.Fatalf("a version 1 heartbeat of a version 2 machine ended its reset: %v", err)
+	}
+	// Past the verify timeout: NotRecovered, once.
+	if err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE machine_reset SET verify_by = now() - interval '1 second', reset_at = now() - interval '2 seconds' WHERE machine_id = $1`, a.machine)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var noted bool
+	if err := e.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		_, noted, err = tx.NoteNotRecovered(ctx, a.machine)
+		return err
+	}); err != nil || !noted {
+		t.Fatalf("NoteNotRecovered after a version 1 heartbeat: %v, %v; want NotRecovered", noted, err)
+	}
+	if n := len(events(t, e.db, a.machine, bmdb.EventNotRecovered)); n != 1 {
+		t.Errorf("%d NotRecovered, want 1", n)
+	}
+	if n := len(events(t, e.db, a.machine, bmdb.EventRecovered)); n != 0 {
+		t.Errorf("%d Recovered from a version 1 heartbeat", n)
+	}
+}

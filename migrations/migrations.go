@@ -29,6 +29,16 @@
 // 'migrate up' takes a database those migrations built (version 29) over
 // as the baseline without running it (bmdb.BaselineVersion,
 // docs/upgrading.md). New migrations come after it, from 0031.
+//
+// A migration that adds or changes a safety gate (holds, budgets, cancel
+// requests, ...) also says how binaries that do not know the gate are
+// kept to it: "-- shepherd: gate enforced-in-database" (the database
+// refuses what they would do against it), "-- shepherd: incompatible:
+// WHY" (a contract step), or "-- shepherd: incompatible-before N: WHY"
+// (binaries before schema N refuse to start on it). 0033 is the first:
+// it binds older binaries to holds and budgets in the database, and
+// refuses binaries before schema 18, which ignore cancel requests
+// (docs/upgrading.md).
 package migrations
 
 import "embed"

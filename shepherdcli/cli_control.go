@@ -193,6 +193,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	c.warnOlderSessions(ctx)
 	if c.json {
 		return c.emitJSON(cancelJSON{Machine: id, Process: p.process.Name, Requested: true, Session: res.Session,
 			Replica: res.Replica, LeaseStarted: res.LeaseStarted, Held: c.opts.ctl.hold})
@@ -232,6 +233,7 @@ func (c *cli) cancelSelection(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.warnOlderSessions(ctx)
 	names := map[uuid.UUID]string{}
 	for _, m := range ms {
 		names[m.Machine] = machineName(m)
@@ -344,4 +346,18 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// warnOlderSessions tells the operator, on stderr, when live replicas of
+// an older schema may not honour the hold or cancel just recorded (a
+// rolling upgrade under way). Failing to look costs only the warning.
+func (c *cli) warnOlderSessions(ctx context.Context) {
+	sessions, total, err := c.db.OlderSessions(ctx)
+	if err != nil {
+		fmt.Fprintf(c.errOut, "warning: %v\n", err)
+		return
+	}
+	if w := bmdb.OlderSessionsWarning(sessions, total); w != "" {
+		fmt.Fprintln(c.errOut, w)
+	}
 }

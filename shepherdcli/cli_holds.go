@@ -262,6 +262,7 @@ func (c *cli) hold(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	c.warnOlderSessions(ctx)
 	if c.json {
 		return c.emitJSON(jsonList(held, toHoldJSON))
 	}

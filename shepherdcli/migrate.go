@@ -212,6 +212,7 @@ func migrateUp(ctx context.Context, dsn, target string, exts []*bmdb.Extension, 
 	} else {
 		fmt.Fprintf(stdout, "%s: migrated schema from version %d to %d\n", target, from[0], to[0])
 	}
+	warnOlderSessions(ctx, dsn, to[0], stdout)
 	for i, e := range exts {
 		if from[i+1] == to[i+1] && to[i+1] > e.Latest() {
 			fmt.Fprintf(stdout, "%s: extension %s at version %d, newer than this binary's %d, and every newer migration lets this binary run on it: nothing to do\n", target, e.Name, to[i+1], e.Latest())
@@ -312,4 +313,22 @@ func refuseTransactionPooler(ctx context.Context, dsn, target string) error {
 			"run migrate with a DSN that reaches the PostgreSQL primary directly (or a session-mode pool); the daemon itself works through the pooler", target)
 	}
 	return nil
+}
+
+// warnOlderSessions says, after 'migrate up' brought the schema to this
+// binary's version, which live replicas run an older binary: the new
+// migrations' gates bind them only as far as the database enforces them
+// (docs/upgrading.md). Failing to look costs only the warning.
+func warnOlderSessions(ctx context.Context, dsn string, version uint, out io.Writer) {
+	if version != bmdb.LatestVersion() {
+		return
+	}
+	sessions, total, err := bmdb.OlderSessionsAt(context.WithoutCancel(ctx), dsn)
+	if err != nil {
+		fmt.Fprintf(out, "warning: %v\n", err)
+		return
+	}
+	if w := bmdb.OlderSessionsWarning(sessions, total); w != "" {
+		fmt.Fprintln(out, w)
+	}
 }

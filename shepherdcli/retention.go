@@ -20,7 +20,7 @@ type retentionFlags struct {
 
 func (r *retentionFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&r.retention, "history_retention", daemon.DefaultHistoryRetention,
-		"how long work_history keeps events; older ones are deleted in small batches, by one replica at a time (0: keep them forever)")
+		"how long work_history keeps events; older ones are deleted in small batches, by one replica at a time (0: keep them forever); never shorter than the longest per-machine budget window of any replica plus 5m, since budgets are counted from history")
 	fs.DurationVar(&r.every, "history_prune_interval", daemon.DefaultHistoryPruneInterval,
 		"how often each replica looks for work_history events past -history_retention")
 }

@@ -18,6 +18,9 @@ import (
 // lines of their own:
 //
 //	-- shepherd: compatible-with-previous
+//	-- shepherd: gate enforced-in-database
+//	-- shepherd: incompatible-before 18: WHY
+//	-- shepherd: incompatible: WHY
 //	-- shepherd: release v1.4
 //
 // 'migrate up' records it in the database (table migration_declarations),
@@ -25,19 +28,47 @@ import (
 // files do not include the migration: a binary started on a schema newer
 // than its own runs exactly when every newer migration is recorded
 // compatible with the binaries of its previous schema version.
+//
+// A migration that adds or changes a safety gate (a hold, a budget, a
+// cancel, anything that keeps a process off a machine) says how binaries
+// that do not know the gate are kept to it: "gate enforced-in-database"
+// (the database refuses what they would do against it: a trigger, a
+// constraint), or it is no expand step ("incompatible: WHY"), or it
+// retracts the compatibility of the older binaries it cannot bind
+// ("incompatible-before N: WHY").
 type Declaration struct {
 	// Version is the migration's, from its file name.
 	Version uint
 	// CompatibleWithPrevious says that binaries of schema Version-1 may
 	// keep running on Version: the migration only adds what they do not
-	// notice (an expand step). Without it the migration is a contract
+	// notice (an expand step), or binds them to what they would notice
+	// through the database (Gate). Without it the migration is a contract
 	// step, and they refuse to start on it.
 	CompatibleWithPrevious bool
+	// Gate is "enforced-in-database" when the migration makes a safety
+	// gate binding on binaries that do not know it ("" when it declares
+	// none). It requires CompatibleWithPrevious: a contract step needs no
+	// such promise, its older binaries refuse to start.
+	Gate string
+	// Incompatible is why the migration is a contract step, when its file
+	// says so explicitly ("" otherwise). It is for the reader: older
+	// binaries read only that the migration is not compatible.
+	Incompatible string
+	// RefuseBefore, when not 0, is a schema version below Version whose
+	// binaries must not run on this schema: they ignore a gate that the
+	// database cannot make binding. 'migrate up' records version
+	// RefuseBefore as not compatible with the binaries before it, which
+	// is what those binaries read at start. RefuseWhy says why.
+	RefuseBefore uint
+	RefuseWhy    string
 	// Release names the release that brings the migration ("" if the file
 	// names none), so that a binary too old to run on it says which
 	// release to run instead.
 	Release string
 }
+
+// GateEnforcedInDatabase is the one value of a gate declaration.
+const GateEnforcedInDatabase = "enforced-in-database"
 
 // declarationPrefix starts every declaration line.
 const declarationPrefix = "-- shepherd:"
@@ -79,16 +110,30 @@ func (e *Extension) Declarations() ([]Declaration, error) {
 			return nil, fmt.Errorf("migration %s of %s: %w", name, e.label(), err)
 		}
 		d.Version = uint(v)
+		if d.RefuseBefore >= d.Version {
+			return nil, fmt.Errorf("migration %s of %s: incompatible-before %d names a version that is not before its own", name, e.label(), d.RefuseBefore)
+		}
 		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b Declaration) int { return int(a.Version) - int(b.Version) })
 	return out, nil
 }
 
+// declarationForms lists the declarations a migration may make, for
+// error messages.
+var declarationForms = []string{
+	declarationPrefix + " compatible-with-previous",
+	declarationPrefix + " gate " + GateEnforcedInDatabase,
+	declarationPrefix + " incompatible: WHY",
+	declarationPrefix + " incompatible-before VERSION: WHY",
+	declarationPrefix + " release NAME",
+}
+
 // parseDeclaration reads the declaration lines of one migration file.
 func parseDeclaration(text string) (Declaration, error) {
 	var d Declaration
 	seen := map[string]bool{}
+	want := "want one of " + strings.Join(declarationForms, ", ")
 	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		rest, ok := strings.CutPrefix(line, declarationPrefix)
@@ -97,24 +142,56 @@ func parseDeclaration(text string) (Declaration, error) {
 		}
 		fields := strings.Fields(rest)
 		if len(fields) == 0 {
-			return d, fmt.Errorf("line %d: %q declares nothing: want %q or %q", i+1, line, declarationPrefix+" compatible-with-previous", declarationPrefix+" release NAME")
+			return d, fmt.Errorf("line %d: %q declares nothing: %s", i+1, line, want)
 		}
-		if seen[fields[0]] {
-			return d, fmt.Errorf("line %d: %s declared twice", i+1, fields[0])
+		key := strings.TrimSuffix(fields[0], ":")
+		if seen[key] {
+			return d, fmt.Errorf("line %d: %s declared twice", i+1, key)
 		}
-		seen[fields[0]] = true
-		switch {
-		case fields[0] == "compatible-with-previous" && len(fields) == 1:
-			d.CompatibleWithPrevious = true
-		case fields[0] == "release" && len(fields) == 2 && releaseRE.MatchString(fields[1]):
-			d.Release = fields[1]
-		case fields[0] == "release":
-			return d, fmt.Errorf("line %d: %q: want %q, a name of letters, digits and ._+- up to 64 characters", i+1, line, declarationPrefix+" release NAME")
-		default:
-			return d, fmt.Errorf("line %d: %q is not a declaration: want %q or %q", i+1, line, declarationPrefix+" compatible-with-previous", declarationPrefix+" release NAME")
+		seen[key] = true
+		if err := d.parseLine(fields, rest); err != nil {
+			return d, fmt.Errorf("line %d: %q is not a declaration this binary knows (%v); %s", i+1, line, err, want)
 		}
 	}
+	switch {
+	case d.Gate != "" && !d.CompatibleWithPrevious:
+		return d, fmt.Errorf("gate %s declared without compatible-with-previous: a contract step binds no older binary, it refuses them", d.Gate)
+	case d.Incompatible != "" && d.CompatibleWithPrevious:
+		return d, errors.New("declared both compatible-with-previous and incompatible")
+	}
 	return d, nil
+}
+
+// parseLine reads one declaration line: fields are its words after the
+// prefix, rest the text after the prefix.
+func (d *Declaration) parseLine(fields []string, rest string) error {
+	switch {
+	case fields[0] == "compatible-with-previous" && len(fields) == 1:
+		d.CompatibleWithPrevious = true
+	case fields[0] == "gate" && len(fields) == 2 && fields[1] == GateEnforcedInDatabase:
+		d.Gate = fields[1]
+	case fields[0] == "release" && len(fields) == 2 && releaseRE.MatchString(fields[1]):
+		d.Release = fields[1]
+	case fields[0] == "release":
+		return errors.New("a release is a name of letters, digits and ._+- up to 64 characters")
+	case fields[0] == "incompatible:":
+		_, why, _ := strings.Cut(rest, ":")
+		if d.Incompatible = strings.TrimSpace(why); d.Incompatible == "" {
+			return errors.New("incompatible: says why")
+		}
+	case fields[0] == "incompatible-before" && len(fields) >= 3 && strings.HasSuffix(fields[1], ":"):
+		v, err := strconv.ParseUint(strings.TrimSuffix(fields[1], ":"), 10, 32)
+		if err != nil || v < 2 {
+			return fmt.Errorf("incompatible-before takes a schema version of at least 2, not %q", fields[1])
+		}
+		_, why, _ := strings.Cut(rest, ":")
+		d.RefuseBefore, d.RefuseWhy = uint(v), strings.TrimSpace(why)
+	case fields[0] == "incompatible-before":
+		return errors.New("incompatible-before takes a version, a colon and why")
+	default:
+		return errors.New("not a declaration")
+	}
+	return nil
 }
 
 // schemaName is e's key in migration_declarations.
@@ -130,11 +207,12 @@ func (e *Extension) schemaName() string {
 // what an earlier one recorded for the same version: a later release may
 // correct a declaration.
 func recordDeclarations(ctx context.Context, dsn string, e *Extension, decls []Declaration) error {
+	recorded := recordedForm(decls)
 	return withDeclarations(ctx, dsn, func(conn *pgx.Conn) error {
-		versions := make([]int64, len(decls))
-		compatible := make([]bool, len(decls))
-		releases := make([]string, len(decls))
-		for i, d := range decls {
+		versions := make([]int64, len(recorded))
+		compatible := make([]bool, len(recorded))
+		releases := make([]string, len(recorded))
+		for i, d := range recorded {
 			versions[i], compatible[i], releases[i] = int64(d.Version), d.CompatibleWithPrevious, d.Release
 		}
 		if _, err := conn.Exec(ctx, qRecordDeclarations, e.schemaName(), versions, compatible, releases); err != nil {
@@ -142,6 +220,28 @@ func recordDeclarations(ctx context.Context, dsn string, e *Extension, decls []D
 		}
 		return nil
 	})
+}
+
+// recordedForm is what migration_declarations records of decls, the
+// declarations of one schema's files: each as declared, except that a
+// version named by a later migration's incompatible-before is recorded
+// not compatible with the binaries before it, since that is what those
+// binaries read at start (a version no file declares any more, as after
+// a squash of old migrations, gets a row of its own).
+func recordedForm(decls []Declaration) []Declaration {
+	out := slices.Clone(decls)
+	for _, d := range decls {
+		if d.RefuseBefore == 0 {
+			continue
+		}
+		i := slices.IndexFunc(out, func(o Declaration) bool { return o.Version == d.RefuseBefore })
+		if i < 0 {
+			out = append(out, Declaration{Version: d.RefuseBefore})
+			continue
+		}
+		out[i].CompatibleWithPrevious = false
+	}
+	return out
 }
 
 // forgetDeclarations deletes the recorded declarations of e's versions

@@ -186,6 +186,19 @@ func TestMigrationDeclarations(t *testing.T) {
 	if d := decls[0]; d.Version != bmdb.BaselineVersion || !d.CompatibleWithPrevious {
 		t.Errorf("first migration %+v, want the baseline, version %d, declared compatible-with-previous", d, bmdb.BaselineVersion)
 	}
+	gates := 0
+	for _, d := range decls {
+		if d.RefuseBefore == 0 {
+			continue
+		}
+		gates++
+		if d.Gate != bmdb.GateEnforcedInDatabase || d.RefuseBefore != 18 || d.RefuseWhy == "" {
+			t.Errorf("migration %d declares %+v, want its gates enforced in the database and binaries before 18 refused", d.Version, d)
+		}
+	}
+	if gates != 1 {
+		t.Errorf("%d migrations refuse older binaries, want the one that binds them to holds and budgets", gates)
+	}
 
 	for _, c := range []struct {
 		text string
@@ -203,6 +216,15 @@ func TestMigrationDeclarations(t *testing.T) {
 		{text: "-- shepherd: release two words\n", err: "release NAME"},
 		{text: "-- shepherd: release v1; DROP TABLE machines\n", err: "release NAME"},
 		{text: "-- shepherd: release v1\n-- shepherd: release v2\n", err: "line 2: release declared twice"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate enforced-in-database\n",
+			want: bmdb.Declaration{CompatibleWithPrevious: true, Gate: bmdb.GateEnforcedInDatabase}},
+		{text: "-- shepherd: gate enforced-in-database\n", err: "without compatible-with-previous"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate by-luck\n", err: "is not a declaration"},
+		{text: "-- shepherd: incompatible: drops machines.note\n", want: bmdb.Declaration{Incompatible: "drops machines.note"}},
+		{text: "-- shepherd: incompatible:\n", err: "says why"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible: x\n", err: "both"},
+		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible-before 1: no\n", err: "at least 2"},
+		{text: "-- shepherd: incompatible-before 18 no colon\n", err: "a version, a colon and why"},
 	} {
 		ext := &bmdb.Extension{Name: "decl", FS: fstest.MapFS{"0001_x.up.sql": {Data: []byte(c.text)}}}
 		decls, err := ext.Declarations()

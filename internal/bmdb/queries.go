@@ -385,9 +385,13 @@ ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heart
 	// recorded machine whose boot identity is not the one from before the
 	// reset (or none was known): the machine rebooted and its agent runs
 	// again, recorded as Recovered with the time it took. A heartbeat of
-	// version 1 (no boot identity) deletes the row too, recording nothing:
-	// the agent is alive, and whether the machine rebooted cannot be known
-	// (open loop, as before version 2). machine_reset holds the few
+	// version 1 (no boot identity) deletes the row, recording nothing,
+	// only when no boot identity was known before the reset (an agent of
+	// version 1: whether the machine rebooted cannot be known, open loop
+	// as before version 2). Of a machine known to speak version 2 it
+	// proves nothing (an agent that never restarted can sign one): the
+	// row stays, and the reset is NotRecovered at its verify_by unless a
+	// heartbeat of a new boot comes first. machine_reset holds the few
 	// machines reset in the last minutes, so back costs a probe of a
 	// nearly empty table, and no trigger fires on its deletes.
 	qHeartbeatAgents = `
@@ -424,7 +428,7 @@ WITH a AS (
 ), back AS (
     DELETE FROM machine_reset r USING written w
     WHERE r.machine_id = w.machine_id
-      AND (w.boot_id IS NULL OR r.boot_id_before IS NULL OR w.boot_id <> r.boot_id_before)
+      AND (r.boot_id_before IS NULL OR w.boot_id <> r.boot_id_before)
     RETURNING r.machine_id, r.process, r.reset_at, w.boot_id IS NOT NULL AS verified
 ), recovered AS (
     INSERT INTO work_history (machine_id, process, event, failed_cause, took_seconds)

@@ -403,12 +403,16 @@ SELECT condition_name, condition_sql, due_sql, condition_args, fingerprint, regi
 FROM process_registry WHERE process = $1`
 
 	// qRegistrantUpsert records a live session's view of its process's
-	// condition (migration 0012).
+	// condition (migration 0012), its binary's schema version and the
+	// process's per-machine budget ($6, $7: NULL when none; migration
+	// 0033).
 	qRegistrantUpsert = `
-INSERT INTO process_registrants (process, session_id, fingerprint, condition_args)
-VALUES ($1, $2, $3, $4)
+INSERT INTO process_registrants (process, session_id, fingerprint, condition_args, schema_version, budget_n, budget_window_seconds)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (process, session_id) DO UPDATE
-SET fingerprint = excluded.fingerprint, condition_args = excluded.condition_args, registered_at = now()`
+SET fingerprint = excluded.fingerprint, condition_args = excluded.condition_args, registered_at = now(),
+    schema_version = excluded.schema_version, budget_n = excluded.budget_n,
+    budget_window_seconds = excluded.budget_window_seconds`
 
 	// qRegistrants lists the live sessions' views of a process's
 	// condition, with who runs them.

@@ -27,10 +27,19 @@ const (
 	// which no one else writes (history is append-only), and takes the same
 	// table lock as an INSERT: claims and lease ends, which append to
 	// history, never wait for it.
+	//
+	// A per-machine budget is counted from history, so the retention is at
+	// least the longest budget window that a replica's session recorded
+	// (process_registrants, migration 0033), plus budgetMargin: a
+	// retention shorter than a budget's window must not give a machine its
+	// budget back.
 	qHistoryPruneBatch = `
 WITH doomed AS (
     SELECT id FROM work_history
-    WHERE "timestamp" >= $3 AND "timestamp" < now() - make_interval(secs => $1::float8)
+    WHERE "timestamp" >= $3
+      AND "timestamp" < now() - make_interval(secs => (
+          SELECT GREATEST($1::float8, COALESCE(max(r.budget_window_seconds) + $4::float8, 0))
+          FROM process_registrants r))
     ORDER BY "timestamp"
     LIMIT $2
 ), gone AS (

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,11 +250,22 @@ func (db *DB) RegisteredCondition(ctx context.Context, process Process) (Registe
 }
 
 // RecordCandidates records the session's view of process's condition, so
-// that tools can tell when the replicas running process disagree. The row
-// lives as long as the session.
-func (s *Session) RecordCandidates(ctx context.Context, process Process, candidates Candidates) error {
+// that tools can tell when the replicas running process disagree, with
+// this binary's schema version (so that tools can tell sessions of older
+// binaries, which record none) and the process's per-machine budget from
+// limits (which the database applies to leases that older binaries take,
+// and history retention keeps the events of). The row lives as long as
+// the session.
+func (s *Session) RecordCandidates(ctx context.Context, process Process, candidates Candidates, limits Limits) error {
+	var n *int32
+	var window *float64
+	if b := limits.MachineBudget; b.Set() {
+		n32, secs := int32(min(b.N, math.MaxInt32)), b.Window.Seconds()
+		n, window = &n32, &secs
+	}
 	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, fingerprint(candidates, process), argsJSON(candidates))
+		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, fingerprint(candidates, process), argsJSON(candidates),
+			int32(core.Latest()), n, window)
 		return err
 	})
 	if err != nil {

@@ -33,7 +33,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.session(bmdb.SessionConfig{Component: "replica-a"})
-	if err := a.RecordCandidates(ctx, recovery, daemons); err != nil {
+	if err := a.RecordCandidates(ctx, recovery, daemons, bmdb.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	rc, err := e.db.RegisteredCondition(ctx, recovery)
@@ -76,7 +76,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RecordCandidates(ctx, recovery, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)); err != nil {
+	if err := b.RecordCandidates(ctx, recovery, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute), bmdb.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	if rc, err = e.db.RegisteredCondition(ctx, recovery); err != nil || !rc.Disagree || len(rc.Registrants) != 2 {

@@ -23,9 +23,28 @@ const DefaultHistoryRetention = 30 * 24 * time.Hour
 // bloat the table and hold its locks for minutes.
 const DefaultPruneBatch = 1000
 
+// budgetMargin is how much longer than the longest per-machine budget
+// window history is kept: the window is judged at a claim, against
+// events whose timestamps are their transactions' starts.
+const budgetMargin = 5 * time.Minute
+
+// RetentionFor is the retention PruneHistory applies when asked for
+// olderThan by a replica whose longest per-machine budget window is
+// budgetWindow (0: none): history is where budgets are counted, so it
+// keeps at least the window and a margin. The sessions of other replicas
+// raise it in the database in the same way.
+func RetentionFor(olderThan, budgetWindow time.Duration) time.Duration {
+	if budgetWindow > 0 {
+		return max(olderThan, budgetWindow+budgetMargin)
+	}
+	return olderThan
+}
+
 // PruneHistory deletes work_history events older than olderThan, in
 // transactions of at most batch rows, until none is left, and returns how
-// many it deleted.
+// many it deleted. It keeps the events within the longest per-machine
+// budget window that a live replica recorded (RecordCandidates), and a
+// margin: a shorter retention would give a machine its budget back.
 //
 // Only one replica prunes at a time: every batch first takes a
 // transaction-scoped advisory lock, and a replica that finds it held by
@@ -60,7 +79,7 @@ func (db *DB) PruneHistory(ctx context.Context, olderThan time.Duration, batch i
 				busy = true
 				return nil
 			}
-			return tx.tx.QueryRow(ctx, qHistoryPruneBatch, olderThan.Seconds(), batch, from).Scan(&n, &newest)
+			return tx.tx.QueryRow(ctx, qHistoryPruneBatch, olderThan.Seconds(), batch, from, budgetMargin.Seconds()).Scan(&n, &newest)
 		})
 		if err != nil {
 			return deleted, fmt.Errorf("pruning work history older than %s: %w", olderThan, err)
@@ -76,14 +95,22 @@ func (db *DB) PruneHistory(ctx context.Context, olderThan time.Duration, batch i
 
 // RunRetention prunes history older than olderThan (see PruneHistory)
 // once at start and then every period, until ctx is done; it returns nil
-// then. Every replica may run it: the pruning lock makes them take turns.
-// A failed round (database unreachable) is logged and retried at the next
-// one: retention is housekeeping and must never stop the daemon.
-func (db *DB) RunRetention(ctx context.Context, every, olderThan time.Duration) error {
+// then. budgetWindow is the longest per-machine budget window of the
+// replica's processes (0: none): history within it, and a margin, is kept
+// whatever olderThan says (RetentionFor), which it logs at start. Every
+// replica may run it: the pruning lock makes them take turns. A failed
+// round (database unreachable) is logged and retried at the next one:
+// retention is housekeeping and must never stop the daemon.
+func (db *DB) RunRetention(ctx context.Context, every, olderThan, budgetWindow time.Duration) error {
 	if every <= 0 || olderThan <= 0 {
 		return fmt.Errorf("history retention: period %s and retention %s must be positive", every, olderThan)
 	}
 	logger := klog.FromContext(ctx)
+	if keep := RetentionFor(olderThan, budgetWindow); keep > olderThan {
+		logger.Info("History retention keeps events for the longest per-machine budget window and a margin, which is longer than the retention asked for: budgets are counted from history",
+			"history_retention", olderThan, "budget_window", budgetWindow, "kept_for", keep)
+		olderThan = keep
+	}
 	for {
 		n, err := db.PruneHistory(ctx, olderThan, DefaultPruneBatch)
 		switch {

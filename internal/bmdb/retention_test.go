@@ -2,6 +2,7 @@ package bmdb_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -162,7 +163,7 @@ func TestPruneBatchDoesNotBlockWork(t *testing.T) {
 	var pruned int64
 	var newest pgtype.Timestamptz
 	err := batch.QueryRow(ctx, bmdb.HistoryPruneBatchSQL, (30*24*time.Hour).Seconds(), 100000,
-		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}).Scan(&pruned, &newest)
+		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, (5*time.Minute).Seconds()).Scan(&pruned, &newest)
 	if err != nil || pruned != 5000 {
 		t.Fatalf("pruning batch: %d rows, %v; want 5000", pruned, err)
 	}
@@ -342,7 +343,7 @@ func TestRunRetention(t *testing.T) {
 	e.seedHistory(5, time.Minute)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.db.RunRetention(ctx, time.Hour, 30*24*time.Hour) }()
+	go func() { done <- e.db.RunRetention(ctx, time.Hour, 30*24*time.Hour, 0) }()
 	bmdbtest.WaitForNoError(t, 30*time.Second, "the first retention round", func() (bool, error) {
 		older, _ := e.historyAges(30 * 24 * time.Hour)
 		return older == 0, nil
@@ -359,7 +360,58 @@ func TestRunRetention(t *testing.T) {
 	if _, younger := e.historyAges(30 * 24 * time.Hour); younger != 5 {
 		t.Errorf("%d recent events left, want 5", younger)
 	}
-	if err := e.db.RunRetention(context.Background(), 0, time.Hour); err == nil {
+	if err := e.db.RunRetention(context.Background(), 0, time.Hour, 0); err == nil {
 		t.Error("RunRetention with period 0 succeeded, want an error")
+	}
+}
+
+// The retention attack of issue 54: a retention shorter than a budget's
+// window must not give a machine its budget back. Each lease's events age
+// past the retention (30 days) but stay within the budget's window (120
+// days) before the next lease; pruning between leases keeps them, and the
+// fourth claim escalates the machine.
+func TestRetentionKeepsBudgetCount(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newEnv(t, bmdb.Options{})
+	s := e.session(bmdb.SessionConfig{})
+	m := e.addMachines(1)[0]
+	p := bmdb.Process{Name: "BudgetRetention"}
+	retention := 30 * 24 * time.Hour
+	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 3, Window: 120 * 24 * time.Hour}}
+	if got := bmdb.RetentionFor(retention, limits.MachineBudget.Window); got <= limits.MachineBudget.Window {
+		t.Errorf("RetentionFor(%s, %s) = %s, want more than the window", retention, limits.MachineBudget.Window, got)
+	}
+	if err := s.RecordCandidates(ctx, p, bmdb.ProvidedCandidates(), limits); err != nil {
+		t.Fatal(err)
+	}
+	var escalated []bmdb.Escalation
+	onEscalated := func(x bmdb.Escalation) { escalated = append(escalated, x) }
+	leases := 0
+	for round := 0; len(escalated) == 0; round++ {
+		if round > 4 {
+			t.Fatalf("%d leases and no escalation: the budget of %s was given back", leases, limits.MachineBudget)
+		}
+		register(t, s, p, bmdb.ProvidedCandidates())
+		ls, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 1, limits, onEscalated)
+		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
+			t.Fatal(err)
+		}
+		for _, l := range ls {
+			leases++
+			if err := l.Fail(ctx, bmdb.Backoff{}, "BMC says on, machine dead"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Time passes: the machine's newest events are 31 days old, past
+		// the retention, and it is due again.
+		e.exec(`UPDATE work_history SET "timestamp" = "timestamp" - interval '31 days' WHERE machine_id = $1`, m)
+		e.exec(`DELETE FROM work_backoff WHERE machine_id = $1`, m)
+		if _, err := e.db.PruneHistory(ctx, retention, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if leases != 3 {
+		t.Errorf("escalated after %d leases, want 3 (the budget)", leases)
 	}
 }

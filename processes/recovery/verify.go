@@ -28,9 +28,14 @@ import (
 //     at T, not back after D" (noteNotRecovered), then acts again.
 //
 // An agent of heartbeat version 1 sends no boot identity, so whether its
-// machine rebooted cannot be verified: its first heartbeat after the reset
-// ends the wait, whichever boot it runs in, and records no Recovered. A
-// machine that does not come back at all is still NotRecovered in time.
+// machine rebooted cannot be verified: when no boot identity was known
+// before the reset, its first heartbeat after the reset ends the wait,
+// whichever boot it runs in, and records no Recovered. Once a machine has
+// spoken version 2 (a boot identity was known before the reset), a
+// version 1 heartbeat proves nothing and the wait goes on: the machine is
+// NotRecovered at the verify timeout unless a heartbeat of a new boot
+// comes first. A machine that does not come back at all is still
+// NotRecovered in time.
 
 // commitReset is Recovery's Commit: in the transaction that ends the
 // work, it records the reset for verification and deletes the machine's
