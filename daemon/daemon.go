@@ -38,6 +38,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -421,9 +423,11 @@ func (d *Daemon) start(ctx context.Context, g *group, ready *readiness) error {
 	// An attempt may have to wait out the connect timeout of every host
 	// of a multi-host DSN before it reaches the one that answers.
 	attemptTimeout := max(10*time.Second, db.ConnectBudget()+5*time.Second)
-	checkSchema := func(ctx context.Context) error { return db.CheckSchema(ctx, bmdb.ExtensionsOf(o.Extensions)...) }
+	checkSchema := func(ctx context.Context) error {
+		return migrate.CheckSchema(ctx, db, migrate.ExtensionsOf(o.Extensions)...)
+	}
 	err = retry(g.stop, "checking the BMDB schema at "+target, attemptTimeout, checkSchema, func(err error) bool {
-		return errors.Is(err, bmdb.ErrSchema)
+		return errors.Is(err, migrate.ErrSchema)
 	})
 	if err != nil || g.stop.Err() != nil {
 		return err

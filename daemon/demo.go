@@ -10,10 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"k8s.io/klog/v2"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -37,7 +38,7 @@ const demoDatabase = "shepherd"
 // run commands as the server's OS user. As root, the operator's directories
 // above -state_dir are opened to the postgres user only while a PostgreSQL
 // command runs, never for good.
-func startDemo(ctx context.Context, prog, stateDir, provider string, changedDefaults []string, statusURL string, exts []*bmdb.Extension) (*pgcluster.Cluster, string, error) {
+func startDemo(ctx context.Context, prog, stateDir, provider string, changedDefaults []string, statusURL string, exts []*migrate.Extension) (*pgcluster.Cluster, string, error) {
 	log := klog.FromContext(ctx)
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
@@ -68,7 +69,7 @@ func startDemo(ctx context.Context, prog, stateDir, provider string, changedDefa
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
 	dsn := c.DSN(demoDatabase)
-	if err := bmdb.MigrateUp(ctx, dsn, exts...); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, exts...); err != nil {
 		return fail(fmt.Errorf("demo mode: %w", err))
 	}
 	log.Info("DEMO MODE: BMDB ready; its data stays in dir between runs (delete the directory to start afresh)", "addr", fmt.Sprintf("127.0.0.1:%d/%s", c.Port, demoDatabase), "dir", abs)
@@ -145,7 +146,7 @@ func (c *demoCluster) Start(ctx context.Context) error {
 	startCtx, cancel := context.WithCancel(ctx)
 	defer context.AfterFunc(c.stop, cancel)()
 	o := c.opts
-	cluster, dsn, err := startDemo(startCtx, o.Name, o.StateDir, o.Provider.Name, o.DemoDefaults, c.statusURL, bmdb.ExtensionsOf(o.Extensions))
+	cluster, dsn, err := startDemo(startCtx, o.Name, o.StateDir, o.Provider.Name, o.DemoDefaults, c.statusURL, migrate.ExtensionsOf(o.Extensions))
 	cancel()
 	if err != nil {
 		if c.stop.Err() != nil {

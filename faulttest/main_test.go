@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
@@ -91,7 +92,7 @@ func newDatabase(t *testing.T) string {
 	if err := c.CreateDatabase(ctx, name, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := bmdb.MigrateUp(ctx, c.DSN(name)); err != nil {
+	if err := migrate.MigrateUp(ctx, c.DSN(name)); err != nil {
 		t.Fatal(err)
 	}
 	return name

@@ -3,6 +3,7 @@ package hatest
 import (
 	"context"
 	"fmt"
+	bmdbmigrate "github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 	"os"
 	"os/exec"
 	"os/user"
@@ -44,7 +45,7 @@ func startPostgres(t *testing.T, migrate bool) *pgcluster.Cluster {
 		if err := c.CreateDatabase(ctx, "bmdb", ""); err != nil {
 			t.Fatal(err)
 		}
-		if err := bmdb.MigrateUp(ctx, c.DSN("bmdb")); err != nil {
+		if err := bmdbmigrate.MigrateUp(ctx, c.DSN("bmdb")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
@@ -17,7 +19,7 @@ import (
 // preBaselineCommit is a commit of Shepherd before the baseline schema
 // replaced migrations 1 to 29: its binary is the release an operator runs
 // before the upgrade to the baseline.
-const preBaselineCommit = bmdb.PreBaselineCommit
+const preBaselineCommit = migrate.PreBaselineCommit
 
 // preBaselineFlags are fastFleetFlags as the binary of preBaselineCommit
 // knows them: fixed here, so that a flag this tree adds later does not
@@ -69,7 +71,7 @@ func buildPreBaseline(t *testing.T) string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building commit %s: %v\n%s", preBaselineCommit, err, out)
 	}
-	t.Logf("built shepherd of commit %s (schema version %d) in %s", preBaselineCommit, bmdb.PreBaselineVersion, time.Since(start).Round(time.Millisecond))
+	t.Logf("built shepherd of commit %s (schema version %d) in %s", preBaselineCommit, migrate.PreBaselineVersion, time.Since(start).Round(time.Millisecond))
 	return bin
 }
 
@@ -108,7 +110,7 @@ func TestUpgradeToBaseline(t *testing.T) {
 		t.Logf("%s %v: %s", filepath.Base(binary), args, strings.TrimSpace(out))
 	}
 
-	run(old, fmt.Sprintf("migrated schema from version 0 to %d", bmdb.PreBaselineVersion), "migrate", "up")
+	run(old, fmt.Sprintf("migrated schema from version 0 to %d", migrate.PreBaselineVersion), "migrate", "up")
 	before := replicatest.Start(t, old, "before-baseline", replicatest.EnvWithoutDSN(), flags...)
 	waitWork(before, 3, "before the upgrade")
 
@@ -116,13 +118,13 @@ func TestUpgradeToBaseline(t *testing.T) {
 		// A later migration of this tree is a contract step: the binary
 		// before the baseline stops before it, and refuses it after.
 		before.StopClean(10 * time.Second)
-		run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
+		run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", migrate.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
 		if code, out := runBinary(t, old, "-listen=127.0.0.1:0", "-bmdb_dsn="+dsn); code != exitFailure || !strings.Contains(out, "a contract step") {
 			t.Errorf("the binary before the baseline on a later contract step: exit %d, %q; want a refusal", code, out)
 		}
 		return
 	}
-	run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", bmdb.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
+	run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", migrate.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
 	waitWork(before, 3, "on the baseline schema")
 
 	before.StopClean(10 * time.Second)
@@ -132,7 +134,7 @@ func TestUpgradeToBaseline(t *testing.T) {
 	waitWork(upgraded, 3, "beside the binary before the baseline")
 
 	run(old, "every newer migration lets this binary run on it: nothing to do", "migrate", "up")
-	run(old, fmt.Sprintf("schema version %d (clean); this binary knows up to %d; this binary runs on it", bmdb.LatestVersion(), bmdb.PreBaselineVersion), "migrate", "version")
+	run(old, fmt.Sprintf("schema version %d (clean); this binary knows up to %d; this binary runs on it", bmdb.LatestVersion(), migrate.PreBaselineVersion), "migrate", "version")
 
 	restarted.StopClean(10 * time.Second)
 	upgraded.StopClean(10 * time.Second)
@@ -148,12 +150,12 @@ func TestUpgradeToBaseline(t *testing.T) {
 // tree's schema.
 func compatibleAfterBaseline(t *testing.T) bool {
 	t.Helper()
-	decls, err := bmdb.Declarations()
+	decls, err := migrate.Declarations()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range decls {
-		if d.Version >= bmdb.BaselineVersion && !d.CompatibleWithPrevious {
+		if d.Version >= migrate.BaselineVersion && !d.CompatibleWithPrevious {
 			t.Logf("migration %d is a contract step", d.Version)
 			return false
 		}

@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/google/uuid"
 
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
@@ -295,7 +297,7 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	defer db.Close()
-	if err := db.CheckSchema(ctx); err != nil {
+	if err := migrate.CheckSchema(ctx, db); err != nil {
 		if demoDir != "" {
 			// A demo killed with SIGKILL leaves its DSN behind.
 			err = fmt.Errorf("%w (is the demo in %s still running? it may have been killed)", err, demoDir)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -352,12 +354,12 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 // an older schema may not honour the hold or cancel just recorded (a
 // rolling upgrade under way). Failing to look costs only the warning.
 func (c *cli) warnOlderSessions(ctx context.Context) {
-	sessions, total, err := c.db.OlderSessions(ctx)
+	sessions, total, err := migrate.OlderSessions(ctx, c.db)
 	if err != nil {
 		fmt.Fprintf(c.errOut, "warning: %v\n", err)
 		return
 	}
-	if w := bmdb.OlderSessionsWarning(sessions, total); w != "" {
+	if w := migrate.OlderSessionsWarning(sessions, total); w != "" {
 		fmt.Fprintln(c.errOut, w)
 	}
 }

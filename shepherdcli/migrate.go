@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
@@ -70,7 +72,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 		args = rest[1:]
 	}
 
-	var ext *bmdb.Extension
+	var ext *migrate.Extension
 	if *extension != "" {
 		i := slices.IndexFunc(d.extensions(), func(e *bmdbapi.Extension) bool { return e.Name == *extension })
 		if i < 0 {
@@ -84,7 +86,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 			}
 			return reportUsage(stderr, d.prog(), usagef("-extension %q: this binary has no such extension (it has: %s)", *extension, has))
 		}
-		ext = bmdb.ExtensionOf(d.extensions()[i])
+		ext = migrate.ExtensionOf(d.extensions()[i])
 	}
 	action, err := migrateAction(positional, ext)
 	if err != nil {
@@ -110,7 +112,7 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 			return exitFailure
 		}
 	}
-	if err := action(ctx, dsn, target, bmdb.ExtensionsOf(d.extensions()), stdout); err != nil {
+	if err := action(ctx, dsn, target, migrate.ExtensionsOf(d.extensions()), stdout); err != nil {
 		fmt.Fprintf(stderr, "%s: migrate: %v\n", prog, err)
 		return exitFailure
 	}
@@ -119,12 +121,12 @@ func (d *CLI) runMigrate(args []string, stdout, stderr io.Writer) int {
 
 // migrateFunc is a migrate action on the database at dsn (named target in
 // messages), with the binary's extensions.
-type migrateFunc func(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error
+type migrateFunc func(ctx context.Context, dsn, target string, exts []*migrate.Extension, stdout io.Writer) error
 
 // migrateAction checks the positional arguments and returns what to do.
 // ext is the extension of -extension (nil: Shepherd's schema), which only
 // force takes.
-func migrateAction(pos []string, ext *bmdb.Extension) (migrateFunc, error) {
+func migrateAction(pos []string, ext *migrate.Extension) (migrateFunc, error) {
 	if len(pos) == 0 {
 		return nil, usagef("migrate: want an action: up, down, version or force N")
 	}
@@ -150,8 +152,8 @@ func migrateAction(pos []string, ext *bmdb.Extension) (migrateFunc, error) {
 			if uint(v) > ext.Latest() {
 				return nil, usagef("migrate force %d: this binary knows versions of extension %s up to %d", v, ext.Name, ext.Latest())
 			}
-			fn = func(ctx context.Context, dsn, target string, _ []*bmdb.Extension, stdout io.Writer) error {
-				if err := bmdb.ExtensionForce(ctx, dsn, ext, uint(v)); err != nil {
+			fn = func(ctx context.Context, dsn, target string, _ []*migrate.Extension, stdout io.Writer) error {
+				if err := migrate.ExtensionForce(ctx, dsn, ext, uint(v)); err != nil {
 					return err
 				}
 				fmt.Fprintf(stdout, "%s: extension %s version recorded as %d (clean); no migration was run\n", target, ext.Name, v)
@@ -162,7 +164,7 @@ func migrateAction(pos []string, ext *bmdb.Extension) (migrateFunc, error) {
 		if uint(v) > bmdb.LatestVersion() {
 			return nil, usagef("migrate force %d: this binary knows schema versions up to %d", v, bmdb.LatestVersion())
 		}
-		fn = func(ctx context.Context, dsn, target string, _ []*bmdb.Extension, stdout io.Writer) error {
+		fn = func(ctx context.Context, dsn, target string, _ []*migrate.Extension, stdout io.Writer) error {
 			return migrateForce(ctx, dsn, target, uint(v), stdout)
 		}
 	default:
@@ -178,14 +180,14 @@ func migrateAction(pos []string, ext *bmdb.Extension) (migrateFunc, error) {
 }
 
 // versions reads the schema versions of Shepherd and of every extension.
-func versions(ctx context.Context, dsn string, exts []*bmdb.Extension) ([]uint, error) {
-	v, _, err := bmdb.SchemaVersion(ctx, dsn)
+func versions(ctx context.Context, dsn string, exts []*migrate.Extension) ([]uint, error) {
+	v, _, err := migrate.SchemaVersion(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
 	out := []uint{v}
 	for _, e := range exts {
-		v, _, err := bmdb.ExtensionVersion(ctx, dsn, e)
+		v, _, err := migrate.ExtensionVersion(ctx, dsn, e)
 		if err != nil {
 			return nil, err
 		}
@@ -194,12 +196,12 @@ func versions(ctx context.Context, dsn string, exts []*bmdb.Extension) ([]uint, 
 	return out, nil
 }
 
-func migrateUp(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
+func migrateUp(ctx context.Context, dsn, target string, exts []*migrate.Extension, stdout io.Writer) error {
 	from, err := versions(ctx, dsn, exts)
 	if err != nil {
 		return err
 	}
-	migrateErr := bmdb.MigrateUp(ctx, dsn, exts...)
+	migrateErr := migrate.MigrateUp(ctx, dsn, exts...)
 	// What was done is reported even when a later step failed.
 	to, err := versions(context.WithoutCancel(ctx), dsn, exts)
 	if err != nil {
@@ -225,12 +227,12 @@ func migrateUp(ctx context.Context, dsn, target string, exts []*bmdb.Extension, 
 	return migrateErr
 }
 
-func migrateDown(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
+func migrateDown(ctx context.Context, dsn, target string, exts []*migrate.Extension, stdout io.Writer) error {
 	from, err := versions(ctx, dsn, exts)
 	if err != nil {
 		return err
 	}
-	if err := bmdb.MigrateDown(ctx, dsn, exts...); err != nil {
+	if err := migrate.MigrateDown(ctx, dsn, exts...); err != nil {
 		return err
 	}
 	for i := len(exts) - 1; i >= 0; i-- {
@@ -246,15 +248,15 @@ func migrateDown(ctx context.Context, dsn, target string, exts []*bmdb.Extension
 	return nil
 }
 
-func migrateVersion(ctx context.Context, dsn, target string, exts []*bmdb.Extension, stdout io.Writer) error {
-	v, dirty, err := bmdb.SchemaVersion(ctx, dsn)
+func migrateVersion(ctx context.Context, dsn, target string, exts []*migrate.Extension, stdout io.Writer) error {
+	v, dirty, err := migrate.SchemaVersion(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: schema version %d (%s); this binary knows up to %d%s\n", target, v, dirtyText(v, dirty, ""), bmdb.LatestVersion(),
 		newerText(ctx, dsn, v, dirty, bmdb.LatestVersion(), nil))
 	for _, e := range exts {
-		v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, e)
+		v, dirty, err := migrate.ExtensionVersion(ctx, dsn, e)
 		if err != nil {
 			return err
 		}
@@ -267,25 +269,25 @@ func migrateVersion(ctx context.Context, dsn, target string, exts []*bmdb.Extens
 // newerText says, for a clean schema version newer than the binary's
 // latest, whether the binary runs on it (its newer migrations are all
 // declared compatible), and if not, what to run instead.
-func newerText(ctx context.Context, dsn string, version uint, dirty bool, latest uint, ext *bmdb.Extension) string {
+func newerText(ctx context.Context, dsn string, version uint, dirty bool, latest uint, ext *migrate.Extension) string {
 	if dirty || version <= latest {
 		return ""
 	}
-	if err := bmdb.CheckNewerSchema(ctx, dsn, ext); err != nil {
-		return "; this binary does not run on it: " + strings.TrimPrefix(err.Error(), bmdb.ErrSchema.Error()+": ")
+	if err := migrate.CheckNewerSchema(ctx, dsn, ext); err != nil {
+		return "; this binary does not run on it: " + strings.TrimPrefix(err.Error(), migrate.ErrSchema.Error()+": ")
 	}
 	return "; this binary runs on it: every newer migration is declared compatible with the binaries before it"
 }
 
 func dirtyText(version uint, dirty bool, extension string) string {
 	if dirty {
-		return "dirty: " + bmdb.DirtyAdvice(version, extension)
+		return "dirty: " + migrate.DirtyAdvice(version, extension)
 	}
 	return "clean"
 }
 
 func migrateForce(ctx context.Context, dsn, target string, version uint, stdout io.Writer) error {
-	if err := bmdb.MigrateForce(ctx, dsn, version); err != nil {
+	if err := migrate.MigrateForce(ctx, dsn, version); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: schema version recorded as %d (clean); no migration was run\n", target, version)
@@ -323,12 +325,12 @@ func warnOlderSessions(ctx context.Context, dsn string, version uint, out io.Wri
 	if version != bmdb.LatestVersion() {
 		return
 	}
-	sessions, total, err := bmdb.OlderSessionsAt(context.WithoutCancel(ctx), dsn)
+	sessions, total, err := migrate.OlderSessionsAt(context.WithoutCancel(ctx), dsn)
 	if err != nil {
 		fmt.Fprintf(out, "warning: %v\n", err)
 		return
 	}
-	if w := bmdb.OlderSessionsWarning(sessions, total); w != "" {
+	if w := migrate.OlderSessionsWarning(sessions, total); w != "" {
 		fmt.Fprintln(out, w)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -56,7 +58,7 @@ func TestMigrate(t *testing.T) {
 		t.Logf("shepherd %v: %s", step.args, strings.TrimSpace(stdout))
 	}
 	db := bmdbtest.Open(t, dsn)
-	if err := db.CheckSchema(context.Background()); err != nil {
+	if err := migrate.CheckSchema(context.Background(), db); err != nil {
 		t.Errorf("after migrate up: %v", err)
 	}
 }
@@ -108,7 +110,7 @@ func TestSchemaRefused(t *testing.T) {
 				if code, _, stderr := runShepherd(t, replicatest.EnvWithoutDSN(), force...); code != 0 {
 					t.Fatalf("shepherd %v: exit status %d\n%s", force, code, stderr)
 				}
-				if err := bmdbtest.Open(t, dsn).CheckSchema(context.Background()); err != nil {
+				if err := migrate.CheckSchema(context.Background(), bmdbtest.Open(t, dsn)); err != nil {
 					t.Errorf("after migrate force: %v", err)
 				}
 			}
@@ -153,7 +155,7 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 		t.Fatalf("no 'shepherd migrate force N' in the advice:\n%s", out)
 	}
 	shepherd(exitOK, force...)
-	if out := shepherd(exitOK, "migrate", "version"); !strings.Contains(out, fmt.Sprintf("schema version %d (clean)", bmdb.BaselineVersion)) {
+	if out := shepherd(exitOK, "migrate", "version"); !strings.Contains(out, fmt.Sprintf("schema version %d (clean)", migrate.BaselineVersion)) {
 		t.Fatalf("after %v: %s", force, out)
 	}
 	// The cause fixed, the down that failed now runs, and up restores all.
@@ -162,7 +164,7 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 	}
 	shepherd(exitOK, "migrate", "down", "-yes")
 	shepherd(exitOK, "migrate", "up")
-	if err := bmdbtest.Open(t, dsn).CheckSchema(ctx); err != nil {
+	if err := migrate.CheckSchema(ctx, bmdbtest.Open(t, dsn)); err != nil {
 		t.Errorf("after recovery: %v", err)
 	}
 }

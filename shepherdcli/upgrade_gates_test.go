@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -164,7 +166,7 @@ func atPreviousSchema(t *testing.T, dsn string) {
 	if code, out := runBinary(t, shepherdBinary, "migrate", "up", "-bmdb_dsn="+dsn); code != 0 {
 		t.Fatalf("migrate up: exit %d, %q", code, out)
 	}
-	decls, err := bmdb.Declarations()
+	decls, err := migrate.Declarations()
 	if err != nil {
 		t.Fatal(err)
 	}

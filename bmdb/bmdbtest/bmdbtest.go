@@ -32,10 +32,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
-	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
@@ -60,13 +61,13 @@ func NewDatabase(t testing.TB, exts ...*bmdb.Extension) string {
 	if len(exts) == 0 {
 		return dsn
 	}
-	machinery := make([]*shepherdbmdb.Extension, len(exts))
+	machinery := make([]*migrate.Extension, len(exts))
 	for i, e := range exts {
-		machinery[i] = shepherdbmdb.ExtensionOf(e)
+		machinery[i] = migrate.ExtensionOf(e)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := shepherdbmdb.MigrateUp(ctx, dsn, machinery...); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, machinery...); err != nil {
 		t.Fatalf("bmdbtest: migrating the extensions: %v", err)
 	}
 	return dsn

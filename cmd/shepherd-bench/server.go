@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	bmdbmigrate "github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -18,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 )
@@ -148,7 +148,7 @@ func (s *server) newDatabase(ctx context.Context, purpose string, migrate bool) 
 			if err != nil {
 				return "", "", err
 			}
-			if err := bmdb.MigrateUp(ctx, tdsn); err != nil {
+			if err := bmdbmigrate.MigrateUp(ctx, tdsn); err != nil {
 				return "", "", err
 			}
 			s.template = t

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -35,7 +37,7 @@ func TestClaimWithUnansweredCommitLeavesNoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	dsn := c.DSN("bmdb")
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
 		t.Fatal(err)
 	}
 	admin, err := pgxpool.New(ctx, dsn)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -90,17 +92,17 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 
 	// That replica's session is of this release; one that records no
 	// schema version is an older binary's, and is named.
-	sessions, total, err := e.db.OlderSessions(ctx)
+	sessions, total, err := migrate.OlderSessions(ctx, e.db)
 	if err != nil || total != 0 {
 		t.Errorf("OlderSessions with only this release's: %v, %d, %v", sessions, total, err)
 	}
 	old := e.session(bmdb.SessionConfig{Component: "shepherd-recovery", RuntimeInfo: "host=old\x1b[31m pid=1"})
 	e.exec(`INSERT INTO process_registrants (process, session_id, fingerprint, condition_args) VALUES ($1, $2, 'x', '{}')`, recovery.Name, old.ID())
-	sessions, total, err = e.db.OlderSessions(ctx)
+	sessions, total, err = migrate.OlderSessions(ctx, e.db)
 	if err != nil || total != 1 || len(sessions) != 1 {
 		t.Fatalf("OlderSessions: %v, %d, %v; want the older binary's", sessions, total, err)
 	}
-	w := bmdb.OlderSessionsWarning(sessions, total)
+	w := migrate.OlderSessionsWarning(sessions, total)
 	if !strings.Contains(w, "shepherd-recovery (host=old") || strings.Contains(w, "\x1b") || !strings.Contains(w, "schema not recorded") {
 		t.Errorf("warning %q: want the session named, without control characters", w)
 	}

@@ -76,19 +76,7 @@ func (e *env) session(cfg bmdb.SessionConfig) *bmdb.Session {
 
 func startSession(t testing.TB, db *bmdb.DB, cfg bmdb.SessionConfig) *bmdb.Session {
 	t.Helper()
-	if cfg.Component == "" {
-		cfg.Component = "test"
-	}
-	s, err := db.StartSession(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("StartSession: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(context.Background()); err != nil {
-			t.Errorf("closing session: %v", err)
-		}
-	})
-	return s
+	return bmdbtest.StartSession(t, db, cfg)
 }
 
 // addMachines creates n provided machines.

@@ -50,21 +50,9 @@ func (db publicDB) Transact(ctx context.Context, fn func(ctx context.Context, tx
 	return db.DB.Transact(ctx, func(ctx context.Context, tx *Tx) error { return fn(ctx, tx) })
 }
 
-// ExtensionOf is e as the machinery's Extension, which migrates it.
-func ExtensionOf(e *bmdbapi.Extension) *Extension { return &Extension{Name: e.Name, FS: e.FS} }
-
 // Machinery returns the DB behind db, which Public made: what the runner
 // claims with. ok is false for a DB Shepherd did not open.
 func Machinery(db bmdbapi.DB) (machinery *DB, ok bool) {
 	p, ok := db.(publicDB)
 	return p.DB, ok
-}
-
-// ExtensionsOf is ExtensionOf of each of exts.
-func ExtensionsOf(exts []*bmdbapi.Extension) []*Extension {
-	out := make([]*Extension, len(exts))
-	for i, e := range exts {
-		out[i] = ExtensionOf(e)
-	}
-	return out
 }

@@ -449,9 +449,6 @@ FROM fresh f`
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )
 
-// qSchemaVersion reads golang-migrate's bookkeeping table.
-const qSchemaVersion = `SELECT version, dirty FROM schema_migrations LIMIT 1`
-
 // statsTemplate reads a process's eligible count (eligibleFilter),
 // active backoffs and leases in one statement.
 const statsTemplate = `

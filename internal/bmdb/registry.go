@@ -265,7 +265,7 @@ func (s *Session) RecordCandidates(ctx context.Context, process Process, candida
 	}
 	err := s.db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
 		_, err := tx.tx.Exec(ctx, qRegistrantUpsert, process.Name, s.id, fingerprint(candidates, process), argsJSON(candidates),
-			int32(core.Latest()), n, window)
+			int32(LatestVersion()), n, window)
 		return err
 	})
 	if err != nil {

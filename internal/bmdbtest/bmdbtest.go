@@ -43,12 +43,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"go.uber.org/goleak"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/pgcluster"
 )
 
@@ -241,7 +242,7 @@ func setup(ctx context.Context) (teardown func() error, err error) {
 			return dropDatabase(ctx, template)
 		})
 	}
-	if err := bmdb.MigrateUp(ctx, dsnFor(template)); err != nil {
+	if err := migrate.MigrateUp(ctx, dsnFor(template)); err != nil {
 		return teardown, fmt.Errorf("migrating the template database: %w", err)
 	}
 	if err := adminExec(ctx, "ALTER DATABASE "+pgx.Identifier{template}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {

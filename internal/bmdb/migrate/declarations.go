@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -281,10 +283,10 @@ func withDeclarations(ctx context.Context, dsn string, fn func(conn *pgx.Conn) e
 // the version before it. Its error (wrapping ErrSchema) names the release
 // to run instead: the one of the newest version that is not compatible,
 // since a binary that knows that version runs on the ones after it.
-func checkNewer(ctx context.Context, q queryer, e *Extension, version uint) error {
+func checkNewer(ctx context.Context, q bmdb.Queryer, e *Extension, version uint) error {
 	latest := e.Latest()
 	recorded := map[uint]Declaration{}
-	rows, err := queryRows(ctx, q, pgx.RowToStructByPos[recordedDeclaration], qNewerDeclarations, e.schemaName(), int64(latest), int64(version))
+	rows, err := bmdb.QueryRows(ctx, q, pgx.RowToStructByPos[recordedDeclaration], qNewerDeclarations, e.schemaName(), int64(latest), int64(version))
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01":

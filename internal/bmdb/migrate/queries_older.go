@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 // The SQL of finding the sessions of older binaries (older.go).
 

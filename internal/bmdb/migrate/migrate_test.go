@@ -1,4 +1,4 @@
-package bmdb_test
+package migrate_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -33,7 +35,7 @@ func (e *env) tableCount() int {
 
 func expectVersion(t *testing.T, dsn string, want uint) {
 	t.Helper()
-	v, dirty, err := bmdb.SchemaVersion(context.Background(), dsn)
+	v, dirty, err := migrate.SchemaVersion(context.Background(), dsn)
 	if err != nil || v != want || dirty {
 		t.Fatalf("SchemaVersion = %d, dirty %v, %v; want %d, clean", v, dirty, err, want)
 	}
@@ -43,11 +45,11 @@ func expectVersion(t *testing.T, dsn string, want uint) {
 // that it is then at the latest version with the schema CheckSchema wants.
 func migrateUpAndCheck(t *testing.T, e *env, what string) {
 	t.Helper()
-	if err := bmdb.MigrateUp(t.Context(), e.dsn); err != nil {
+	if err := migrate.MigrateUp(t.Context(), e.dsn); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 	expectVersion(t, e.dsn, bmdb.LatestVersion())
-	if err := e.db.CheckSchema(t.Context()); err != nil {
+	if err := migrate.CheckSchema(t.Context(), e.db); err != nil {
 		t.Errorf("CheckSchema after %s: %v", what, err)
 	}
 }
@@ -64,12 +66,12 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Fatalf("LatestVersion = %d: no embedded migrations", latest)
 	}
 
-	if err := e.db.CheckSchema(ctx); !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "migrate up") {
+	if err := migrate.CheckSchema(ctx, e.db); !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "migrate up") {
 		t.Errorf("CheckSchema on an empty database: %v, want ErrSchema telling to migrate up", err)
 	}
 	expectVersion(t, dsn, 0)
 	// Reading the version created golang-migrate's table: still no schema.
-	if err := e.db.CheckSchema(ctx); !errors.Is(err, bmdb.ErrSchema) {
+	if err := migrate.CheckSchema(ctx, e.db); !errors.Is(err, migrate.ErrSchema) {
 		t.Errorf("CheckSchema on an unmigrated database: %v, want ErrSchema", err)
 	}
 
@@ -77,13 +79,13 @@ func TestMigrateUpDownUp(t *testing.T) {
 	if n := e.tableCount(); n != len(bmdbTables) {
 		t.Errorf("%d of the %d BMDB tables after MigrateUp", n, len(bmdbTables))
 	}
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
 		t.Fatalf("MigrateUp on an up-to-date database: %v", err)
 	}
 	// Data, so that down has something to drop.
 	s := e.session(bmdb.SessionConfig{})
 	e.addMachines(2)
-	w := claim(t, s, agentStart)
+	w := e.claim(s, agentStart)
 	if err := w.Fail(ctx, bmdb.Backoff{}, "x"); err != nil {
 		t.Fatal(err)
 	}
@@ -91,14 +93,14 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := bmdb.MigrateDown(ctx, dsn); err != nil {
+	if err := migrate.MigrateDown(ctx, dsn); err != nil {
 		t.Fatalf("MigrateDown: %v", err)
 	}
 	expectVersion(t, dsn, 0)
 	if n := e.tableCount(); n != 0 {
 		t.Errorf("%d BMDB tables left after MigrateDown", n)
 	}
-	if err := e.db.CheckSchema(ctx); !errors.Is(err, bmdb.ErrSchema) {
+	if err := migrate.CheckSchema(ctx, e.db); !errors.Is(err, migrate.ErrSchema) {
 		t.Errorf("CheckSchema after MigrateDown: %v, want ErrSchema", err)
 	}
 
@@ -112,7 +114,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Errorf("claim after MigrateDown and up: %v, want ErrNotRegistered", err)
 	}
-	w = claim(t, s, agentStart)
+	w = e.claim(s, agentStart)
 	if w.Machine != m {
 		t.Errorf("leased %s, want the only machine %s", w.Machine, m)
 	}
@@ -142,28 +144,28 @@ func TestCheckSchemaRefuses(t *testing.T) {
 			ctx := t.Context()
 			dsn := bmdbtest.NewDatabase(t)
 			e := openEnv(t, dsn, bmdb.Options{})
-			if err := e.db.CheckSchema(ctx); err != nil {
+			if err := migrate.CheckSchema(ctx, e.db); err != nil {
 				t.Fatalf("CheckSchema on a migrated database: %v", err)
 			}
 			if _, err := e.raw.Exec(ctx, `UPDATE schema_migrations SET version = $1, dirty = $2`, tc.version, tc.dirty); err != nil {
 				t.Fatal(err)
 			}
-			err := e.db.CheckSchema(ctx)
-			if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), tc.advice) {
+			err := migrate.CheckSchema(ctx, e.db)
+			if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), tc.advice) {
 				t.Fatalf("CheckSchema: %v, want ErrSchema mentioning %q", err, tc.advice)
 			}
 			t.Logf("CheckSchema: %v", err)
-			v, dirty, err := bmdb.SchemaVersion(ctx, dsn)
+			v, dirty, err := migrate.SchemaVersion(ctx, dsn)
 			if err != nil || int64(v) != tc.version || dirty != tc.dirty {
 				t.Errorf("SchemaVersion = %d, dirty %v, %v; want %d, %v", v, dirty, err, tc.version, tc.dirty)
 			}
 			if !tc.dirty {
 				return
 			}
-			if err := bmdb.MigrateForce(ctx, dsn, uint(latest)); err != nil {
+			if err := migrate.MigrateForce(ctx, dsn, uint(latest)); err != nil {
 				t.Fatalf("MigrateForce: %v", err)
 			}
-			if err := e.db.CheckSchema(ctx); err != nil {
+			if err := migrate.CheckSchema(ctx, e.db); err != nil {
 				t.Errorf("CheckSchema after MigrateForce: %v", err)
 			}
 		})
@@ -176,15 +178,15 @@ func TestCheckSchemaRefuses(t *testing.T) {
 // read that declaration.
 func TestMigrationDeclarations(t *testing.T) {
 	t.Parallel()
-	decls, err := bmdb.Declarations()
+	decls, err := migrate.Declarations()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(decls) == 0 || decls[len(decls)-1].Version != bmdb.LatestVersion() {
 		t.Fatalf("declarations %v, want one per migration up to %d", decls, bmdb.LatestVersion())
 	}
-	if d := decls[0]; d.Version != bmdb.BaselineVersion || !d.CompatibleWithPrevious {
-		t.Errorf("first migration %+v, want the baseline, version %d, declared compatible-with-previous", d, bmdb.BaselineVersion)
+	if d := decls[0]; d.Version != migrate.BaselineVersion || !d.CompatibleWithPrevious {
+		t.Errorf("first migration %+v, want the baseline, version %d, declared compatible-with-previous", d, migrate.BaselineVersion)
 	}
 	gates := 0
 	for _, d := range decls {
@@ -192,7 +194,7 @@ func TestMigrationDeclarations(t *testing.T) {
 			continue
 		}
 		gates++
-		if d.Gate != bmdb.GateEnforcedInDatabase || d.RefuseBefore != 18 || d.RefuseWhy == "" {
+		if d.Gate != migrate.GateEnforcedInDatabase || d.RefuseBefore != 18 || d.RefuseWhy == "" {
 			t.Errorf("migration %d declares %+v, want its gates enforced in the database and binaries before 18 refused", d.Version, d)
 		}
 	}
@@ -202,12 +204,12 @@ func TestMigrationDeclarations(t *testing.T) {
 
 	for _, c := range []struct {
 		text string
-		want bmdb.Declaration
+		want migrate.Declaration
 		err  string
 	}{
-		{text: "CREATE TABLE t (x int);", want: bmdb.Declaration{}},
+		{text: "CREATE TABLE t (x int);", want: migrate.Declaration{}},
 		{text: "-- shepherd: compatible-with-previous\n-- shepherd: release v1.4\nCREATE TABLE t (x int);",
-			want: bmdb.Declaration{CompatibleWithPrevious: true, Release: "v1.4"}},
+			want: migrate.Declaration{CompatibleWithPrevious: true, Release: "v1.4"}},
 		{text: "  --  shepherd: release v2 \n", err: ""}, // not the prefix: an ordinary comment
 		{text: "-- shepherd: compatible\n", err: `line 1: "-- shepherd: compatible" is not a declaration`},
 		{text: "-- shepherd: compatible-with-previous yes\n", err: "is not a declaration"},
@@ -217,16 +219,16 @@ func TestMigrationDeclarations(t *testing.T) {
 		{text: "-- shepherd: release v1; DROP TABLE machines\n", err: "release NAME"},
 		{text: "-- shepherd: release v1\n-- shepherd: release v2\n", err: "line 2: release declared twice"},
 		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate enforced-in-database\n",
-			want: bmdb.Declaration{CompatibleWithPrevious: true, Gate: bmdb.GateEnforcedInDatabase}},
+			want: migrate.Declaration{CompatibleWithPrevious: true, Gate: migrate.GateEnforcedInDatabase}},
 		{text: "-- shepherd: gate enforced-in-database\n", err: "without compatible-with-previous"},
 		{text: "-- shepherd: compatible-with-previous\n-- shepherd: gate by-luck\n", err: "is not a declaration"},
-		{text: "-- shepherd: incompatible: drops machines.note\n", want: bmdb.Declaration{Incompatible: "drops machines.note"}},
+		{text: "-- shepherd: incompatible: drops machines.note\n", want: migrate.Declaration{Incompatible: "drops machines.note"}},
 		{text: "-- shepherd: incompatible:\n", err: "says why"},
 		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible: x\n", err: "both"},
 		{text: "-- shepherd: compatible-with-previous\n-- shepherd: incompatible-before 1: no\n", err: "at least 2"},
 		{text: "-- shepherd: incompatible-before 18 no colon\n", err: "a version, a colon and why"},
 	} {
-		ext := &bmdb.Extension{Name: "decl", FS: fstest.MapFS{"0001_x.up.sql": {Data: []byte(c.text)}}}
+		ext := &migrate.Extension{Name: "decl", FS: fstest.MapFS{"0001_x.up.sql": {Data: []byte(c.text)}}}
 		decls, err := ext.Declarations()
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "0001_x.up.sql") {
@@ -258,7 +260,7 @@ func TestCheckSchemaNewerDeclared(t *testing.T) {
 	if err := e.raw.QueryRow(ctx, `SELECT count(*) FROM migration_declarations WHERE schema_name = ''`).Scan(&recorded); err != nil {
 		t.Fatal(err)
 	}
-	decls, err := bmdb.Declarations()
+	decls, err := migrate.Declarations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,39 +285,39 @@ func TestCheckSchemaNewerDeclared(t *testing.T) {
 
 	setVersion(latest + 2)
 	declare(latest+1, true, "next")
-	err = e.db.CheckSchema(ctx)
-	if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("migration %d declares nothing", latest+2)) {
+	err = migrate.CheckSchema(ctx, e.db)
+	if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("migration %d declares nothing", latest+2)) {
 		t.Fatalf("CheckSchema with version %d not declared: %v", latest+2, err)
 	}
 	declare(latest+2, true, "")
-	if err := e.db.CheckSchema(ctx); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db); err != nil {
 		t.Fatalf("CheckSchema with two newer compatible versions: %v", err)
 	}
-	if err := bmdb.CheckNewerSchema(ctx, dsn, nil); err != nil {
+	if err := migrate.CheckNewerSchema(ctx, dsn, nil); err != nil {
 		t.Errorf("CheckNewerSchema: %v", err)
 	}
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
 		t.Errorf("MigrateUp on a newer, compatible schema: %v, want nothing to do", err)
 	}
 	expectVersionDirty(t, dsn, uint(latest+2), false)
 
 	declare(latest+1, false, "v9.1")
 	for _, check := range []func() error{
-		func() error { return e.db.CheckSchema(ctx) },
-		func() error { return bmdb.CheckNewerSchema(ctx, dsn, nil) },
-		func() error { return bmdb.MigrateUp(ctx, dsn) },
+		func() error { return migrate.CheckSchema(ctx, e.db) },
+		func() error { return migrate.CheckNewerSchema(ctx, dsn, nil) },
+		func() error { return migrate.MigrateUp(ctx, dsn) },
 	} {
 		err := check()
-		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "is newer than this binary knows") ||
+		if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "is newer than this binary knows") ||
 			!strings.Contains(err.Error(), fmt.Sprintf("migration %d is not compatible", latest+1)) ||
 			!strings.Contains(err.Error(), fmt.Sprintf("run release v9.1 or later (it knows version %d)", latest+1)) {
 			t.Errorf("with version %d a contract step of release v9.1: %v", latest+1, err)
 		}
 	}
-	t.Logf("CheckSchema: %v", e.db.CheckSchema(ctx))
+	t.Logf("CheckSchema: %v", migrate.CheckSchema(ctx, e.db))
 	// The newest incompatible version names the release.
 	declare(latest+2, false, "")
-	if err := e.db.CheckSchema(ctx); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("run a shepherd release that knows version %d", latest+2)) {
+	if err := migrate.CheckSchema(ctx, e.db); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("run a shepherd release that knows version %d", latest+2)) {
 		t.Errorf("with two contract steps: %v, want the newer one's release", err)
 	}
 	expectVersionDirty(t, dsn, uint(latest+2), false)
@@ -323,7 +325,7 @@ func TestCheckSchemaNewerDeclared(t *testing.T) {
 
 func expectVersionDirty(t *testing.T, dsn string, want uint, wantDirty bool) {
 	t.Helper()
-	v, dirty, err := bmdb.SchemaVersion(context.Background(), dsn)
+	v, dirty, err := migrate.SchemaVersion(context.Background(), dsn)
 	if err != nil || v != want || dirty != wantDirty {
 		t.Fatalf("SchemaVersion = %d, dirty %v, %v; want %d, dirty %v", v, dirty, err, want, wantDirty)
 	}
@@ -362,19 +364,19 @@ func TestExtensionRollingUpgrade(t *testing.T) {
 	v3 := release(v2, 3, "fw-3", false,
 		`ALTER TABLE machine_rollout_test DROP COLUMN version;`,
 		`ALTER TABLE machine_rollout_test ADD COLUMN version text NOT NULL DEFAULT '';`)
-	ext := func(fsys fstest.MapFS) *bmdb.Extension { return &bmdb.Extension{Name: "rollout_test", FS: fsys} }
+	ext := func(fsys fstest.MapFS) *migrate.Extension { return &migrate.Extension{Name: "rollout_test", FS: fsys} }
 	old, next, contract := ext(files), ext(v2), ext(v3)
 
-	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, old); err != nil {
 		t.Fatal(err)
 	}
-	if err := bmdb.MigrateUp(ctx, dsn, next); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, next); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.CheckSchema(ctx, old); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db, old); err != nil {
 		t.Fatalf("the old binary on an expanded schema: %v", err)
 	}
-	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, old); err != nil {
 		t.Fatalf("the old binary's MigrateUp on an expanded schema: %v, want nothing to do", err)
 	}
 	// The old binary's writes still work on the expanded table.
@@ -383,33 +385,33 @@ func TestExtensionRollingUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := bmdb.MigrateUp(ctx, dsn, contract); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, contract); err != nil {
 		t.Fatal(err)
 	}
 	for _, check := range []func() error{
-		func() error { return e.db.CheckSchema(ctx, old) },
-		func() error { return bmdb.MigrateUp(ctx, dsn, old) },
-		func() error { return bmdb.CheckNewerSchema(ctx, dsn, old) },
+		func() error { return migrate.CheckSchema(ctx, e.db, old) },
+		func() error { return migrate.MigrateUp(ctx, dsn, old) },
+		func() error { return migrate.CheckNewerSchema(ctx, dsn, old) },
 	} {
 		err := check()
-		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "extension rollout_test schema version 3 is newer than this binary knows (1)") ||
+		if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "extension rollout_test schema version 3 is newer than this binary knows (1)") ||
 			!strings.Contains(err.Error(), "run release fw-3 or later") {
 			t.Errorf("the old binary on a contracted schema: %v, want a refusal naming release fw-3", err)
 		}
 	}
-	if err := e.db.CheckSchema(ctx, next); err == nil || !strings.Contains(err.Error(), "run release fw-3") {
+	if err := migrate.CheckSchema(ctx, e.db, next); err == nil || !strings.Contains(err.Error(), "run release fw-3") {
 		t.Errorf("the release before the contract step on it: %v, want a refusal naming fw-3", err)
 	}
-	if err := e.db.CheckSchema(ctx, contract); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db, contract); err != nil {
 		t.Errorf("the release of the contract step: %v", err)
 	}
 
 	// Another extension keeps Shepherd's tables (and the declarations')
 	// from being dropped: the reverted extension's rows go all the same.
-	if err := bmdb.MigrateUp(ctx, dsn, testExtension()); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, testExtension()); err != nil {
 		t.Fatal(err)
 	}
-	if err := bmdb.MigrateDown(ctx, dsn, contract); err == nil || !strings.Contains(err.Error(), "extension firmware_test is still migrated") {
+	if err := migrate.MigrateDown(ctx, dsn, contract); err == nil || !strings.Contains(err.Error(), "extension firmware_test is still migrated") {
 		t.Fatalf("MigrateDown with another extension migrated: %v, want a refusal naming it", err)
 	}
 	var left int
@@ -419,10 +421,10 @@ func TestExtensionRollingUpgrade(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d declarations of the reverted extension left, want 0", left)
 	}
-	if err := bmdb.MigrateUp(ctx, dsn, old); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, old); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.CheckSchema(ctx, old); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db, old); err != nil {
 		t.Errorf("after down and up again: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 // The SQL of taking over a database that migrations 1 to 29 built as the
 // baseline schema (adoptBaseline, baseline.go).
@@ -52,3 +52,6 @@ FROM (
 	// qBaselineRecord records the baseline's version ($1), clean.
 	qBaselineRecord = `UPDATE schema_migrations SET version = $1, dirty = false`
 )
+
+// qSchemaVersion reads golang-migrate's bookkeeping table.
+const qSchemaVersion = `SELECT version, dirty FROM schema_migrations LIMIT 1`

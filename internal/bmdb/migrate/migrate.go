@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -82,7 +84,7 @@ func (e *Extension) Validate() error {
 func (e *Extension) Table() string { return "schema_migrations_" + e.Name }
 
 // Latest is the newest version of the extension's migrations.
-func (e *Extension) Latest() uint { return latestIn(e.FS) }
+func (e *Extension) Latest() uint { return bmdb.LatestIn(e.FS) }
 
 // core is Shepherd's own schema, as an extension without a name.
 var core = &Extension{FS: migrations.FS, own: true}
@@ -99,24 +101,6 @@ func (e *Extension) label() string {
 		return "BMDB"
 	}
 	return "extension " + e.Name
-}
-
-// LatestVersion is the newest schema version this binary knows.
-func LatestVersion() uint { return core.Latest() }
-
-func latestIn(fsys fs.FS) uint {
-	var latest uint
-	entries, _ := fs.ReadDir(fsys, ".")
-	for _, e := range entries {
-		prefix, _, ok := strings.Cut(e.Name(), "_")
-		if !ok || !strings.HasSuffix(e.Name(), ".up.sql") {
-			continue
-		}
-		if v, err := strconv.ParseUint(prefix, 10, 32); err == nil && uint(v) > latest {
-			latest = uint(v)
-		}
-	}
-	return latest
 }
 
 // migrator opens golang-migrate on ext's migrations. The caller closes it.
@@ -145,7 +129,7 @@ func migrator(ctx context.Context, dsn string, ext *Extension) (*migrate.Migrate
 		if ctx.Err() != nil {
 			return nil, "", fmt.Errorf("interrupted while waiting for the migration lock of %s: %w", ext.label(), ctx.Err())
 		}
-		return nil, "", fmt.Errorf("connecting to BMDB at %s for migration: %w", redactedTarget(cfg), err)
+		return nil, "", fmt.Errorf("connecting to BMDB at %s for migration: %w", bmdb.RedactedTarget(cfg), err)
 	}
 	source, err := iofs.New(ext.FS, ".")
 	if err != nil {
@@ -337,7 +321,7 @@ func refuseForeignExtensions(ctx context.Context, dsn string) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tables, err := queryRows(ctx, conn, pgx.RowTo[string], qExtensionTables)
+	tables, err := bmdb.QueryRows(ctx, conn, pgx.RowTo[string], qExtensionTables)
 	if err != nil {
 		return fmt.Errorf("listing extension migrations: %w", err)
 	}
@@ -364,7 +348,7 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to BMDB at %s: %w", redactedTarget(cfg), err)
+		return nil, fmt.Errorf("connecting to BMDB at %s: %w", bmdb.RedactedTarget(cfg), err)
 	}
 	return conn, nil
 }
@@ -378,8 +362,8 @@ func MigrateForce(ctx context.Context, dsn string, version uint) error {
 		return err
 	}
 	defer closeMigrator(m)
-	if version > LatestVersion() {
-		return fmt.Errorf("cannot force version %d: this binary knows versions up to %d", version, LatestVersion())
+	if version > core.Latest() {
+		return fmt.Errorf("cannot force version %d: this binary knows versions up to %d", version, core.Latest())
 	}
 	v := int(version)
 	if version == 0 {
@@ -460,9 +444,9 @@ func schemaVersion(ctx context.Context, dsn string, e *Extension) (version uint,
 // It is checked at start only: a schema moved ahead while the binary runs
 // is one its operator declared it may run on, or one whose release notes
 // say to stop the binaries before it first (docs/upgrading.md).
-func (db *DB) CheckSchema(ctx context.Context, exts ...*Extension) error {
+func CheckSchema(ctx context.Context, db *bmdb.DB, exts ...*Extension) error {
 	for _, e := range append([]*Extension{core}, exts...) {
-		if err := db.checkSchema(ctx, e); err != nil {
+		if err := checkSchema(ctx, db, e); err != nil {
 			return err
 		}
 	}
@@ -515,7 +499,7 @@ func DirtyAdvice(version uint, extension string) string {
 		version, ext, before, ext, version+1)
 }
 
-func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
+func checkSchema(ctx context.Context, db *bmdb.DB, e *Extension) error {
 	var version int64
 	var dirty bool
 	q := qSchemaVersion
@@ -525,7 +509,7 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 		}
 		q = "SELECT version, dirty FROM " + pgx.Identifier{e.Table()}.Sanitize() + " LIMIT 1"
 	}
-	err := db.pool.QueryRow(ctx, q).Scan(&version, &dirty)
+	err := db.Pool().QueryRow(ctx, q).Scan(&version, &dirty)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01", errors.Is(err, pgx.ErrNoRows), errors.Is(err, sql.ErrNoRows):
@@ -549,7 +533,7 @@ func (db *DB) checkSchema(ctx context.Context, e *Extension) error {
 		}
 		return fmt.Errorf("%w: %s version %d is dirty: %s", ErrSchema, name, max(version, 0), DirtyAdvice(uint(max(version, 0)), extName))
 	case uint(version) > latest:
-		return checkNewer(ctx, db.pool, e, uint(version))
+		return checkNewer(ctx, db.Pool(), e, uint(version))
 	case e.replacedByBaseline(uint(version)) && uint(version) != PreBaselineVersion:
 		return errPreBaseline(uint(version))
 	case uint(version) < latest:

@@ -1,4 +1,4 @@
-package bmdb_test
+package migrate_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
+
 	"github.com/golang-migrate/migrate/v4/database"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -17,8 +19,8 @@ import (
 
 // testExtension is a process's schema: a tag table with a foreign key to
 // machines, in two migrations.
-func testExtension() *bmdb.Extension {
-	return &bmdb.Extension{Name: "firmware_test", FS: fstest.MapFS{
+func testExtension() *migrate.Extension {
+	return &migrate.Extension{Name: "firmware_test", FS: fstest.MapFS{
 		"0001_firmware.up.sql": {Data: []byte(`CREATE TABLE machine_firmware_test (
 	machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
 	version text NOT NULL);`)},
@@ -48,25 +50,25 @@ func TestExtensionUpDown(t *testing.T) {
 	e := openEnv(t, dsn, bmdb.Options{})
 	ext := testExtension()
 
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
 		t.Fatalf("MigrateUp: %v", err)
 	}
-	if err := e.db.CheckSchema(ctx); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db); err != nil {
 		t.Fatalf("CheckSchema of the core: %v", err)
 	}
-	err := e.db.CheckSchema(ctx, ext)
-	if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "extension firmware_test") {
+	err := migrate.CheckSchema(ctx, e.db, ext)
+	if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "extension firmware_test") {
 		t.Fatalf("CheckSchema with the extension not migrated: %v, want ErrSchema naming it", err)
 	}
 
-	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, ext); err != nil {
 		t.Fatalf("MigrateUp with the extension: %v", err)
 	}
-	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 2 || dirty || err != nil {
+	if v, dirty, err := migrate.ExtensionVersion(ctx, dsn, ext); v != 2 || dirty || err != nil {
 		t.Fatalf("ExtensionVersion = %d, %v, %v; want 2, clean", v, dirty, err)
 	}
 	expectVersion(t, dsn, bmdb.LatestVersion())
-	if err := e.db.CheckSchema(ctx, ext); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db, ext); err != nil {
 		t.Fatalf("CheckSchema after MigrateUp: %v", err)
 	}
 	// The foreign key holds a machine's tag.
@@ -76,7 +78,7 @@ func TestExtensionUpDown(t *testing.T) {
 	}
 
 	// A binary without the extension must not drop machines under it.
-	err = bmdb.MigrateDown(ctx, dsn)
+	err = migrate.MigrateDown(ctx, dsn)
 	if err == nil || !strings.Contains(err.Error(), "extension firmware_test is still migrated") {
 		t.Fatalf("MigrateDown without the extension: %v, want a refusal naming it", err)
 	}
@@ -85,17 +87,17 @@ func TestExtensionUpDown(t *testing.T) {
 		t.Fatalf("the refused MigrateDown dropped tables")
 	}
 
-	if err := bmdb.MigrateDown(ctx, dsn, ext); err != nil {
+	if err := migrate.MigrateDown(ctx, dsn, ext); err != nil {
 		t.Fatalf("MigrateDown with the extension: %v", err)
 	}
 	expectVersion(t, dsn, 0)
-	if v, _, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 0 || err != nil {
+	if v, _, err := migrate.ExtensionVersion(ctx, dsn, ext); v != 0 || err != nil {
 		t.Fatalf("ExtensionVersion after down = %d, %v; want 0", v, err)
 	}
 	if e.tableExists("machines") || e.tableExists("machine_firmware_test") {
 		t.Fatalf("tables left after MigrateDown")
 	}
-	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, ext); err != nil {
 		t.Fatalf("MigrateUp again: %v", err)
 	}
 }
@@ -106,15 +108,15 @@ func TestExtensionInvalid(t *testing.T) {
 	ctx := t.Context()
 	dsn := bmdbtest.NewEmptyDatabase(t)
 	for _, c := range []struct {
-		ext  *bmdb.Extension
+		ext  *migrate.Extension
 		want string
 	}{
-		{&bmdb.Extension{Name: "Firmware", FS: testExtension().FS}, `invalid extension name "Firmware"`},
-		{&bmdb.Extension{Name: "x; DROP TABLE machines", FS: testExtension().FS}, "invalid extension name"},
-		{&bmdb.Extension{Name: "nofs"}, "extension nofs: no migrations"},
-		{&bmdb.Extension{Name: "empty", FS: fstest.MapFS{"README": {}}}, "extension empty: no NNNN_name.up.sql migration"},
+		{&migrate.Extension{Name: "Firmware", FS: testExtension().FS}, `invalid extension name "Firmware"`},
+		{&migrate.Extension{Name: "x; DROP TABLE machines", FS: testExtension().FS}, "invalid extension name"},
+		{&migrate.Extension{Name: "nofs"}, "extension nofs: no migrations"},
+		{&migrate.Extension{Name: "empty", FS: fstest.MapFS{"README": {}}}, "extension empty: no NNNN_name.up.sql migration"},
 	} {
-		err := bmdb.MigrateUp(ctx, dsn, c.ext)
+		err := migrate.MigrateUp(ctx, dsn, c.ext)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("MigrateUp(%q): %v, want %q", c.ext.Name, err, c.want)
 		}
@@ -133,7 +135,7 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := bmdb.MigrateUp(cancelled, dsn, testExtension()); !errors.Is(err, context.Canceled) {
+	if err := migrate.MigrateUp(cancelled, dsn, testExtension()); !errors.Is(err, context.Canceled) {
 		t.Fatalf("MigrateUp with a cancelled context: %v, want context.Canceled", err)
 	}
 
@@ -147,24 +149,24 @@ func TestMigrationLockWaitBounded(t *testing.T) {
 		short = dsn + sep + "lock_timeout=500"
 	}
 	ext := testExtension()
-	err := bmdb.MigrateUp(ctx, short, ext)
+	err := migrate.MigrateUp(ctx, short, ext)
 	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
 		t.Fatalf("MigrateUp behind a lock: %v, want the server's lock timeout", err)
 	}
 	// golang-migrate records a failed migration as dirty, although its
 	// statements (one implicit transaction) were rolled back: the operator
 	// forces the version before it, then migrates up again.
-	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 1 || !dirty || err != nil {
+	if v, dirty, err := migrate.ExtensionVersion(ctx, dsn, ext); v != 1 || !dirty || err != nil {
 		t.Fatalf("ExtensionVersion after the timeout = %d, dirty %v, %v; want 1, dirty", v, dirty, err)
 	}
 	release()
-	if err := bmdb.ExtensionForce(ctx, dsn, ext, 0); err != nil {
+	if err := migrate.ExtensionForce(ctx, dsn, ext, 0); err != nil {
 		t.Fatalf("ExtensionForce: %v", err)
 	}
-	if err := bmdb.MigrateUp(ctx, dsn, ext); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn, ext); err != nil {
 		t.Fatalf("MigrateUp after force: %v", err)
 	}
-	if err := e.db.CheckSchema(ctx, ext); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db, ext); err != nil {
 		t.Fatalf("CheckSchema: %v", err)
 	}
 }
@@ -200,7 +202,7 @@ func TestMigrationLockWaitCancelled(t *testing.T) {
 
 	migrateCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- bmdb.MigrateUp(migrateCtx, dsn, ext) }()
+	go func() { done <- migrate.MigrateUp(migrateCtx, dsn, ext) }()
 	waiting := func() bool {
 		var n int
 		err := e.raw.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
@@ -226,7 +228,7 @@ func TestMigrationLockWaitCancelled(t *testing.T) {
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1::bigint)`, id); err != nil {
 		t.Fatal(err)
 	}
-	if v, dirty, err := bmdb.ExtensionVersion(ctx, dsn, ext); v != 0 || dirty || err != nil {
+	if v, dirty, err := migrate.ExtensionVersion(ctx, dsn, ext); v != 0 || dirty || err != nil {
 		t.Fatalf("ExtensionVersion = %d, dirty %v, %v; want 0, clean", v, dirty, err)
 	}
 }
@@ -240,11 +242,11 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 	e := openEnv(t, dsn, bmdb.Options{})
 	s := e.session(bmdb.SessionConfig{})
 	ms := e.addMachines(2)
-	w := claim(t, s, agentStart)
+	w := e.claim(s, agentStart)
 	if err := w.Reschedule(ctx, nil, time.Hour); err != nil {
 		t.Fatalf("Reschedule: %v", err)
 	}
-	w = claim(t, s, agentStart)
+	w = e.claim(s, agentStart)
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour}, "x"); err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +268,7 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 			t.Fatalf("history %v lacks %s", events, want)
 		}
 	}
-	if err := bmdb.MigrateDown(ctx, dsn); err != nil {
+	if err := migrate.MigrateDown(ctx, dsn); err != nil {
 		t.Fatalf("MigrateDown: %v", err)
 	}
 	expectVersion(t, dsn, 0)

@@ -1,10 +1,12 @@
-package bmdb
+package migrate
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,8 +46,8 @@ const maxOlderSessions = 10
 
 // OlderSessions lists up to ten live sessions of binaries of an older
 // schema than this one's, and how many there are in all.
-func (db *DB) OlderSessions(ctx context.Context) ([]OlderSession, int, error) {
-	return olderSessions(ctx, db.pool)
+func OlderSessions(ctx context.Context, db *bmdb.DB) ([]OlderSession, int, error) {
+	return olderSessions(ctx, db.Pool())
 }
 
 // OlderSessionsAt is OlderSessions on a database named by dsn, for
@@ -59,13 +61,13 @@ func OlderSessionsAt(ctx context.Context, dsn string) ([]OlderSession, int, erro
 	return olderSessions(ctx, conn)
 }
 
-func olderSessions(ctx context.Context, q queryer) ([]OlderSession, int, error) {
+func olderSessions(ctx context.Context, q bmdb.Queryer) ([]OlderSession, int, error) {
 	type row struct {
 		Component, RuntimeInfo string
 		Schema                 int32
 		Total                  int64
 	}
-	rows, err := queryRows(ctx, q, pgx.RowToStructByPos[row], qOlderSessions, int32(core.Latest()), maxOlderSessions)
+	rows, err := bmdb.QueryRows(ctx, q, pgx.RowToStructByPos[row], qOlderSessions, int32(core.Latest()), maxOlderSessions)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
 		// No schema_version column: the schema is older than this binary.

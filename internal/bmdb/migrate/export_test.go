@@ -1,8 +1,10 @@
-package bmdb
+package migrate
 
 import (
 	"context"
 	"os"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/golang-migrate/migrate/v4"
 )
@@ -24,6 +26,6 @@ func MigrateUpPreBaseline(ctx context.Context, dsn string) error {
 
 // CheckSchemaPreBaseline is CheckSchema of a binary built before the
 // baseline: whether such a binary starts on the database.
-func (db *DB) CheckSchemaPreBaseline(ctx context.Context) error {
-	return db.checkSchema(ctx, preBaseline())
+func CheckSchemaPreBaseline(ctx context.Context, db *bmdb.DB) error {
+	return checkSchema(ctx, db, preBaseline())
 }

@@ -1,4 +1,4 @@
-package bmdb_test
+package migrate_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -24,10 +26,10 @@ import (
 func preBaselineDatabase(t *testing.T) string {
 	t.Helper()
 	dsn := bmdbtest.NewEmptyDatabase(t)
-	if err := bmdb.MigrateUpPreBaseline(t.Context(), dsn); err != nil {
+	if err := migrate.MigrateUpPreBaseline(t.Context(), dsn); err != nil {
 		t.Fatalf("migrating up with the migrations before the baseline: %v", err)
 	}
-	expectVersion(t, dsn, bmdb.PreBaselineVersion)
+	expectVersion(t, dsn, migrate.PreBaselineVersion)
 	return dsn
 }
 
@@ -41,16 +43,16 @@ func fillFleet(t *testing.T, e *env) *bmdb.Lease {
 	ctx := t.Context()
 	machines := e.addMachines(8)
 	s := e.session(bmdb.SessionConfig{})
-	held := claim(t, s, agentStart)
-	failed := claim(t, s, agentStart)
+	held := e.claim(s, agentStart)
+	failed := e.claim(s, agentStart)
 	if err := failed.Fail(ctx, bmdb.Backoff{}, "unreachable"); err != nil {
 		t.Fatal(err)
 	}
-	finished := claim(t, s, agentStart)
+	finished := e.claim(s, agentStart)
 	if err := finished.Finish(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	closed := startSession(t, e.db, bmdb.SessionConfig{Component: "closed"})
+	closed := bmdbtest.StartSession(t, e.db, bmdb.SessionConfig{Component: "closed"})
 	if err := closed.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -161,11 +163,11 @@ func TestBaselineTakesOverPreBaselineDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
-		t.Fatalf("MigrateUp on a database at version %d: %v", bmdb.PreBaselineVersion, err)
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
+		t.Fatalf("MigrateUp on a database at version %d: %v", migrate.PreBaselineVersion, err)
 	}
 	expectVersion(t, dsn, bmdb.LatestVersion())
-	if err := e.db.CheckSchema(ctx); err != nil {
+	if err := migrate.CheckSchema(ctx, e.db); err != nil {
 		t.Fatalf("CheckSchema after the take-over: %v", err)
 	}
 	after := tableRows(t, e.raw, columns)
@@ -179,7 +181,7 @@ func TestBaselineTakesOverPreBaselineDatabase(t *testing.T) {
 	}
 	var kept, baseline int
 	if err := e.raw.QueryRow(ctx, `SELECT count(*) FILTER (WHERE version < $1), count(*) FILTER (WHERE version = $1 AND compatible_with_previous)
-		FROM migration_declarations WHERE schema_name = ''`, bmdb.BaselineVersion).Scan(&kept, &baseline); err != nil {
+		FROM migration_declarations WHERE schema_name = ''`, migrate.BaselineVersion).Scan(&kept, &baseline); err != nil {
 		t.Fatal(err)
 	}
 	if kept != declared || baseline != 1 {
@@ -193,10 +195,10 @@ func TestBaselineTakesOverPreBaselineDatabase(t *testing.T) {
 		t.Fatalf("finishing the lease held across the take-over: %v", err)
 	}
 	s := e.session(bmdb.SessionConfig{})
-	if w := claim(t, s, agentStart); w.Finish(ctx, nil) != nil {
+	if w := e.claim(s, agentStart); w.Finish(ctx, nil) != nil {
 		t.Errorf("no claim on the taken-over database")
 	}
-	if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+	if err := migrate.MigrateUp(ctx, dsn); err != nil {
 		t.Errorf("MigrateUp again: %v", err)
 	}
 }
@@ -208,7 +210,7 @@ func TestBaselineTakeOverRace(t *testing.T) {
 	dsn := preBaselineDatabase(t)
 	errs := make(chan error, 2)
 	for range 2 {
-		go func() { errs <- bmdb.MigrateUp(t.Context(), dsn) }()
+		go func() { errs <- migrate.MigrateUp(t.Context(), dsn) }()
 	}
 	for range 2 {
 		if err := <-errs; err != nil {
@@ -281,7 +283,7 @@ func TestBaselineSchema(t *testing.T) {
 	if got := slices.DeleteFunc(slices.Clone(oldFuncs), func(f string) bool { return slices.Contains(freshFuncs, f) }); !slices.Equal(got, replaced) {
 		t.Errorf("functions of migrations 1 to 29 that the baseline lacks: %v, want %v", got, replaced)
 	}
-	if err := bmdb.MigrateUp(t.Context(), old); err != nil {
+	if err := migrate.MigrateUp(t.Context(), old); err != nil {
 		t.Fatal(err)
 	}
 	want, got := pgDump(t, old), pgDump(t, fresh)
@@ -316,23 +318,23 @@ func TestBaselineOlderBinaries(t *testing.T) {
 	ctx := t.Context()
 	dsn := bmdbtest.NewDatabase(t)
 	e := openEnv(t, dsn, bmdb.Options{})
-	if err := e.db.CheckSchemaPreBaseline(ctx); err != nil {
+	if err := migrate.CheckSchemaPreBaseline(ctx, e.db); err != nil {
 		t.Errorf("a binary before the baseline on a baseline database: %v, want it to run", err)
 	}
-	if err := bmdb.MigrateUpPreBaseline(ctx, dsn); err != nil {
+	if err := migrate.MigrateUpPreBaseline(ctx, dsn); err != nil {
 		t.Errorf("its migrate up: %v, want nothing to do", err)
 	}
 	expectVersion(t, dsn, bmdb.LatestVersion())
 
 	// Only a test rewrites a recorded declaration.
-	if _, err := e.raw.Exec(ctx, `UPDATE migration_declarations SET compatible_with_previous = false WHERE schema_name = '' AND version = $1`, bmdb.BaselineVersion); err != nil {
+	if _, err := e.raw.Exec(ctx, `UPDATE migration_declarations SET compatible_with_previous = false WHERE schema_name = '' AND version = $1`, migrate.BaselineVersion); err != nil {
 		t.Fatal(err)
 	}
 	for what, err := range map[string]error{
-		"start":      e.db.CheckSchemaPreBaseline(ctx),
-		"migrate up": bmdb.MigrateUpPreBaseline(ctx, dsn),
+		"start":      migrate.CheckSchemaPreBaseline(ctx, e.db),
+		"migrate up": migrate.MigrateUpPreBaseline(ctx, dsn),
 	} {
-		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("migration %d is not compatible", bmdb.BaselineVersion)) {
+		if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), fmt.Sprintf("migration %d is not compatible", migrate.BaselineVersion)) {
 			t.Errorf("%s of a binary before the baseline on a baseline declared a contract step: %v, want a refusal", what, err)
 		}
 	}
@@ -354,11 +356,11 @@ func TestBaselineRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		for what, err := range map[string]error{
-			"MigrateUp":   bmdb.MigrateUp(ctx, dsn),
-			"MigrateDown": bmdb.MigrateDown(ctx, dsn),
-			"CheckSchema": e.db.CheckSchema(ctx),
+			"MigrateUp":   migrate.MigrateUp(ctx, dsn),
+			"MigrateDown": migrate.MigrateDown(ctx, dsn),
+			"CheckSchema": migrate.CheckSchema(ctx, e.db),
 		} {
-			if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "schema version 20 predates the baseline") ||
+			if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "schema version 20 predates the baseline") ||
 				!strings.Contains(err.Error(), "a shepherd binary built before the baseline") {
 				t.Errorf("%s at version 20: %v, want a refusal saying how to migrate to 29", what, err)
 			}
@@ -369,28 +371,28 @@ func TestBaselineRefuses(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
 		dsn := preBaselineDatabase(t)
-		if err := bmdb.MigrateDown(ctx, dsn); !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "run 'shepherd migrate up' first") {
-			t.Errorf("MigrateDown at version %d: %v, want a refusal saying to migrate up first", bmdb.PreBaselineVersion, err)
+		if err := migrate.MigrateDown(ctx, dsn); !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "run 'shepherd migrate up' first") {
+			t.Errorf("MigrateDown at version %d: %v, want a refusal saying to migrate up first", migrate.PreBaselineVersion, err)
 		}
-		expectVersion(t, dsn, bmdb.PreBaselineVersion)
+		expectVersion(t, dsn, migrate.PreBaselineVersion)
 	})
 	t.Run("no schema", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
 		dsn := bmdbtest.NewEmptyDatabase(t)
-		if err := bmdb.MigrateForce(ctx, dsn, bmdb.PreBaselineVersion); err != nil {
+		if err := migrate.MigrateForce(ctx, dsn, migrate.PreBaselineVersion); err != nil {
 			t.Fatal(err)
 		}
-		err := bmdb.MigrateUp(ctx, dsn)
-		if !errors.Is(err, bmdb.ErrSchema) || !strings.Contains(err.Error(), "the schema lacks table machines") {
-			t.Errorf("MigrateUp at version %d with no tables: %v, want a refusal naming what is missing", bmdb.PreBaselineVersion, err)
+		err := migrate.MigrateUp(ctx, dsn)
+		if !errors.Is(err, migrate.ErrSchema) || !strings.Contains(err.Error(), "the schema lacks table machines") {
+			t.Errorf("MigrateUp at version %d with no tables: %v, want a refusal naming what is missing", migrate.PreBaselineVersion, err)
 		}
-		expectVersion(t, dsn, bmdb.PreBaselineVersion)
+		expectVersion(t, dsn, migrate.PreBaselineVersion)
 		// The way back to a new database: no version, then up.
-		if err := bmdb.MigrateForce(ctx, dsn, 0); err != nil {
+		if err := migrate.MigrateForce(ctx, dsn, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := bmdb.MigrateUp(ctx, dsn); err != nil {
+		if err := migrate.MigrateUp(ctx, dsn); err != nil {
 			t.Fatalf("MigrateUp after forcing no version: %v", err)
 		}
 		expectVersion(t, dsn, bmdb.LatestVersion())

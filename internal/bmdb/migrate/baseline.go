@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 import (
 	"context"
@@ -87,8 +87,12 @@ func adoptBaseline(ctx context.Context, dsn string) error {
 		if err := tx.QueryRow(ctx, qSchemaVersion).Scan(&version, &dirty); err != nil {
 			return fmt.Errorf("reading the schema version: %w", err)
 		}
-		if version >= BaselineVersion && !dirty {
-			return nil // another 'migrate up' adopted it meanwhile
+		if version >= BaselineVersion {
+			// Another 'migrate up' adopted it meanwhile, and may be
+			// applying a later migration (dirty until it ends): the up
+			// that follows waits for it under golang-migrate's lock, and
+			// reports a migration that failed half-way.
+			return nil
 		}
 		if version != PreBaselineVersion || dirty {
 			return fmt.Errorf("schema version changed to %d (dirty %v) while migrating: run 'shepherd migrate up' again", version, dirty)
