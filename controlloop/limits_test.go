@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -209,7 +211,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 
 	ctx := context.Background()
 	pausedAt := time.Now()
-	if _, err := e.db.PauseProcess(ctx, p.info.Process.Name, "test pause"); err != nil {
+	if _, err := operator.New(e.db).PauseProcess(ctx, p.info.Process.Name, "test pause"); err != nil {
 		t.Fatal(err)
 	}
 	// In-flight work (at most the parallelism) ends; nothing new starts.
@@ -249,7 +251,7 @@ func TestRunnerPauseAndResume(t *testing.T) {
 		t.Errorf("a paused loop lost its readiness: it should keep its session")
 	}
 
-	if _, err := e.db.ResumeProcess(ctx, p.info.Process.Name); err != nil {
+	if _, err := operator.New(e.db).ResumeProcess(ctx, p.info.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	before := started.Load()
@@ -279,7 +281,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 	ctx := context.Background()
 	pausedBy := func(source string) func() (bool, error) {
 		return func() (bool, error) {
-			ps, err := e.db.Pauses(ctx)
+			ps, err := operator.New(e.db).Pauses(ctx)
 			if err != nil {
 				return false, err
 			}
@@ -293,7 +295,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 	if got := attempts.Load(); got != 4 {
 		t.Errorf("%d attempts, want exactly the window of 4", got)
 	}
-	ps, _ := e.db.Pauses(ctx)
+	ps, _ := operator.New(e.db).Pauses(ctx)
 	if reason := ps[0].Reason; !strings.Contains(reason, "4 of the last 4 attempts failed") || !strings.Contains(reason, "agent build 1.2.3 crashes on start") {
 		t.Errorf("pause reason %q does not say why", reason)
 	}
@@ -306,7 +308,7 @@ func TestRunnerCircuitBreaker(t *testing.T) {
 
 	// Resumed, it gets a fresh window: four more attempts, then paused
 	// again.
-	if _, err := e.db.ResumeProcess(ctx, p.info.Process.Name); err != nil {
+	if _, err := operator.New(e.db).ResumeProcess(ctx, p.info.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the breaker to trip again", pausedBy(bmdb.PauseByBreaker))
@@ -361,7 +363,7 @@ func TestRunnerBreakerReleasesQueuedMachines(t *testing.T) {
 
 	ctx := context.Background()
 	bmdbtest.WaitForNoError(t, 20*time.Second, "the breaker to pause the process and every lease to end", func() (bool, error) {
-		ps, err := e.db.Pauses(ctx)
+		ps, err := operator.New(e.db).Pauses(ctx)
 		if err != nil {
 			return false, err
 		}
@@ -416,7 +418,7 @@ func TestRunnerBreakerStopsEveryReplica(t *testing.T) {
 	other.start(failing, cfg)
 
 	bmdbtest.WaitForNoError(t, 10*time.Second, "a breaker trip", func() (bool, error) {
-		ps, err := e.db.Pauses(context.Background())
+		ps, err := operator.New(e.db).Pauses(context.Background())
 		return len(ps) == 1 && ps[0].Active(), err
 	})
 	// Settled: both replicas claimed and found nothing, with no machine

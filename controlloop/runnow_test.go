@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -79,7 +81,7 @@ func TestRunNowTakesTheNextFreeWorker(t *testing.T) {
 	if busy[forced] {
 		t.Fatalf("the machine whose condition does not hold ran before any request")
 	}
-	if _, err := e.db.RequestRun(ctx, forced, p.info.Process.Name, "wedged", bmdb.Actor{Name: "alice"}); err != nil {
+	if _, err := operator.New(e.db).RequestRun(ctx, forced, p.info.Process.Name, "wedged", bmdb.Actor{Name: "alice"}); err != nil {
 		t.Fatal(err)
 	}
 	g.release <- struct{}{} // one worker finishes

@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/google/uuid"
@@ -156,8 +158,8 @@ var cliCommands = map[string]cliCommand{
 	}, run: (*cli).history},
 	"backoff":  {args: "clear MACHINE [PROCESS] | clear SELECTION", min: 1, max: 3, flags: backoffFlags, run: (*cli).backoffCmd},
 	"retry":    {args: "MACHINE PROCESS | -process P SELECTION", min: 0, max: 2, flags: retryFlags, run: (*cli).retryCmd},
-	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
-	"release":  {args: "MACHINE... | SELECTION", min: 0, max: bmdb.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
+	"hold":     {args: "MACHINE... | SELECTION", min: 0, max: operator.MaxHoldBatch, flags: holdFlags, run: (*cli).hold},
+	"release":  {args: "MACHINE... | SELECTION", min: 0, max: operator.MaxHoldBatch, flags: releaseFlags, run: (*cli).release},
 	"pause":    {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).pause},
 	"resume":   {args: "PROCESS", min: 1, max: 1, flags: pauseFlags, run: (*cli).resume},
 	"sessions": {run: (*cli).sessions},
@@ -197,7 +199,7 @@ func isCLICommand(name string) bool {
 
 // cli is one operator command's run.
 type cli struct {
-	db *bmdb.DB
+	db *operator.DB
 	// out gets the command's output; errOut notes about it (which
 	// condition decided eligibility), which scripts reading out skip.
 	out    io.Writer
@@ -308,7 +310,7 @@ func (d *CLI) runCLI(name string, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	c := &cli{db: db, out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
+	c := &cli{db: operator.New(db), out: stdout, errOut: stderr, json: *output == "json", opts: opts, known: known, prog: prog}
 	c.given = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
 		c.given[f.Name] = true
@@ -345,7 +347,7 @@ const maxActorBytes = 200
 // characters (a pasted escape sequence, a newline).
 func checkOperatorText(opts cliOptions) error {
 	if opts.reason != "" {
-		if err := bmdb.CheckReason(opts.reason); err != nil {
+		if err := operator.CheckReason(opts.reason); err != nil {
 			return usagef("-reason: %v", err)
 		}
 	}
@@ -579,16 +581,16 @@ func when(t time.Time) string {
 
 // machineJSON is a machines row in JSON.
 type machineJSON struct {
-	Machine             uuid.UUID  `json:"machine"`
-	ProviderID          string     `json:"provider_id,omitempty"`
-	Process             string     `json:"process"`
-	State               bmdb.State `json:"state"`
-	Session             *uuid.UUID `json:"session,omitempty"`
-	Since               *time.Time `json:"since,omitempty"`
-	Until               *time.Time `json:"until,omitempty"`
-	Cause               string     `json:"cause,omitempty"`
-	LastIntervalSeconds int64      `json:"last_interval_seconds,omitempty"`
-	Actor               string     `json:"actor,omitempty"`
+	Machine             uuid.UUID      `json:"machine"`
+	ProviderID          string         `json:"provider_id,omitempty"`
+	Process             string         `json:"process"`
+	State               operator.State `json:"state"`
+	Session             *uuid.UUID     `json:"session,omitempty"`
+	Since               *time.Time     `json:"since,omitempty"`
+	Until               *time.Time     `json:"until,omitempty"`
+	Cause               string         `json:"cause,omitempty"`
+	LastIntervalSeconds int64          `json:"last_interval_seconds,omitempty"`
+	Actor               string         `json:"actor,omitempty"`
 }
 
 func (c *cli) machines(ctx context.Context, args []string) error {
@@ -598,13 +600,13 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		}
 		return c.fleet(ctx)
 	}
-	states := bmdb.States
-	state := bmdb.State(c.opts.state)
+	states := operator.States
+	state := operator.State(c.opts.state)
 	if state != "" {
-		if !slices.Contains(bmdb.States, state) {
-			return usagef("-state %q: want one of %s", state, joinStates(bmdb.States))
+		if !slices.Contains(operator.States, state) {
+			return usagef("-state %q: want one of %s", state, joinStates(operator.States))
 		}
-		states = []bmdb.State{state}
+		states = []operator.State{state}
 	}
 	var procs []cliProcess
 	if c.opts.process != "" {
@@ -612,12 +614,12 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if state == "" || state == bmdb.StateEligible {
+		if state == "" || state == operator.StateEligible {
 			if p, err = c.withRecordedCondition(ctx, p); err != nil {
 				return err
 			}
 		}
-		if state == bmdb.StateEligible && p.candidates == nil {
+		if state == operator.StateEligible && p.candidates == nil {
 			return usagef("-state eligible: eligibility of %s is unknown: this binary does not define it, and it does not run condition SQL read from the BMDB (shepherd condition %s shows it)", p.process.Name, p.process.Name)
 		}
 		procs = []cliProcess{p}
@@ -633,7 +635,7 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 				procs = append(procs, cliProcess{process: bmdb.Process{Name: name}})
 			}
 		}
-		if slices.Contains(states, bmdb.StateEligible) {
+		if slices.Contains(states, operator.StateEligible) {
 			for i := range procs {
 				if procs[i], err = c.withRecordedCondition(ctx, procs[i]); err != nil {
 					return err
@@ -642,13 +644,13 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 		}
 	}
 
-	var rows []bmdb.MachineState
+	var rows []operator.MachineState
 	for _, p := range procs {
 		for _, state := range states {
-			if state == bmdb.StateEligible && p.candidates == nil {
+			if state == operator.StateEligible && p.candidates == nil {
 				continue // unknown condition; said in the -state eligible case
 			}
-			ms, err := c.db.Machines(ctx, bmdb.MachineQuery{Process: p.process, Candidates: p.candidates, State: state, Limit: c.opts.limit})
+			ms, err := c.db.Machines(ctx, operator.MachineQuery{Process: p.process, Candidates: p.candidates, State: state, Limit: c.opts.limit})
 			if err != nil {
 				return err
 			}
@@ -660,7 +662,7 @@ func (c *cli) machines(ctx context.Context, args []string) error {
 
 // printMachines writes the rows of machines, each machine named by its
 // provider id beside its UUID.
-func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error {
+func (c *cli) printMachines(ctx context.Context, rows []operator.MachineState) error {
 	names, err := c.providerIDs(ctx, rows)
 	if err != nil {
 		return err
@@ -669,13 +671,13 @@ func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error
 		out := make([]machineJSON, 0, len(rows))
 		for _, m := range rows {
 			j := machineJSON{Machine: m.Machine, ProviderID: names[m.Machine], Process: m.Process, State: m.State, Cause: m.Cause, LastIntervalSeconds: int64(m.LastInterval / time.Second)}
-			if m.State == bmdb.StateLeased {
+			if m.State == operator.StateLeased {
 				j.Session, j.Since = &m.Session, &m.Since
 			}
-			if m.State == bmdb.StateBackoff || m.State == bmdb.StateRescheduled {
+			if m.State == operator.StateBackoff || m.State == operator.StateRescheduled {
 				j.Until = &m.Until
 			}
-			if m.State == bmdb.StateHeld {
+			if m.State == operator.StateHeld {
 				j.Since, j.Actor = &m.Since, m.Actor.Name
 				if !m.Until.IsZero() {
 					j.Until = &m.Until
@@ -695,7 +697,7 @@ func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error
 			session = m.Session.String()
 		}
 		cause := m.Cause
-		if m.State == bmdb.StateHeld {
+		if m.State == operator.StateHeld {
 			cause = fmt.Sprintf("%s (by %s)", m.Cause, m.Actor.Name)
 		}
 		table = append(table, []string{m.Machine.String(), names[m.Machine], m.Process, string(m.State), when(m.Since), when(m.Until), interval, session, cause})
@@ -706,7 +708,7 @@ func (c *cli) printMachines(ctx context.Context, rows []bmdb.MachineState) error
 // providerIDs names the machines of rows as their providers know them
 // (node-007): operators know machines by those, and every command takes
 // them. A machine a provider removed has none.
-func (c *cli) providerIDs(ctx context.Context, rows []bmdb.MachineState) (map[uuid.UUID]string, error) {
+func (c *cli) providerIDs(ctx context.Context, rows []operator.MachineState) (map[uuid.UUID]string, error) {
 	ids := make([]uuid.UUID, 0, len(rows))
 	seen := map[uuid.UUID]bool{}
 	for _, m := range rows {
@@ -773,7 +775,7 @@ func (c *cli) history(ctx context.Context, args []string) error {
 	}
 	// Which machine, as its provider knows it, on stderr: stdout is the
 	// table, which scripts read.
-	fmt.Fprintf(c.errOut, "History of %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}))
+	fmt.Fprintf(c.errOut, "History of %s\n", machineName(operator.SelectedMachine{Machine: id, ProviderID: names[id]}))
 	var rows [][]string
 	for _, e := range h {
 		var session string
@@ -810,7 +812,7 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 		return err
 	}
 	if c.json {
-		return c.emitJSON(jsonList(cleared, func(b bmdb.ClearedBackoff) clearedJSON {
+		return c.emitJSON(jsonList(cleared, func(b operator.ClearedBackoff) clearedJSON {
 			return clearedJSON{id, b.Process, b.Until, b.Cause, int64(b.LastInterval / time.Second), b.WasActive}
 		}))
 	}
@@ -867,12 +869,12 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 
 // holdsFor returns the active holds that keep process off machine: its
 // own and those of every process.
-func (c *cli) holdsFor(ctx context.Context, machine uuid.UUID, process string) ([]bmdb.Hold, error) {
+func (c *cli) holdsFor(ctx context.Context, machine uuid.UUID, process string) ([]operator.Hold, error) {
 	all, err := c.db.HoldsOf(ctx, machine)
 	if err != nil {
 		return nil, err
 	}
-	var out []bmdb.Hold
+	var out []operator.Hold
 	for _, h := range all {
 		if h.Process == process || h.Process == "" {
 			out = append(out, h)
@@ -885,17 +887,17 @@ func (c *cli) holdsFor(ctx context.Context, machine uuid.UUID, process string) (
 // the machine is held (escalated by its budget, or by an operator), and
 // what ends the hold: a retry does not, and "eligible already" would send
 // them waiting for a lease that never comes.
-func (c *cli) printHeldRetry(machine string, p cliProcess, holds []bmdb.Hold) {
+func (c *cli) printHeldRetry(machine string, p cliProcess, holds []operator.Hold) {
 	fmt.Fprintf(c.out, "The retry is recorded, but %s will not act on %s: it is held\n", p.process.Name, machine)
 	for _, h := range holds {
 		what := "held by " + untrusted.Line(h.Actor.Name, 200)
-		if h.Source == bmdb.HoldByBudget {
+		if h.Source == operator.HoldByBudget {
 			what = "escalated (per-machine budget used up)"
 		}
 		fmt.Fprintf(c.out, "  - for %s: %s since %s: %s\n", forWhom(h.Process), what, when(h.HeldAt), untrusted.Line(h.Reason, 200))
 	}
 	release := fmt.Sprintf("shepherd release %s -process %s -reason R", machine, p.process.Name)
-	if slices.ContainsFunc(holds, func(h bmdb.Hold) bool { return h.Process == "" }) {
+	if slices.ContainsFunc(holds, func(h operator.Hold) bool { return h.Process == "" }) {
 		release = fmt.Sprintf("shepherd release %s -reason R", machine)
 	}
 	fmt.Fprintf(c.out, "A retry does not lift a hold: to let %s act on it again, run: %s\n", p.process.Name, renamed(c.prog, untrusted.Line(release, 0)))
@@ -905,7 +907,7 @@ func (c *cli) printHeldRetry(machine string, p cliProcess, holds []bmdb.Hold) {
 // (a rescheduled machine's), or both; telling an operator that a backoff
 // ended when the machine was only waiting would send them after a failure
 // that never happened.
-func retryEnded(res bmdb.RetryResult) string {
+func retryEnded(res operator.RetryResult) string {
 	switch {
 	case res.BackoffEnded && res.RescheduleEnded:
 		return "the backoff and the check-again-later time"
@@ -958,7 +960,7 @@ type pauseJSON struct {
 	ActorRole string     `json:"actor_role,omitempty"`
 }
 
-func toPauseJSON(p bmdb.Pause) pauseJSON {
+func toPauseJSON(p operator.Pause) pauseJSON {
 	j := pauseJSON{Process: p.Process, Reason: p.Reason, Source: p.Source, PausedAt: p.PausedAt, Actor: p.Actor.Name, ActorRole: p.Actor.Role}
 	if !p.Active() {
 		j.ResumedAt = &p.ResumedAt
@@ -1031,7 +1033,7 @@ func (c *cli) pauses(ctx context.Context, _ []string) error {
 		return err
 	}
 	if c.json {
-		return c.emitJSON(jsonList(events, func(e bmdb.PauseEvent) pauseEventJSON {
+		return c.emitJSON(jsonList(events, func(e operator.PauseEvent) pauseEventJSON {
 			return pauseEventJSON{e.ID, e.Process, e.Event, e.Timestamp, e.Reason, e.Source, e.Actor.Name, e.Actor.Role}
 		}))
 	}
@@ -1064,7 +1066,7 @@ func (c *cli) sessions(ctx context.Context, _ []string) error {
 }
 
 // joinStates lists states for a message: "eligible, leased".
-func joinStates(states []bmdb.State) string {
+func joinStates(states []operator.State) string {
 	s := make([]string, len(states))
 	for i, st := range states {
 		s[i] = string(st)

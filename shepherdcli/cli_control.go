@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/google/uuid"
@@ -56,8 +58,8 @@ func (c *cli) actor() bmdb.Actor { return operatorActor(c.opts.hold.as) }
 
 // explainProcesses are the binary's processes, for ExplainMachine; with
 // only, the one named.
-func (c *cli) explainProcesses(only string) []bmdb.ExplainProcess {
-	var out []bmdb.ExplainProcess
+func (c *cli) explainProcesses(only string) []operator.ExplainProcess {
+	var out []operator.ExplainProcess
 	for _, p := range c.knownProcesses() {
 		if only != "" && p.process.Name != only {
 			continue
@@ -65,7 +67,7 @@ func (c *cli) explainProcesses(only string) []bmdb.ExplainProcess {
 		out = append(out, p.explainProcess())
 	}
 	if len(out) == 0 && only != "" {
-		out = append(out, bmdb.ExplainProcess{Process: bmdb.Process{Name: only}})
+		out = append(out, operator.ExplainProcess{Process: bmdb.Process{Name: only}})
 	}
 	return out
 }
@@ -133,20 +135,20 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 }
 
 // explainProcessesFor is p as ExplainMachine takes it.
-func (c *cli) explainProcessesFor(p cliProcess) []bmdb.ExplainProcess {
-	return []bmdb.ExplainProcess{p.explainProcess()}
+func (c *cli) explainProcessesFor(p cliProcess) []operator.ExplainProcess {
+	return []operator.ExplainProcess{p.explainProcess()}
 }
 
 // explainProcess is p as ExplainMachine takes it: its condition, default
 // budget, and its definition's Explain for the facts its condition read.
-func (p cliProcess) explainProcess() bmdb.ExplainProcess {
-	return bmdb.ExplainProcess{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}, Facts: p.explain}
+func (p cliProcess) explainProcess() operator.ExplainProcess {
+	return operator.ExplainProcess{Process: p.process, Candidates: p.candidates, Limits: bmdb.Limits{MachineBudget: p.budget}, Facts: p.explain}
 }
 
 // blockingReasons are the reasons of e that keep a run-now request
 // waiting: everything but the condition (which the request overrides)
 // and the informational lines.
-func blockingReasons(e bmdb.Explanation) []string {
+func blockingReasons(e operator.Explanation) []string {
 	out := []string{}
 	for _, r := range e.Reasons {
 		switch {
@@ -187,7 +189,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	var also func(ctx context.Context, tx *bmdb.Tx) error
 	if c.opts.ctl.hold {
 		also = func(ctx context.Context, tx *bmdb.Tx) error {
-			_, err := tx.Hold(ctx, []uuid.UUID{id}, p.process.Name, c.opts.reason, 0, actor)
+			_, err := (&operator.Tx{Tx: tx}).Hold(ctx, []uuid.UUID{id}, p.process.Name, c.opts.reason, 0, actor)
 			return err
 		}
 	}
@@ -227,7 +229,7 @@ func (c *cli) cancelSelection(ctx context.Context) error {
 	var also func(ctx context.Context, tx *bmdb.Tx, requested []uuid.UUID) error
 	if c.opts.ctl.hold {
 		also = func(ctx context.Context, tx *bmdb.Tx, requested []uuid.UUID) error {
-			_, err := tx.Hold(ctx, requested, process, c.opts.reason, 0, actor)
+			_, err := (&operator.Tx{Tx: tx}).Hold(ctx, requested, process, c.opts.reason, 0, actor)
 			return err
 		}
 	}
@@ -241,7 +243,7 @@ func (c *cli) cancelSelection(ctx context.Context) error {
 		names[m.Machine] = machineName(m)
 	}
 	if c.json {
-		return c.emitJSON(jsonList(outs, func(o bmdb.CancelOutcome) cancelJSON {
+		return c.emitJSON(jsonList(outs, func(o operator.CancelOutcome) cancelJSON {
 			return cancelJSON{Machine: o.Machine, Process: process, Requested: o.Requested, Session: o.Session,
 				Replica: o.Replica, LeaseStarted: o.LeaseStarted, Held: o.Requested && c.opts.ctl.hold}
 		}))
@@ -320,7 +322,7 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.out, "Machine %s at %s\n", machineName(bmdb.SelectedMachine{Machine: id, ProviderID: names[id]}), when(ex.Now))
+	fmt.Fprintf(c.out, "Machine %s at %s\n", machineName(operator.SelectedMachine{Machine: id, ProviderID: names[id]}), when(ex.Now))
 	switch {
 	case ex.AgentStartedAt == nil:
 		fmt.Fprintf(c.out, "  agent: none started\n")
@@ -354,7 +356,7 @@ func (c *cli) explain(ctx context.Context, args []string) error {
 // an older schema may not honour the hold or cancel just recorded (a
 // rolling upgrade under way). Failing to look costs only the warning.
 func (c *cli) warnOlderSessions(ctx context.Context) {
-	sessions, total, err := migrate.OlderSessions(ctx, c.db)
+	sessions, total, err := migrate.OlderSessions(ctx, c.db.DB)
 	if err != nil {
 		fmt.Fprintf(c.errOut, "warning: %v\n", err)
 		return

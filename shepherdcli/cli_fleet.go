@@ -7,32 +7,32 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/google/uuid"
 )
 
 // fleetJSON is a row of `machines -all` in JSON.
 type fleetJSON struct {
-	Machine       uuid.UUID             `json:"machine"`
-	Provider      string                `json:"provider"`
-	ProviderID    string                `json:"provider_id"`
-	Address       string                `json:"address"`
-	Location      string                `json:"location,omitempty"`
-	Power         string                `json:"power,omitempty"`
-	PowerState    string                `json:"power_state,omitempty"`
-	PowerCause    string                `json:"power_cause,omitempty"`
-	PowerReadAt   *time.Time            `json:"power_read_at,omitempty"`
-	AgentStarted  *time.Time            `json:"agent_started,omitempty"`
-	LastHeartbeat *time.Time            `json:"last_heartbeat,omitempty"`
-	Processes     map[string]bmdb.State `json:"processes"`
+	Machine       uuid.UUID                 `json:"machine"`
+	Provider      string                    `json:"provider"`
+	ProviderID    string                    `json:"provider_id"`
+	Address       string                    `json:"address"`
+	Location      string                    `json:"location,omitempty"`
+	Power         string                    `json:"power,omitempty"`
+	PowerState    string                    `json:"power_state,omitempty"`
+	PowerCause    string                    `json:"power_cause,omitempty"`
+	PowerReadAt   *time.Time                `json:"power_read_at,omitempty"`
+	AgentStarted  *time.Time                `json:"agent_started,omitempty"`
+	LastHeartbeat *time.Time                `json:"last_heartbeat,omitempty"`
+	Processes     map[string]operator.State `json:"processes"`
 }
 
 // fleet lists every machine with its tags and each process's state on it:
 // leased, held, backoff, rescheduled, eligible (for the processes this
 // binary knows) or idle.
 func (c *cli) fleet(ctx context.Context) error {
-	machines, err := c.db.Fleet(ctx, bmdb.FleetQuery{Limit: c.opts.limit})
+	machines, err := c.db.Fleet(ctx, operator.FleetQuery{Limit: c.opts.limit})
 	if err != nil {
 		return err
 	}
@@ -64,11 +64,11 @@ func (c *cli) fleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	states := func(m bmdb.FleetMachine) map[string]bmdb.State {
-		out := map[string]bmdb.State{}
+	states := func(m operator.FleetMachine) map[string]operator.State {
+		out := map[string]operator.State{}
 		for _, p := range procs {
 			if eligible[p.process.Name][m.Machine] {
-				out[p.label] = bmdb.StateEligible
+				out[p.label] = operator.StateEligible
 			}
 		}
 		name := func(process string) string {
@@ -80,22 +80,22 @@ func (c *cli) fleet(ctx context.Context) error {
 			return process
 		}
 		for _, p := range m.Rescheduled {
-			out[name(p)] = bmdb.StateRescheduled
+			out[name(p)] = operator.StateRescheduled
 		}
 		for _, p := range m.BackingOff {
-			out[name(p)] = bmdb.StateBackoff
+			out[name(p)] = operator.StateBackoff
 		}
 		for _, h := range holds[m.Machine] {
 			if h.Process != "" {
-				out[name(h.Process)] = bmdb.StateHeld
+				out[name(h.Process)] = operator.StateHeld
 				continue
 			}
 			for _, p := range procs {
-				out[p.label] = bmdb.StateHeld
+				out[p.label] = operator.StateHeld
 			}
 		}
 		for _, p := range m.Leased {
-			out[name(p)] = bmdb.StateLeased
+			out[name(p)] = operator.StateLeased
 		}
 		return out
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -19,7 +21,7 @@ import (
 // Holds, releases and selections (issue 28, items 1, 5 and 6): shepherd
 // hold and release, and the selection flags that hold, release, retry and
 // backoff clear (and cancel) take instead of machine names. Every command
-// acts in one transaction, on at most bmdb.MaxHoldBatch machines.
+// acts in one transaction, on at most operator.MaxHoldBatch machines.
 
 // holdOptions are the flags of hold, release and the selections.
 type holdOptions struct {
@@ -98,8 +100,8 @@ func operatorActor(as string) bmdb.Actor {
 }
 
 // selector is the command line's selection; Process is set by the caller.
-func (c *cli) selector(process string) bmdb.Selector {
-	return bmdb.Selector{Location: c.opts.hold.location, Process: process, State: bmdb.State(c.opts.state), Cause: c.opts.hold.cause}
+func (c *cli) selector(process string) operator.Selector {
+	return operator.Selector{Location: c.opts.hold.location, Process: process, State: operator.State(c.opts.state), Cause: c.opts.hold.cause}
 }
 
 // selectMachines resolves the machines a command acts on: those named in
@@ -110,7 +112,7 @@ func (c *cli) selector(process string) bmdb.Selector {
 // messages ("hold"); a release selects only the machines it would
 // release (held for process, or at all without one), so that its count
 // and -yes are about them.
-func (c *cli) selectMachines(ctx context.Context, args []string, process, verb string) ([]bmdb.SelectedMachine, error) {
+func (c *cli) selectMachines(ctx context.Context, args []string, process, verb string) ([]operator.SelectedMachine, error) {
 	sel := c.selector(process)
 	sel.Released = verb == "release"
 	switch {
@@ -122,13 +124,13 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 		return nil, usagef("-location %q: give a location's path components, e.g. dc1 or dc1/rack07", sel.Location)
 	case sel.State != "" && process == "":
 		return nil, usagef("-state %q: give -process too (the state of which process?)", sel.State)
-	case sel.State != "" && !slices.Contains(bmdb.SelectableStates, sel.State):
-		return nil, usagef("-state %q: want one of %s", sel.State, joinStates(bmdb.SelectableStates))
+	case sel.State != "" && !slices.Contains(operator.SelectableStates, sel.State):
+		return nil, usagef("-state %q: want one of %s", sel.State, joinStates(operator.SelectableStates))
 	}
-	var out []bmdb.SelectedMachine
+	var out []operator.SelectedMachine
 	if len(args) > 0 {
-		if len(args) > bmdb.MaxHoldBatch {
-			return nil, usagef("%s: %d machines: at most %d in one command", verb, len(args), bmdb.MaxHoldBatch)
+		if len(args) > operator.MaxHoldBatch {
+			return nil, usagef("%s: %d machines: at most %d in one command", verb, len(args), operator.MaxHoldBatch)
 		}
 		seen := map[uuid.UUID]bool{}
 		for _, a := range args {
@@ -138,12 +140,12 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 			}
 			if !seen[id] {
 				seen[id] = true
-				out = append(out, bmdb.SelectedMachine{Machine: id, ProviderID: a})
+				out = append(out, operator.SelectedMachine{Machine: id, ProviderID: a})
 			}
 		}
 		return out, nil
 	}
-	sel.Limit = bmdb.MaxHoldBatch + 1
+	sel.Limit = operator.MaxHoldBatch + 1
 	out, err := c.db.SelectMachines(ctx, sel)
 	if err != nil {
 		return nil, err
@@ -151,8 +153,8 @@ func (c *cli) selectMachines(ctx context.Context, args []string, process, verb s
 	switch {
 	case len(out) == 0:
 		return nil, fmt.Errorf("no machine matches the selection: %w", bmdb.ErrNotFound)
-	case len(out) > bmdb.MaxHoldBatch:
-		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a deeper -location, -cause)", verb, bmdb.MaxHoldBatch)
+	case len(out) > operator.MaxHoldBatch:
+		return nil, usagef("%s: the selection has more than %d machines, the most one command acts on: narrow it (a deeper -location, -cause)", verb, operator.MaxHoldBatch)
 	}
 	// The list goes to stderr with -o json, whose stdout is the result.
 	w := c.out
@@ -172,7 +174,7 @@ const maxListed = 20
 
 // selectionList names the first maxListed machines of a selection, and
 // how many more there are.
-func selectionList(ms []bmdb.SelectedMachine) string {
+func selectionList(ms []operator.SelectedMachine) string {
 	names := make([]string, 0, maxListed)
 	for _, m := range ms[:min(len(ms), maxListed)] {
 		names = append(names, machineName(m))
@@ -186,14 +188,14 @@ func selectionList(ms []bmdb.SelectedMachine) string {
 
 // machineName is a selected machine as the operator knows it: its
 // provider id, with the UUID.
-func machineName(m bmdb.SelectedMachine) string {
+func machineName(m operator.SelectedMachine) string {
 	if m.ProviderID == "" || m.ProviderID == m.Machine.String() {
 		return m.Machine.String()
 	}
 	return untrusted.Line(m.ProviderID, 0) + " (" + m.Machine.String() + ")"
 }
 
-func machineIDs(ms []bmdb.SelectedMachine) []uuid.UUID {
+func machineIDs(ms []operator.SelectedMachine) []uuid.UUID {
 	ids := make([]uuid.UUID, len(ms))
 	for i, m := range ms {
 		ids[i] = m.Machine
@@ -226,7 +228,7 @@ type holdJSON struct {
 	Source     string     `json:"source"`
 }
 
-func toHoldJSON(h bmdb.Hold) holdJSON {
+func toHoldJSON(h operator.Hold) holdJSON {
 	j := holdJSON{Machine: h.Machine, ProviderID: h.ProviderID, Process: h.Process, Reason: h.Reason, HeldAt: h.HeldAt,
 		Actor: h.Actor.Name, ActorRole: h.Actor.Role, Source: h.Source}
 	if !h.Until.IsZero() {
@@ -294,7 +296,7 @@ func (c *cli) release(ctx context.Context, args []string) error {
 		return fmt.Errorf("no hold of %s on the %d machine(s): %w", forWhom(process), len(ms), bmdb.ErrNotFound)
 	}
 	for _, h := range released {
-		fmt.Fprintf(c.out, "Released %s for %s (held by %s since %s, %s: %s)\n", machineName(bmdb.SelectedMachine{Machine: h.Machine, ProviderID: h.ProviderID}),
+		fmt.Fprintf(c.out, "Released %s for %s (held by %s since %s, %s: %s)\n", machineName(operator.SelectedMachine{Machine: h.Machine, ProviderID: h.ProviderID}),
 			forWhom(h.Process), untrusted.Line(h.Actor.Name, 0), when(h.HeldAt), h.Source, untrusted.Line(h.Reason, 0))
 	}
 	return nil
@@ -365,14 +367,14 @@ func (c *cli) retryCmd(ctx context.Context, args []string) error {
 
 // heldAmong returns the machines of ms held for process (by its own holds
 // or holds of every process).
-func (c *cli) heldAmong(ctx context.Context, ms []bmdb.SelectedMachine, process string) ([]bmdb.SelectedMachine, error) {
+func (c *cli) heldAmong(ctx context.Context, ms []operator.SelectedMachine, process string) ([]operator.SelectedMachine, error) {
 	holds, err := c.db.HoldsAmong(ctx, machineIDs(ms))
 	if err != nil {
 		return nil, err
 	}
-	var out []bmdb.SelectedMachine
+	var out []operator.SelectedMachine
 	for _, m := range ms {
-		if slices.ContainsFunc(holds[m.Machine], func(h bmdb.Hold) bool { return h.Process == process || h.Process == "" }) {
+		if slices.ContainsFunc(holds[m.Machine], func(h operator.Hold) bool { return h.Process == process || h.Process == "" }) {
 			out = append(out, m)
 		}
 	}

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -21,7 +22,7 @@ type powerJSON struct {
 
 // explainJSON is explain's JSON: the explanation and the power state read.
 type explainJSON struct {
-	bmdb.MachineExplanation
+	operator.MachineExplanation
 	Power *powerJSON `json:"power,omitempty"`
 }
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/ssh"
@@ -52,8 +54,8 @@ func newCLIFleet(t *testing.T) *cliFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.session.Close(context.Background()) })
-	bmdbtest.Register(t, f.db, agentstart.Process, bmdb.AgentStartCandidates())
-	leases, err := f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
+	bmdbtest.Register(t, f.db, agentstart.Process, agentstart.Candidates())
+	leases, err := f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: agentstart.Candidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +64,7 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, "ssh: connection refused\tport 22"); err != nil {
 		t.Fatal(err)
 	}
-	leases, err = f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
+	leases, err = f.session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: agentstart.Candidates()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +109,7 @@ func TestCLIMachines(t *testing.T) {
 	// header's does.
 	col := strings.Index(lines[0], "STATE")
 	for _, l := range lines[1:] {
-		if state := strings.Fields(l[col:])[0]; !slices.Contains(bmdb.States, bmdb.State(state)) {
+		if state := strings.Fields(l[col:])[0]; !slices.Contains(operator.States, operator.State(state)) {
 			t.Errorf("misaligned row %q (STATE column reads %q)", l, state)
 		}
 	}
@@ -185,7 +187,7 @@ func TestCLIHistory(t *testing.T) {
 // unworked returns a machine no process has touched.
 func (f *cliFleet) unworked(t *testing.T) uuid.UUID {
 	t.Helper()
-	ms, err := f.db.Machines(context.Background(), bmdb.MachineQuery{Process: agentstart.Process, Candidates: ptr(bmdb.AgentStartCandidates()), State: bmdb.StateEligible})
+	ms, err := operator.New(f.db).Machines(context.Background(), operator.MachineQuery{Process: agentstart.Process, Candidates: ptr(agentstart.Candidates()), State: operator.StateEligible})
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("no unworked machine: %v", err)
 	}
@@ -213,7 +215,7 @@ func TestCLIBackoffClearAndRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if last := h[len(h)-1]; last.Event != bmdb.EventRetried || last.Cause != "reseated the NIC" {
+	if last := h[len(h)-1]; last.Event != operator.EventRetried || last.Cause != "reseated the NIC" {
 		t.Errorf("last history entry %+v, want Retried with the reason", last)
 	}
 
@@ -244,7 +246,7 @@ func TestCLIPauseAndResume(t *testing.T) {
 	if !strings.Contains(out, "shepherd resume recovery -reason R") {
 		t.Errorf("pause does not say how to undo it: %q", out)
 	}
-	ps, err := f.db.Pauses(ctx)
+	ps, err := operator.New(f.db).Pauses(ctx)
 	if err != nil || len(ps) != 1 || ps[0].Process != "ShepherdRecovery" || ps[0].Reason != "incident 7" || ps[0].Source != bmdb.PauseByOperator {
 		t.Fatalf("pauses %+v, %v", ps, err)
 	}
@@ -369,26 +371,26 @@ func TestCLIMachinesAll(t *testing.T) {
 	if len(rows) != 4 {
 		t.Fatalf("%d machines, want 4:\n%s", len(rows), out)
 	}
-	states := map[bmdb.State]int{}
+	states := map[operator.State]int{}
 	for i, r := range rows {
 		if r.Provider != "test" || r.ProviderID != fmt.Sprintf("m%d", i) {
 			t.Errorf("row %d: %s/%s, want test/m%d in order", i, r.Provider, r.ProviderID, i)
 		}
-		var want bmdb.State
+		var want operator.State
 		switch r.Machine {
 		case f.failed:
-			want = bmdb.StateBackoff
+			want = operator.StateBackoff
 		case f.leased:
-			want = bmdb.StateLeased
+			want = operator.StateLeased
 		default:
-			want = bmdb.StateEligible
+			want = operator.StateEligible
 		}
 		if got := r.Processes["agentstart"]; got != want {
 			t.Errorf("%s: agentstart %q, want %q", r.Machine, got, want)
 		}
 		states[r.Processes["agentstart"]]++
 	}
-	if states[bmdb.StateEligible] != 2 {
+	if states[operator.StateEligible] != 2 {
 		t.Errorf("states %v, want 2 eligible", states)
 	}
 	out, _ = f.expect(t, exitOK, "machines", "-all")

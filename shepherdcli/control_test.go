@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -118,11 +120,11 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 			t.Errorf("explain text lacks %q:\n%s", want, text)
 		}
 	}
-	var ex bmdb.MachineExplanation
+	var ex operator.MachineExplanation
 	if err := json.Unmarshal([]byte(cli(exitOK, "explain", m.String(), "-o", "json")), &ex); err != nil {
 		t.Fatal(err)
 	}
-	var rec *bmdb.Explanation
+	var rec *operator.Explanation
 	for i := range ex.Processes {
 		if ex.Processes[i].Process == recovery.Process.Name {
 			rec = &ex.Processes[i]
@@ -186,7 +188,7 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, e := range h {
-			if e.Event == bmdb.EventForcedRun {
+			if e.Event == operator.EventForcedRun {
 				if e.Process != recovery.Process.Name || e.Actor.Name != "alice" || e.Cause != "workload wedged" {
 					t.Fatalf("Forced entry %+v", e)
 				}
@@ -221,7 +223,7 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 	h = bmdbtest.History(t, db)
 	forced, recoveryStarts := 0, 0
 	for _, e := range h {
-		if e.Machine == m && e.Event == bmdb.EventForcedRun {
+		if e.Machine == m && e.Event == operator.EventForcedRun {
 			forced++
 		}
 		if e.Machine == m && e.Process == recovery.Process.Name && e.Event == bmdb.EventStarted {
@@ -271,7 +273,7 @@ func TestCLIControlBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range h {
-		if e.Event == bmdb.EventForcedRun || e.Event == bmdb.EventCanceled {
+		if e.Event == operator.EventForcedRun || e.Event == bmdb.EventCanceled {
 			t.Errorf("a refused command recorded %+v", e)
 		}
 	}
@@ -333,7 +335,7 @@ func TestRunNowHealthyMachine(t *testing.T) {
 		n := 0
 		for i, e := range h {
 			if e.Process == process && e.Event == event {
-				if event == bmdb.EventForcedRun && (i+1 >= len(h) || h[i+1].Event != bmdb.EventStarted || h[i+1].Process != process) {
+				if event == operator.EventForcedRun && (i+1 >= len(h) || h[i+1].Event != bmdb.EventStarted || h[i+1].Process != process) {
 					t.Fatalf("Forced of %s not followed by its Started: %+v", process, h)
 				}
 				n++
@@ -348,7 +350,7 @@ func TestRunNowHealthyMachine(t *testing.T) {
 			t.Fatalf("run-now %s: exit %d\n%s%s", p.label, code, out, errOut)
 		}
 		bmdbtest.WaitFor(t, 60*time.Second, p.label+"'s forced run to finish", func() (bool, string) {
-			return count(p.name, bmdb.EventForcedRun) == 1 && count(p.name, bmdb.EventFinished) > before, "not yet"
+			return count(p.name, operator.EventForcedRun) == 1 && count(p.name, bmdb.EventFinished) > before, "not yet"
 		})
 		prev := started
 		bmdbtest.WaitFor(t, 60*time.Second, "the agent started again and heartbeating", func() (bool, string) {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/gobuild"
@@ -63,7 +65,7 @@ func TestExplainUserProcess(t *testing.T) {
 		t.Errorf("a user's process explained with the agent's facts:\n%s", text)
 	}
 
-	var ex bmdb.MachineExplanation
+	var ex operator.MachineExplanation
 	if err := json.Unmarshal([]byte(run("explain", m.String(), "-process", "rackaudit", "-o", "json")), &ex); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -42,7 +44,7 @@ func machineOf(t *testing.T, db *bmdb.DB, providerID string) uuid.UUID {
 	t.Helper()
 	var id uuid.UUID
 	bmdbtest.WaitForNoError(t, 30*time.Second, "machine "+providerID+" in the BMDB", func() (bool, error) {
-		found, err := db.MachinesByProviderID(context.Background(), providerID)
+		found, err := operator.New(db).MachinesByProviderID(context.Background(), providerID)
 		if err != nil || len(found) == 0 {
 			return false, err
 		}
@@ -111,7 +113,7 @@ func TestHoldTwoReplicas(t *testing.T) {
 	// claims that began 3s before the end are sure to have seen the hold.
 	var end time.Time
 	for _, e := range h {
-		if e.Machine == short && e.Event == bmdb.EventHeld {
+		if e.Machine == short && e.Event == operator.EventHeld {
 			end = e.Timestamp.Add(6 * time.Second)
 		}
 	}
@@ -137,7 +139,7 @@ func TestHoldTwoReplicas(t *testing.T) {
 	}
 	var seen []string
 	for _, e := range entries {
-		if e.Event == bmdb.EventHeld || e.Event == bmdb.EventReleased {
+		if e.Event == operator.EventHeld || e.Event == operator.EventReleased {
 			if e.ActorRole == "" {
 				t.Errorf("%s without the database role: %+v", e.Event, e)
 			}
@@ -183,9 +185,9 @@ func TestMachineBudgetTwoReplicas(t *testing.T) {
 	}
 	var esc int
 	for _, e := range h {
-		if e.Event == bmdb.EventEscalated {
+		if e.Event == operator.EventEscalated {
 			esc++
-			if e.Actor.Name != bmdb.BudgetActor || !strings.Contains(e.Cause, "budget exhausted: 3 leases within 1h0m0s") {
+			if e.Actor.Name != operator.BudgetActor || !strings.Contains(e.Cause, "budget exhausted: 3 leases within 1h0m0s") {
 				t.Errorf("Escalated: %+v", e)
 			}
 		}
@@ -257,7 +259,7 @@ func TestHoldSelection(t *testing.T) {
 	if !strings.Contains(out, "Selected 300 machine(s)") || !strings.Contains(errOut, "add -yes") {
 		t.Fatalf("hold without -yes:\n%s\n%s", out, errOut)
 	}
-	if hs, err := db.Holds(ctx, "", 1000); err != nil || len(hs) != 0 {
+	if hs, err := operator.New(db).Holds(ctx, "", 1000); err != nil || len(hs) != 0 {
 		t.Fatalf("holds after a hold without -yes: %d, %v", len(hs), err)
 	}
 	out, _ = cli(exitOK, "hold", "-location", "dc1/rack07/", "-yes", "-reason", "rack power work", "-as", "dc-team", "-o", "json")
@@ -266,7 +268,7 @@ func TestHoldSelection(t *testing.T) {
 		t.Fatalf("hold -o json: %d holds, %v", len(held), err)
 	}
 	for _, h := range held {
-		if h.Actor != "dc-team" || h.ActorRole == "" || h.Process != "" || h.Until != nil || h.Source != bmdb.HoldByOperator {
+		if h.Actor != "dc-team" || h.ActorRole == "" || h.Process != "" || h.Until != nil || h.Source != operator.HoldByOperator {
 			t.Fatalf("hold: %+v", h)
 		}
 	}
@@ -278,7 +280,7 @@ func TestHoldSelection(t *testing.T) {
 	}
 	heldIn := 0
 	for _, m := range fleet {
-		if m.Processes["agentstart"] == bmdb.StateHeld && m.Processes["recovery"] == bmdb.StateHeld {
+		if m.Processes["agentstart"] == operator.StateHeld && m.Processes["recovery"] == operator.StateHeld {
 			heldIn++
 		}
 	}
@@ -292,19 +294,19 @@ func TestHoldSelection(t *testing.T) {
 	if strings.Contains(out, "Selected") || !strings.Contains(errOut, "no machine matches the selection") {
 		t.Fatalf("release -process agentstart -state held:\n%s\n%s", out, errOut)
 	}
-	if hs, err := db.Holds(ctx, "", 1000); err != nil || len(hs) != 300 {
+	if hs, err := operator.New(db).Holds(ctx, "", 1000); err != nil || len(hs) != 300 {
 		t.Fatalf("holds after releasing AgentStart's: %d, %v", len(hs), err)
 	}
 	out, _ = cli(exitOK, "release", "-location", "dc1/rack07/", "-yes", "-reason", "power is back", "-as", "dc-team")
 	if n := strings.Count(out, "Released "); n != 300 {
 		t.Fatalf("release released %d holds, want 300:\n%s", n, out)
 	}
-	if hs, err := db.Holds(ctx, "", 1000); err != nil || len(hs) != 0 {
+	if hs, err := operator.New(db).Holds(ctx, "", 1000); err != nil || len(hs) != 0 {
 		t.Fatalf("holds after the release: %d, %v", len(hs), err)
 	}
 	var released int
 	for _, e := range bmdbtest.History(t, db) {
-		if e.Event == bmdb.EventReleased {
+		if e.Event == operator.EventReleased {
 			released++
 			if e.Actor.Name != "dc-team" || !strings.Contains(e.Cause, "power is back") {
 				t.Fatalf("Released: %+v", e)
@@ -321,9 +323,9 @@ func TestHoldSelection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
-	bmdbtest.Register(t, db, agentstart.Process, bmdb.AgentStartCandidates())
+	bmdbtest.Register(t, db, agentstart.Process, agentstart.Candidates())
 	for _, cause := range []string{"ssh: handshake failed: EOF", "ssh: handshake failed: EOF", "dial tcp: no route to host"} {
-		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
+		leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: agentstart.Candidates()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,7 +344,7 @@ func TestHoldSelection(t *testing.T) {
 		t.Fatalf("backoff clear -state backoff:\n%s", out)
 	}
 	for _, e := range bmdbtest.History(t, db) {
-		if (e.Event == bmdb.EventRetried || e.Event == bmdb.EventBackoffCleared) && (e.Actor.Name != "ops" || e.Actor.Role == "") {
+		if (e.Event == operator.EventRetried || e.Event == operator.EventBackoffCleared) && (e.Actor.Name != "ops" || e.Actor.Role == "") {
 			t.Errorf("%s without its actor: %+v", e.Event, e)
 		}
 	}

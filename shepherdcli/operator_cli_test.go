@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
@@ -73,7 +75,7 @@ func TestHoldForZeroRefused(t *testing.T) {
 			t.Errorf("hold -for %s: stderr %q", d, errOut)
 		}
 	}
-	holds, err := f.db.Holds(context.Background(), "", 10)
+	holds, err := operator.New(f.db).Holds(context.Background(), "", 10)
 	if err != nil || len(holds) != 0 {
 		t.Fatalf("a refused hold held: %+v, %v", holds, err)
 	}
@@ -214,8 +216,8 @@ func TestRetryEscalatedMachine(t *testing.T) {
 	r := replicatest.Start(t, shepherdBinary, "replica", replicatest.EnvWithoutDSN(), failingFleetFlags(2, dsn, "-agentstart_machine_budget=1/1h")...)
 	m := machineOf(t, db, sim.ProviderID(0))
 	bmdbtest.WaitForNoError(t, 90*time.Second, "the machine escalated", func() (bool, error) {
-		hs, err := db.HoldsOf(context.Background(), m)
-		return len(hs) > 0 && hs[0].Source == bmdb.HoldByBudget, err
+		hs, err := operator.New(db).HoldsOf(context.Background(), m)
+		return len(hs) > 0 && hs[0].Source == operator.HoldByBudget, err
 	})
 	r.StopClean(15 * time.Second)
 	out, _ := runIn(t, dsn, exitOK, "retry", sim.ProviderID(0), "agentstart", "-reason", "agent fixed")
@@ -256,10 +258,10 @@ func TestOperatorReasonBounded(t *testing.T) {
 			t.Errorf("%.60q: stderr %q, want one short escaped line", args, errOut)
 		}
 	}
-	if hs, err := f.db.Holds(context.Background(), "", 10); err != nil || len(hs) != 0 {
+	if hs, err := operator.New(f.db).Holds(context.Background(), "", 10); err != nil || len(hs) != 0 {
 		t.Fatalf("a refused reason held: %+v, %v", hs, err)
 	}
-	if ps, err := f.db.Pauses(context.Background()); err != nil || len(ps) != 0 {
+	if ps, err := operator.New(f.db).Pauses(context.Background()); err != nil || len(ps) != 0 {
 		t.Fatalf("a refused reason paused: %+v, %v", ps, err)
 	}
 	f.expect(t, exitOK, "hold", m, "-reason", strings.Repeat("r", 1000))
@@ -294,9 +296,9 @@ func TestPauseResumeRecorded(t *testing.T) {
 		event         bmdb.Event
 		actor, reason string
 	}{
-		{bmdb.EventResumed, "tech-carl", "BMC firmware rolled back"},
-		{bmdb.EventPaused, "tech-ben", "incident 7, still"},
-		{bmdb.EventPaused, "tech-anna", "incident 7"},
+		{operator.EventResumed, "tech-carl", "BMC firmware rolled back"},
+		{operator.EventPaused, "tech-ben", "incident 7, still"},
+		{operator.EventPaused, "tech-anna", "incident 7"},
 	}
 	if len(events) != len(want) {
 		t.Fatalf("pauses: %d events, want %d:\n%s", len(events), len(want), out)

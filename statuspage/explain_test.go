@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -22,7 +24,7 @@ func TestMachinePageExplains(t *testing.T) {
 	t.Parallel()
 	f := statuspagetest.NewFleet(t)
 	ctx := context.Background()
-	if _, err := f.DB.RequestRun(ctx, f.Leased, recovery.Process.Name, "workload <wedged>", bmdb.Actor{Name: "alice"}); err != nil {
+	if _, err := operator.New(f.DB).RequestRun(ctx, f.Leased, recovery.Process.Name, "workload <wedged>", bmdb.Actor{Name: "alice"}); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(New(f.DB, processes, Options{}))
@@ -65,17 +67,17 @@ func TestOverviewShowsOperatorRequests(t *testing.T) {
 	f := statuspagetest.NewFleet(t)
 	ctx := context.Background()
 	alice := bmdb.Actor{Name: "alice"}
-	if _, err := f.DB.RequestRun(ctx, f.Leased, recovery.Process.Name, "waits for the lease", alice); err != nil {
+	if _, err := operator.New(f.DB).RequestRun(ctx, f.Leased, recovery.Process.Name, "waits for the lease", alice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.DB.RequestRun(ctx, f.Finished, recovery.Process.Name, "INC-7: wedged <workload>", alice); err != nil {
+	if _, err := operator.New(f.DB).RequestRun(ctx, f.Finished, recovery.Process.Name, "INC-7: wedged <workload>", alice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.DB.ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
+	if _, err := operator.New(f.DB).ResumeProcess(ctx, recovery.Process.Name); err != nil { // the fleet pauses it
 		t.Fatal(err)
 	}
-	bmdbtest.Register(t, f.DB, recovery.Process, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
-	leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: recovery.Process, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)})
+	bmdbtest.Register(t, f.DB, recovery.Process, recovery.Candidates(30*time.Minute, 10*time.Minute))
+	leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: recovery.Process, Candidates: recovery.Candidates(30*time.Minute, 10*time.Minute)})
 	if err != nil || leases[0].Machine != f.Finished {
 		t.Fatalf("the forced claim: %v, %v; want %s", leases, err, f.Finished)
 	}

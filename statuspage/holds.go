@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -20,7 +22,7 @@ const (
 // per-machine budget), and the last escalations, each with reason, actor
 // and time.
 type holdsView struct {
-	Held []bmdb.Hold
+	Held []operator.Hold
 	// More is set when more holds exist than are listed.
 	More        bool
 	Escalations []bmdb.HistoryEntry

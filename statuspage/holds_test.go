@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
@@ -22,23 +24,23 @@ func TestHoldsAndEscalationsShown(t *testing.T) {
 	f := statuspagetest.NewFleet(t)
 	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
-	if _, err := f.DB.Hold(ctx, f.Twins[:1], "", `DIMM swap <b>ticket</b> 4711`, 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
+	if _, err := operator.New(f.DB).Hold(ctx, f.Twins[:1], "", `DIMM swap <b>ticket</b> 4711`, 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.DB.Hold(ctx, f.Twins[1:], agentstart.Process.Name, "quick look", time.Hour, bmdb.Actor{Name: "tech-ben"}); err != nil {
+	if _, err := operator.New(f.DB).Hold(ctx, f.Twins[1:], agentstart.Process.Name, "quick look", time.Hour, bmdb.Actor{Name: "tech-ben"}); err != nil {
 		t.Fatal(err)
 	}
 	// The failed machine's backoff ends at once; a budget of one lease an
 	// hour, which it used, escalates it at the next claim.
-	if _, err := f.DB.Retry(ctx, f.Failed, agentstart.Process.Name, "try again"); err != nil {
+	if _, err := operator.New(f.DB).Retry(ctx, f.Failed, agentstart.Process.Name, "try again"); err != nil {
 		t.Fatal(err)
 	}
 	var escalated []bmdb.Escalation
 	limits := bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 1, Window: time.Hour}}
 	onEscalated := func(e bmdb.Escalation) { escalated = append(escalated, e) }
-	bmdbtest.Register(t, f.DB, agentstart.Process, bmdb.AgentStartCandidates())
+	bmdbtest.Register(t, f.DB, agentstart.Process, agentstart.Candidates())
 	for range 10 {
-		leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates(), Max: 10, Limits: limits, OnEscalated: onEscalated})
+		leases, err := f.Session.Claim(ctx, bmdb.ClaimOptions{Process: agentstart.Process, Candidates: agentstart.Candidates(), Max: 10, Limits: limits, OnEscalated: onEscalated})
 		if err != nil {
 			break
 		}
@@ -77,7 +79,7 @@ func TestLongReasonShownBounded(t *testing.T) {
 	f := statuspagetest.NewFleet(t)
 	srv := httptest.NewServer(New(f.DB, processes, Options{}))
 	defer srv.Close()
-	if _, err := f.DB.Hold(ctx, f.Twins[:1], "", "short for now", 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
+	if _, err := operator.New(f.DB).Hold(ctx, f.Twins[:1], "", "short for now", 0, bmdb.Actor{Name: "tech-anna"}); err != nil {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("x", 100_000)

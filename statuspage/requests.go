@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -20,7 +22,7 @@ const (
 // process runs nowhere), and the run-now requests claims honoured last
 // (Forced), with reason, actor and time.
 type requestsView struct {
-	Pending []bmdb.PendingRequest
+	Pending []operator.PendingRequest
 	Forced  []bmdb.HistoryEntry
 }
 

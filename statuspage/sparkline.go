@@ -5,7 +5,7 @@ import (
 	"html/template"
 	"strings"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
 )
 
 // Sparkline geometry, in SVG user units.
@@ -18,7 +18,7 @@ const (
 // sparkline draws the last hour's starts (line) and failures (red line)
 // of a process as an inline SVG, server-side: no script or asset needed
 // to read it. Only numbers go into the markup.
-func sparkline(buckets []bmdb.ActivityBucket) template.HTML {
+func sparkline(buckets []operator.ActivityBucket) template.HTML {
 	if len(buckets) == 0 {
 		return ""
 	}
@@ -28,7 +28,7 @@ func sparkline(buckets []bmdb.ActivityBucket) template.HTML {
 		started += b.Started
 		failed += b.Failed
 	}
-	points := func(value func(bmdb.ActivityBucket) int64) string {
+	points := func(value func(operator.ActivityBucket) int64) string {
 		var sb strings.Builder
 		step := float64(sparkWidth-2*sparkPad) / float64(max(len(buckets)-1, 1))
 		for i, b := range buckets {
@@ -48,6 +48,6 @@ func sparkline(buckets []bmdb.ActivityBucket) template.HTML {
 			`<polyline class="failed" fill="none" stroke="var(--bad)" stroke-width="1.5" points="%s"/></svg>`,
 		sparkWidth, sparkHeight, sparkWidth, sparkHeight, len(buckets), minutes, started, failed,
 		minutes, int(activityWidth.Minutes()), started, failed,
-		points(func(b bmdb.ActivityBucket) int64 { return b.Started }),
-		points(func(b bmdb.ActivityBucket) int64 { return b.Failed })))
+		points(func(b operator.ActivityBucket) int64 { return b.Started }),
+		points(func(b operator.ActivityBucket) int64 { return b.Failed })))
 }

@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
@@ -160,7 +162,7 @@ func parseTemplates(prog string) *template.Template {
 
 // handler serves the pages.
 type handler struct {
-	db        *bmdb.DB
+	db        *operator.DB
 	processes []Process
 	opts      Options
 	now       func() time.Time
@@ -171,7 +173,7 @@ type handler struct {
 	cached   *overview
 	cachedAt time.Time
 	ttl      time.Duration
-	totals   *bmdb.FleetTotals
+	totals   *operator.FleetTotals
 	totalsAt time.Time
 }
 
@@ -185,7 +187,7 @@ func New(db *bmdb.DB, processes []Process, opts Options) http.Handler {
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = staleAfter(processes)
 	}
-	h := &handler{db: db, processes: processes, opts: opts, now: time.Now, ttl: overviewTTL, tmpl: templates}
+	h := &handler{db: operator.New(db), processes: processes, opts: opts, now: time.Now, ttl: overviewTTL, tmpl: templates}
 	if opts.Program != "" && opts.Program != defaultProgram {
 		h.tmpl = parseTemplates(opts.Program)
 	}
@@ -228,7 +230,7 @@ type overview struct {
 	RefreshSeconds int
 	// Totals are the fleet's counts, read at most every totalsTTL; nil
 	// when they could not be read.
-	Totals   *bmdb.FleetTotals
+	Totals   *operator.FleetTotals
 	TotalsAt time.Time
 	// Reboots are the last hour's verified reboots; nil when they could
 	// not be read.
@@ -243,7 +245,7 @@ type overview struct {
 	// nil when they could not be read.
 	Holds *holdsView
 	// OtherPauses are active pauses of processes this daemon does not run.
-	OtherPauses []bmdb.Pause
+	OtherPauses []operator.Pause
 	Sessions    []bmdb.SessionInfo
 	Errors      []string
 }
@@ -251,15 +253,15 @@ type overview struct {
 type processView struct {
 	Label    string
 	Name     string
-	Counts   bmdb.ProcessCounts
-	Pause    *bmdb.Pause
+	Counts   operator.ProcessCounts
+	Pause    *operator.Pause
 	Failures []bmdb.HistoryEntry
 	// Recovered marks the failures (by history id) that a later success
 	// on the same machine made good.
 	Recovered map[int64]bool
-	Leases    []bmdb.MachineState
+	Leases    []operator.MachineState
 	// Activity is the last hour's starts and failures, oldest first.
-	Activity []bmdb.ActivityBucket
+	Activity []operator.ActivityBucket
 }
 
 func (h *handler) serveOverview(w http.ResponseWriter, r *http.Request) {
@@ -321,7 +323,7 @@ func (h *handler) readOverview(ctx context.Context) *overview {
 		if pv.Recovered, err = h.db.Recovered(ctx, pv.Failures); err != nil {
 			fail(err)
 		}
-		if pv.Leases, err = h.db.Machines(ctx, bmdb.MachineQuery{Process: p.Info.Process, State: bmdb.StateLeased, Limit: oldestLeases}); err != nil {
+		if pv.Leases, err = h.db.Machines(ctx, operator.MachineQuery{Process: p.Info.Process, State: operator.StateLeased, Limit: oldestLeases}); err != nil {
 			fail(err)
 		}
 		if pv.Activity, err = h.db.Activity(ctx, name, activityWidth, activityBuckets); err != nil {
@@ -415,7 +417,7 @@ type matchesPage struct {
 // machinePage is the data of a machine's page.
 type machinePage struct {
 	Generated time.Time
-	bmdb.MachineDetail
+	operator.MachineDetail
 	// Timeline is History, newest first.
 	Timeline []bmdb.HistoryEntry
 	// ProcessTags are the tags the processes' Tags functions read.
@@ -426,7 +428,7 @@ type machinePage struct {
 	// Explain says, per process, whether it would act on the machine and
 	// every reason it will not (shepherd explain); nil when it could not
 	// be read.
-	Explain []bmdb.Explanation
+	Explain []operator.Explanation
 }
 
 func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
@@ -468,10 +470,10 @@ func (h *handler) serveMachine(w http.ResponseWriter, r *http.Request) {
 // explain is the machine's explanation for the page's processes, from
 // their own conditions (as shepherd explain reads it); nil on error,
 // which is logged: the rest of the page is still worth showing.
-func (h *handler) explain(ctx context.Context, machine uuid.UUID) []bmdb.Explanation {
-	ps := make([]bmdb.ExplainProcess, len(h.processes))
+func (h *handler) explain(ctx context.Context, machine uuid.UUID) []operator.Explanation {
+	ps := make([]operator.ExplainProcess, len(h.processes))
 	for i, p := range h.processes {
-		ps[i] = bmdb.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates,
+		ps[i] = operator.ExplainProcess{Process: p.Info.Process, Candidates: &p.Candidates,
 			Limits: p.Limits, Facts: p.Explain}
 	}
 	ex, err := h.db.ExplainMachine(ctx, machine, ps)
@@ -641,7 +643,7 @@ func eventClass(event bmdb.Event) string {
 		return "ok"
 	case bmdb.EventFailed, bmdb.EventLost, bmdb.EventNotRecovered:
 		return "bad"
-	case bmdb.EventBackoffCleared, bmdb.EventRetried, bmdb.EventForcedRun:
+	case operator.EventBackoffCleared, operator.EventRetried, operator.EventForcedRun:
 		return "op"
 	default:
 		return ""

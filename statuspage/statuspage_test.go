@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -25,8 +27,8 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 var (
 	// The two shipped processes, as their packages declare them.
 	processes = []Process{
-		{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates(), Explain: agentstart.Definition().Explain},
-		{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute), Explain: recovery.Definition().Explain},
+		{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: agentstart.Candidates(), Explain: agentstart.Definition().Explain},
+		{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: recovery.Candidates(30*time.Minute, 10*time.Minute), Explain: recovery.Definition().Explain},
 	}
 )
 
@@ -203,7 +205,7 @@ func TestBreakerPauseShown(t *testing.T) {
 func TestProgramNamedInHints(t *testing.T) {
 	t.Parallel()
 	f := statuspagetest.NewFleet(t)
-	if _, err := f.DB.PauseProcess(context.Background(), agentstart.Process.Name, "test: hints"); err != nil {
+	if _, err := operator.New(f.DB).PauseProcess(context.Background(), agentstart.Process.Name, "test: hints"); err != nil {
 		t.Fatal(err)
 	}
 	fleetd := httptest.NewServer(New(f.DB, processes, Options{Program: "fleetd"}))
@@ -229,7 +231,7 @@ func TestProgramNamedInHints(t *testing.T) {
 func TestOverviewCache(t *testing.T) {
 	t.Parallel()
 	f := statuspagetest.NewFleet(t)
-	hd := &handler{db: f.DB, processes: processes, ttl: time.Hour}
+	hd := &handler{db: operator.New(f.DB), processes: processes, ttl: time.Hour}
 	now := time.Unix(1_700_000_000, 0)
 	hd.now = func() time.Time { return now }
 	ctx := context.Background()
@@ -237,7 +239,7 @@ func TestOverviewCache(t *testing.T) {
 	if len(first.Errors) > 0 {
 		t.Fatal(first.Errors)
 	}
-	if _, err := f.DB.ResumeProcess(ctx, recovery.Process.Name); err != nil {
+	if _, err := operator.New(f.DB).ResumeProcess(ctx, recovery.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	if again := hd.overview(ctx); again != first {

@@ -120,10 +120,10 @@ var noneCandidates = mustCandidates(Condition{Name: "none", SQL: condNone})
 // noDue is the due time of a condition that time alone never makes true.
 const noDue = `NULL::timestamptz`
 
-// spliceCondition splices the condition of c into a constant template and merges
+// SpliceCondition splices the condition of c into a constant template and merges
 // the named arguments. The template is a constant of this package, the
 // condition one NewCandidates checked.
-func spliceCondition(c Candidates, template string, args pgx.NamedArgs) (string, pgx.NamedArgs) {
+func SpliceCondition(c Candidates, template string, args pgx.NamedArgs) (string, pgx.NamedArgs) {
 	merged := pgx.NamedArgs{}
 	for k, v := range c.Args() {
 		merged[k] = v

@@ -180,7 +180,7 @@ func (c *claim) prepare(contended bool) error {
 	if contended {
 		template = claimDueTemplate
 	}
-	query, args := spliceCondition(c.o.Candidates, template, c.named)
+	query, args := SpliceCondition(c.o.Candidates, template, c.named)
 	q, err := c.s.db.positional.get(query, args)
 	if err != nil {
 		return fmt.Errorf("claiming for %s (%s): %w", c.o.Process.Name, c.o.Candidates.Name(), err)
@@ -236,7 +236,7 @@ func (c *claim) lockAndLease(ctx context.Context, tx *Tx, scan int, r *claimRoun
 // lease runs the claim's statement on the locked due rows ids, leasing up
 // to n of them, and reads what it leased and escalated into r.
 func (c *claim) lease(ctx context.Context, tx *Tx, ids []uuid.UUID, n int, r *claimRound) error {
-	c.args["ids"], c.args["limit"] = uuidArray(ids), n
+	c.args["ids"], c.args["limit"] = UUIDArray(ids), n
 	rows, err := tx.tx.Query(ctx, c.query.sql, c.query.args(c.args)...)
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -30,7 +32,7 @@ func (e *env) healthy(machine uuid.UUID) {
 	}
 }
 
-var operator = bmdb.Actor{Name: "alice@test"}
+var alice = bmdb.Actor{Name: "alice@test"}
 
 // A run-now request makes Recovery lease a machine whose condition does not
 // hold, once: Forced (with reason and actor) is recorded just before the
@@ -45,7 +47,7 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim before the request: %v, want ErrNothingToDo", err)
 	}
-	res, err := e.db.RequestRun(ctx, m, recovery.Name, "workload wedged", operator)
+	res, err := e.db.RequestRun(ctx, m, recovery.Name, "workload wedged", alice)
 	if err != nil || res.Replaced {
 		t.Fatalf("RequestRun: %+v, %v", res, err)
 	}
@@ -63,11 +65,11 @@ func TestRunNowLeasesOnce(t *testing.T) {
 		t.Fatalf("Claim after the forced lease: %v, want ErrNothingToDo (the request is consumed)", err)
 	}
 	h := e.history(m)
-	i := slices.IndexFunc(h, func(x bmdb.HistoryEntry) bool { return x.Event == bmdb.EventForcedRun })
-	if i < 0 || i+1 >= len(h) || h[i+1].Event != bmdb.EventStarted || h[i].Cause != "workload wedged" || h[i].Actor.Name != operator.Name || h[i].Actor.Role == "" {
+	i := slices.IndexFunc(h, func(x bmdb.HistoryEntry) bool { return x.Event == operator.EventForcedRun })
+	if i < 0 || i+1 >= len(h) || h[i+1].Event != bmdb.EventStarted || h[i].Cause != "workload wedged" || h[i].Actor.Name != alice.Name || h[i].Actor.Role == "" {
 		t.Fatalf("history %+v: want Forced (reason, actor, role) right before Started", h)
 	}
-	if _, err := e.db.RequestRun(ctx, uuid.New(), recovery.Name, "x", operator); !errors.Is(err, bmdb.ErrNotFound) {
+	if _, err := e.db.RequestRun(ctx, uuid.New(), recovery.Name, "x", alice); !errors.Is(err, bmdb.ErrNotFound) {
 		t.Errorf("RequestRun of an unknown machine: %v, want ErrNotFound", err)
 	}
 	e.audit()
@@ -82,14 +84,14 @@ func TestRunNowWaitsForTheGroup(t *testing.T) {
 	ctx := t.Context()
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	other := claim(t, s, agentStart) // ProvidedCandidates: any machine
-	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", operator); err != nil {
+	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", alice); err != nil {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim while the group holds the machine: %v, want ErrNothingToDo", err)
 	}
-	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
+	ex, err := e.db.ExplainMachine(ctx, m, []operator.ExplainProcess{{Process: recovery, Candidates: &cand}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,10 +126,10 @@ func TestCancelRequest(t *testing.T) {
 	w := claim(t, s, agentStart)
 	wctx, release := w.Bind(ctx)
 	defer release()
-	if _, err := e.db.RequestCancel(ctx, m, recovery.Name, "x", operator, nil); !errors.Is(err, bmdb.ErrNotFound) {
+	if _, err := e.db.RequestCancel(ctx, m, recovery.Name, "x", alice, nil); !errors.Is(err, bmdb.ErrNotFound) {
 		t.Fatalf("RequestCancel of a process holding no lease: %v, want ErrNotFound", err)
 	}
-	res, err := e.db.RequestCancel(ctx, m, agentStart.Name, "BMC call stuck", operator, nil)
+	res, err := e.db.RequestCancel(ctx, m, agentStart.Name, "BMC call stuck", alice, nil)
 	if err != nil || res.Session != s.ID() {
 		t.Fatalf("RequestCancel: %+v, %v", res, err)
 	}
@@ -137,15 +139,15 @@ func TestCancelRequest(t *testing.T) {
 	}
 	<-wctx.Done()
 	var c *bmdb.CanceledByOperator
-	if !errors.As(context.Cause(wctx), &c) || c.Actor != operator.Name {
-		t.Fatalf("cause %v, want CanceledByOperator by %s", context.Cause(wctx), operator.Name)
+	if !errors.As(context.Cause(wctx), &c) || c.Actor != alice.Name {
+		t.Fatalf("cause %v, want CanceledByOperator by %s", context.Cause(wctx), alice.Name)
 	}
 	if err := w.Cancel(ctx); err != nil {
 		t.Fatal(err)
 	}
 	h := e.history(m)
 	last := h[len(h)-1]
-	if last.Event != bmdb.EventCanceled || last.Cause != "canceled by alice@test: BMC call stuck" || last.Actor.Name != operator.Name {
+	if last.Event != bmdb.EventCanceled || last.Cause != "canceled by alice@test: BMC call stuck" || last.Actor.Name != alice.Name {
 		t.Fatalf("last event %+v, want Canceled by the operator", last)
 	}
 	if b := e.backoffOf(m, agentStart); b != nil {
@@ -202,7 +204,7 @@ func TestCancelFoundByHeartbeat(t *testing.T) {
 	w := claim(t, s, agentStart)
 	wctx, release := w.Bind(ctx)
 	defer release()
-	if _, err := e.db.RequestCancel(ctx, m, agentStart.Name, "stuck", operator, nil); err != nil {
+	if _, err := e.db.RequestCancel(ctx, m, agentStart.Name, "stuck", alice, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -214,8 +216,8 @@ func TestCancelFoundByHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := e.history(m)
-	if last := h[len(h)-1]; last.Event != bmdb.EventCanceled || last.Actor.Name != operator.Name {
-		t.Fatalf("last event %+v, want Canceled by %s", last, operator.Name)
+	if last := h[len(h)-1]; last.Event != bmdb.EventCanceled || last.Actor.Name != alice.Name {
+		t.Fatalf("last event %+v, want Canceled by %s", last, alice.Name)
 	}
 	e.audit()
 }
@@ -228,17 +230,17 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 	e.healthy(m)
 	ctx := t.Context()
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
-	if _, err := e.db.Hold(ctx, []uuid.UUID{m}, recovery.Name, "DIMM swap", 0, operator); err != nil {
+	if _, err := e.db.Hold(ctx, []uuid.UUID{m}, recovery.Name, "DIMM swap", 0, alice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", operator); err != nil {
+	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", alice); err != nil {
 		t.Fatal(err)
 	}
 	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim of a held machine: %v, want ErrNothingToDo", err)
 	}
-	ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand}})
+	ex, err := e.db.ExplainMachine(ctx, m, []operator.ExplainProcess{{Process: recovery, Candidates: &cand}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +248,7 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 		!strings.Contains(strings.Join(r.Reasons, "\n"), "held for ShepherdRecovery by alice@test") {
 		t.Fatalf("explanation of a held machine with a pending request: %+v", r)
 	}
-	if _, err := e.db.Release(ctx, []uuid.UUID{m}, recovery.Name, "swapped", operator); err != nil {
+	if _, err := e.db.Release(ctx, []uuid.UUID{m}, recovery.Name, "swapped", alice); err != nil {
 		t.Fatal(err)
 	}
 	w := waitWorkFor(t, s, recovery, cand, 10*time.Second)
@@ -268,9 +270,9 @@ func TestExplainShowsPendingReset(t *testing.T) {
 	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
 	// Recovery's definition reads the reset among its condition's facts.
 	cfg := recoveryproc.Config{StartTimeout: time.Hour, HeartbeatTimeout: time.Hour}
-	explain := func() bmdb.MachineExplanation {
+	explain := func() operator.MachineExplanation {
 		t.Helper()
-		ex, err := e.db.ExplainMachine(ctx, m, []bmdb.ExplainProcess{{Process: recovery, Candidates: &cand, Facts: cfg.Explain}})
+		ex, err := e.db.ExplainMachine(ctx, m, []operator.ExplainProcess{{Process: recovery, Candidates: &cand, Facts: cfg.Explain}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -305,7 +307,7 @@ func TestRunNowIsClaimedFirst(t *testing.T) {
 	ctx := t.Context()
 	cand := bmdb.ProvidedCandidates()
 	register(t, s, recovery, cand)
-	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "wedged", operator); err != nil {
+	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "wedged", alice); err != nil {
 		t.Fatal(err)
 	}
 	leased, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand})

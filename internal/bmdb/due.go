@@ -313,7 +313,7 @@ func (db *DB) buildDueChunk(ctx context.Context, process Process, candidates Can
 		if _, err := tx.tx.Exec(ctx, qDueChunkClear, process.Name, after, *last); err != nil {
 			return err
 		}
-		query, args := spliceCondition(candidates, fillDueChunkTemplate, pgx.NamedArgs{"process": process.Name, "after": after, "last": *last})
+		query, args := SpliceCondition(candidates, fillDueChunkTemplate, pgx.NamedArgs{"process": process.Name, "after": after, "last": *last})
 		if _, err := tx.tx.Exec(ctx, query, args); err != nil {
 			return err
 		}
@@ -387,7 +387,7 @@ func (db *DB) ensureRegistered(ctx context.Context, process Process, candidates 
 // the plan of a statement that evaluates them: the planner's list, not a
 // parse of the SQL, so it is what the database reads.
 func conditionTables(ctx context.Context, tx txConn, c Candidates) ([]string, error) {
-	query, args := spliceCondition(c, explainJSON+watchProbeTemplate, nil)
+	query, args := SpliceCondition(c, explainJSON+watchProbeTemplate, nil)
 	var plan []byte
 	if err := tx.QueryRow(ctx, query, args).Scan(&plan); err != nil {
 		return nil, fmt.Errorf("planning the condition: %w", err)
@@ -485,7 +485,7 @@ func (db *DB) ReconcileDue(ctx context.Context, process Process, candidates Cand
 	if err := process.Validate(); err != nil {
 		return uuid.Nil, 0, err
 	}
-	query, args := spliceCondition(candidates, reconcileDueTemplate, pgx.NamedArgs{
+	query, args := SpliceCondition(candidates, reconcileDueTemplate, pgx.NamedArgs{
 		"group":   process.Group(),
 		"process": process.Name,
 		"after":   after,

@@ -52,7 +52,7 @@ func (s *Session) ExplainClaim(ctx context.Context, process Process, candidates 
 		"ids":     ids,
 	}
 	budgetArgs(MachineBudget{}, named)
-	query, args := spliceCondition(candidates, explainPrefix+claimDueTemplate, named)
+	query, args := SpliceCondition(candidates, explainPrefix+claimDueTemplate, named)
 	claimPlan, err := explainLines(ctx, tx, query, args)
 	if err != nil {
 		return fail(err)

@@ -90,7 +90,7 @@ func ContendedClaimStatement(candidates Candidates) string {
 }
 
 func claimStatement(template string, candidates Candidates) string {
-	sql, args := spliceCondition(candidates, template, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
+	sql, args := SpliceCondition(candidates, template, pgx.NamedArgs{"group": "", "process": "", "session": nil, "ids": nil, "limit": 0})
 	budgetArgs(MachineBudget{}, args)
 	var positional positionalQueries
 	q, err := positional.get(sql, args)

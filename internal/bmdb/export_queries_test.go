@@ -24,11 +24,46 @@ func SQLStatements() (sql, file map[string]string, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	ops, opsFile, err := operatorStatements()
+	if err != nil {
+		return nil, nil, err
+	}
+	for name, s := range ops {
+		sql[name], file[name] = s, "operator/"+opsFile[name]
+	}
 	recovery := RecoveryCandidates(30*time.Minute, 10*time.Minute)
 	for name, s := range sql {
 		if strings.HasSuffix(name, "Template") {
-			sql[name], _ = spliceCondition(recovery, s, nil)
+			sql[name], _ = SpliceCondition(recovery, s, nil)
 		}
 	}
 	return sql, file, nil
+}
+
+// operatorStatements reads the statements of package operator, whose
+// constants build on this package's (bmdb.EligibleFilter, ...).
+func operatorStatements() (sql, file map[string]string, err error) {
+	core, _, err := sqlconst.Read(".", regexp.MustCompile(`^(EligibleFilter|BudgetCounted)$`))
+	if err != nil {
+		return nil, nil, err
+	}
+	imported := make(map[string]string, len(core))
+	for name, s := range core {
+		imported["bmdb."+name] = s
+	}
+	return sqlconst.ReadImporting("operator", statementName, imported)
+}
+
+// operatorSQL is the statement of package operator named name, for the
+// tests of its plans.
+func operatorSQL(name string) string {
+	sql, _, err := operatorStatements()
+	if err != nil {
+		panic(err)
+	}
+	s, ok := sql[name]
+	if !ok {
+		panic("no statement " + name + " in package operator")
+	}
+	return s
 }

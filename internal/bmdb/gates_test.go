@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/google/uuid"
@@ -73,11 +75,11 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(holds) != 1 || holds[0].Source != bmdb.HoldByBudget || holds[0].Process != recovery.Name {
+	if len(holds) != 1 || holds[0].Source != operator.HoldByBudget || holds[0].Process != recovery.Name {
 		t.Errorf("holds after the budget: %+v, want one budget hold for %s", holds, recovery.Name)
 	}
 	h := e.history(ms[3])
-	if last := h[len(h)-1]; last.Event != bmdb.EventEscalated || !strings.Contains(last.Cause, "budget exhausted: 2 leases") {
+	if last := h[len(h)-1]; last.Event != operator.EventEscalated || !strings.Contains(last.Cause, "budget exhausted: 2 leases") {
 		t.Errorf("last event %s %q, want Escalated for the budget", last.Event, last.Cause)
 	}
 
@@ -92,13 +94,13 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 
 	// That replica's session is of this release; one that records no
 	// schema version is an older binary's, and is named.
-	sessions, total, err := migrate.OlderSessions(ctx, e.db)
+	sessions, total, err := migrate.OlderSessions(ctx, e.db.DB)
 	if err != nil || total != 0 {
 		t.Errorf("OlderSessions with only this release's: %v, %d, %v", sessions, total, err)
 	}
 	old := e.session(bmdb.SessionConfig{Component: "shepherd-recovery", RuntimeInfo: "host=old\x1b[31m pid=1"})
 	e.exec(`INSERT INTO process_registrants (process, session_id, fingerprint, condition_args) VALUES ($1, $2, 'x', '{}')`, recovery.Name, old.ID())
-	sessions, total, err = migrate.OlderSessions(ctx, e.db)
+	sessions, total, err = migrate.OlderSessions(ctx, e.db.DB)
 	if err != nil || total != 1 || len(sessions) != 1 {
 		t.Fatalf("OlderSessions: %v, %d, %v; want the older binary's", sessions, total, err)
 	}

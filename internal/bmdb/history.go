@@ -8,7 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
+// ScanHistory scans a work_history row as the history queries select it.
+func ScanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
 	var e HistoryEntry
 	var cause *string
 	var session *uuid.UUID
@@ -26,7 +27,7 @@ func scanHistory(row pgx.CollectableRow) (HistoryEntry, error) {
 
 // History returns the history of machine in causal order.
 func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, error) {
-	h, err := queryRows(ctx, db.pool, scanHistory, qHistoryOfMachine, machine)
+	h, err := queryRows(ctx, db.pool, ScanHistory, qHistoryOfMachine, machine)
 	if err != nil {
 		return nil, fmt.Errorf("reading history of %s: %w", machine, err)
 	}
@@ -36,7 +37,7 @@ func (db *DB) History(ctx context.Context, machine uuid.UUID) ([]HistoryEntry, e
 // HistoryAfter returns up to limit entries of all machines with an ID above
 // after, in causal order: audits page through the whole history with it.
 func (db *DB) HistoryAfter(ctx context.Context, after int64, limit int) ([]HistoryEntry, error) {
-	h, err := queryRows(ctx, db.pool, scanHistory, qHistoryAll, after, limit)
+	h, err := queryRows(ctx, db.pool, ScanHistory, qHistoryAll, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading history: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -90,13 +92,13 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 		t.Fatalf("claimed %d machines before any hold, want 3", len(got))
 	}
 	actor := bmdb.Actor{Name: "alice@host"}
-	if _, err := db.Hold(ctx, ids[:1], p.Name, "DIMM swap", 0, actor); err != nil {
+	if _, err := operator.New(db).Hold(ctx, ids[:1], p.Name, "DIMM swap", 0, actor); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Hold(ctx, ids[1:2], "", "rack move", 0, actor); err != nil {
+	if _, err := operator.New(db).Hold(ctx, ids[1:2], "", "rack move", 0, actor); err != nil {
 		t.Fatal(err)
 	}
-	held, err := db.Hold(ctx, ids[2:3], p.Name, "short", 2*time.Second, actor)
+	held, err := operator.New(db).Hold(ctx, ids[2:3], p.Name, "short", 2*time.Second, actor)
 	if err != nil || len(held) != 1 || held[0].Until.IsZero() || held[0].Actor.Role == "" {
 		t.Fatalf("Hold for 2s: %+v, %v", held, err)
 	}
@@ -120,16 +122,16 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	claimAllOf(t, s, p, bmdb.Limits{})
-	hs, err := db.HoldsOf(ctx, ids[0])
+	hs, err := operator.New(db).HoldsOf(ctx, ids[0])
 	if err != nil || len(hs) != 1 || hs[0].Reason != "DIMM swap" || hs[0].Actor.Name != "alice@host" {
 		t.Fatalf("HoldsOf: %+v, %v", hs, err)
 	}
-	if n, err := db.HeldCount(ctx, p.Name); err != nil || n != 2 {
+	if n, err := operator.New(db).HeldCount(ctx, p.Name); err != nil || n != 2 {
 		t.Fatalf("HeldCount(%s) = %d, %v; want 2", p.Name, n, err)
 	}
 	// Released, the machines are claimed at once (their due rows were
 	// gone).
-	rel, err := db.Release(ctx, ids[:2], "", "done", bmdb.Actor{Name: "bob@host"})
+	rel, err := operator.New(db).Release(ctx, ids[:2], "", "done", bmdb.Actor{Name: "bob@host"})
 	if err != nil || len(rel) != 2 {
 		t.Fatalf("Release: %+v, %v", rel, err)
 	}
@@ -138,7 +140,7 @@ func TestHoldKeepsClaimsOff(t *testing.T) {
 	}
 	var events []string
 	for _, e := range bmdbtest.History(t, db) {
-		if e.Event == bmdb.EventHeld || e.Event == bmdb.EventReleased {
+		if e.Event == operator.EventHeld || e.Event == operator.EventReleased {
 			if e.Actor.Name == "" || e.Actor.Role == "" || e.Cause == "" {
 				t.Errorf("%s without actor or reason: %+v", e.Event, e)
 			}
@@ -198,29 +200,29 @@ func TestMachineBudgetEscalates(t *testing.T) {
 		t.Fatalf("escalations: %+v; want 2", escalated)
 	}
 	for _, id := range ids {
-		used, err := db.BudgetUsed(ctx, id, p.Name, time.Hour)
+		used, err := operator.New(db).BudgetUsed(ctx, id, p.Name, time.Hour)
 		if err != nil || used != 3 {
 			t.Fatalf("BudgetUsed = %d, %v; want 3", used, err)
 		}
-		hs, err := db.HoldsOf(ctx, id)
-		if err != nil || len(hs) != 1 || hs[0].Source != bmdb.HoldByBudget || hs[0].Process != p.Name {
+		hs, err := operator.New(db).HoldsOf(ctx, id)
+		if err != nil || len(hs) != 1 || hs[0].Source != operator.HoldByBudget || hs[0].Process != p.Name {
 			t.Fatalf("holds after escalation: %+v, %v", hs, err)
 		}
 	}
 	var esc []bmdb.HistoryEntry
 	for _, e := range bmdbtest.History(t, db) {
-		if e.Event == bmdb.EventEscalated {
+		if e.Event == operator.EventEscalated {
 			esc = append(esc, e)
 		}
 	}
 	if len(esc) != 2 || !strings.Contains(esc[0].Cause, "budget exhausted: 3 leases within 1h0m0s") || !strings.Contains(esc[0].Cause, "agent died") {
 		t.Fatalf("Escalated events: %+v", esc)
 	}
-	if _, err := db.Release(ctx, ids[:1], p.Name, "agent fixed", bmdb.Actor{Name: "carol"}); err != nil {
+	if _, err := operator.New(db).Release(ctx, ids[:1], p.Name, "agent fixed", bmdb.Actor{Name: "carol"}); err != nil {
 		t.Fatal(err)
 	}
 	// Released, the machine has its whole budget again.
-	if used, err := db.BudgetUsed(ctx, ids[0], p.Name, time.Hour); err != nil || used != 0 {
+	if used, err := operator.New(db).BudgetUsed(ctx, ids[0], p.Name, time.Hour); err != nil || used != 0 {
 		t.Fatalf("BudgetUsed after the release = %d, %v; want 0", used, err)
 	}
 	leases := waitClaim(t, s, p, limits)

@@ -77,7 +77,7 @@ func (db *DB) ForgetSSHHostKey(ctx context.Context, machine uuid.UUID, reason st
 		}
 		// The key read above is the one deleted: a key pinned anew in
 		// between is not forgotten unseen.
-		err = tx.tx.QueryRow(ctx, qHostKeyForget, machine, reason+" (forgot "+describe(key)+")", key, actorArg(ActorFrom(ctx))).Scan(&forgotten.Key, &forgotten.PinnedAt)
+		err = tx.tx.QueryRow(ctx, qHostKeyForget, machine, reason+" (forgot "+describe(key)+")", key, ActorArg(ActorFrom(ctx))).Scan(&forgotten.Key, &forgotten.PinnedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("the pinned key changed meanwhile: %w", ErrNotFound)
 		}

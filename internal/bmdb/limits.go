@@ -83,7 +83,7 @@ func (db *DB) CheckBreaker(ctx context.Context, process string, b Breaker) (Brea
 	if b.Window <= 0 {
 		return v, nil
 	}
-	if err := checkProcessName(process); err != nil {
+	if err := CheckProcessName(process); err != nil {
 		return v, err
 	}
 	err := db.pool.QueryRow(ctx, qBreakerTrip, process, b.Window, b.Threshold).Scan(&v.Failed, &v.Attempts, &v.Tripped)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -38,7 +40,7 @@ func claimOne(ctx context.Context, s *bmdb.Session, o bmdb.ClaimOptions) (*bmdb.
 type env struct {
 	t   testing.TB
 	dsn string
-	db  *bmdb.DB
+	db  *operator.DB
 	raw *pgxpool.Pool
 }
 
@@ -57,7 +59,7 @@ func openEnv(t testing.TB, dsn string, opts bmdb.Options) *env {
 		t.Fatalf("connecting to the test database: %v", err)
 	}
 	t.Cleanup(raw.Close)
-	return &env{t: t, dsn: dsn, db: db, raw: raw}
+	return &env{t: t, dsn: dsn, db: operator.New(db), raw: raw}
 }
 
 // newEnvWithMachine is the start of most lease tests: a fresh migrated
@@ -71,7 +73,7 @@ func newEnvWithMachine(t testing.TB) (*env, *bmdb.Session, uuid.UUID) {
 // session starts a session that is closed when the test ends.
 func (e *env) session(cfg bmdb.SessionConfig) *bmdb.Session {
 	e.t.Helper()
-	return startSession(e.t, e.db, cfg)
+	return startSession(e.t, e.db.DB, cfg)
 }
 
 func startSession(t testing.TB, db *bmdb.DB, cfg bmdb.SessionConfig) *bmdb.Session {
@@ -82,7 +84,7 @@ func startSession(t testing.TB, db *bmdb.DB, cfg bmdb.SessionConfig) *bmdb.Sessi
 // addMachines creates n provided machines.
 func (e *env) addMachines(n int) []uuid.UUID {
 	e.t.Helper()
-	return bmdbtest.AddMachines(e.t, e.db, n)
+	return bmdbtest.AddMachines(e.t, e.db.DB, n)
 }
 
 func (e *env) history(machine uuid.UUID) []bmdb.HistoryEntry {

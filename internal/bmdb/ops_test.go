@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -106,7 +108,7 @@ func TestClearBackoff(t *testing.T) {
 	}
 	h := e.history(m)
 	last := h[len(h)-1]
-	if last.Event != bmdb.EventBackoffCleared || last.Cause != "replaced the cable" || last.Session != uuid.Nil || last.Process != agentStart.Name {
+	if last.Event != operator.EventBackoffCleared || last.Cause != "replaced the cable" || last.Session != uuid.Nil || last.Process != agentStart.Name {
 		t.Errorf("last history entry = %+v, want BackoffCleared with the reason and no session", last)
 	}
 
@@ -160,7 +162,7 @@ func TestRetry(t *testing.T) {
 		t.Errorf("Retry = %+v, want the backoff ended and no lease", res)
 	}
 	h := e.history(m)
-	if last := h[len(h)-1]; last.Event != bmdb.EventRetried || last.Cause != "BMC reset by hand" || last.Session != uuid.Nil {
+	if last := h[len(h)-1]; last.Event != operator.EventRetried || last.Cause != "BMC reset by hand" || last.Session != uuid.Nil {
 		t.Errorf("last history entry = %+v, want Retried with the reason", last)
 	}
 	// Eligible at once, and a failure of the retry grows the backoff as if
@@ -206,22 +208,22 @@ func TestMachinesByState(t *testing.T) {
 	failed := failOne(t, s, agentStart, "boom")
 	provided := bmdb.ProvidedCandidates()
 
-	list := func(state bmdb.State) []bmdb.MachineState {
+	list := func(state operator.State) []operator.MachineState {
 		t.Helper()
-		ms, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, Candidates: &provided, State: state})
+		ms, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, Candidates: &provided, State: state})
 		if err != nil {
 			t.Fatalf("Machines(%s): %v", state, err)
 		}
 		return ms
 	}
-	if got := list(bmdb.StateLeased); len(got) != 1 || got[0].Machine != leased.Machine || got[0].Session != s.ID() || got[0].Since.IsZero() {
+	if got := list(operator.StateLeased); len(got) != 1 || got[0].Machine != leased.Machine || got[0].Session != s.ID() || got[0].Since.IsZero() {
 		t.Errorf("leased = %+v, want %s under %s", got, leased.Machine, s.ID())
 	}
-	if got := list(bmdb.StateBackoff); len(got) != 1 || got[0].Machine != failed || got[0].Cause != "boom" ||
+	if got := list(operator.StateBackoff); len(got) != 1 || got[0].Machine != failed || got[0].Cause != "boom" ||
 		got[0].LastInterval != time.Hour || time.Until(got[0].Until) < 50*time.Minute {
 		t.Errorf("backoff = %+v, want %s for about an hour", got, failed)
 	}
-	eligible := list(bmdb.StateEligible)
+	eligible := list(operator.StateEligible)
 	if len(eligible) != 3 {
 		t.Fatalf("eligible = %+v, want 3", eligible)
 	}
@@ -230,24 +232,24 @@ func TestMachinesByState(t *testing.T) {
 			t.Errorf("eligible lists %s", ms.Machine)
 		}
 	}
-	if !slices.IsSortedFunc(eligible, func(a, b bmdb.MachineState) int { return strings.Compare(a.Machine.String(), b.Machine.String()) }) {
+	if !slices.IsSortedFunc(eligible, func(a, b operator.MachineState) int { return strings.Compare(a.Machine.String(), b.Machine.String()) }) {
 		t.Errorf("eligible machines are not in id order")
 	}
 	// Keyset pagination.
-	page, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, Candidates: &provided, State: bmdb.StateEligible, Limit: 2, After: eligible[0].Machine})
+	page, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, Candidates: &provided, State: operator.StateEligible, Limit: 2, After: eligible[0].Machine})
 	if err != nil || len(page) != 2 || page[0].Machine != eligible[1].Machine {
 		t.Errorf("second page = %+v, %v", page, err)
 	}
 	// Recovery shares AgentStart's exclusion group: the leased machine is
 	// not eligible for it either.
-	rec, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: recovery, Candidates: &provided, State: bmdb.StateEligible})
+	rec, err := e.db.Machines(ctx, operator.MachineQuery{Process: recovery, Candidates: &provided, State: operator.StateEligible})
 	if err != nil || len(rec) != 4 {
 		t.Errorf("eligible for recovery = %d machines (%v), want 4", len(rec), err)
 	}
-	if _, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, State: bmdb.StateEligible}); err == nil {
+	if _, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, State: operator.StateEligible}); err == nil {
 		t.Errorf("listing eligible machines without candidates succeeded")
 	}
-	if _, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, State: "stuck"}); err == nil {
+	if _, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, State: "stuck"}); err == nil {
 		t.Errorf("listing an unknown state succeeded")
 	}
 
@@ -294,7 +296,7 @@ func TestProcessCountsAndRecentFailures(t *testing.T) {
 	}
 	// 6 machines: 3 backing off, 1 leased, 2 eligible (the finished one
 	// among them: ProvidedCandidates does not care).
-	want := bmdb.ProcessCounts{Eligible: 2, Leased: 1, BackingOff: 3, StartedLastHour: 5, FinishedLastHour: 1, FailedLastHour: 3}
+	want := operator.ProcessCounts{Eligible: 2, Leased: 1, BackingOff: 3, StartedLastHour: 5, FinishedLastHour: 1, FailedLastHour: 3}
 	if c != want {
 		t.Errorf("ProcessCounts = %+v, want %+v", c, want)
 	}

@@ -197,7 +197,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	if _, err := e.raw.Exec(ctx, `VACUUM ANALYZE work, work_due, work_backoff, work_not_before, machines, machine_hold, work_history`); err != nil {
 		t.Fatal(err)
 	}
-	plans, err := bmdb.GenericPlans(ctx, db, statements)
+	plans, err := bmdb.GenericPlans(ctx, db.DB, statements)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestEndBatchPlanIsLinear(t *testing.T) {
 	if err != nil || len(leases) != n {
 		t.Fatalf("claim: %d leases, %v; want %d", len(leases), err, n)
 	}
-	rows, err := bmdb.EndBatchRowsHandled(ctx, e.db, s, leases)
+	rows, err := bmdb.EndBatchRowsHandled(ctx, e.db.DB, s, leases)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,14 +133,14 @@ FROM sessions ORDER BY session_created_at`
 
 	// Work leases.
 
-	// eligibleFilter is the condition, over machines m, of a machine a
+	// EligibleFilter is the condition, over machines m, of a machine a
 	// process could lease now: the process's candidate condition (spliced
 	// in for /*CONDITION*/), no lease of the process's exclusion group, no
 	// active backoff of the process, no active hold of it or of every
 	// process (machine_hold, holds.go). Claims, counts and listings share it, so
 	// that what the gauges and the status page call eligible is what a claim
 	// would take.
-	eligibleFilter = `(/*CONDITION*/)
+	EligibleFilter = `(/*CONDITION*/)
       AND NOT EXISTS (
         SELECT 1 FROM work w
         WHERE w.machine_id = m.machine_id AND w.exclusion_group = @group)
@@ -449,11 +449,11 @@ FROM fresh f`
 	qHeartbeatGet = `SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1`
 )
 
-// statsTemplate reads a process's eligible count (eligibleFilter),
+// statsTemplate reads a process's eligible count (EligibleFilter),
 // active backoffs and leases in one statement.
 const statsTemplate = `
 SELECT
-  (SELECT count(*) FROM machines m WHERE ` + eligibleFilter + `),
+  (SELECT count(*) FROM machines m WHERE ` + EligibleFilter + `),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
 

@@ -4,7 +4,7 @@ package bmdb
 // due rows of its process by work_due_process_due_idx, then re-checks the
 // process's condition on those machines only. The templates splice a
 // constant condition (/*CONDITION*/) and due time (/*DUE*/) from
-// candidates.go or a process's Condition, as eligibleFilter's users do.
+// candidates.go or a process's Condition, as EligibleFilter's users do.
 
 const (
 	// qDueLock locks up to @scan due rows of the process, oldest first,
@@ -91,7 +91,7 @@ due AS (
 	// The per-machine budget (@budget leases in @budget_window seconds, 0 =
 	// none; holds.go) is judged for the machines that would be leased
 	// otherwise: their Started events in the window since the last
-	// release (budgetCounted), read from
+	// release (BudgetCounted), read from
 	// work_history_machine_idx from the first event of the window on (one
 	// probe of the timestamp index per statement, with a margin for
 	// transactions that commit out of order), at most @budget of them. A
@@ -123,7 +123,7 @@ WITH ` + dueFacts + `, judged AS (
            CASE WHEN @budget::int > 0 AND wanted AND NOT leased AND held_until IS NULL
                 THEN (SELECT count(*) FROM (
                           SELECT 1 FROM work_history h
-                          WHERE h.machine_id = due.machine_id AND ` + budgetCounted + `
+                          WHERE h.machine_id = due.machine_id AND ` + BudgetCounted + `
                           LIMIT @budget::int) used) >= @budget::int
                 ELSE false END AS exhausted
     FROM due
@@ -211,12 +211,12 @@ UNION ALL
 SELECT e.machine_id, mp.provider_id, true, false, pg_current_xact_id()::text
 FROM escalated e LEFT JOIN machine_provided mp ON mp.machine_id = e.machine_id`
 
-	// budgetCounted is the condition on a machine's history h of the
+	// BudgetCounted is the condition on a machine's history h of the
 	// leases its budget counts: Started events of @process within the
 	// window and after the last release of a hold of the machine for the
 	// process (or for all), so that an operator's release gives the
 	// machine its whole budget again.
-	budgetCounted = `h.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
+	BudgetCounted = `h.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
                             AND h.id > COALESCE((SELECT max(r.id) FROM work_history r
                                                  WHERE r.machine_id = h.machine_id
                                                    AND r.id >= COALESCE((` + budgetWindowStart + `), 9223372036854775807)
@@ -279,7 +279,7 @@ WITH chunk AS (
     WHERE m.machine_id > @after ORDER BY m.machine_id LIMIT @chunk
 ), missing AS (
     SELECT m.machine_id FROM machines m JOIN chunk USING (machine_id)
-    WHERE ` + eligibleFilter + `
+    WHERE ` + EligibleFilter + `
       AND NOT EXISTS (SELECT 1 FROM work_due d
                       WHERE d.process = @process AND d.machine_id = m.machine_id AND d.due_at <= now())
 ), marked AS (
@@ -295,10 +295,10 @@ SELECT (SELECT machine_id FROM chunk ORDER BY machine_id DESC LIMIT 1), (SELECT 
 	dueStatsTemplate = `
 SELECT
   (SELECT count(*) FROM work_due d JOIN machines m ON m.machine_id = d.machine_id
-   WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
+   WHERE d.process = @process AND d.due_at <= now() AND ` + EligibleFilter + `),
   (SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(d.due_at)), 0)::float8
    FROM work_due d JOIN machines m ON m.machine_id = d.machine_id
-   WHERE d.process = @process AND d.due_at <= now() AND ` + eligibleFilter + `),
+   WHERE d.process = @process AND d.due_at <= now() AND ` + EligibleFilter + `),
   (SELECT count(*) FROM work_backoff WHERE process = @process AND until > now()),
   (SELECT count(*) FROM work WHERE process = @process)`
 

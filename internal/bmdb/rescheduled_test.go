@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
@@ -25,19 +27,19 @@ func TestRescheduledState(t *testing.T) {
 	}
 	expectNothing(t, s, agentStart)
 
-	ms, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, State: bmdb.StateRescheduled})
+	ms, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, State: operator.StateRescheduled})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 1 || ms[0].Machine != m || ms[0].State != bmdb.StateRescheduled ||
+	if len(ms) != 1 || ms[0].Machine != m || ms[0].State != operator.StateRescheduled ||
 		ms[0].Until.Before(before.Add(59*time.Minute)) || ms[0].Until.After(time.Now().Add(61*time.Minute)) {
 		t.Errorf("rescheduled machines = %+v, want %s until about an hour from now", ms, m)
 	}
-	if !slices.Contains(bmdb.States, bmdb.StateRescheduled) || !slices.Contains(bmdb.SelectableStates, bmdb.StateRescheduled) {
-		t.Errorf("States %v and SelectableStates %v must hold %q", bmdb.States, bmdb.SelectableStates, bmdb.StateRescheduled)
+	if !slices.Contains(operator.States, operator.StateRescheduled) || !slices.Contains(operator.SelectableStates, operator.StateRescheduled) {
+		t.Errorf("States %v and SelectableStates %v must hold %q", operator.States, operator.SelectableStates, operator.StateRescheduled)
 	}
 
-	fleet, err := e.db.Fleet(ctx, bmdb.FleetQuery{})
+	fleet, err := e.db.Fleet(ctx, operator.FleetQuery{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +53,7 @@ func TestRescheduledState(t *testing.T) {
 	if len(d.Rescheduled) != 1 || d.Rescheduled[0].Process != agentStart.Name || !d.Rescheduled[0].Until.Equal(ms[0].Until) {
 		t.Errorf("Machine().Rescheduled = %+v, want %s until %s", d.Rescheduled, agentStart.Name, ms[0].Until)
 	}
-	sel, err := e.db.SelectMachines(ctx, bmdb.Selector{Process: agentStart.Name, State: bmdb.StateRescheduled})
+	sel, err := e.db.SelectMachines(ctx, operator.Selector{Process: agentStart.Name, State: operator.StateRescheduled})
 	if err != nil || len(sel) != 1 || sel[0].Machine != m {
 		t.Errorf("SelectMachines(rescheduled) = %+v, %v; want %s", sel, err, m)
 	}
@@ -71,7 +73,7 @@ func TestRescheduledState(t *testing.T) {
 	if res.BackoffEnded || !res.RescheduleEnded || res.Leased {
 		t.Errorf("Retry of a rescheduled machine = %+v, want the check-again-later time ended and no backoff", res)
 	}
-	if ms, err := e.db.Machines(ctx, bmdb.MachineQuery{Process: agentStart, State: bmdb.StateRescheduled}); err != nil || len(ms) != 0 {
+	if ms, err := e.db.Machines(ctx, operator.MachineQuery{Process: agentStart, State: operator.StateRescheduled}); err != nil || len(ms) != 0 {
 		t.Errorf("rescheduled after the retry = %+v, %v; want none", ms, err)
 	}
 	// Eligible again at once.

@@ -120,7 +120,7 @@ func TestFailedBeginRunsNothing(t *testing.T) {
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO pipelined_probe VALUES (1)`)
 	b.Queue(`INSERT INTO pipelined_probe VALUES (2)`)
-	batchErr, notStarted, commitErr := bmdb.SendFirstBatch(ctx, e.db, []string{`SET LOCAL lock_timeout = 'not a duration'`}, b)
+	batchErr, notStarted, commitErr := bmdb.SendFirstBatch(ctx, e.db.DB, []string{`SET LOCAL lock_timeout = 'not a duration'`}, b)
 	if batchErr == nil || !notStarted {
 		t.Errorf("batch after a failed setting: %v (not started: %v), want a not-started error", batchErr, notStarted)
 	}
@@ -135,7 +135,7 @@ func TestFailedBeginRunsNothing(t *testing.T) {
 	// The same batch after valid settings commits.
 	b = &pgx.Batch{}
 	b.Queue(`INSERT INTO pipelined_probe VALUES (1)`)
-	batchErr, _, commitErr = bmdb.SendFirstBatch(ctx, e.db, []string{`SET LOCAL lock_timeout = 1000`}, b)
+	batchErr, _, commitErr = bmdb.SendFirstBatch(ctx, e.db.DB, []string{`SET LOCAL lock_timeout = 1000`}, b)
 	if batchErr != nil || commitErr != nil {
 		t.Fatalf("batch: %v, commit: %v", batchErr, commitErr)
 	}

@@ -49,19 +49,19 @@ func TestStatementsPreparedWithoutPooler(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	e := newEnv(t, bmdb.Options{MaxConns: 1, Metrics: bmdb.NewMetrics(reg)})
-	if bmdb.StatementsPrepared(e.db) {
+	if bmdb.StatementsPrepared(e.db.DB) {
 		t.Fatal("statements prepared before any session probed for a pooler")
 	}
 	e.addMachines(2)
 	s := e.session(bmdb.SessionConfig{})
-	if !bmdb.StatementsPrepared(e.db) {
+	if !bmdb.StatementsPrepared(e.db.DB) {
 		t.Fatal("statements not prepared after a session started on a direct connection")
 	}
 	if got := bmdbtest.Metric(t, reg, "shepherd_bmdb_statements_prepared"); got != 1 {
 		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 1", got)
 	}
 	claimAndFinish(t, s)
-	if n := preparedClaims(t, e.db); n != 1 {
+	if n := preparedClaims(t, e.db.DB); n != 1 {
 		t.Errorf("claim lock statements prepared on the connection = %d, want 1", n)
 	}
 }
@@ -75,14 +75,14 @@ func TestStatementModeOfTheDSNIsKept(t *testing.T) {
 	e := openEnv(t, dsn, bmdb.Options{MaxConns: 1})
 	e.addMachines(1)
 	s := e.session(bmdb.SessionConfig{})
-	if bmdb.StatementsPrepared(e.db) {
+	if bmdb.StatementsPrepared(e.db.DB) {
 		t.Error("statements prepared although the DSN names default_query_exec_mode=cache_describe")
 	}
 	register(t, s, agentStart, bmdb.ProvidedCandidates())
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()}); err != nil {
 		t.Fatal(err)
 	}
-	if n := preparedClaims(t, e.db); n != 0 {
+	if n := preparedClaims(t, e.db.DB); n != 0 {
 		t.Errorf("claim lock statements prepared on the connection = %d, want 0", n)
 	}
 }
@@ -100,7 +100,7 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 	e.addMachines(3)
 	s := e.session(bmdb.SessionConfig{})
 	claimAndFinish(t, s)
-	if !bmdb.StatementsPrepared(e.db) {
+	if !bmdb.StatementsPrepared(e.db.DB) {
 		t.Fatal("statements not prepared on a direct connection")
 	}
 	if err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error { return tx.DeallocateAll(ctx) }); err != nil {
@@ -109,13 +109,13 @@ func TestMissingPreparedStatementTurnsPreparingOff(t *testing.T) {
 	// The claim meets the missing statements; its transaction runs again
 	// on a new connection.
 	claimAndFinish(t, s)
-	if bmdb.StatementsPrepared(e.db) {
+	if bmdb.StatementsPrepared(e.db.DB) {
 		t.Error("statements still prepared after a prepared statement went missing")
 	}
 	if got := bmdbtest.Metric(t, reg, "shepherd_bmdb_statements_prepared"); got != 0 {
 		t.Errorf("shepherd_bmdb_statements_prepared = %v, want 0", got)
 	}
-	if n := preparedClaims(t, e.db); n != 0 {
+	if n := preparedClaims(t, e.db.DB); n != 0 {
 		t.Errorf("claim lock statements prepared on the replaced connection = %d, want 0", n)
 	}
 }
@@ -131,7 +131,7 @@ func TestMissingPreparedStatementInBatchTurnsPreparingOff(t *testing.T) {
 	s := e.session(bmdb.SessionConfig{})
 	claimAndFinish(t, s)
 	claimAndFinish(t, s)
-	if !bmdb.StatementsPrepared(e.db) {
+	if !bmdb.StatementsPrepared(e.db.DB) {
 		t.Fatal("statements not prepared on a direct connection")
 	}
 	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.ProvidedCandidates()})
@@ -144,7 +144,7 @@ func TestMissingPreparedStatementInBatchTurnsPreparingOff(t *testing.T) {
 	if err := w.Finish(ctx, nil); err != nil {
 		t.Fatalf("finish after the prepared statements went missing: %v", err)
 	}
-	if bmdb.StatementsPrepared(e.db) {
+	if bmdb.StatementsPrepared(e.db.DB) {
 		t.Error("statements still prepared after a batch met a missing prepared statement")
 	}
 }

@@ -78,14 +78,15 @@ func (t *Tx) UpdateProvided(ctx context.Context, p Provided) (bool, error) {
 
 // ProvidedBy lists the machines of one provider, by provider id.
 func (t *Tx) ProvidedBy(ctx context.Context, provider string) ([]Provided, error) {
-	ps, err := queryRows(ctx, t.tx, scanProvided, qProvidedByProvider, provider)
+	ps, err := queryRows(ctx, t.tx, ScanProvided, qProvidedByProvider, provider)
 	if err != nil {
 		return nil, fmt.Errorf("listing machines of %s: %w", provider, err)
 	}
 	return ps, nil
 }
 
-func scanProvided(row pgx.CollectableRow) (Provided, error) {
+// ScanProvided scans a machine_provided row as the machine queries select it.
+func ScanProvided(row pgx.CollectableRow) (Provided, error) {
 	var p Provided
 	err := row.Scan(&p.Machine, &p.Provider, &p.ProviderID, &p.Address, &p.Location, &p.Power)
 	return p, err
@@ -93,7 +94,7 @@ func scanProvided(row pgx.CollectableRow) (Provided, error) {
 
 // Provided reads the provided tag of machine.
 func (t *Tx) Provided(ctx context.Context, machine uuid.UUID) (Provided, error) {
-	p, err := queryOne(ctx, t.tx, scanProvided, qProvidedGet, machine)
+	p, err := queryOne(ctx, t.tx, ScanProvided, qProvidedGet, machine)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Provided{}, fmt.Errorf("machine %s is not provided: %w", machine, ErrNotFound)
 	}
@@ -138,7 +139,7 @@ func (t *Tx) AgentKeys(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID
 	if len(machines) == 0 {
 		return keys, nil
 	}
-	rows, err := t.tx.Query(ctx, qAgentKeysGet, uuidArray(machines))
+	rows, err := t.tx.Query(ctx, qAgentKeysGet, UUIDArray(machines))
 	if err != nil {
 		return nil, fmt.Errorf("reading agent keys of %d machines: %w", len(machines), err)
 	}
@@ -241,7 +242,7 @@ func (t *Tx) RecordHeartbeatBatch(ctx context.Context, agents []AgentKey) (Heart
 	if len(agents) == 0 {
 		return res, nil
 	}
-	// pgtype.UUID, not uuid.UUID: see uuidArray.
+	// pgtype.UUID, not uuid.UUID: see UUIDArray.
 	machines := make([]pgtype.UUID, len(agents))
 	keys := make([][]byte, len(agents))
 	stamps := make([]*time.Time, len(agents))
@@ -294,16 +295,38 @@ func (t *Tx) LastHeartbeat(ctx context.Context, machine uuid.UUID) (time.Time, e
 	return at, nil
 }
 
-// uuidArray is ids as a uuid[] parameter. pgx encodes a []uuid.UUID
+// UUIDArray is ids as a uuid[] parameter. pgx encodes a []uuid.UUID
 // through each element's driver.Valuer, as text: a reflection, a failed
 // encode plan (an error formatted and dropped) and a string per element,
 // for every id of every claim and batch of lease ends, where CPU profiles
 // of the benchmark's throughput scenario found them. pgtype.UUID encodes
 // as 16 bytes, with none of that.
-func uuidArray(ids []uuid.UUID) []pgtype.UUID {
+func UUIDArray(ids []uuid.UUID) []pgtype.UUID {
 	out := make([]pgtype.UUID, len(ids))
 	for i, id := range ids {
 		out[i] = pgtype.UUID{Bytes: id, Valid: true}
 	}
 	return out
+}
+
+// AgentFacts reads the facts of machine's agent. A machine that does not
+// exist has none.
+func (t *Tx) AgentFacts(ctx context.Context, machine uuid.UUID) (AgentFacts, error) {
+	f, _, err := t.MachineFacts(ctx, machine)
+	return f, err
+}
+
+// MachineFacts is AgentFacts, and whether the machine exists: what every
+// process's explanation of the machine shares (operator.ExplainMachine).
+func (t *Tx) MachineFacts(ctx context.Context, machine uuid.UUID) (AgentFacts, bool, error) {
+	var f AgentFacts
+	var exists bool
+	var resetAt, verifyBy, notRecoveredAt *time.Time
+	if err := t.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &f.AgentStartedAt, &f.LastHeartbeat, &f.Now, &resetAt, &verifyBy, &notRecoveredAt); err != nil {
+		return AgentFacts{}, false, fmt.Errorf("reading the agent facts of %s: %w", machine, err)
+	}
+	if resetAt != nil && verifyBy != nil {
+		f.Reset = &PendingReset{ResetAt: *resetAt, VerifyBy: *verifyBy, NotRecoveredAt: notRecoveredAt}
+	}
+	return f, exists, nil
 }

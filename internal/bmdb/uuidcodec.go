@@ -13,7 +13,7 @@ import (
 // for a uuid.UUID it falls back to the type's sql.Scanner, which has the
 // codec format the value as text and then parses the text back, two
 // allocations and a parse for every machine id of every claim and batch of
-// lease ends (uuidArray is the same fix for parameters). Every other
+// lease ends (UUIDArray is the same fix for parameters). Every other
 // target, and the text format, are pgx's as before.
 func registerUUID(conn *pgx.Conn) {
 	conn.TypeMap().RegisterType(&pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}})

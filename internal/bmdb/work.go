@@ -108,7 +108,7 @@ func (s *Session) undoClaim(ctx context.Context, process Process, machines []uui
 			if outcome == nil || *outcome != "committed" {
 				return nil
 			}
-			tag, err := tx.tx.Exec(ctx, qClaimUndo, uuidArray(machines), process.Name, s.id, xid, cause)
+			tag, err := tx.tx.Exec(ctx, qClaimUndo, UUIDArray(machines), process.Name, s.id, xid, cause)
 			undone = tag.RowsAffected()
 			return err
 		})
@@ -407,7 +407,7 @@ func (db *DB) stats(ctx context.Context, process Process, candidates Candidates,
 	if err := db.ensureRegistered(ctx, process, candidates, "stats"); err != nil {
 		return ProcessStats{}, LimitStatus{}, fmt.Errorf("reading queue statistics of %s: %w", process.Name, err)
 	}
-	query, args := spliceCondition(candidates, dueStatsTemplate, pgx.NamedArgs{
+	query, args := SpliceCondition(candidates, dueStatsTemplate, pgx.NamedArgs{
 		"group":   process.Group(),
 		"process": process.Name,
 	})
@@ -440,7 +440,7 @@ func (db *DB) stats(ctx context.Context, process Process, candidates Candidates,
 
 // fleetStats is Stats computed over the whole fleet (statsTemplate).
 func (db *DB) fleetStats(ctx context.Context, process Process, candidates Candidates) (ProcessStats, error) {
-	query, args := spliceCondition(candidates, statsTemplate, pgx.NamedArgs{
+	query, args := SpliceCondition(candidates, statsTemplate, pgx.NamedArgs{
 		"group":   process.Group(),
 		"process": process.Name,
 	})

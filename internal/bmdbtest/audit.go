@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -35,12 +37,12 @@ type LeaseAudit struct {
 // operatorEvents are recorded by operators' commands: they neither start
 // nor end a lease, even when they fall between a lease's Started and its
 // end.
-var operatorEvents = []bmdb.Event{bmdb.EventRetried, bmdb.EventBackoffCleared, bmdb.EventHostKeyForgotten,
-	bmdb.EventForcedRun}
+var operatorEvents = []bmdb.Event{operator.EventRetried, operator.EventBackoffCleared, bmdb.EventHostKeyForgotten,
+	operator.EventForcedRun}
 
 // holdEvents are recorded by holds and per-machine budgets (bmdb's
 // holds.go): they neither start nor end a lease either.
-var holdEvents = []bmdb.Event{bmdb.EventHeld, bmdb.EventReleased, bmdb.EventEscalated}
+var holdEvents = []bmdb.Event{operator.EventHeld, operator.EventReleased, operator.EventEscalated}
 
 // verifyEvents are recorded when a machine a process reset comes back
 // (Recovered, written by the heartbeat that proves it) or does not in time

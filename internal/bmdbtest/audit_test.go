@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -39,8 +41,8 @@ func TestAuditLeases(t *testing.T) {
 		{name: "operator events end nothing", h: []bmdb.HistoryEntry{
 			// A Retried (or a cleared backoff, a forgotten host key) while
 			// A holds m1 does not end A's lease: B starting then overlaps.
-			ev(1, m1, "A", "Started", s1), ev(2, m1, "A", bmdb.EventRetried, uuid.Nil),
-			ev(3, m1, "A", bmdb.EventBackoffCleared, uuid.Nil), ev(4, m1, "", bmdb.EventHostKeyForgotten, uuid.Nil),
+			ev(1, m1, "A", "Started", s1), ev(2, m1, "A", operator.EventRetried, uuid.Nil),
+			ev(3, m1, "A", operator.EventBackoffCleared, uuid.Nil), ev(4, m1, "", bmdb.EventHostKeyForgotten, uuid.Nil),
 			ev(5, m1, "B", "Started", s2), ev(6, m1, "B", "Finished", s2), ev(7, m1, "A", "Finished", s1),
 		}, overlaps: 1, wantLeases: 2},
 		{name: "two processes of one group at once", h: []bmdb.HistoryEntry{

@@ -29,6 +29,9 @@ var layers = map[string][]string{
 	"heartbeat":   {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
 	"backoff":     {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop"},
 	"daemon":      {"shepherdcli", "cmd"},
+	// The database core sits below its subpackages (migrate, operator,
+	// ...), each of which does one job on it and needs none of the others.
+	"internal/bmdb": {"daemon", "shepherdcli", "cmd", "processes", "providers", "controlloop", "statuspage", "heartbeat", "internal/bmdb/"},
 	// The BMC protocols share their credentials through bmccred, not
 	// through each other.
 	"providers/ipmi":    {"providers/redfish"},

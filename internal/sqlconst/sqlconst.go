@@ -24,6 +24,13 @@ import (
 // the compiler does); any other expression is an error, since a statement
 // built at run time is not one a test can prepare.
 func Read(dir string, name *regexp.Regexp) (sql, file map[string]string, err error) {
+	return ReadImporting(dir, name, nil)
+}
+
+// ReadImporting is Read of a package whose constants also use constants
+// of the packages it imports: imported has their values by qualified name
+// ("bmdb.EligibleFilter"), as Read of that package returns them.
+func ReadImporting(dir string, name *regexp.Regexp, imported map[string]string) (sql, file map[string]string, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sqlconst: %w", err)
@@ -61,7 +68,7 @@ func Read(dir string, name *regexp.Regexp) (sql, file map[string]string, err err
 		if !name.MatchString(n) {
 			continue
 		}
-		s, err := eval(exprs, e)
+		s, err := eval(exprs, imported, e)
 		if err != nil {
 			return nil, nil, fmt.Errorf("sqlconst: constant %s (%s): %w", n, files[n], err)
 		}
@@ -71,7 +78,7 @@ func Read(dir string, name *regexp.Regexp) (sql, file map[string]string, err err
 }
 
 // eval folds a constant string expression.
-func eval(consts map[string]ast.Expr, e ast.Expr) (string, error) {
+func eval(consts map[string]ast.Expr, imported map[string]string, e ast.Expr) (string, error) {
 	switch e := e.(type) {
 	case *ast.BasicLit:
 		if e.Kind != token.STRING {
@@ -83,18 +90,28 @@ func eval(consts map[string]ast.Expr, e ast.Expr) (string, error) {
 		if !ok {
 			return "", fmt.Errorf("unknown constant %s", e.Name)
 		}
-		return eval(consts, x)
+		return eval(consts, imported, x)
+	case *ast.SelectorExpr:
+		pkg, ok := e.X.(*ast.Ident)
+		if !ok {
+			return "", fmt.Errorf("not a constant of an imported package: %T", e.X)
+		}
+		v, ok := imported[pkg.Name+"."+e.Sel.Name]
+		if !ok {
+			return "", fmt.Errorf("unknown constant %s.%s", pkg.Name, e.Sel.Name)
+		}
+		return v, nil
 	case *ast.ParenExpr:
-		return eval(consts, e.X)
+		return eval(consts, imported, e.X)
 	case *ast.BinaryExpr:
 		if e.Op != token.ADD {
 			return "", fmt.Errorf("not a concatenation: %s", e.Op)
 		}
-		x, err := eval(consts, e.X)
+		x, err := eval(consts, imported, e.X)
 		if err != nil {
 			return "", err
 		}
-		y, err := eval(consts, e.Y)
+		y, err := eval(consts, imported, e.Y)
 		return x + y, err
 	default:
 		return "", fmt.Errorf("not a string constant expression: %T", e)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -40,7 +39,7 @@ func Definition() controlloop.Definition {
 			DefaultRunTimeout: 10 * time.Minute,
 		},
 		// Provided machines without a started agent.
-		Candidates: func() (bmdb.Candidates, error) { return shepherdbmdb.AgentStartCandidates(), nil },
+		Candidates: func() (bmdb.Candidates, error) { return bmdb.NewCandidates(condition) },
 		Explain:    explain,
 		New: func(env controlloop.Env) (controlloop.Handler, error) {
 			if env.Provider == nil {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	shepherdbmdb "github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
@@ -165,7 +164,7 @@ func (c *Config) Explain(ctx context.Context, tx bmdb.Tx, machine uuid.UUID) ([]
 // than HeartbeatTimeout, and machines a reset did not bring back within
 // VerifyTimeout (see verify.go).
 func (c *Config) Candidates() bmdb.Candidates {
-	return shepherdbmdb.RecoveryCandidates(c.StartTimeout, c.HeartbeatTimeout)
+	return Candidates(c.StartTimeout, c.HeartbeatTimeout)
 }
 
 // Recovery is Recovery's code (a controlloop.Handler).

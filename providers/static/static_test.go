@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -125,7 +127,7 @@ func checkSecond(t *testing.T, p *Provider, db *bmdb.DB, first map[string]bmdb.P
 // checkRemoved checks that machine was removed and its history says so.
 func checkRemoved(t *testing.T, db *bmdb.DB, machine uuid.UUID, providerID string) {
 	t.Helper()
-	d, err := db.Machine(t.Context(), machine, 0)
+	d, err := operator.New(db).Machine(t.Context(), machine, 0)
 	if err != nil {
 		t.Fatalf("the removed %s's history: %v", providerID, err)
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -69,7 +71,7 @@ func NewFleet(t testing.TB) *Fleet {
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	f := &Fleet{DSN: dsn, DB: db, Session: s}
-	bmdbtest.Register(t, db, agentstart.Process, bmdb.AgentStartCandidates())
+	bmdbtest.Register(t, db, agentstart.Process, agentstart.Candidates())
 
 	w := f.Claim(t)
 	f.Finished = w.Machine
@@ -93,7 +95,7 @@ func NewFleet(t testing.TB) *Fleet {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour}, HostileCause); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Retry(ctx, f.Failed, agentstart.Process.Name, "BMC reset by hand"); err != nil {
+	if _, err := operator.New(db).Retry(ctx, f.Failed, agentstart.Process.Name, "BMC reset by hand"); err != nil {
 		t.Fatal(err)
 	}
 	w = f.Claim(t)
@@ -107,7 +109,7 @@ func NewFleet(t testing.TB) *Fleet {
 	f.Leased = w.Machine
 	t.Cleanup(func() { w.Cancel(context.Background()) })
 
-	if _, err := db.PauseProcess(ctx, recovery.Process.Name, "incident 1234: BMC firmware rollout"); err != nil {
+	if _, err := operator.New(db).PauseProcess(ctx, recovery.Process.Name, "incident 1234: BMC firmware rollout"); err != nil {
 		t.Fatal(err)
 	}
 	// Two machines that two providers both call "twin", added after the
@@ -126,7 +128,7 @@ func NewFleet(t testing.TB) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.PauseProcess(ctx, "ShepherdInstall", "not ours"); err != nil {
+	if _, err := operator.New(db).PauseProcess(ctx, "ShepherdInstall", "not ours"); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -135,7 +137,7 @@ func NewFleet(t testing.TB) *Fleet {
 // Claim claims a machine for AgentStart in the fleet's session.
 func (f *Fleet) Claim(t testing.TB) *bmdb.Lease {
 	t.Helper()
-	leases, err := f.Session.Claim(context.Background(), bmdb.ClaimOptions{Process: agentstart.Process, Candidates: bmdb.AgentStartCandidates()})
+	leases, err := f.Session.Claim(context.Background(), bmdb.ClaimOptions{Process: agentstart.Process, Candidates: agentstart.Candidates()})
 	if err != nil {
 		t.Fatalf("claiming: %v", err)
 	}

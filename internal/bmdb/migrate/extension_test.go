@@ -9,6 +9,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb/migrate"
 
 	"github.com/golang-migrate/migrate/v4/database"
@@ -250,10 +252,10 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 	if err := w.Fail(ctx, bmdb.Backoff{Initial: time.Hour}, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.ClearBackoff(ctx, w.Machine, agentStart.Name, "test"); err != nil {
+	if _, err := operator.New(e.db).ClearBackoff(ctx, w.Machine, agentStart.Name, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Retry(ctx, ms[0], agentStart.Name, "test"); err != nil {
+	if _, err := operator.New(e.db).Retry(ctx, ms[0], agentStart.Name, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(ctx); err != nil {
@@ -263,7 +265,7 @@ func TestMigrateDownWithEveryEvent(t *testing.T) {
 	for _, m := range ms {
 		events = append(events, bmdbtest.Events(e.history(m))...)
 	}
-	for _, want := range []bmdb.Event{bmdb.EventRescheduled, bmdb.EventBackoffCleared, bmdb.EventRetried} {
+	for _, want := range []bmdb.Event{bmdb.EventRescheduled, operator.EventBackoffCleared, operator.EventRetried} {
 		if !slices.Contains(events, want) {
 			t.Fatalf("history %v lacks %s", events, want)
 		}

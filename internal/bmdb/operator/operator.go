@@ -1,4 +1,4 @@
-package bmdb
+package operator
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -27,15 +29,11 @@ import (
 // History events written by operators.
 const (
 	// EventBackoffCleared records that an operator deleted a backoff.
-	EventBackoffCleared Event = "BackoffCleared"
+	EventBackoffCleared bmdb.Event = "BackoffCleared"
 	// EventRetried records that an operator made a machine eligible again
 	// for a process.
-	EventRetried Event = "Retried"
+	EventRetried bmdb.Event = "Retried"
 )
-
-// ErrReasonRequired is returned by operator actions given no reason: the
-// audit history must say why an operator intervened.
-var ErrReasonRequired = errors.New("an operator action needs a reason")
 
 // MaxReasonBytes bounds an operator's reason: enough for a sentence and a
 // ticket link, and small enough that thousands of holds keep a status
@@ -55,7 +53,7 @@ var ErrReasonInvalid = errors.New("an operator's reason must be one line of prin
 func CheckReason(reason string) error {
 	switch {
 	case strings.TrimSpace(reason) == "":
-		return ErrReasonRequired
+		return bmdb.ErrReasonRequired
 	case len(reason) > MaxReasonBytes:
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrReasonInvalid, len(reason), MaxReasonBytes)
 	case untrusted.Line(reason, MaxReasonBytes) != reason:
@@ -84,7 +82,7 @@ type ClearedBackoff struct {
 func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reason string) ([]ClearedBackoff, error) {
 	var processArg *string
 	if process != "" {
-		if err := checkProcessName(process); err != nil {
+		if err := bmdb.CheckProcessName(process); err != nil {
 			return nil, err
 		}
 		processArg = &process
@@ -93,9 +91,9 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 		return nil, err
 	}
 	var cleared []ClearedBackoff
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error
-		cleared, err = queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason, actorArg(ActorFrom(ctx)))
+		cleared, err = bmdb.QueryRows(ctx, tx, scanClearedBackoff, qBackoffClear, machine, processArg, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx)))
 		return err
 	})
 	what := "backoffs of " + machine.String()
@@ -106,7 +104,7 @@ func (db *DB) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reas
 		return nil, fmt.Errorf("clearing %s: %w", what, err)
 	}
 	if len(cleared) == 0 {
-		return nil, fmt.Errorf("no %s: %w", what, ErrNotFound)
+		return nil, fmt.Errorf("no %s: %w", what, bmdb.ErrNotFound)
 	}
 	return cleared, nil
 }
@@ -133,7 +131,7 @@ type RetryResult struct {
 // operator's intent is part of the story.
 // It returns an error wrapping ErrNotFound when the machine does not exist.
 func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason string) (RetryResult, error) {
-	if err := checkProcessName(process); err != nil {
+	if err := bmdb.CheckProcessName(process); err != nil {
 		return RetryResult{}, err
 	}
 	if err := CheckReason(reason); err != nil {
@@ -141,14 +139,14 @@ func (db *DB) Retry(ctx context.Context, machine uuid.UUID, process, reason stri
 	}
 	var res RetryResult
 	var exists bool
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.tx.QueryRow(ctx, qRetry, machine, process, reason, actorArg(ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased)
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		return tx.QueryRow(ctx, qRetry, machine, process, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased)
 	})
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retrying %s on %s: %w", process, machine, err)
 	}
 	if !exists {
-		return RetryResult{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+		return RetryResult{}, fmt.Errorf("machine %s: %w", machine, bmdb.ErrNotFound)
 	}
 	return res, nil
 }

@@ -1,10 +1,12 @@
-package bmdb
+package operator
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -52,28 +54,6 @@ var ErrTooManyMachines = errors.New("too many machines for one command")
 // which claims and lease ends of the same machines wait for.
 const MaxHoldBatch = 10000
 
-type actorKey struct{}
-
-// WithActor returns ctx carrying actor, which the operator actions that take
-// no Actor argument (Retry, ClearBackoff) record on their history events.
-func WithActor(ctx context.Context, actor Actor) context.Context {
-	return context.WithValue(ctx, actorKey{}, actor)
-}
-
-// ActorFrom returns the actor WithActor put in ctx (zero when none).
-func ActorFrom(ctx context.Context) Actor {
-	a, _ := ctx.Value(actorKey{}).(Actor)
-	return a
-}
-
-// actorArg is the name to record, NULL when none was given.
-func actorArg(a Actor) *string {
-	if a.Name == "" {
-		return nil
-	}
-	return &a.Name
-}
-
 // Hold is one hold of a machine.
 type Hold struct {
 	Machine uuid.UUID
@@ -85,7 +65,7 @@ type Hold struct {
 	// Until is when the hold ends by itself; zero: when released.
 	Until  time.Time
 	HeldAt time.Time
-	Actor  Actor
+	Actor  bmdb.Actor
 	// Source is HoldByOperator or HoldByBudget.
 	Source string
 }
@@ -108,7 +88,7 @@ func scanHold(row pgx.CollectableRow) (Hold, error) {
 // checkHoldArgs checks what Hold and Release are given.
 func checkHoldArgs(machines []uuid.UUID, process, reason string) error {
 	if process != "" {
-		if err := checkProcessName(process); err != nil {
+		if err := bmdb.CheckProcessName(process); err != nil {
 			return err
 		}
 	}
@@ -129,7 +109,7 @@ func checkHoldArgs(machines []uuid.UUID, process, reason string) error {
 // actor). A hold with an end makes the machine due then, so that it is
 // claimed again without an operator and without a scan. Machines that do
 // not exist are skipped; the holds made are returned.
-func (t *Tx) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor Actor) ([]Hold, error) {
+func (t *Tx) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor bmdb.Actor) ([]Hold, error) {
 	if err := checkHoldArgs(machines, process, reason); err != nil {
 		return nil, err
 	}
@@ -144,7 +124,7 @@ func (t *Tx) Hold(ctx context.Context, machines []uuid.UUID, process, reason str
 		s := d.Seconds()
 		secs = &s
 	}
-	held, err := queryRows(ctx, t.tx, scanHold, qHold, uuidArray(machines), process, reason, secs, actor.Name)
+	held, err := bmdb.QueryRows(ctx, t, scanHold, qHold, bmdb.UUIDArray(machines), process, reason, secs, actor.Name)
 	if err != nil {
 		return nil, fmt.Errorf("holding %d machines: %w", len(machines), err)
 	}
@@ -156,7 +136,7 @@ func (t *Tx) Hold(ctx context.Context, machines []uuid.UUID, process, reason str
 // and records Released with reason for each. A released machine is due
 // for the processes it was held for at once. It returns the holds it
 // deleted, ended ones included.
-func (t *Tx) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor Actor) ([]Hold, error) {
+func (t *Tx) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor bmdb.Actor) ([]Hold, error) {
 	if err := checkHoldArgs(machines, process, reason); err != nil {
 		return nil, err
 	}
@@ -167,7 +147,7 @@ func (t *Tx) Release(ctx context.Context, machines []uuid.UUID, process, reason 
 	if process != "" {
 		processArg = &process
 	}
-	released, err := queryRows(ctx, t.tx, scanHold, qRelease, uuidArray(machines), processArg, reason, actor.Name)
+	released, err := bmdb.QueryRows(ctx, t, scanHold, qRelease, bmdb.UUIDArray(machines), processArg, reason, actor.Name)
 	if err != nil {
 		return nil, fmt.Errorf("releasing %d machines: %w", len(machines), err)
 	}
@@ -175,22 +155,22 @@ func (t *Tx) Release(ctx context.Context, machines []uuid.UUID, process, reason 
 }
 
 // Hold is Tx.Hold in a transaction of its own.
-func (db *DB) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor Actor) ([]Hold, error) {
+func (db *DB) Hold(ctx context.Context, machines []uuid.UUID, process, reason string, d time.Duration, actor bmdb.Actor) ([]Hold, error) {
 	var held []Hold
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error
-		held, err = tx.Hold(ctx, machines, process, reason, d, actor)
+		held, err = (&Tx{tx}).Hold(ctx, machines, process, reason, d, actor)
 		return err
 	})
 	return held, err
 }
 
 // Release is Tx.Release in a transaction of its own.
-func (db *DB) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor Actor) ([]Hold, error) {
+func (db *DB) Release(ctx context.Context, machines []uuid.UUID, process, reason string, actor bmdb.Actor) ([]Hold, error) {
 	var released []Hold
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error
-		released, err = tx.Release(ctx, machines, process, reason, actor)
+		released, err = (&Tx{tx}).Release(ctx, machines, process, reason, actor)
 		return err
 	})
 	return released, err
@@ -198,7 +178,7 @@ func (db *DB) Release(ctx context.Context, machines []uuid.UUID, process, reason
 
 // HoldsOf returns the active holds of machine, for every process.
 func (db *DB) HoldsOf(ctx context.Context, machine uuid.UUID) ([]Hold, error) {
-	h, err := queryRows(ctx, db.pool, scanHold, qHoldsOf, machine)
+	h, err := bmdb.QueryRows(ctx, db.Pool(), scanHold, qHoldsOf, machine)
 	if err != nil {
 		return nil, fmt.Errorf("reading the holds of %s: %w", machine, err)
 	}
@@ -210,7 +190,7 @@ func (db *DB) HoldsOf(ctx context.Context, machine uuid.UUID) ([]Hold, error) {
 func (db *DB) Holds(ctx context.Context, process string, limit int) ([]Hold, error) {
 	var processArg *string
 	if process != "" {
-		if err := checkProcessName(process); err != nil {
+		if err := bmdb.CheckProcessName(process); err != nil {
 			return nil, err
 		}
 		processArg = &process
@@ -218,7 +198,7 @@ func (db *DB) Holds(ctx context.Context, process string, limit int) ([]Hold, err
 	if limit <= 0 {
 		limit = 1000
 	}
-	h, err := queryRows(ctx, db.pool, scanHold, qHoldsList, processArg, limit)
+	h, err := bmdb.QueryRows(ctx, db.Pool(), scanHold, qHoldsList, processArg, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing holds: %w", err)
 	}
@@ -229,28 +209,10 @@ func (db *DB) Holds(ctx context.Context, process string, limit int) ([]Hold, err
 // holds of every process: what its claims pass over.
 func (db *DB) HeldCount(ctx context.Context, process string) (int64, error) {
 	var n int64
-	if err := db.pool.QueryRow(ctx, qHeldCount, process).Scan(&n); err != nil {
+	if err := db.Pool().QueryRow(ctx, qHeldCount, process).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting the machines held for %s: %w", process, err)
 	}
 	return n, nil
-}
-
-// budgetArgs sets the claim's parameters of the budget.
-func budgetArgs(b MachineBudget, named pgx.NamedArgs) {
-	if !b.Set() {
-		named["budget"], named["budget_window"], named["budget_text"] = 0, float64(0), ""
-		return
-	}
-	named["budget"], named["budget_window"], named["budget_text"] = b.N, b.Window.Seconds(), b.Window.String()
-}
-
-// Escalation is a machine a claim found over its process's budget, held
-// and recorded Escalated instead of leased.
-type Escalation struct {
-	Machine    uuid.UUID
-	ProviderID string
-	Process    string
-	Budget     MachineBudget
 }
 
 // BudgetUsed counts the leases process took of machine within window
@@ -259,11 +221,11 @@ type Escalation struct {
 // whole budget again. It reads the machine's history from the window's
 // start, by index.
 func (db *DB) BudgetUsed(ctx context.Context, machine uuid.UUID, process string, window time.Duration) (int64, error) {
-	if err := checkProcessName(process); err != nil {
+	if err := bmdb.CheckProcessName(process); err != nil {
 		return 0, err
 	}
 	var n int64
-	if err := db.pool.QueryRow(ctx, qBudgetUsed, pgx.NamedArgs{"machine": machine, "process": process, "budget_window": window.Seconds()}).Scan(&n); err != nil {
+	if err := db.Pool().QueryRow(ctx, qBudgetUsed, pgx.NamedArgs{"machine": machine, "process": process, "budget_window": window.Seconds()}).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting the leases of %s on %s: %w", process, machine, err)
 	}
 	return n, nil
@@ -271,11 +233,11 @@ func (db *DB) BudgetUsed(ctx context.Context, machine uuid.UUID, process string,
 
 // RecentEscalations returns the newest limit Escalated events of process,
 // newest first, for the status page.
-func (db *DB) RecentEscalations(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
-	if err := checkProcessName(process); err != nil {
+func (db *DB) RecentEscalations(ctx context.Context, process string, limit int) ([]bmdb.HistoryEntry, error) {
+	if err := bmdb.CheckProcessName(process); err != nil {
 		return nil, err
 	}
-	h, err := queryRows(ctx, db.pool, scanHistory, qRecentEscalations, process, limit)
+	h, err := bmdb.QueryRows(ctx, db.Pool(), bmdb.ScanHistory, qRecentEscalations, process, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading the escalations of %s: %w", process, err)
 	}
@@ -285,7 +247,7 @@ func (db *DB) RecentEscalations(ctx context.Context, process string, limit int) 
 // HoldsAmong returns the active holds of machines, by machine, for
 // listings of many machines (shepherd machines -all).
 func (db *DB) HoldsAmong(ctx context.Context, machines []uuid.UUID) (map[uuid.UUID][]Hold, error) {
-	hs, err := queryRows(ctx, db.pool, scanHold, qHoldsAmong, uuidArray(machines))
+	hs, err := bmdb.QueryRows(ctx, db.Pool(), scanHold, qHoldsAmong, bmdb.UUIDArray(machines))
 	if err != nil {
 		return nil, fmt.Errorf("reading the holds of %d machines: %w", len(machines), err)
 	}

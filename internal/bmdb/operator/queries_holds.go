@@ -1,4 +1,6 @@
-package bmdb
+package operator
+
+import "github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 // The SQL of holds and per-machine budgets (holds.go, migration 0017).
 
@@ -91,7 +93,7 @@ WHERE process IN ($1::text, '') AND (until IS NULL OR until > now())`
 	// claim judges a budget.
 	qBudgetUsed = `
 SELECT count(*) FROM work_history h
-WHERE h.machine_id = @machine AND ` + budgetCounted
+WHERE h.machine_id = @machine AND ` + bmdb.BudgetCounted
 )
 
 // qSelectMachines is SelectMachines: the machines whose location is

@@ -1,4 +1,4 @@
-package bmdb
+package operator
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 
 // FleetTotals is the fleet at a glance: how many machines, and how their
@@ -27,7 +28,7 @@ type FleetTotals struct {
 func (db *DB) FleetTotals(ctx context.Context, staleAfter time.Duration) (FleetTotals, error) {
 	t := FleetTotals{StaleAfter: staleAfter}
 	var started int64
-	if err := db.pool.QueryRow(ctx, qFleetTotals, staleAfter.Seconds()).Scan(&t.Machines, &started, &t.AgentsHealthy); err != nil {
+	if err := db.Pool().QueryRow(ctx, qFleetTotals, staleAfter.Seconds()).Scan(&t.Machines, &started, &t.AgentsHealthy); err != nil {
 		return FleetTotals{}, fmt.Errorf("counting the fleet: %w", err)
 	}
 	t.AgentsStale = started - t.AgentsHealthy
@@ -42,7 +43,7 @@ func (db *DB) ProviderIDs(ctx context.Context, machines []uuid.UUID) (map[uuid.U
 	if len(machines) == 0 {
 		return out, nil
 	}
-	rows, err := db.pool.Query(ctx, qProviderIDs, machines)
+	rows, err := db.Pool().Query(ctx, qProviderIDs, machines)
 	if err != nil {
 		return nil, fmt.Errorf("reading provider ids: %w", err)
 	}
@@ -60,7 +61,7 @@ func (db *DB) ProviderIDs(ctx context.Context, machines []uuid.UUID) (map[uuid.U
 // Recovered tells which of failures were made good by a later success
 // (Finished or Rescheduled) of the same process on the same machine: a
 // failure an operator need not look at any more.
-func (db *DB) Recovered(ctx context.Context, failures []HistoryEntry) (map[int64]bool, error) {
+func (db *DB) Recovered(ctx context.Context, failures []bmdb.HistoryEntry) (map[int64]bool, error) {
 	out := make(map[int64]bool, len(failures))
 	if len(failures) == 0 {
 		return out, nil
@@ -71,7 +72,7 @@ func (db *DB) Recovered(ctx context.Context, failures []HistoryEntry) (map[int64
 	for i, f := range failures {
 		ids[i], machines[i], processes[i] = f.ID, f.Machine, f.Process
 	}
-	rows, err := db.pool.Query(ctx, qRecovered, ids, machines, processes)
+	rows, err := db.Pool().Query(ctx, qRecovered, ids, machines, processes)
 	if err != nil {
 		return nil, fmt.Errorf("reading which failures recovered: %w", err)
 	}
@@ -94,19 +95,19 @@ type ActivityBucket struct {
 // width each, oldest first, ending now: the data of a sparkline.
 func (db *DB) Activity(ctx context.Context, process string, width time.Duration, n int) ([]ActivityBucket, error) {
 	out := make([]ActivityBucket, n)
-	rows, err := db.pool.Query(ctx, qActivity, process, width.Seconds(), n)
+	rows, err := db.Pool().Query(ctx, qActivity, process, width.Seconds(), n)
 	if err != nil {
 		return nil, fmt.Errorf("reading the activity of %s: %w", process, err)
 	}
 	var bucket int
-	var event Event
+	var event bmdb.Event
 	var count int64
 	if _, err := pgx.ForEachRow(rows, []any{&bucket, &event, &count}, func() error {
 		if bucket < 0 || bucket >= n {
 			return nil // an event stamped in the future, or on the edge
 		}
 		b := &out[n-1-bucket]
-		if event == EventFailed {
+		if event == bmdb.EventFailed {
 			b.Failed += count
 		} else {
 			b.Started += count

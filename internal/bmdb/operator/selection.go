@@ -1,10 +1,12 @@
-package bmdb
+package operator
 
 import (
 	"context"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -82,7 +84,7 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 	}
 	var process *string
 	if sel.Process != "" {
-		if err := checkProcessName(sel.Process); err != nil {
+		if err := bmdb.CheckProcessName(sel.Process); err != nil {
 			return nil, err
 		}
 		process = &sel.Process
@@ -102,7 +104,7 @@ func (db *DB) SelectMachines(ctx context.Context, sel Selector) ([]SelectedMachi
 		"released": sel.Released,
 		"limit":    sel.Limit,
 	}
-	out, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (SelectedMachine, error) {
+	out, err := bmdb.QueryRows(ctx, db.Pool(), func(row pgx.CollectableRow) (SelectedMachine, error) {
 		var m SelectedMachine
 		var providerID, location *string
 		err := row.Scan(&m.Machine, &providerID, &location)

@@ -1,10 +1,12 @@
-package bmdb
+package operator
 
 import (
 	"context"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -16,20 +18,20 @@ import (
 // ExplainProcess is a process an explanation covers, as the caller's
 // binary defines it.
 type ExplainProcess struct {
-	Process Process
+	Process bmdb.Process
 	// Candidates is the binary's own condition of the process; nil when
 	// the binary does not know it (the condition is then not judged: SQL
 	// read from the database is never run).
-	Candidates *Candidates
+	Candidates *bmdb.Candidates
 	// Limits are the process's limits as the caller knows them (the
 	// daemons' flags); a zero limit is not judged.
-	Limits Limits
+	Limits bmdb.Limits
 	// Facts, if set, reads the facts the process's condition reads on
 	// machine (its definition's Explain), in the transaction the
 	// condition is evaluated in, so that an explanation says why the
 	// condition holds or not. Nil: the explanation says the process does
 	// not explain its condition.
-	Facts func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]Fact, error)
+	Facts func(ctx context.Context, tx bmdbapi.Tx, machine uuid.UUID) ([]bmdb.Fact, error)
 }
 
 // Bounds of the facts of one process an explanation keeps: they come from
@@ -99,7 +101,7 @@ type Explanation struct {
 	StartTimeout     time.Duration `json:"start_timeout_ns,omitempty"`
 	// Facts are what the process's condition read on the machine, as
 	// its definition's Explain says (nil: it has none).
-	Facts []Fact `json:"facts,omitempty"`
+	Facts []bmdb.Fact `json:"facts,omitempty"`
 	// explains is whether the process has an Explain.
 	explains bool
 	// Lease is a lease held in the process's exclusion group.
@@ -148,8 +150,8 @@ type MachineExplanation struct {
 	LastHeartbeat  *time.Time `json:"last_heartbeat,omitempty"`
 	// Reset is Recovery's pending reset of the machine, awaiting proof
 	// that it came back (nil: none).
-	Reset     *PendingReset `json:"reset,omitempty"`
-	Processes []Explanation `json:"processes"`
+	Reset     *bmdb.PendingReset `json:"reset,omitempty"`
+	Processes []Explanation      `json:"processes"`
 }
 
 // ExplainMachine says, for each of processes, whether it would act on
@@ -161,21 +163,17 @@ type MachineExplanation struct {
 // machine does not exist.
 func (db *DB) ExplainMachine(ctx context.Context, machine uuid.UUID, processes []ExplainProcess) (MachineExplanation, error) {
 	var out MachineExplanation
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		out = MachineExplanation{Machine: machine}
-		var exists bool
-		var resetAt, verifyBy *time.Time
-		var notRecoveredAt *time.Time
-		if err := tx.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &out.AgentStartedAt, &out.LastHeartbeat, &out.Now, &resetAt, &verifyBy, &notRecoveredAt); err != nil {
+		facts, exists, err := tx.MachineFacts(ctx, machine)
+		if err != nil {
 			return err
 		}
-		if resetAt != nil && verifyBy != nil {
-			out.Reset = &PendingReset{ResetAt: *resetAt, VerifyBy: *verifyBy, NotRecoveredAt: notRecoveredAt}
-		}
+		out.AgentStartedAt, out.LastHeartbeat, out.Now, out.Reset = facts.AgentStartedAt, facts.LastHeartbeat, facts.Now, facts.Reset
 		if !exists {
-			return fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+			return fmt.Errorf("machine %s: %w", machine, bmdb.ErrNotFound)
 		}
-		holds, err := queryRows(ctx, tx.tx, scanHold, qHoldsOf, machine)
+		holds, err := bmdb.QueryRows(ctx, tx, scanHold, qHoldsOf, machine)
 		if err != nil {
 			return fmt.Errorf("reading its holds: %w", err)
 		}
@@ -198,7 +196,7 @@ func (db *DB) ExplainMachine(ctx context.Context, machine uuid.UUID, processes [
 			if b := p.Limits.MachineBudget; b.Set() {
 				e.BudgetN, e.BudgetWindow = b.N, b.Window.String()
 				args := pgx.NamedArgs{"machine": machine, "process": p.Process.Name, "budget_window": b.Window.Seconds()}
-				if err := tx.tx.QueryRow(ctx, qBudgetUsed, args).Scan(&e.BudgetUsed); err != nil {
+				if err := tx.QueryRow(ctx, qBudgetUsed, args).Scan(&e.BudgetUsed); err != nil {
 					return fmt.Errorf("explaining %s: counting its budget: %w", p.Process.Name, err)
 				}
 			}
@@ -213,16 +211,16 @@ func (db *DB) ExplainMachine(ctx context.Context, machine uuid.UUID, processes [
 	return out, nil
 }
 
-func explainProcess(ctx context.Context, tx *Tx, machine uuid.UUID, p ExplainProcess) (Explanation, error) {
+func explainProcess(ctx context.Context, tx *bmdb.Tx, machine uuid.UUID, p ExplainProcess) (Explanation, error) {
 	if err := p.Process.Validate(); err != nil {
 		return Explanation{}, err
 	}
 	e := Explanation{Process: p.Process.Name, Group: p.Process.Group(), MaxInFlight: p.Limits.MaxInFlight, MaxPerHour: p.Limits.MaxPerHour}
 	if c := p.Candidates; c != nil {
 		e.ConditionName = c.Name()
-		query, args := spliceCondition(*c, explainConditionTemplate, pgx.NamedArgs{"machine": machine})
+		query, args := bmdb.SpliceCondition(*c, explainConditionTemplate, pgx.NamedArgs{"machine": machine})
 		var holds bool
-		if err := tx.tx.QueryRow(ctx, query, args).Scan(&holds, &e.ConditionDue); err != nil {
+		if err := tx.QueryRow(ctx, query, args).Scan(&holds, &e.ConditionDue); err != nil {
 			return Explanation{}, fmt.Errorf("evaluating its condition %s: %w", c.Name(), err)
 		}
 		e.Condition = &holds
@@ -248,7 +246,7 @@ func explainProcess(ctx context.Context, tx *Tx, machine uuid.UUID, p ExplainPro
 		forcedReason, forcedActor, cancelReason, cancelActor *string
 		forcedAt, cancelAt                                   *time.Time
 	)
-	err := tx.tx.QueryRow(ctx, qExplainProcess, machine, p.Process.Name, p.Process.Group()).Scan(
+	err := tx.QueryRow(ctx, qExplainProcess, machine, p.Process.Name, p.Process.Group()).Scan(
 		&leaseProcess, &leaseSession, &replica, &leaseSince,
 		&backoffUntil, &backoffCause, &notBefore,
 		&pauseReason, &pauseSource, &pausedAt,
@@ -376,27 +374,12 @@ func conditionFacts(e *Explanation) string {
 }
 
 // cleanFacts bounds facts and strips their control characters.
-func cleanFacts(facts []Fact) []Fact {
-	out := make([]Fact, 0, min(len(facts), maxFacts))
+func cleanFacts(facts []bmdb.Fact) []bmdb.Fact {
+	out := make([]bmdb.Fact, 0, min(len(facts), maxFacts))
 	for _, f := range facts[:min(len(facts), maxFacts)] {
-		out = append(out, Fact{Name: untrusted.Line(f.Name, maxFactNameLen), Value: untrusted.Line(f.Value, maxFactValueLen)})
+		out = append(out, bmdb.Fact{Name: untrusted.Line(f.Name, maxFactNameLen), Value: untrusted.Line(f.Value, maxFactValueLen)})
 	}
 	return out
-}
-
-// AgentFacts reads the facts of machine's agent. A machine that does not
-// exist has none.
-func (t *Tx) AgentFacts(ctx context.Context, machine uuid.UUID) (AgentFacts, error) {
-	var f AgentFacts
-	var exists bool
-	var resetAt, verifyBy, notRecoveredAt *time.Time
-	if err := t.tx.QueryRow(ctx, qExplainMachine, machine).Scan(&exists, &f.AgentStartedAt, &f.LastHeartbeat, &f.Now, &resetAt, &verifyBy, &notRecoveredAt); err != nil {
-		return AgentFacts{}, fmt.Errorf("reading the agent facts of %s: %w", machine, err)
-	}
-	if resetAt != nil && verifyBy != nil {
-		f.Reset = &PendingReset{ResetAt: *resetAt, VerifyBy: *verifyBy, NotRecoveredAt: notRecoveredAt}
-	}
-	return f, nil
 }
 
 func orOperator(actor string) string {

@@ -1,9 +1,11 @@
-package bmdb
+package operator
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -13,8 +15,8 @@ import (
 // in any provider, so that operators can name a machine as its provider
 // knows it ("sim-0002", a hostname) instead of by UUID. Several providers
 // may use the same id: the caller decides what an ambiguous name means.
-func (db *DB) MachinesByProviderID(ctx context.Context, providerID string) ([]Provided, error) {
-	found, err := queryRows(ctx, db.pool, scanProvided, qMachinesByProviderID, providerID)
+func (db *DB) MachinesByProviderID(ctx context.Context, providerID string) ([]bmdb.Provided, error) {
+	found, err := bmdb.QueryRows(ctx, db.Pool(), bmdb.ScanProvided, qMachinesByProviderID, providerID)
 	if err != nil {
 		return nil, fmt.Errorf("looking up provider id %q: %w", providerID, err)
 	}
@@ -24,7 +26,7 @@ func (db *DB) MachinesByProviderID(ctx context.Context, providerID string) ([]Pr
 // FleetMachine is a provided machine with its tags and what the processes
 // are doing with it: the row of an operator's whole-fleet listing.
 type FleetMachine struct {
-	Provided
+	bmdb.Provided
 	// AgentStarted and LastHeartbeat are zero when the machine has none.
 	AgentStarted  time.Time
 	LastHeartbeat time.Time
@@ -51,7 +53,7 @@ func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
 	if q.Limit <= 0 {
 		q.Limit = 1000
 	}
-	out, err := queryRows(ctx, db.pool, scanFleetMachine, qFleet, q.AfterProvider, q.AfterProviderID, q.Limit)
+	out, err := bmdb.QueryRows(ctx, db.Pool(), scanFleetMachine, qFleet, q.AfterProvider, q.AfterProviderID, q.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing the fleet: %w", err)
 	}
@@ -61,16 +63,16 @@ func (db *DB) Fleet(ctx context.Context, q FleetQuery) ([]FleetMachine, error) {
 // EligibleAmong returns which of machines a claim of process could lease
 // now, by candidates and the generic half of claiming: the eligible state
 // of a page of a listing, without walking the fleet.
-func (db *DB) EligibleAmong(ctx context.Context, process Process, candidates Candidates, machines []uuid.UUID) (map[uuid.UUID]bool, error) {
+func (db *DB) EligibleAmong(ctx context.Context, process bmdb.Process, candidates bmdb.Candidates, machines []uuid.UUID) (map[uuid.UUID]bool, error) {
 	if err := process.Validate(); err != nil {
 		return nil, err
 	}
-	query, args := spliceCondition(candidates, eligibleAmongTemplate, pgx.NamedArgs{
+	query, args := bmdb.SpliceCondition(candidates, eligibleAmongTemplate, pgx.NamedArgs{
 		"group":   process.Group(),
 		"process": process.Name,
 		"ids":     machines,
 	})
-	ids, err := queryRows(ctx, db.pool, pgx.RowTo[uuid.UUID], query, args)
+	ids, err := bmdb.QueryRows(ctx, db.Pool(), pgx.RowTo[uuid.UUID], query, args)
 	if err != nil {
 		return nil, fmt.Errorf("checking eligibility for %s: %w", process.Name, err)
 	}

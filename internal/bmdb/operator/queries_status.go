@@ -1,4 +1,4 @@
-package bmdb
+package operator
 
 // The status page's statements (status.go).
 

@@ -1,4 +1,4 @@
-package bmdb
+package operator
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -51,15 +53,15 @@ type MachineState struct {
 	Until        time.Time
 	Cause        string
 	LastInterval time.Duration
-	Actor        Actor
+	Actor        bmdb.Actor
 }
 
 // MachineQuery selects the machines of one process in one state.
 type MachineQuery struct {
-	Process Process
+	Process bmdb.Process
 	// Candidates is the process's domain condition; required for
 	// StateEligible only.
-	Candidates *Candidates
+	Candidates *bmdb.Candidates
 	// State is one of States.
 	State State
 	// Limit bounds the rows returned (default 1000).
@@ -112,7 +114,7 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 		if q.Candidates == nil {
 			return nil, fmt.Errorf("listing eligible machines of %s: the process's candidate condition is unknown here", name)
 		}
-		query, named := spliceCondition(*q.Candidates, eligibleTemplate, pgx.NamedArgs{
+		query, named := bmdb.SpliceCondition(*q.Candidates, eligibleTemplate, pgx.NamedArgs{
 			"group":   q.Process.Group(),
 			"process": name,
 			"after":   q.After,
@@ -133,7 +135,7 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 	default:
 		return nil, fmt.Errorf("unknown machine state %q: want one of %v", q.State, States)
 	}
-	out, err := queryRows(ctx, db.pool, scan, sql, args...)
+	out, err := bmdb.QueryRows(ctx, db.Pool(), scan, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s machines of %s: %w", q.State, name, err)
 	}
@@ -144,7 +146,7 @@ func (db *DB) Machines(ctx context.Context, q MachineQuery) ([]MachineState, err
 // history or pauses, sorted: the processes an operator can ask about, even
 // those this binary does not run.
 func (db *DB) KnownProcesses(ctx context.Context) ([]string, error) {
-	names, err := queryRows(ctx, db.pool, pgx.RowTo[string], qKnownProcesses)
+	names, err := bmdb.QueryRows(ctx, db.Pool(), pgx.RowTo[string], qKnownProcesses)
 	if err != nil {
 		return nil, fmt.Errorf("listing known processes: %w", err)
 	}
@@ -174,16 +176,16 @@ type ProcessCounts struct {
 func (c ProcessCounts) SucceededLastHour() int64 { return c.FinishedLastHour + c.RescheduledLastHour }
 
 // ProcessCounts reads the counts of process in one statement.
-func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Candidates) (ProcessCounts, error) {
+func (db *DB) ProcessCounts(ctx context.Context, process bmdb.Process, candidates bmdb.Candidates) (ProcessCounts, error) {
 	if err := process.Validate(); err != nil {
 		return ProcessCounts{}, err
 	}
-	query, args := spliceCondition(candidates, processCountsTemplate, pgx.NamedArgs{
+	query, args := bmdb.SpliceCondition(candidates, processCountsTemplate, pgx.NamedArgs{
 		"group":   process.Group(),
 		"process": process.Name,
 	})
 	var c ProcessCounts
-	err := db.pool.QueryRow(ctx, query, args).Scan(&c.Eligible, &c.Leased, &c.BackingOff, &c.Rescheduled,
+	err := db.Pool().QueryRow(ctx, query, args).Scan(&c.Eligible, &c.Leased, &c.BackingOff, &c.Rescheduled,
 		&c.StartedLastHour, &c.FinishedLastHour, &c.RescheduledLastHour, &c.FailedLastHour)
 	if err != nil {
 		return ProcessCounts{}, fmt.Errorf("counting the machines of %s: %w", process.Name, err)
@@ -193,8 +195,8 @@ func (db *DB) ProcessCounts(ctx context.Context, process Process, candidates Can
 
 // RecentFailures returns the newest limit failures of process, newest
 // first.
-func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]HistoryEntry, error) {
-	h, err := queryRows(ctx, db.pool, scanHistory, qRecentFailures, process, limit)
+func (db *DB) RecentFailures(ctx context.Context, process string, limit int) ([]bmdb.HistoryEntry, error) {
+	h, err := bmdb.QueryRows(ctx, db.Pool(), bmdb.ScanHistory, qRecentFailures, process, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading recent failures of %s: %w", process, err)
 	}
@@ -216,7 +218,7 @@ type MachineDetail struct {
 	Exists  bool
 	Created time.Time
 	// Tags; nil or zero when the machine does not have them.
-	Provided         *Provided
+	Provided         *bmdb.Provided
 	AgentStarted     time.Time
 	AgentPublicKey   []byte
 	LastHeartbeat    time.Time
@@ -224,12 +226,12 @@ type MachineDetail struct {
 	SSHHostKeyPinned time.Time
 	// Leases and Backoffs (active or not) of any process, by process.
 	Leases   []LeaseInfo
-	Backoffs []BackoffState
+	Backoffs []bmdb.BackoffState
 	// Rescheduled are the "check again later" times still to come, by
 	// process.
 	Rescheduled []Rescheduled
 	// History holds the newest entries, in causal order (oldest first).
-	History []HistoryEntry
+	History []bmdb.HistoryEntry
 	// HistoryTruncated is true when older entries were left out.
 	HistoryTruncated bool
 }
@@ -251,24 +253,24 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 		agentStarted, heartbeat, keyPinned             *time.Time
 		hostKey                                        *string
 	)
-	err := db.pool.QueryRow(ctx, qMachineTags, machine).Scan(&d.Created,
+	err := db.Pool().QueryRow(ctx, qMachineTags, machine).Scan(&d.Created,
 		&provider, &providerID, &address, &location, &power,
 		&agentStarted, &d.AgentPublicKey, &heartbeat, &hostKey, &keyPinned)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		var exists, hasHistory bool
-		if err := db.pool.QueryRow(ctx, qMachineExists, machine).Scan(&exists, &hasHistory); err != nil {
+		if err := db.Pool().QueryRow(ctx, qMachineExists, machine).Scan(&exists, &hasHistory); err != nil {
 			return fail(err)
 		}
 		if !hasHistory {
-			return MachineDetail{}, fmt.Errorf("machine %s: %w", machine, ErrNotFound)
+			return MachineDetail{}, fmt.Errorf("machine %s: %w", machine, bmdb.ErrNotFound)
 		}
 	case err != nil:
 		return fail(err)
 	default:
 		d.Exists = true
 		if provider != nil {
-			d.Provided = &Provided{Machine: machine, Provider: *provider, ProviderID: *providerID, Address: *address, Location: *location, Power: *power}
+			d.Provided = &bmdb.Provided{Machine: machine, Provider: *provider, ProviderID: *providerID, Address: *address, Location: *location, Power: *power}
 		}
 		if agentStarted != nil {
 			d.AgentStarted = *agentStarted
@@ -281,20 +283,20 @@ func (db *DB) Machine(ctx context.Context, machine uuid.UUID, historyLimit int) 
 		}
 	}
 
-	d.Leases, err = queryRows(ctx, db.pool, scanLeaseInfo, qMachineLeases, machine)
+	d.Leases, err = bmdb.QueryRows(ctx, db.Pool(), scanLeaseInfo, qMachineLeases, machine)
 	if err != nil {
 		return fail(err)
 	}
-	d.Backoffs, err = queryRows(ctx, db.pool, scanBackoffState, qMachineBackoffs, machine)
+	d.Backoffs, err = bmdb.QueryRows(ctx, db.Pool(), scanBackoffState, qMachineBackoffs, machine)
 	if err != nil {
 		return fail(err)
 	}
-	d.Rescheduled, err = queryRows(ctx, db.pool, pgx.RowToStructByPos[Rescheduled], qMachineRescheduled, machine)
+	d.Rescheduled, err = bmdb.QueryRows(ctx, db.Pool(), pgx.RowToStructByPos[Rescheduled], qMachineRescheduled, machine)
 	if err != nil {
 		return fail(err)
 	}
 	// One more than asked tells whether older entries exist.
-	h, err := queryRows(ctx, db.pool, scanHistory, qMachineRecentHistory, machine, historyLimit+1)
+	h, err := bmdb.QueryRows(ctx, db.Pool(), bmdb.ScanHistory, qMachineRecentHistory, machine, historyLimit+1)
 	if err != nil {
 		return fail(err)
 	}
@@ -319,8 +321,8 @@ func scanLeaseInfo(row pgx.CollectableRow) (LeaseInfo, error) {
 	return l, row.Scan(&l.Process, &l.ExclusionGroup, &l.Session, &l.Started)
 }
 
-func scanBackoffState(row pgx.CollectableRow) (BackoffState, error) {
-	var b BackoffState
+func scanBackoffState(row pgx.CollectableRow) (bmdb.BackoffState, error) {
+	var b bmdb.BackoffState
 	var seconds int64
 	err := row.Scan(&b.Machine, &b.Process, &b.Until, &b.Cause, &seconds, &b.Active)
 	b.LastInterval = time.Duration(seconds) * time.Second

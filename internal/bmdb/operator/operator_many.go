@@ -1,8 +1,10 @@
-package bmdb
+package operator
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 
 	"github.com/google/uuid"
 )
@@ -24,12 +26,12 @@ func (db *DB) RetryMachines(ctx context.Context, machines []uuid.UUID, process, 
 		return nil, fmt.Errorf("retrying %d machines: which process?", len(machines))
 	}
 	var out map[uuid.UUID]RetryResult
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		out = make(map[uuid.UUID]RetryResult, len(machines))
 		for _, m := range machines {
 			var exists bool
 			var res RetryResult
-			if err := tx.tx.QueryRow(ctx, qRetry, m, process, reason, actorArg(ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased); err != nil {
+			if err := tx.QueryRow(ctx, qRetry, m, process, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx))).Scan(&exists, &res.BackoffEnded, &res.RescheduleEnded, &res.Leased); err != nil {
 				return err
 			}
 			if exists {
@@ -57,10 +59,10 @@ func (db *DB) ClearBackoffs(ctx context.Context, machines []uuid.UUID, process, 
 		processArg = &process
 	}
 	var out map[uuid.UUID][]ClearedBackoff
-	err := db.Transact(ctx, func(ctx context.Context, tx *Tx) error {
+	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		out = map[uuid.UUID][]ClearedBackoff{}
 		for _, m := range machines {
-			cleared, err := queryRows(ctx, tx.tx, scanClearedBackoff, qBackoffClear, m, processArg, reason, actorArg(ActorFrom(ctx)))
+			cleared, err := bmdb.QueryRows(ctx, tx, scanClearedBackoff, qBackoffClear, m, processArg, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx)))
 			if err != nil {
 				return err
 			}

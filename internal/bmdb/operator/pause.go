@@ -1,4 +1,4 @@
-package bmdb
+package operator
 
 import (
 	"context"
@@ -6,33 +6,23 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+
 	"github.com/jackc/pgx/v5"
 )
-
-// Pause sources: who paused a process.
-const (
-	PauseByOperator = "operator"
-	PauseByBreaker  = "breaker"
-)
-
-// checkProcessName validates a process name given by an operator, so that a
-// typo is an error instead of a pause nobody honours.
-func checkProcessName(name string) error {
-	return Process{Name: name}.Validate()
-}
 
 // Pause is a row of process_pause: a process is paused while Active.
 type Pause struct {
 	Process string
 	Reason  string
-	// Source is PauseByOperator or PauseByBreaker.
+	// Source is bmdb.PauseByOperator or bmdb.PauseByBreaker.
 	Source   string
 	PausedAt time.Time
 	// ResumedAt is zero while the pause is active.
 	ResumedAt time.Time
 	// Actor paused it: an operator's name and database role; zero for
 	// the breaker's pauses and those of binaries before migration 0031.
-	Actor Actor
+	Actor bmdb.Actor
 }
 
 // Active reports whether the pause is in force.
@@ -46,7 +36,7 @@ func scanPause(row pgx.CollectableRow) (Pause, error) {
 	if resumed != nil {
 		p.ResumedAt = *resumed
 	}
-	p.Actor = Actor{Name: deref(actor), Role: deref(role)}
+	p.Actor = bmdb.Actor{Name: deref(actor), Role: deref(role)}
 	return p, err
 }
 
@@ -58,13 +48,13 @@ func scanPause(row pgx.CollectableRow) (Pause, error) {
 // and is recorded Paused in the pause history (PauseHistory), as a hold
 // is in the machine's.
 func (db *DB) PauseProcess(ctx context.Context, process, reason string) (Pause, error) {
-	if err := checkProcessName(process); err != nil {
+	if err := bmdb.CheckProcessName(process); err != nil {
 		return Pause{}, err
 	}
 	if err := CheckReason(reason); err != nil {
 		return Pause{}, err
 	}
-	p, err := queryOne(ctx, db.pool, scanPause, qPauseOperator, process, reason, actorArg(ActorFrom(ctx)))
+	p, err := bmdb.QueryOne(ctx, db.Pool(), scanPause, qPauseOperator, process, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx)))
 	if err != nil {
 		return Pause{}, fmt.Errorf("pausing %s: %w", process, err)
 	}
@@ -91,12 +81,12 @@ func (db *DB) ResumeProcessBecause(ctx context.Context, process, reason string) 
 }
 
 func (db *DB) resume(ctx context.Context, process string, reason *string) (Pause, error) {
-	if err := checkProcessName(process); err != nil {
+	if err := bmdb.CheckProcessName(process); err != nil {
 		return Pause{}, err
 	}
-	p, err := queryOne(ctx, db.pool, scanPause, qResume, process, reason, actorArg(ActorFrom(ctx)))
+	p, err := bmdb.QueryOne(ctx, db.Pool(), scanPause, qResume, process, reason, bmdb.ActorArg(bmdb.ActorFrom(ctx)))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Pause{}, fmt.Errorf("process %s is not paused: %w", process, ErrNotFound)
+		return Pause{}, fmt.Errorf("process %s is not paused: %w", process, bmdb.ErrNotFound)
 	}
 	if err != nil {
 		return Pause{}, fmt.Errorf("resuming %s: %w", process, err)
@@ -107,7 +97,7 @@ func (db *DB) resume(ctx context.Context, process string, reason *string) (Pause
 // Pauses lists every process that was ever paused, active pauses and
 // resumed ones, by process name.
 func (db *DB) Pauses(ctx context.Context) ([]Pause, error) {
-	ps, err := queryRows(ctx, db.pool, scanPause, qPausesList)
+	ps, err := bmdb.QueryRows(ctx, db.Pool(), scanPause, qPausesList)
 	if err != nil {
 		return nil, fmt.Errorf("listing pauses: %w", err)
 	}
@@ -118,9 +108,9 @@ func (db *DB) Pauses(ctx context.Context) ([]Pause, error) {
 const (
 	// EventPaused records that a process was paused, by an operator or
 	// its circuit breaker.
-	EventPaused Event = "Paused"
+	EventPaused bmdb.Event = "Paused"
 	// EventResumed records that an operator resumed a process.
-	EventResumed Event = "Resumed"
+	EventResumed bmdb.Event = "Resumed"
 )
 
 // PauseEvent is one pause or resume of a process (process_pause_history,
@@ -128,13 +118,13 @@ const (
 type PauseEvent struct {
 	ID        int64
 	Process   string
-	Event     Event
+	Event     bmdb.Event
 	Timestamp time.Time
 	// Reason is the pause's reason, or the resume's ("" if none given).
 	Reason string
-	// Source is PauseByOperator or PauseByBreaker.
+	// Source is bmdb.PauseByOperator or bmdb.PauseByBreaker.
 	Source string
-	Actor  Actor
+	Actor  bmdb.Actor
 }
 
 // PauseHistory returns the newest limit pauses and resumes of process ("":
@@ -142,7 +132,7 @@ type PauseEvent struct {
 func (db *DB) PauseHistory(ctx context.Context, process string, limit int) ([]PauseEvent, error) {
 	var processArg *string
 	if process != "" {
-		if err := checkProcessName(process); err != nil {
+		if err := bmdb.CheckProcessName(process); err != nil {
 			return nil, err
 		}
 		processArg = &process
@@ -150,7 +140,7 @@ func (db *DB) PauseHistory(ctx context.Context, process string, limit int) ([]Pa
 	if limit <= 0 {
 		limit = 1000
 	}
-	out, err := queryRows(ctx, db.pool, func(row pgx.CollectableRow) (PauseEvent, error) {
+	out, err := bmdb.QueryRows(ctx, db.Pool(), func(row pgx.CollectableRow) (PauseEvent, error) {
 		var e PauseEvent
 		var reason, actor *string
 		err := row.Scan(&e.ID, &e.Process, &e.Event, &e.Timestamp, &reason, &e.Source, &actor, &e.Actor.Role)
