@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
@@ -24,7 +26,7 @@ func testDefinition() controlloop.Definition {
 			Label:          "testdef",
 			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
 		},
-		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
+		Candidates: func() (bmdb.Candidates, error) { return agentstart.Candidates(), nil },
 		New: func(controlloop.Env) (controlloop.Handler, error) {
 			return controlloop.HandlerFunc(func(_ context.Context, t *controlloop.Task) error {
 				commitAgent(t)

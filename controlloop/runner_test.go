@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2/ktesting"
 
-	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/backoff"
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -51,7 +53,7 @@ func (e *env) newRunner(p *testProcess, cfg controlloop.Config) (*controlloop.Ru
 	return controlloop.NewRunner(e.db.Public(), p.definition(), p, cfg, controlloop.NewMetrics(e.reg))
 }
 
-// newProcess returns a process over AgentStartCandidates: a machine needs it
+// newProcess returns a process over agentstart.Candidates: a machine needs it
 // until its work finishes with commitAgent, so that a test can see every
 // machine done exactly once.
 func newProcess(run func(ctx context.Context, t *controlloop.Task) error) *testProcess {
@@ -61,7 +63,7 @@ func newProcess(run func(ctx context.Context, t *controlloop.Task) error) *testP
 			Label:          "test",
 			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
 		},
-		candidates: bmdb.AgentStartCandidates(),
+		candidates: agentstart.Candidates(),
 		run:        run,
 	}
 }

@@ -66,15 +66,15 @@ func TestDefinitions(t *testing.T) {
 // daemon and the CLI do, never from a process built to read it.
 func TestRecoveryCandidatesFollowFlags(t *testing.T) {
 	def := recovery.Definition()
-	if got, want := condition(t, def), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, def), recovery.Candidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
 		t.Errorf("default condition %+v, want %+v", got, want)
 	}
 	def = configured(t, recovery.Definition(), "-recovery_start_timeout=1m", "-recovery_heartbeat_timeout=20s")
-	if got, want := condition(t, def), bmdb.RecoveryCandidates(time.Minute, 20*time.Second); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, def), recovery.Candidates(time.Minute, 20*time.Second); !reflect.DeepEqual(got, want) {
 		t.Errorf("condition after the flags %+v, want %+v", got, want)
 	}
 	// Two definitions do not share their flags' values.
-	if got, want := condition(t, recovery.Definition()), bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
+	if got, want := condition(t, recovery.Definition()), recovery.Candidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout); !reflect.DeepEqual(got, want) {
 		t.Errorf("a new definition's condition %+v, want the default %+v", got, want)
 	}
 	bad := recovery.Definition()

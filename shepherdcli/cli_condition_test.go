@@ -73,7 +73,7 @@ func TestCLINeverRunsRegistryConditionSQL(t *testing.T) {
 	}
 	// Registered as this binary registers it (the claims above registered
 	// another condition).
-	if _, err := db.RegisterProcess(ctx, recovery.Process, bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout), "test"); err != nil {
+	if _, err := db.RegisterProcess(ctx, recovery.Process, recovery.Candidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout), "test"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -139,7 +139,7 @@ func TestCLINeverRunsRegistryConditionSQL(t *testing.T) {
 	var shown conditionJSON
 	code, out, _ = runShepherd(t, env, "condition", "recovery", "-o", "json", "-bmdb_dsn", dsn)
 	if err := json.Unmarshal([]byte(out), &shown); err != nil || code != exitOK || shown.Same || shown.Binary == nil || shown.Recorded == nil ||
-		!strings.Contains(shown.Recorded.SQL, "pg_terminate_backend") || shown.Binary.SQL != bmdb.RecoveryCandidates(time.Minute, time.Minute).SQL() {
+		!strings.Contains(shown.Recorded.SQL, "pg_terminate_backend") || shown.Binary.SQL != recovery.Candidates(time.Minute, time.Minute).SQL() {
 		t.Errorf("shepherd condition -o json: exit %d, %v, %+v", code, err, shown)
 	}
 
@@ -163,7 +163,7 @@ func TestCLINeverRunsRegistryConditionSQL(t *testing.T) {
 	}
 
 	// Restored, the registry's condition is the binary's again.
-	setCondition(recovery.Process.Name, bmdb.RecoveryCandidates(time.Minute, time.Minute).SQL())
+	setCondition(recovery.Process.Name, recovery.Candidates(time.Minute, time.Minute).SQL())
 	if code, out, errOut := eligible(); code != exitOK || strings.TrimSpace(out) != "[]" {
 		t.Errorf("restored registry: exit %d, stdout %s, stderr:\n%s", code, out, errOut)
 	}

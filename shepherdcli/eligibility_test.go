@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -99,14 +101,14 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 			want = append(want, ids[m.id])
 		}
 	}
-	n, err := db.EligibleCount(ctx, recovery.Process, bmdb.RecoveryCandidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout))
+	n, err := db.EligibleCount(ctx, recovery.Process, recovery.Candidates(recovery.DefaultStartTimeout, recovery.DefaultHeartbeatTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n != 5 {
 		t.Fatalf("the fleet must tell the defaults apart: %d eligible with the default timeouts, want 5", n)
 	}
-	if _, err := db.PauseProcess(ctx, recovery.Process.Name, "test: hold the fleet still"); err != nil {
+	if _, err := operator.New(db).PauseProcess(ctx, recovery.Process.Name, "test: hold the fleet still"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -192,7 +194,7 @@ func TestCLIEligibilityIsTheDaemons(t *testing.T) {
 		return true, ""
 	})
 
-	if _, err := db.ResumeProcess(ctx, recovery.Process.Name); err != nil {
+	if _, err := operator.New(db).ResumeProcess(ctx, recovery.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	var claimed []uuid.UUID

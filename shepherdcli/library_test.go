@@ -22,7 +22,7 @@ func testDefinition(label, name string) controlloop.Definition {
 			Label:          label,
 			DefaultBackoff: bmdb.Backoff{Initial: time.Minute, Maximum: time.Hour, Exponent: 2},
 		},
-		Candidates: func() (bmdb.Candidates, error) { return bmdb.AgentStartCandidates(), nil },
+		Candidates: func() (bmdb.Candidates, error) { return agentstart.Candidates(), nil },
 		New:        func(env controlloop.Env) (controlloop.Handler, error) { return agentstart.New(env.Provider), nil },
 	}
 }

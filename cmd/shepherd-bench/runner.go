@@ -28,7 +28,7 @@ type noopProcess struct {
 	onRun func(machine uuid.UUID, at time.Time)
 	// markStarted makes the process record machine_agent_started when it
 	// finishes, as AgentStart does, so that a machine it ran on is no longer
-	// a candidate of bmdb.AgentStartCandidates.
+	// a candidate of agentstart.Candidates.
 	markStarted bool
 }
 

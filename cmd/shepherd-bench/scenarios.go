@@ -17,6 +17,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+	"github.com/shepherd-fleet/shepherd/processes/recovery"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -339,7 +342,7 @@ func (b *bench) claimOne(ctx context.Context, dsn string, proc bmdb.Process, n i
 	// The process changes condition: its due rows are rebuilt (every
 	// machine's row goes), before the VACUUM, so that the idle claims
 	// measure a settled table, not one full of the rebuild's dead rows.
-	idle := bmdb.AgentStartCandidates()
+	idle := agentstart.Candidates()
 	reg, err = db.RegisterProcess(ctx, proc, idle, "shepherd-bench")
 	if err != nil {
 		return res, err
@@ -436,8 +439,8 @@ func (b *bench) idle(ctx context.Context) error {
 		// time: every machine has a due time, its start timeout), with
 		// the daemon's default timeouts.
 		conds := []bmdb.Candidates{
-			bmdb.AgentStartCandidates(),
-			bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute),
+			agentstart.Candidates(),
+			recovery.Candidates(30*time.Minute, 10*time.Minute),
 		}
 		var specs []procSpec
 		var names []string
@@ -555,8 +558,8 @@ type reconcileResult struct {
 func (b *bench) reconcilePass(ctx context.Context, db *bmdb.DB) error {
 	interval := controlloop.DefaultConfig(controlloop.Info{}).ReconcileInterval
 	for i, cand := range []bmdb.Candidates{
-		bmdb.AgentStartCandidates(),
-		bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute),
+		agentstart.Candidates(),
+		recovery.Candidates(30*time.Minute, 10*time.Minute),
 	} {
 		proc := bmdb.Process{Name: "BenchIdle" + string(rune('A'+i))}
 		res := reconcileResult{Scenario: "reconcile", Condition: cand.Name(), Machines: b.o.idleMachines, ChunkSize: controlloop.ReconcileChunk}
@@ -638,7 +641,7 @@ func (b *bench) reaction(ctx context.Context) error {
 	var mu sync.Mutex
 	waiting := map[uuid.UUID]chan time.Time{}
 	spec := procSpec{
-		name: "BenchReact", label: "benchreact", candidates: bmdb.AgentStartCandidates(),
+		name: "BenchReact", label: "benchreact", candidates: agentstart.Candidates(),
 		workers: 4, markStarted: true,
 		onRun: func(m uuid.UUID, at time.Time) {
 			mu.Lock()

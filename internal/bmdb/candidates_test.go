@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	agentstartproc "github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"strings"
 	"testing"
 	"time"
@@ -58,8 +59,8 @@ func TestUserConditionCannotBreakExclusion(t *testing.T) {
 	}
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
 	user := bmdb.Process{Name: "UserFirmwareCheck", ExclusionGroup: "Shepherd"}
-	register(t, s, agentStart, bmdb.AgentStartCandidates())
-	held, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
+	register(t, s, agentStart, agentstartproc.Candidates())
+	held, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: agentstartproc.Candidates()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func TestRunNowLeasesOnce(t *testing.T) {
 	t.Parallel()
 	e, s, m := newEnvWithMachine(t)
 	e.healthy(m)
-	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	cand := recoveryproc.Candidates(time.Hour, time.Hour)
 	ctx := t.Context()
 	register(t, s, recovery, cand)
 	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: recovery, Candidates: cand}); !errors.Is(err, bmdb.ErrNothingToDo) {
@@ -82,7 +82,7 @@ func TestRunNowWaitsForTheGroup(t *testing.T) {
 	e, s, m := newEnvWithMachine(t)
 	e.healthy(m)
 	ctx := t.Context()
-	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	cand := recoveryproc.Candidates(time.Hour, time.Hour)
 	other := claim(t, s, agentStart) // ProvidedCandidates: any machine
 	if _, err := e.db.RequestRun(ctx, m, recovery.Name, "reboot now", alice); err != nil {
 		t.Fatal(err)
@@ -229,7 +229,7 @@ func TestRunNowWaitsForAHold(t *testing.T) {
 	e, s, m := newEnvWithMachine(t)
 	e.healthy(m)
 	ctx := t.Context()
-	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	cand := recoveryproc.Candidates(time.Hour, time.Hour)
 	if _, err := e.db.Hold(ctx, []uuid.UUID{m}, recovery.Name, "DIMM swap", 0, alice); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestExplainShowsPendingReset(t *testing.T) {
 	t.Parallel()
 	e, _, m := newEnvWithMachine(t)
 	ctx := t.Context()
-	cand := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	cand := recoveryproc.Candidates(time.Hour, time.Hour)
 	// Recovery's definition reads the reset among its condition's facts.
 	cfg := recoveryproc.Config{StartTimeout: time.Hour, HeartbeatTimeout: time.Hour}
 	explain := func() operator.MachineExplanation {

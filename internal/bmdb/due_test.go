@@ -3,6 +3,8 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	agentstartproc "github.com/shepherd-fleet/shepherd/processes/agentstart"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -43,8 +45,8 @@ func TestDueSelectsWhatConditionsSelect(t *testing.T) {
 		p    bmdb.Process
 		cand bmdb.Candidates
 	}{
-		{agentStart, bmdb.AgentStartCandidates()},
-		{recovery, bmdb.RecoveryCandidates(dueStartTimeout, dueHeartbeatTimeout)},
+		{agentStart, agentstartproc.Candidates()},
+		{recovery, recoveryproc.Candidates(dueStartTimeout, dueHeartbeatTimeout)},
 	}
 	ids := e.addMachines(120)
 	// Some machines exist without being provided.
@@ -115,7 +117,7 @@ func TestDueRecheckSeesConcurrentWrite(t *testing.T) {
 	e := newEnv(t, bmdb.Options{})
 	ctx := t.Context()
 	s := e.session(bmdb.SessionConfig{})
-	cand := bmdb.AgentStartCandidates()
+	cand := agentstartproc.Candidates()
 	m := e.addMachines(1)[0]
 	err := e.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		return tx.SetAgentStarted(ctx, m, []byte("key"))
@@ -678,7 +680,7 @@ func TestBuildWaitsForWritersOfWatchedTables(t *testing.T) {
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
 	m := e.addMachines(1)[0]
-	cand := bmdb.RecoveryCandidates(time.Minute, time.Minute)
+	cand := recoveryproc.Candidates(time.Minute, time.Minute)
 
 	writer, err := e.raw.Begin(ctx)
 	if err != nil {
@@ -749,7 +751,7 @@ func TestDueBuildInChunks(t *testing.T) {
 			e.exec(`INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES ($1, now(), '\x00')`, m)
 		}
 	}
-	cand := bmdb.RecoveryCandidates(10*time.Minute, 10*time.Minute)
+	cand := recoveryproc.Candidates(10*time.Minute, 10*time.Minute)
 	reg, err := e.db.RegisterProcess(ctx, recovery, cand, "test")
 	if err != nil || !reg.Rebuilt {
 		t.Fatalf("registration: %+v, %v; want Rebuilt", reg, err)
@@ -818,7 +820,7 @@ func TestInterruptedDueBuildContinues(t *testing.T) {
 
 	// Another condition: the build starts over, and the marked row goes.
 	e.exec(`UPDATE process_registry SET due_built = false, due_built_through = $2 WHERE process = $1`, agentStart.Name, ids[9])
-	reg, err = other.RegisterProcess(ctx, agentStart, bmdb.AgentStartCandidates(), "b")
+	reg, err = other.RegisterProcess(ctx, agentStart, agentstartproc.Candidates(), "b")
 	if err != nil || !reg.Rebuilt {
 		t.Fatalf("registration of another condition: %+v, %v; want Rebuilt", reg, err)
 	}
@@ -873,7 +875,7 @@ func TestClaimRequiresRegistration(t *testing.T) {
 		t.Errorf("claim through a DB that did not register the process: %v; want ErrNotRegistered", err)
 	}
 	// Another condition is another registration.
-	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()}); !errors.Is(err, bmdb.ErrNotRegistered) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: agentstartproc.Candidates()}); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Errorf("claim with a condition other than the registered one: %v; want ErrNotRegistered", err)
 	}
 

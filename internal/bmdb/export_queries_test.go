@@ -3,7 +3,6 @@ package bmdb
 import (
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/shepherd-fleet/shepherd/internal/sqlconst"
 )
@@ -12,14 +11,15 @@ import (
 // run as it is, nameTemplate for one that splices a process's condition.
 var statementName = regexp.MustCompile(`^(q[A-Z]\w*|\w+Template)$`)
 
-// SQLStatements derives from this package's source every SQL statement
-// constant, by name, ready to prepare, with the file that declares it:
-// constants built from others are folded (sqlconst.Read), and templates get
-// Recovery's condition (which has a due time, so both placeholders are
-// filled). queries_test.go prepares them all, so that a renamed column
-// fails a fast test, not a path at run time; the list is read from the
-// source, so a new statement cannot be forgotten.
-func SQLStatements() (sql, file map[string]string, err error) {
+// SQLStatements derives from the source of this package and of package
+// operator every SQL statement constant, by name, ready to prepare, with
+// the file that declares it: constants built from others are folded
+// (sqlconst), and templates get withDue, a condition with a due time, so
+// that both placeholders are filled (the tests pass Recovery's).
+// queries_test.go prepares them all, so that a renamed column fails a fast
+// test, not a path at run time; the list is read from the source, so a new
+// statement cannot be forgotten.
+func SQLStatements(withDue Candidates) (sql, file map[string]string, err error) {
 	sql, file, err = sqlconst.Read(".", statementName)
 	if err != nil {
 		return nil, nil, err
@@ -31,10 +31,9 @@ func SQLStatements() (sql, file map[string]string, err error) {
 	for name, s := range ops {
 		sql[name], file[name] = s, "operator/"+opsFile[name]
 	}
-	recovery := RecoveryCandidates(30*time.Minute, 10*time.Minute)
 	for name, s := range sql {
 		if strings.HasSuffix(name, "Template") {
-			sql[name], _ = SpliceCondition(recovery, s, nil)
+			sql[name], _ = SpliceCondition(withDue, s, nil)
 		}
 	}
 	return sql, file, nil

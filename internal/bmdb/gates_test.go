@@ -2,6 +2,7 @@ package bmdb_test
 
 import (
 	"context"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestGatesBindOlderBinaries(t *testing.T) {
 
 	// A budget of 2 in a day, recorded by a live replica of this release:
 	// two leases pass, the third escalates.
-	if err := s.RecordCandidates(ctx, recovery, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute),
+	if err := s.RecordCandidates(ctx, recovery, recoveryproc.Candidates(30*time.Minute, 10*time.Minute),
 		bmdb.Limits{MachineBudget: bmdb.MachineBudget{N: 2, Window: 24 * time.Hour}}); err != nil {
 		t.Fatal(err)
 	}

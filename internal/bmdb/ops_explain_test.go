@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	agentstartproc "github.com/shepherd-fleet/shepherd/processes/agentstart"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -202,8 +205,8 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		name       string
 		candidates bmdb.Candidates
 	}{
-		{"agentstart", bmdb.AgentStartCandidates()},
-		{"recovery", bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+		{"agentstart", agentstartproc.Candidates()},
+		{"recovery", recoveryproc.Candidates(30*time.Minute, 10*time.Minute)},
 	} {
 		q, args := bmdb.BuildQuery(bmdb.OpsTemplates["eligible"], c.candidates, pgx.NamedArgs{
 			"group": "Shepherd", "process": "Shepherd" + strings.ToUpper(c.name[:1]) + c.name[1:], "after": uuid.Nil, "limit": 1000,
@@ -243,7 +246,7 @@ func TestOpsQueriesUseIndexes(t *testing.T) {
 		tc{"budgetUsed", bmdb.HoldQueries["budgetUsed"], []any{pgx.NamedArgs{"machine": machine, "process": "ShepherdRecovery", "budget_window": 86400.0}}, tiny, "work_history_machine_idx"},
 	)
 	// The status page's reads.
-	stmts, files, err := bmdb.SQLStatements()
+	stmts, files, err := bmdb.SQLStatements(recoveryproc.Candidates(30*time.Minute, 10*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

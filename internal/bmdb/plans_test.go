@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 	"maps"
 	"regexp"
 	"slices"
@@ -145,7 +146,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 	}
 	// A second claim of the machines whose agent started and never
 	// heartbeated: Recovery's condition, due a second after the start.
-	recovery := bmdb.RecoveryCandidates(time.Second, time.Second)
+	recovery := recoveryproc.Candidates(time.Second, time.Second)
 	rp := bmdb.Process{Name: "PlansTestRecovery"}
 	bmdbtest.WaitFor(t, 30*time.Second, "a Recovery claim", func() (bool, string) {
 		register(t, s, rp, recovery)
@@ -164,7 +165,7 @@ func TestClaimAndEndGenericPlans(t *testing.T) {
 		return len(l) > 0, "nothing due yet"
 	})
 	// A claim that finds nothing due.
-	idle := bmdb.RecoveryCandidates(time.Hour, time.Hour)
+	idle := recoveryproc.Candidates(time.Hour, time.Hour)
 	register(t, s, bmdb.Process{Name: "PlansTestIdle"}, idle)
 	if l, err := s.Claim(ctx, bmdb.ClaimOptions{Process: bmdb.Process{Name: "PlansTestIdle"}, Candidates: idle, Max: 5, Limits: limits}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("a claim with nothing due: %d leases, %v; want %v", len(l), err, bmdb.ErrNothingToDo)

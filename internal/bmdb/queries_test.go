@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,7 +20,7 @@ import (
 // second, not on the path that runs the statement.
 func TestEveryStatementPrepares(t *testing.T) {
 	t.Parallel()
-	stmts, _, err := bmdb.SQLStatements()
+	stmts, _, err := bmdb.SQLStatements(recoveryproc.Candidates(30*time.Minute, 10*time.Minute))
 	if err != nil {
 		t.Fatalf("reading the statements from the source: %v", err)
 	}

@@ -22,7 +22,7 @@ import (
 // another boot identity deletes the row and records Recovered with the
 // time it took (RecordHeartbeatBatch, which counts it in
 // shepherd_recovery_duration_seconds once committed); a row past its verify_by makes the
-// machine a Recovery candidate again (RecoveryCandidates), and Recovery
+// machine a Recovery candidate again (recovery.Candidates in processes/recovery), and Recovery
 // records NotRecovered (NoteNotRecovered) before it acts again. Recovery
 // cannot hold its lease through the reboot, since AgentStart, of the same
 // exclusion group, starts the agent in between: the state lives here.

@@ -3,6 +3,7 @@ package bmdb_test
 import (
 	"context"
 	"errors"
+	recoveryproc "github.com/shepherd-fleet/shepherd/processes/recovery"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	daemons := bmdb.RecoveryCandidates(time.Hour, 20*time.Minute)
+	daemons := recoveryproc.Candidates(time.Hour, 20*time.Minute)
 	if _, err := e.db.RegisteredCondition(ctx, recovery); !errors.Is(err, bmdb.ErrNotRegistered) {
 		t.Fatalf("before any registration: %v, want ErrNotRegistered", err)
 	}
@@ -51,7 +52,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 	}
 	// The tool's own condition (its defaults), bound to what the daemons
 	// recorded.
-	bound, err := rc.Candidates(bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
+	bound, err := rc.Candidates(recoveryproc.Candidates(30*time.Minute, 10*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defaults, err := e.db.EligibleCount(ctx, recovery, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute))
+	defaults, err := e.db.EligibleCount(ctx, recovery, recoveryproc.Candidates(30*time.Minute, 10*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestRegisteredConditionAndDisagreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RecordCandidates(ctx, recovery, bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute), bmdb.Limits{}); err != nil {
+	if err := b.RecordCandidates(ctx, recovery, recoveryproc.Candidates(30*time.Minute, 10*time.Minute), bmdb.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	if rc, err = e.db.RegisteredCondition(ctx, recovery); err != nil || !rc.Disagree || len(rc.Registrants) != 2 {
@@ -100,8 +101,8 @@ func TestRegisteredConditionIsNeverRun(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e := newEnv(t, bmdb.Options{})
-	own := bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)
-	if _, err := e.db.RegisterProcess(ctx, recovery, bmdb.RecoveryCandidates(time.Hour, 20*time.Minute), "replica-a"); err != nil {
+	own := recoveryproc.Candidates(30*time.Minute, 10*time.Minute)
+	if _, err := e.db.RegisterProcess(ctx, recovery, recoveryproc.Candidates(time.Hour, 20*time.Minute), "replica-a"); err != nil {
 		t.Fatal(err)
 	}
 	rc, err := e.db.RegisteredCondition(ctx, recovery)
@@ -143,7 +144,7 @@ func TestRegisteredConditionIsNeverRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() {
-				if _, err := e.db.RegisterProcess(ctx, recovery, bmdb.RecoveryCandidates(time.Hour, 20*time.Minute), "replica-a"); err != nil {
+				if _, err := e.db.RegisterProcess(ctx, recovery, recoveryproc.Candidates(time.Hour, 20*time.Minute), "replica-a"); err != nil {
 					t.Fatal(err)
 				}
 			}()

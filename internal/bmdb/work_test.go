@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	agentstartproc "github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"slices"
 	"sync"
 	"testing"
@@ -263,15 +264,15 @@ func TestClaimPassesOverALeaseTakenMeanwhile(t *testing.T) {
 }
 
 // The domain condition decides what a process wants; the framework adds the
-// exclusion. AgentStartCandidates stops claiming a machine once its commit
+// exclusion. agentstart.Candidates stops claiming a machine once its commit
 // function recorded the agent.
 func TestFinishCommitsTags(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	e, s, m := newEnvWithMachine(t)
 
-	register(t, s, agentStart, bmdb.AgentStartCandidates())
-	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
+	register(t, s, agentStart, agentstartproc.Candidates())
+	w, err := claimOne(ctx, s, bmdb.ClaimOptions{Process: agentStart, Candidates: agentstartproc.Candidates()})
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
@@ -284,7 +285,7 @@ func TestFinishCommitsTags(t *testing.T) {
 	if !e.agentStarted(m) {
 		t.Fatalf("agent-started tag not recorded by Finish")
 	}
-	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()}); !errors.Is(err, bmdb.ErrNothingToDo) {
+	if _, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: agentstartproc.Candidates()}); !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Fatalf("Claim after the agent started: %v, want ErrNothingToDo", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/shepherd-fleet/shepherd/processes/agentstart"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
@@ -37,8 +39,8 @@ func TestHostileSSHDisconnectText(t *testing.T) {
 	}
 	defer s.Close(ctx)
 	agentStart := bmdb.Process{Name: "ShepherdAgentStart", ExclusionGroup: "Shepherd"}
-	bmdbtest.Register(t, f.db, agentStart, bmdb.AgentStartCandidates())
-	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: bmdb.AgentStartCandidates()})
+	bmdbtest.Register(t, f.db, agentStart, agentstart.Candidates())
+	leases, err := s.Claim(ctx, bmdb.ClaimOptions{Process: agentStart, Candidates: agentstart.Candidates()})
 	if err != nil {
 		t.Fatal(err)
 	}

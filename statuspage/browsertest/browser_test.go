@@ -18,7 +18,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -31,8 +30,8 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 // The two shipped processes, as their packages declare them (the same list
 // as the status page's own tests).
 var processes = []statuspage.Process{
-	{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: bmdb.AgentStartCandidates()},
-	{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: bmdb.RecoveryCandidates(30*time.Minute, 10*time.Minute)},
+	{Info: controlloop.Info{Process: agentstart.Process, Label: "agentstart"}, Candidates: agentstart.Candidates()},
+	{Info: controlloop.Info{Process: recovery.Process, Label: "recovery"}, Candidates: recovery.Candidates(30*time.Minute, 10*time.Minute)},
 }
 
 // outputDir is where the browser test leaves its screenshots:
