@@ -393,7 +393,7 @@ func TestRetentionKeepsBudgetCount(t *testing.T) {
 			t.Fatalf("%d leases and no escalation: the budget of %s was given back", leases, limits.MachineBudget)
 		}
 		register(t, s, p, bmdb.ProvidedCandidates())
-		ls, err := s.ClaimBatchLimited(ctx, p, bmdb.ProvidedCandidates(), 1, limits, onEscalated)
+		ls, err := s.Claim(ctx, bmdb.ClaimOptions{Process: p, Candidates: bmdb.ProvidedCandidates(), Max: 1, Limits: limits, OnEscalated: onEscalated})
 		if err != nil && !errors.Is(err, bmdb.ErrNothingToDo) {
 			t.Fatal(err)
 		}
