@@ -32,24 +32,6 @@ func bootEnv(t *testing.T) (*env, *prometheus.Registry) {
 	return &env{t: t, db: db, srv: srv, metrics: opts.Metrics, url: ts.URL + Path}, reg
 }
 
-// bootOf reads the boot identity recorded with machine's last heartbeat
-// (uuid.Nil: none, or no heartbeat).
-func bootOf(t *testing.T, db *bmdb.DB, machine uuid.UUID) uuid.UUID {
-	t.Helper()
-	var boot *uuid.UUID
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		boot = nil
-		return tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, machine).Scan(&boot)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if boot == nil {
-		return uuid.Nil
-	}
-	return *boot
-}
-
 // reset records a Recovery reset of a's machine, as Recovery's commit does,
 // and records the agent again, as AgentStart does after it (the agent
 // keeps its key across restarts).
@@ -116,7 +98,7 @@ func TestRecoveredOnlyWithANewBoot(t *testing.T) {
 	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
 		t.Fatalf("heartbeat: %d %q", status, body)
 	}
-	if got := bootOf(t, e.db, a.machine); got != boot {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != boot {
 		t.Fatalf("boot_id recorded %s, want %s", got, boot)
 	}
 	v := reset(t, e.db, a, time.Hour)
@@ -145,7 +127,7 @@ func TestRecoveredOnlyWithANewBoot(t *testing.T) {
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {
 		t.Error("the reset is still pending after the machine came back")
 	}
-	if got := bootOf(t, e.db, a.machine); got != second {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != second {
 		t.Errorf("boot_id recorded %s, want %s", got, second)
 	}
 	if n := histogramCount(t, reg, "shepherd_recovery_duration_seconds"); n != 1 {
@@ -209,7 +191,7 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	if got := e.lastHeartbeat(a.machine); got.IsZero() {
 		t.Fatal("version 1 heartbeat not recorded")
 	}
-	if got := bootOf(t, e.db, a.machine); got != uuid.Nil {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != uuid.Nil {
 		t.Errorf("boot_id %s recorded from a version 1 heartbeat", got)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -51,25 +50,6 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		"-shutdown_grace=2s",
 	)
 	var machines []uuid.UUID
-	bootOf := func(m uuid.UUID) uuid.UUID {
-		t.Helper()
-		var boot *uuid.UUID
-		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			boot = nil
-			err := tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, m).Scan(&boot)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if boot == nil {
-			return uuid.Nil
-		}
-		return *boot
-	}
 	bmdbtest.WaitFor(t, 60*time.Second, "both simulated agents heartbeating with a boot identity", func() (bool, string) {
 		machines = machines[:0]
 		for _, p := range bmdbtest.ProvidedBy(t, db, "sim") {
@@ -79,14 +59,14 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 			return false, fmt.Sprintf("%d machines", len(machines))
 		}
 		for _, m := range machines {
-			if bootOf(m) == uuid.Nil {
+			if bmdbtest.BootOf(t, db, m) == uuid.Nil {
 				return false, m.String() + " has no boot identity recorded"
 			}
 		}
 		return true, ""
 	})
 	broken, healthy := machines[0], machines[1]
-	firstBoot := bootOf(broken)
+	firstBoot := bmdbtest.BootOf(t, db, broken)
 
 	// The broken machine's agent falls silent: its recorded key is no
 	// longer the one the simulated agent signs with.
@@ -132,7 +112,7 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 	if !hasSubsequence(sequence, want) {
 		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
 	}
-	if got := bootOf(broken); got == uuid.Nil || got == firstBoot {
+	if got := bmdbtest.BootOf(t, db, broken); got == uuid.Nil || got == firstBoot {
 		t.Errorf("boot identity after recovery %s, before %s: want a new one", got, firstBoot)
 	}
 	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
