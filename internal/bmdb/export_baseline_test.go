@@ -15,10 +15,6 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 )
 
-// preBaselineCommit is the last commit whose migrations/ held migrations
-// 1 to 29 as they stood before the baseline replaced them.
-const preBaselineCommit = "362f158"
-
 // preBaselineFiles reads migrations 1 to 29 from the repository's git
 // history, once per test binary: the history is their one copy, so the
 // tree does not carry them a second time as test data.
@@ -27,7 +23,7 @@ var preBaselineFiles = sync.OnceValues(func() (fstest.MapFS, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := gitOutput("-C", strings.TrimSpace(string(top)), "archive", "--format=tar", preBaselineCommit+":migrations")
+	out, err := gitOutput("-C", strings.TrimSpace(string(top)), "archive", "--format=tar", PreBaselineCommit+":migrations")
 	if err != nil {
 		return nil, err
 	}
@@ -39,19 +35,19 @@ var preBaselineFiles = sync.OnceValues(func() (fstest.MapFS, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("reading migrations of commit %s: %w", preBaselineCommit, err)
+			return nil, fmt.Errorf("reading migrations of commit %s: %w", PreBaselineCommit, err)
 		}
 		if h.Typeflag != tar.TypeReg || path.Ext(h.Name) != ".sql" || strings.Contains(h.Name, "/") {
 			continue
 		}
 		data, err := io.ReadAll(r)
 		if err != nil {
-			return nil, fmt.Errorf("reading %s of commit %s: %w", h.Name, preBaselineCommit, err)
+			return nil, fmt.Errorf("reading %s of commit %s: %w", h.Name, PreBaselineCommit, err)
 		}
 		files[h.Name] = &fstest.MapFile{Data: data, Mode: 0o444}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("commit %s has no migrations/*.sql: needs the repository's full git history", preBaselineCommit)
+		return nil, fmt.Errorf("commit %s has no migrations/*.sql: needs the repository's full git history", PreBaselineCommit)
 	}
 	return files, nil
 })
@@ -65,7 +61,7 @@ func gitOutput(args ...string) ([]byte, error) {
 	out, err := cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("needs the repository's git history (commit %s): run from a full clone: git %s: %w: %s",
-			preBaselineCommit, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+			PreBaselineCommit, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
