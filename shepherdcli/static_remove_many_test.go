@@ -2,9 +2,7 @@ package shepherdcli
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,22 +13,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
-// inventoryMachines is how many machines TestStaticRemovesManyMachines
-// lists: SHEPHERD_SYNC_MACHINES overrides it, to time a fleet's worth
-// (10001) of removals through the binary.
-func inventoryMachines(t *testing.T) int {
-	t.Helper()
-	n := 2001
-	if s := os.Getenv("SHEPHERD_SYNC_MACHINES"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 2 {
-			t.Fatalf("SHEPHERD_SYNC_MACHINES=%q: want a count of at least 2", s)
-		}
-		n = v
-	}
-	return n
-}
-
 // The binary's static provider removes a fleet's worth of machines that
 // its inventory no longer lists at one reload (SIGHUP), each with its
 // Removed event; the time the removals took is logged. They were once one
@@ -38,7 +20,7 @@ func inventoryMachines(t *testing.T) int {
 // machine and nothing else loads the database.
 func TestStaticRemovesManyMachines(t *testing.T) {
 	t.Parallel()
-	n := inventoryMachines(t)
+	n := bmdbtest.SyncMachines(t)
 	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\nexit 1\n")
 	inventory := filepath.Join(dir, "inventory.yaml")
 	head := "defaults:\n  ssh:\n    user: root\nmachines:\n"
