@@ -14,7 +14,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
@@ -166,22 +165,11 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	e, _ := bootEnv(t)
 	a := e.addMachine(true)
 	client := clientFrom("127.0.0.6")
-	v1 := func() []byte {
-		h, err := agentproto.NewHeartbeatV1(a.machine, time.Now(), a.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := agentproto.EncodeHeartbeat(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	// A reset before any heartbeat: any boot identity would count.
 	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore != uuid.Nil {
 		t.Fatalf("reset of a machine that never heartbeated: %+v", v)
 	}
-	body := v1()
+	body := a.heartbeatV1(t, time.Now())
 	if !strings.Contains(string(body), `"version":1`) || strings.Contains(string(body), "boot_id") {
 		t.Fatalf("not a version 1 body: %s", body)
 	}
@@ -210,7 +198,7 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	if _, err := pendingReset(t, e.db, a.machine); err != nil {
 		t.Errorf("a reset of a version 1 agent's machine is not awaited: %v", err)
 	}
-	if status, resp := post(t, client, e.url, v1()); status != http.StatusNoContent {
+	if status, resp := post(t, client, e.url, a.heartbeatV1(t, time.Now())); status != http.StatusNoContent {
 		t.Errorf("version 1 heartbeat after the reset: %d %q", status, resp)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {
@@ -301,15 +289,7 @@ func TestVersion1AfterVersion2ProvesNothing(t *testing.T) {
 	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
 		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
 	}
-	h, err := agentproto.NewHeartbeatV1(a.machine, time.Now().Add(time.Millisecond), a.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := agentproto.EncodeHeartbeat(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if status, resp := post(t, client, e.url, body); status != http.StatusNoContent {
+	if status, resp := post(t, client, e.url, a.heartbeatV1(t, time.Now().Add(time.Millisecond))); status != http.StatusNoContent {
 		t.Fatalf("version 1 heartbeat: %d %q, want 204 (the agent is alive)", status, resp)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err != nil {
