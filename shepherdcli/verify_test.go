@@ -85,33 +85,7 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		nr, rec := countEvents(history, recovery.Process.Name, bmdb.EventNotRecovered), countEvents(history, recovery.Process.Name, bmdb.EventRecovered)
 		return nr >= 1 && rec >= 1, fmt.Sprintf("%d NotRecovered, %d Recovered", nr, rec)
 	})
-	var sequence []bmdb.Event
-	for _, e := range history {
-		if e.Process != recovery.Process.Name {
-			continue
-		}
-		sequence = append(sequence, e.Event)
-		switch e.Event {
-		case bmdb.EventNotRecovered:
-			if !strings.Contains(e.Cause, "reset at ") || !strings.Contains(e.Cause, "not back after 4s") {
-				t.Errorf("NotRecovered cause %q, want \"reset at T, not back after 4s\"", e.Cause)
-			}
-		case bmdb.EventRecovered:
-			if !strings.Contains(e.Cause, "back after") {
-				t.Errorf("Recovered cause %q does not say how long it took", e.Cause)
-			}
-		case bmdb.EventFinished:
-			t.Logf("Recovery finished: %s", e.Cause)
-		}
-	}
-	t.Logf("Recovery's events: %v", sequence)
-	// The reset (Started, Finished); Recovery looks again (Started) and
-	// records why (NotRecovered) before it acts (Finished: powered on);
-	// then the machine is back (Recovered).
-	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
-	if !hasSubsequence(sequence, want) {
-		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
-	}
+	checkVerifiedRecovery(t, history, "4s", func(cause string) { t.Logf("Recovery finished: %s", cause) })
 	if got := bmdbtest.BootOf(t, db, broken); got == uuid.Nil || got == firstBoot {
 		t.Errorf("boot identity after recovery %s, before %s: want a new one", got, firstBoot)
 	}
@@ -161,4 +135,38 @@ func hasSubsequence(got, want []bmdb.Event) bool {
 		}
 	}
 	return i == len(want)
+}
+
+// checkVerifiedRecovery checks Recovery's events in history: the reset
+// (Started, Finished); Recovery looks again (Started) and records why
+// (NotRecovered, "reset at T, not back after verifyTimeout") before it
+// acts (Finished: powered on); then the machine is back (Recovered, with
+// the time it took). finished is shown each Finished cause.
+func checkVerifiedRecovery(t *testing.T, history []bmdb.HistoryEntry, verifyTimeout string, finished func(cause string)) {
+	t.Helper()
+	var sequence []bmdb.Event
+	for _, e := range history {
+		if e.Process != recovery.Process.Name {
+			continue
+		}
+		sequence = append(sequence, e.Event)
+		switch e.Event {
+		case bmdb.EventNotRecovered:
+			if !strings.Contains(e.Cause, "reset at ") || !strings.Contains(e.Cause, "not back after "+verifyTimeout) {
+				t.Errorf("NotRecovered cause %q, want \"reset at T, not back after %s\"", e.Cause, verifyTimeout)
+			}
+		case bmdb.EventRecovered:
+			t.Logf("Recovered: %s", e.Cause)
+			if !strings.Contains(e.Cause, "back after") {
+				t.Errorf("Recovered cause %q does not say how long it took", e.Cause)
+			}
+		case bmdb.EventFinished:
+			finished(e.Cause)
+		}
+	}
+	t.Logf("Recovery's events: %v", sequence)
+	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
+	if !hasSubsequence(sequence, want) {
+		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
+	}
 }
