@@ -64,13 +64,7 @@ func TestSyncRemovesManyMachines(t *testing.T) {
 	if left := bmdbtest.ProvidedBy(t, db, "test"); len(left) != 1 || left[leased].Machine != lease.Machine {
 		t.Fatalf("machines left: %v, want only the leased %s", left, leased)
 	}
-	removed := 0
-	for _, h := range bmdbtest.History(t, db) {
-		if h.Event == bmdb.EventRemoved {
-			removed++
-		}
-	}
-	if removed != n-1 {
+	if removed := bmdbtest.CountEvents(bmdbtest.History(t, db), bmdb.EventRemoved); removed != n-1 {
 		t.Errorf("%d Removed events, want %d", removed, n-1)
 	}
 

@@ -63,13 +63,7 @@ func TestStaticRemovesManyMachines(t *testing.T) {
 	if got := staticMachines(t, db); len(got) != 1 {
 		t.Errorf("%d machines left, want m00000 alone", len(got))
 	}
-	removed := 0
-	for _, h := range bmdbtest.History(t, db) {
-		if h.Event == bmdb.EventRemoved {
-			removed++
-		}
-	}
-	if removed != n-1 {
+	if removed := bmdbtest.CountEvents(bmdbtest.History(t, db), bmdb.EventRemoved); removed != n-1 {
 		t.Errorf("%d Removed events, want %d", removed, n-1)
 	}
 	d.StopClean(20 * time.Second)
