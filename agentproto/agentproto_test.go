@@ -255,7 +255,12 @@ func vectorKey() ed25519.PrivateKey {
 // encoded, as an agent sends it: a valid line that tests vary.
 func signedHeartbeat(t testing.TB) []byte {
 	t.Helper()
-	hb := Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)}
+	return signed(t, Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)})
+}
+
+// signed is hb signed with vectorKey and encoded.
+func signed(t testing.TB, hb Heartbeat) []byte {
+	t.Helper()
 	if err := hb.Sign(vectorKey()); err != nil {
 		t.Fatal(err)
 	}

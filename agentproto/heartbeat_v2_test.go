@@ -40,16 +40,8 @@ const (
 // vectorKey and encoded.
 func signedHeartbeatV2(t testing.TB) []byte {
 	t.Helper()
-	hb := Heartbeat{Version: HeartbeatVersion, MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC),
-		BootID: testBoot, AgentDigest: testDigest}
-	if err := hb.Sign(vectorKey()); err != nil {
-		t.Fatal(err)
-	}
-	enc, err := EncodeHeartbeat(hb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return enc
+	return signed(t, Heartbeat{Version: HeartbeatVersion, MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC),
+		BootID: testBoot, AgentDigest: testDigest})
 }
 
 func TestHeartbeatVectorV2(t *testing.T) {
