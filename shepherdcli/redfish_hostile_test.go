@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -53,16 +51,7 @@ func TestRecoveryThroughHostileRedfish(t *testing.T) {
 	)
 	logClaimStateOnFailure(t, dsn)
 	recordSilentAgents(t, db, machines)
-	bmdbtest.WaitFor(t, 90*time.Second, "Recovery to fail three times on every machine", func() (bool, string) {
-		var counts []int
-		done := true
-		for _, name := range []string{"endless", "foreign"} {
-			n := countEvents(historyOf(t, db, machines[name]), "ShepherdRecovery", bmdb.EventFailed)
-			counts = append(counts, n)
-			done = done && n >= 3
-		}
-		return done, fmt.Sprintf("failures endless/foreign: %v", counts)
-	})
+	waitRecoveryFailures(t, d, db, machines, 3, "endless", "foreign")
 	peak := procStatus(t, d.PID(), "VmHWM")
 	d.StopClean(30 * time.Second)
 
