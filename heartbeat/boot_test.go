@@ -209,18 +209,29 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	}
 }
 
+// resetAfterV2Heartbeat adds a machine whose agent sends a version 2
+// heartbeat from source, then resets it (verify timeout an hour away):
+// the reset is verifiable, with the boot identity before it.
+func resetAfterV2Heartbeat(t *testing.T, source string) (*env, agent, *http.Client) {
+	t.Helper()
+	e, _ := bootEnv(t)
+	a := e.addMachine(true)
+	client := clientFrom(source)
+	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
+		t.Fatalf("version 2 heartbeat: %d %q", status, body)
+	}
+	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
+		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
+	}
+	return e, a, client
+}
+
 // A heartbeat whose boot identity was forged (to pass the machine off as
 // rebooted) or that is replayed is refused like any other forgery, and a
 // version 2 heartbeat stripped down to version 1 does not verify either.
 func TestForgedOrReplayedBootRefused(t *testing.T) {
 	t.Parallel()
-	e, _ := bootEnv(t)
-	a := e.addMachine(true)
-	client := clientFrom("127.0.0.7")
-	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
-		t.Fatalf("heartbeat: %d %q", status, body)
-	}
-	reset(t, e.db, a, time.Hour)
+	e, a, client := resetAfterV2Heartbeat(t, "127.0.0.7")
 	edit := func(body []byte, f func(map[string]any)) []byte {
 		var m map[string]any
 		if err := json.Unmarshal(body, &m); err != nil {
@@ -280,15 +291,7 @@ func TestForgedOrReplayedBootRefused(t *testing.T) {
 // heartbeat of a new boot still ends it as Recovered before then.
 func TestVersion1AfterVersion2ProvesNothing(t *testing.T) {
 	t.Parallel()
-	e, _ := bootEnv(t)
-	a := e.addMachine(true)
-	client := clientFrom("127.0.0.9")
-	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
-		t.Fatalf("version 2 heartbeat: %d %q", status, body)
-	}
-	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
-		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
-	}
+	e, a, client := resetAfterV2Heartbeat(t, "127.0.0.9")
 	if status, resp := post(t, client, e.url, a.heartbeatV1(t, time.Now().Add(time.Millisecond))); status != http.StatusNoContent {
 		t.Fatalf("version 1 heartbeat: %d %q, want 204 (the agent is alive)", status, resp)
 	}
