@@ -37,15 +37,7 @@ func TestStaticRemovesManyMachines(t *testing.T) {
 		t.Fatalf("pause agentstart: exit %d\n%s%s", code, out, errOut)
 	}
 	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-processes=agentstart",
-		"-inventory="+inventory,
-		"-ssh_key_file="+keyFile,
-		"-agent_binary="+agent,
-		"-agent_listen=127.0.0.1:0",
-		"-shutdown_grace=2s",
-	)
+		staticFlags(inventory, keyFile, agent, "-processes=agentstart")...)
 	// The metrics count the inventory once loaded; the log says when it
 	// is in the BMDB.
 	bmdbtest.WaitFor(t, 5*time.Minute, "the inventory synced", func() (bool, string) {
