@@ -123,13 +123,9 @@ func New(cfg Config) *Client { return &Client{cfg: cfg} }
 // BMC accepted the command. A BMC that does not answer costs at most the
 // configured timeout (or ctx's deadline, if sooner).
 func (c *Client) Reset(ctx context.Context, t Target) error {
-	control := chassis.ChassisControlPowerCycle
-	switch t.ResetType {
-	case "", ResetPowerCycle:
-	case ResetHard:
-		control = chassis.ChassisControlHardReset
-	default:
-		return fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	control, err := resetControl(t.ResetType)
+	if err != nil {
+		return err
 	}
 	return c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
 		_, err := cl.ChassisControl(ctx, control)
@@ -156,13 +152,9 @@ func (c *Client) PowerOn(ctx context.Context, t Target) error {
 // false nothing was done, and err says why); wasOn what it said. It
 // returns once the BMC accepted the command.
 func (c *Client) Recover(ctx context.Context, t Target) (read, wasOn bool, err error) {
-	control := chassis.ChassisControlPowerCycle
-	switch t.ResetType {
-	case "", ResetPowerCycle:
-	case ResetHard:
-		control = chassis.ChassisControlHardReset
-	default:
-		return false, false, fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	control, err := resetControl(t.ResetType)
+	if err != nil {
+		return false, false, err
 	}
 	err = c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
 		st, err := cl.GetChassisStatus(ctx)
@@ -190,6 +182,19 @@ func (c *Client) PowerStatus(ctx context.Context, t Target) (on bool, err error)
 		return err
 	})
 	return on, err
+}
+
+// resetControl is the chassis control that resets a machine the way
+// resetType (Target.ResetType) names.
+func resetControl(resetType string) (chassis.ChassisControl, error) {
+	switch resetType {
+	case "", ResetPowerCycle:
+		return chassis.ChassisControlPowerCycle, nil
+	case ResetHard:
+		return chassis.ChassisControlHardReset, nil
+	default:
+		return 0, fmt.Errorf("ipmi reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", "))
+	}
 }
 
 func resetName(t string) string {
