@@ -315,43 +315,50 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			},
 		})
 	case s.systemPath() + "/Actions/ComputerSystem.Reset":
-		if r.Method != http.MethodPost {
-			httpError(w, http.StatusMethodNotAllowed)
-			return
-		}
-		var body struct{ ResetType string }
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-			httpError(w, http.StatusBadRequest)
-			return
-		}
-		allowed := false
-		for _, t := range s.opts.AllowedResetTypes {
-			allowed = allowed || t == body.ResetType
-		}
-		if !allowed {
-			httpError(w, http.StatusBadRequest)
-			return
-		}
-		if s.opts.OnReset != nil {
-			s.opts.OnReset(body.ResetType)
-		}
-		s.mu.Lock()
-		s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
-		switch body.ResetType {
-		case "On":
-			s.power = "On"
-		case "ForceOff":
-			s.power = "Off"
-		}
-		s.mu.Unlock()
-		select {
-		case s.notify <- struct{}{}:
-		default:
-		}
-		w.WriteHeader(http.StatusNoContent)
+		s.serveReset(w, r)
 	default:
 		httpError(w, http.StatusNotFound)
 	}
+}
+
+// serveReset answers the system's Reset action: an allowed ResetType is
+// recorded (and On and ForceOff change the power state), any other is
+// answered 400.
+func (s *Server) serveReset(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		httpError(w, http.StatusMethodNotAllowed)
+		return
+	}
+	var body struct{ ResetType string }
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		httpError(w, http.StatusBadRequest)
+		return
+	}
+	allowed := false
+	for _, t := range s.opts.AllowedResetTypes {
+		allowed = allowed || t == body.ResetType
+	}
+	if !allowed {
+		httpError(w, http.StatusBadRequest)
+		return
+	}
+	if s.opts.OnReset != nil {
+		s.opts.OnReset(body.ResetType)
+	}
+	s.mu.Lock()
+	s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
+	switch body.ResetType {
+	case "On":
+		s.power = "On"
+	case "ForceOff":
+		s.power = "Off"
+	}
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) resetTarget() string {
