@@ -17,6 +17,10 @@ import (
 // %v, which keeps their text but not the errors themselves.
 var rmcpStatusText = regexp.MustCompile(`RMCP\+ status (0x[0-9a-fA-F]{1,2})`)
 
+// noAnswer matches the library's words for a BMC that did not answer
+// before its UDP read deadline, or whose socket could not be used.
+var noAnswer = regexp.MustCompile(`before (UDP read )?deadline|i/o timeout|connection refused|no route to host`)
+
 // completionCodeText finds an IPMI completion code in the library's text
 // of a failed command, for the same reason.
 var completionCodeText = regexp.MustCompile(`cc: (0x[0-9a-fA-F]{1,2})`)
@@ -39,6 +43,11 @@ func classOf(err error) bmcerr.Class {
 		strings.Contains(err.Error(), client.ErrRAKPAuthentication.Error()):
 		// The BMC's RAKP2 does not match the password: wrong password.
 		return bmcerr.Credentials
+	}
+	if noAnswer.MatchString(err.Error()) {
+		// The library's own read deadline, which is the action's, may
+		// fire a moment before ctx's: the same silence.
+		return bmcerr.Unreachable
 	}
 	if m := rmcpStatusText.FindStringSubmatch(err.Error()); m != nil {
 		if n, perr := strconv.ParseUint(m[1], 0, 8); perr == nil {
