@@ -4,10 +4,12 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
@@ -140,5 +142,23 @@ func TestUnreachableAndTLS(t *testing.T) {
 	err = c.Reset(ctx, Target{Endpoint: srv.URL, CredentialsFile: srv.WriteCredentials(t, t.TempDir())})
 	if bmcerr.Of(err) != bmcerr.TLS || !strings.Contains(err.Error(), "TLS certificate not verified") {
 		t.Fatalf("unknown CA: err = %v (class %q), want TLS", err, bmcerr.Of(err))
+	}
+}
+
+// A BMC that accepts the connection and never answers is unreachable
+// once the action's timeout passes.
+func TestSilentBMCUnreachable(t *testing.T) {
+	block := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hang.Close()
+	defer close(block)
+	_, err := New(Config{Timeout: 300 * time.Millisecond}).PowerState(context.Background(), Target{Endpoint: hang.URL, CredentialsFile: credsFile(t), AllowHTTP: true})
+	if bmcerr.Of(err) != bmcerr.Unreachable {
+		t.Fatalf("err = %v (class %q), want unreachable", err, bmcerr.Of(err))
 	}
 }
