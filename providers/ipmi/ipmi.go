@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/providers/bmccred"
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -193,7 +194,7 @@ func resetControl(resetType string) (chassis.ChassisControl, error) {
 	case ResetHard:
 		return chassis.ChassisControlHardReset, nil
 	default:
-		return 0, fmt.Errorf("ipmi reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", "))
+		return 0, bmcerr.New(bmcerr.Configuration, fmt.Errorf("ipmi reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", ")))
 	}
 }
 
@@ -206,7 +207,7 @@ func resetName(t string) string {
 
 // do runs action in a session of its own with t's BMC, bounded by the
 // configured timeout; errors name the method and the BMC, with the BMC's
-// text cleaned and bounded.
+// text cleaned and bounded, and carry their class (see classOf).
 func (c *Client) do(ctx context.Context, t Target, what string, action func(context.Context, *client.Client) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -214,11 +215,13 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
-		return fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0))
+		// The class is read from the library's error before its text,
+		// which is the BMC's in part, is cleaned into the cause.
+		return bmcerr.New(classOf(err), fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0)))
 	}
 	creds, err := bmccred.Read(t.CredentialsFile)
 	if err != nil {
-		return fmt.Errorf("ipmi at %s: %w", t.Endpoint(), err)
+		return bmcerr.New(bmcerr.Configuration, fmt.Errorf("ipmi at %s: %w", t.Endpoint(), err))
 	}
 	suite := t.CipherSuite
 	if suite == 0 {
