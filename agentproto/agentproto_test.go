@@ -255,7 +255,12 @@ func vectorKey() ed25519.PrivateKey {
 // encoded, as an agent sends it: a valid line that tests vary.
 func signedHeartbeat(t testing.TB) []byte {
 	t.Helper()
-	hb := Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)}
+	return signed(t, Heartbeat{MachineID: testMachine, Timestamp: time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)})
+}
+
+// signed is hb signed with vectorKey and encoded.
+func signed(t testing.TB, hb Heartbeat) []byte {
+	t.Helper()
 	if err := hb.Sign(vectorKey()); err != nil {
 		t.Fatal(err)
 	}
@@ -266,40 +271,48 @@ func signedHeartbeat(t testing.TB) []byte {
 	return enc
 }
 
-func TestHeartbeatVector(t *testing.T) {
+// checkVector signs h with the vector key and nonce 0, 1, 2, ..., checks
+// its signed bytes and body against the vector's, and returns the body
+// decoded and verified.
+func checkVector(t *testing.T, h Heartbeat, wantSigned, wantBody string) Heartbeat {
+	t.Helper()
 	key := vectorKey()
-	pub := key.Public().(ed25519.PublicKey)
-	if got := base64.StdEncoding.EncodeToString(pub); got != vectorPublicKey {
-		t.Fatalf("public key %s", got)
-	}
-	ts := time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)
-	h := Heartbeat{MachineID: testMachine, Timestamp: ts}
 	for i := range h.Nonce {
 		h.Nonce[i] = byte(i)
 	}
 	if err := h.Sign(key); err != nil {
 		t.Fatal(err)
 	}
-	if got := hex.EncodeToString(h.SignedBytes()); got != vectorSignedBytes {
-		t.Fatalf("signed bytes\n got %s\nwant %s", got, vectorSignedBytes)
+	if got := hex.EncodeToString(h.SignedBytes()); got != wantSigned {
+		t.Fatalf("signed bytes\n got %s\nwant %s", got, wantSigned)
 	}
 	body, err := EncodeHeartbeat(h)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(body) != vectorBody {
-		t.Fatalf("body\n got %s\nwant %s", body, vectorBody)
+	if string(body) != wantBody {
+		t.Fatalf("body\n got %s\nwant %s", body, wantBody)
 	}
-	d, err := DecodeHeartbeat([]byte(vectorBody))
+	d, err := DecodeHeartbeat(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Verify(pub); err != nil {
+	if err := d.Verify(key.Public().(ed25519.PublicKey)); err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+func TestHeartbeatVector(t *testing.T) {
+	pub := vectorKey().Public().(ed25519.PublicKey)
+	if got := base64.StdEncoding.EncodeToString(pub); got != vectorPublicKey {
+		t.Fatalf("public key %s", got)
+	}
+	ts := time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)
+	checkVector(t, Heartbeat{MachineID: testMachine, Timestamp: ts}, vectorSignedBytes, vectorBody)
 	// The same instant in another offset is the same heartbeat.
 	shifted := strings.Replace(vectorBody, "2025-01-02T03:04:05.123456789Z", "2025-01-02T05:04:05.123456789+02:00", 1)
-	d, err = DecodeHeartbeat([]byte(shifted))
+	d, err := DecodeHeartbeat([]byte(shifted))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,8 @@ var face = strings.Fields(`
 	EventFinished EventHeld EventLost EventNotRecovered EventRecovered
 	EventReleased EventRemoved EventRescheduled EventStarted Extension
 	HistoryEntry Limits MachineBudget MaxBackoff NewCandidates NotRecovered Process
-	Provided ProvidedCandidates ResetVerification SessionConfig Tx`)
+	Provided ProvidedCandidates ResetVerification SessionConfig Tx
+	AgentFacts Fact LeasedMachine PendingReset Removal`)
 
 // TestFaceIsSmall fails when the package exports an identifier that is not
 // in face, or no longer exports one that is.

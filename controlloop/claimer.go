@@ -236,7 +236,7 @@ func (c *claimer) failed(ctx context.Context, sess *bmdb.Session, err error) boo
 	case errors.Is(err, bmdb.ErrNotRegistered):
 		// The start's registration failed, or the registration is gone
 		// from the BMDB: register again, then claim again.
-		c.logger.Info("the claim found the process not registered; registering again", "process", label, "err", err)
+		c.logger.Info("The claim found the process not registered; registering again", "process", label, "err", err)
 		registered, regErr := r.register(ctx)
 		if registered {
 			r.metrics.claimErrors.WithLabelValues(label).Inc()
@@ -245,7 +245,7 @@ func (c *claimer) failed(ctx context.Context, sess *bmdb.Session, err error) boo
 		return c.onError(ctx, "Claiming failed: the process is not registered, and registering it again failed", errors.Join(err, regErr))
 	case errors.Is(err, bmdb.ErrSessionExpired), !sess.Alive():
 		r.metrics.claimErrors.WithLabelValues(label).Inc()
-		c.logger.Info("session lost, starting a new one", "process", label)
+		c.logger.Info("Session lost, starting a new one", "process", label)
 		return true
 	default:
 		return c.onError(ctx, "Claiming failed", err)
@@ -327,7 +327,7 @@ func (c *claimer) noteListening(v bool) {
 		if v {
 			mode = "notify"
 		}
-		c.logger.Info("claim wake-ups", "process", label, "mode", mode, "idle_poll", c.r.cfg.IdlePoll)
+		c.logger.Info("Claim wake-ups", "process", label, "mode", mode, "idle_poll", c.r.cfg.IdlePoll)
 	}
 	c.r.metrics.listening.WithLabelValues(label).Set(boolGauge(v))
 }

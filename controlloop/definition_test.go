@@ -60,16 +60,11 @@ func TestRunnerOfDefinition(t *testing.T) {
 	if got := r.Info(); got != def.Info {
 		t.Errorf("Info: %+v, want the definition's %+v", got, def.Info)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := bmdbtest.Background(t, "Run", r.Run)
 	bmdbtest.WaitForNoError(t, 30*time.Second, "every machine to be finished", func() (bool, error) {
 		return e.count(bmdb.EventFinished) == len(machines), nil
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	stop()
 	h2 := e.history()
 	checkFinishedOnce(t, h2, machines)
 	for _, ev := range h2 {

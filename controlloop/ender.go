@@ -63,7 +63,7 @@ func (e *ender) end(runLogger klog.Logger, t *Task, out ran) {
 func (e *ender) release(workCtx context.Context, logs *taskLogs, t *Task, why string) {
 	taskLogger := logs.logger(e.r, t)
 	if why != releasedAtStop {
-		taskLogger.Info("released a machine claimed ahead without running it", "why", why)
+		taskLogger.Info("Released a machine claimed ahead without running it", "why", why)
 	}
 	endCtx := klog.NewContext(context.WithoutCancel(workCtx), taskLogger)
 	e.r.endWork(endCtx, logs.run, t, errNotStarted, true)

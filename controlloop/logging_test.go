@@ -75,19 +75,19 @@ func TestTaskContextLogger(t *testing.T) {
 		return ""
 	}
 	bmdbtest.WaitForNoError(t, 10*time.Second, "the process's and the runner's lines", func() (bool, error) {
-		return find("hello from the process") != "" && find("work failed") != "", nil
+		return find("hello from the process") != "" && find("Work failed") != "", nil
 	})
 	for _, want := range []string{`"process":"test"`, `"machine":"`, `"provider_id":"` + provider + `"`, `"session":"`} {
-		for _, msg := range []string{"hello from the process", "a derived logger's line", "work failed"} {
+		for _, msg := range []string{"hello from the process", "a derived logger's line", "Work failed"} {
 			if l := find(msg); !strings.Contains(l, want) {
 				t.Errorf("%q line lacks %s: %s", msg, want, l)
 			}
 		}
 	}
-	if l := find("work failed"); !strings.Contains(l, `"result":"failed"`) || !strings.Contains(l, `"cause":"the BMC said no"`) {
+	if l := find("Work failed"); !strings.Contains(l, `"result":"failed"`) || !strings.Contains(l, `"cause":"the BMC said no"`) {
 		t.Errorf("the failure's line lacks result or cause: %s", l)
 	}
-	for msg, file := range map[string]string{"hello from the process": "logging_test.go", "a derived logger's line": "logging_test.go", "work failed": "runner.go"} {
+	for msg, file := range map[string]string{"hello from the process": "logging_test.go", "a derived logger's line": "logging_test.go", "Work failed": "runner.go"} {
 		if l := find(msg); !strings.Contains(l, `"caller":{"file":"`+file+`"`) {
 			t.Errorf("%q line is not attributed to %s: %s", msg, file, l)
 		}
@@ -152,9 +152,9 @@ func TestRunnerAndBMDBLogThroughTheContext(t *testing.T) {
 
 	// Each line is one of its alternatives.
 	want := [][]string{
-		{"starting workers"},     // controlloop: Run
-		{"holding BMDB session"}, // controlloop: currentSession
-		{"work failed"},          // controlloop: the task's logger
+		{"Starting workers"},     // controlloop: Run
+		{"Holding BMDB session"}, // controlloop: currentSession
+		{"Work failed"},          // controlloop: the task's logger
 		{ // bmdb: the DB's statement probe, by the session that ran it
 			"BMDB: no transaction pooler; connections prepare their statements",
 			"BMDB: a transaction-mode pooler; statements are sent unnamed, parsed and planned at every execution",

@@ -16,8 +16,8 @@ import (
 
 	"github.com/google/uuid"
 
-	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/backoff"
+	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 )
 

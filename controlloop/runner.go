@@ -111,13 +111,13 @@ func (r *Runner) Ready() bool {
 func (r *Runner) Run(ctx context.Context) error {
 	label := r.info.Label
 	logger := klog.FromContext(ctx)
-	logger.Info("starting workers", "process", label, "workers", r.cfg.Parallelism, "query_rate", r.cfg.QueryRate.String(), "idle_poll", r.cfg.IdlePoll)
+	logger.Info("Starting workers", "process", label, "workers", r.cfg.Parallelism, "query_rate", r.cfg.QueryRate.String(), "idle_poll", r.cfg.IdlePoll)
 
 	// Work outlives ctx by the grace period.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	stopGrace := context.AfterFunc(ctx, func() {
-		logger.Info("stopping; in-flight work has the grace to end", "process", label, "grace", r.cfg.ShutdownGrace)
+		logger.Info("Stopping; in-flight work has the grace to end", "process", label, "grace", r.cfg.ShutdownGrace)
 		time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
 	})
 	defer stopGrace()
@@ -156,7 +156,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	stopGauges()
 	gauges.Wait()
 	r.closeSession(ctx)
-	logger.Info("stopped", "process", label)
+	logger.Info("Stopped", "process", label)
 	return nil
 }
 
@@ -211,7 +211,7 @@ func (r *Runner) currentSession(ctx context.Context) (*bmdb.Session, error) {
 	r.session.Store(s)
 	r.metrics.sessionHeld.WithLabelValues(r.info.Label).Set(1)
 	logger := klog.FromContext(ctx)
-	logger.Info("holding BMDB session", "process", r.info.Label, "session", s.ID())
+	logger.Info("Holding BMDB session", "process", r.info.Label, "session", s.ID())
 	// Tools compare the replicas' conditions through these rows; a
 	// failure costs only that comparison, so work goes on.
 	if err := s.RecordCandidates(ctx, r.info.Process, r.candidates, r.cfg.Limits); err != nil {
@@ -342,7 +342,7 @@ func (r *Runner) runBounded(ctx context.Context, t *Task) (err error, timedOut b
 		case <-wait.C:
 			label := r.info.Label
 			r.metrics.abandoned.WithLabelValues(label).Inc()
-			klog.FromContext(ctx).Error(nil, "run ignored its context past the run timeout and the grace; its lease fails and its goroutine is abandoned",
+			klog.FromContext(ctx).Error(nil, "Run ignored its context past the run timeout and the grace; its lease fails and its goroutine is abandoned",
 				"run_timeout", timeout, "grace", r.cfg.RunGrace)
 			go func() {
 				<-done
@@ -381,7 +381,7 @@ func (r *Runner) endWork(endCtx context.Context, runLogger klog.Logger, t *Task,
 		} else {
 			backoff = t.backoffFor(runErr)
 		}
-		logger.Info("work failed", "result", result, "cause", untrusted.Line(runErr.Error(), 0))
+		logger.Info("Work failed", "result", result, "cause", untrusted.Line(runErr.Error(), 0))
 		err = r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, backoff, runErr.Error()) })
 	}
 	r.ended(endCtx, runLogger, t, result, err)
@@ -405,7 +405,7 @@ func (r *Runner) finishAsync(endCtx context.Context, runLogger klog.Logger, t *T
 			// error would only repeat. Failing instead releases the lease
 			// and puts the failure in history.
 			go func() {
-				klog.FromContext(endCtx).Error(nil, "recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
+				klog.FromContext(endCtx).Error(nil, "Recording the outcome failed; failing the work instead", "result", result, "cause", untrusted.Line(err.Error(), 0))
 				cause := fmt.Sprintf("recording the outcome failed: %v", err)
 				err := r.endLease(endCtx, t, func(ctx context.Context) error { return t.work.Fail(ctx, t.Backoff, cause) })
 				r.ended(endCtx, runLogger, t, ResultFailed, err)
@@ -430,14 +430,14 @@ func (r *Runner) ended(endCtx context.Context, runLogger klog.Logger, t *Task, r
 	logger := klog.FromContext(endCtx)
 	if err != nil {
 		if !isLeaseGone(err) {
-			logger.Error(nil, "ending the work failed", "result", ResultLost, "cause", untrusted.Line(err.Error(), 0))
+			logger.Error(nil, "Ending the work failed", "result", ResultLost, "cause", untrusted.Line(err.Error(), 0))
 		}
 		result = ResultLost
 	}
 	// Checked first: the arguments of a line not written are still
 	// allocated, at every end.
 	if v := logger.V(2); v.Enabled() {
-		v.Info("work ended", "result", result)
+		v.Info("Work ended", "result", result)
 	}
 	if result == ResultFailed || result == ResultTimeout {
 		breakerCtx, cancel := context.WithTimeout(klog.NewContext(endCtx, runLogger), r.endAttempt())
@@ -457,7 +457,7 @@ func (r *Runner) run(ctx context.Context, t *Task) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.metrics.panics.WithLabelValues(r.info.Label).Inc()
-			klog.FromContext(ctx).Error(nil, "panic in the process", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
+			klog.FromContext(ctx).Error(nil, "Panic in the process", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
@@ -474,7 +474,7 @@ func (r *Runner) guardCommit(t *Task) func(ctx context.Context, tx *bmdb.Tx) err
 		defer func() {
 			if p := recover(); p != nil {
 				r.metrics.panics.WithLabelValues(r.info.Label).Inc()
-				klog.FromContext(ctx).Error(nil, "panic in the commit function", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
+				klog.FromContext(ctx).Error(nil, "Panic in the commit function", "cause", fmt.Sprint(p), "stack", string(debug.Stack()))
 				err = fmt.Errorf("panic: %v", p)
 			}
 		}()
@@ -506,18 +506,18 @@ func (r *Runner) register(ctx context.Context) (registered bool, err error) {
 	case err != nil:
 		// Claims fail with ErrNotRegistered until a registration
 		// succeeds: the claimer registers again.
-		logger.Info("registering for due-time claiming failed; the claim loop retries", "process", label, "err", err)
+		logger.Info("Registering for due-time claiming failed; the claim loop retries", "process", label, "err", err)
 	case reg.Building && wasBuilding:
 		// Logged when it began.
 	case reg.Building:
-		logger.Info("another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
+		logger.Info("Another replica is building the process's due rows; claiming from the rows there are until it has", "process", label)
 	case reg.Previous != "":
-		logger.Info("process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
+		logger.Info("Process condition or parameters changed since the last registration (by "+reg.Previous+"); due rows rebuilt. Replicas that disagree rebuild at every start: give them the same flags.",
 			"process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	case reg.Rebuilt:
-		logger.Info("registered for due-time claiming; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
+		logger.Info("Registered for due-time claiming; due rows built", "process", label, "watches", reg.Watches, "took", reg.Took.Round(time.Millisecond))
 	default:
-		logger.V(1).Info("registered for due-time claiming", "process", label, "watches", reg.Watches)
+		logger.V(1).Info("Registered for due-time claiming", "process", label, "watches", reg.Watches)
 	}
 	return err == nil, nil
 }
@@ -552,15 +552,15 @@ func (r *Runner) reconcile(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			logger.V(1).Info("reconciling due rows", "process", label, "err", err)
+			logger.V(1).Info("Reconciling due rows", "process", label, "err", err)
 		}
 		lastChunks = max(chunks, 1)
 		if drift > 0 {
 			r.metrics.drift.WithLabelValues(label).Add(float64(drift))
-			logger.Info("reconcile found candidates without a due row (a write the due triggers did not see); made them due",
+			logger.Info("Reconcile found candidates without a due row (a write the due triggers did not see); made them due",
 				"process", label, "machines", drift)
 		}
-		logger.V(2).Info("reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
+		logger.V(2).Info("Reconcile pass", "process", label, "chunks", chunks, "drift", drift, "took", time.Since(start).Round(time.Millisecond))
 		if !sleep.For(ctx, max(r.cfg.ReconcileInterval-time.Since(start), time.Second)) {
 			return
 		}
@@ -590,7 +590,7 @@ func (r *Runner) refreshGauges(ctx context.Context) {
 			r.metrics.leases.WithLabelValues(label).Set(float64(st.Leases))
 			r.showLimitStatus(logger, limits)
 		} else if ctx.Err() == nil {
-			logger.V(1).Info("refreshing gauges failed", "process", label, "err", err)
+			logger.V(1).Info("Refreshing gauges failed", "process", label, "err", err)
 		}
 		select {
 		case <-ctx.Done():

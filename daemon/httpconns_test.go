@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +8,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/shepherd-fleet/shepherd/internal/connlimit/connlimittest"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/connlimit"
@@ -144,77 +145,36 @@ func TestConnLimitsCloseIdleForNew(t *testing.T) {
 	t.Parallel()
 	ll, addr := limitedServer(t, connlimit.Limits{Total: 4, PerSource: 2, ProbeReserve: 2, ProbeReservePerSource: 1})
 	// Each made idle before the next, which orders them.
-	other := keepAlive(t, addr, net.IPv4(127, 0, 0, 3))
+	other := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 3))
 	waitIdle(t, ll, 1)
-	first := keepAlive(t, addr, net.IPv4(127, 0, 0, 2))
+	first := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 2))
 	waitIdle(t, ll, 2)
-	second := keepAlive(t, addr, net.IPv4(127, 0, 0, 2))
+	second := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 2))
 	waitIdle(t, ll, 3)
 	defer func() {
 		for _, c := range []net.Conn{other, first, second} {
 			c.Close()
 		}
 	}()
-	third := keepAlive(t, addr, net.IPv4(127, 0, 0, 2))
+	third := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 2))
 	defer third.Close()
 	if !refused(first) {
 		t.Errorf("the source's least recently used idle connection was not closed")
 	}
 	waitCounts(t, ll, 3, 0)
-	if closed, _ := closedByServer([]net.Conn{other, second}, time.Now().Add(200*time.Millisecond)); closed != 0 {
+	if closed, _ := connlimittest.ClosedByServer([]net.Conn{other, second}, time.Now().Add(200*time.Millisecond)); closed != 0 {
 		t.Errorf("%d connections closed besides the least recently used one", closed)
 	}
 	// The whole server full of idle connections: a new source's connection
 	// closes the least recently used of them.
-	fourth := keepAlive(t, addr, net.IPv4(127, 0, 0, 4))
+	fourth := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 4))
 	defer fourth.Close()
 	waitCounts(t, ll, 4, 0)
 	waitIdle(t, ll, 4)
-	fifth := keepAlive(t, addr, net.IPv4(127, 0, 0, 5))
+	fifth := connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 5))
 	defer fifth.Close()
 	if !refused(other) {
 		t.Errorf("the server's least recently used idle connection was not closed")
 	}
 	waitCounts(t, ll, 4, 0)
-}
-
-// keepAlive opens a connection from the local address from (nil: any),
-// makes one request on it and leaves it open, idle: a keep-alive
-// connection as a browser or scraper holds it.
-func keepAlive(t *testing.T, addr string, from net.IP) net.Conn {
-	t.Helper()
-	d := net.Dialer{}
-	if from != nil {
-		d.LocalAddr = &net.TCPAddr{IP: from}
-	}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: shepherd\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("a keep-alive connection's request: %v", err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return c
-}
-
-// closedByServer reports which of conns the server has closed: a read
-// gets end of file (or a reset) at once from those, and times out on the
-// others, which wait up to until.
-func closedByServer(conns []net.Conn, until time.Time) (closed, open int) {
-	var buf [1]byte
-	for _, c := range conns {
-		c.SetReadDeadline(until)
-		if _, err := c.Read(buf[:]); err != nil && os.IsTimeout(err) {
-			open++
-		} else {
-			closed++
-		}
-	}
-	return closed, open
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shepherd-fleet/shepherd/agentproto"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
@@ -30,24 +29,6 @@ func bootEnv(t *testing.T) (*env, *prometheus.Registry) {
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return &env{t: t, db: db, srv: srv, metrics: opts.Metrics, url: ts.URL + Path}, reg
-}
-
-// bootOf reads the boot identity recorded with machine's last heartbeat
-// (uuid.Nil: none, or no heartbeat).
-func bootOf(t *testing.T, db *bmdb.DB, machine uuid.UUID) uuid.UUID {
-	t.Helper()
-	var boot *uuid.UUID
-	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		boot = nil
-		return tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, machine).Scan(&boot)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if boot == nil {
-		return uuid.Nil
-	}
-	return *boot
 }
 
 // reset records a Recovery reset of a's machine, as Recovery's commit does,
@@ -116,7 +97,7 @@ func TestRecoveredOnlyWithANewBoot(t *testing.T) {
 	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
 		t.Fatalf("heartbeat: %d %q", status, body)
 	}
-	if got := bootOf(t, e.db, a.machine); got != boot {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != boot {
 		t.Fatalf("boot_id recorded %s, want %s", got, boot)
 	}
 	v := reset(t, e.db, a, time.Hour)
@@ -145,7 +126,7 @@ func TestRecoveredOnlyWithANewBoot(t *testing.T) {
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {
 		t.Error("the reset is still pending after the machine came back")
 	}
-	if got := bootOf(t, e.db, a.machine); got != second {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != second {
 		t.Errorf("boot_id recorded %s, want %s", got, second)
 	}
 	if n := histogramCount(t, reg, "shepherd_recovery_duration_seconds"); n != 1 {
@@ -184,22 +165,11 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	e, _ := bootEnv(t)
 	a := e.addMachine(true)
 	client := clientFrom("127.0.0.6")
-	v1 := func() []byte {
-		h, err := agentproto.NewHeartbeatV1(a.machine, time.Now(), a.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := agentproto.EncodeHeartbeat(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	// A reset before any heartbeat: any boot identity would count.
 	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore != uuid.Nil {
 		t.Fatalf("reset of a machine that never heartbeated: %+v", v)
 	}
-	body := v1()
+	body := a.heartbeatV1(t, time.Now())
 	if !strings.Contains(string(body), `"version":1`) || strings.Contains(string(body), "boot_id") {
 		t.Fatalf("not a version 1 body: %s", body)
 	}
@@ -209,7 +179,7 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	if got := e.lastHeartbeat(a.machine); got.IsZero() {
 		t.Fatal("version 1 heartbeat not recorded")
 	}
-	if got := bootOf(t, e.db, a.machine); got != uuid.Nil {
+	if got := bmdbtest.BootOf(t, e.db, a.machine); got != uuid.Nil {
 		t.Errorf("boot_id %s recorded from a version 1 heartbeat", got)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {
@@ -228,7 +198,7 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	if _, err := pendingReset(t, e.db, a.machine); err != nil {
 		t.Errorf("a reset of a version 1 agent's machine is not awaited: %v", err)
 	}
-	if status, resp := post(t, client, e.url, v1()); status != http.StatusNoContent {
+	if status, resp := post(t, client, e.url, a.heartbeatV1(t, time.Now())); status != http.StatusNoContent {
 		t.Errorf("version 1 heartbeat after the reset: %d %q", status, resp)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err == nil {
@@ -239,18 +209,29 @@ func TestVersion1AgentAccepted(t *testing.T) {
 	}
 }
 
+// resetAfterV2Heartbeat adds a machine whose agent sends a version 2
+// heartbeat from source, then resets it (verify timeout an hour away):
+// the reset is verifiable, with the boot identity before it.
+func resetAfterV2Heartbeat(t *testing.T, source string) (*env, agent, *http.Client) {
+	t.Helper()
+	e, _ := bootEnv(t)
+	a := e.addMachine(true)
+	client := clientFrom(source)
+	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
+		t.Fatalf("version 2 heartbeat: %d %q", status, body)
+	}
+	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
+		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
+	}
+	return e, a, client
+}
+
 // A heartbeat whose boot identity was forged (to pass the machine off as
 // rebooted) or that is replayed is refused like any other forgery, and a
 // version 2 heartbeat stripped down to version 1 does not verify either.
 func TestForgedOrReplayedBootRefused(t *testing.T) {
 	t.Parallel()
-	e, _ := bootEnv(t)
-	a := e.addMachine(true)
-	client := clientFrom("127.0.0.7")
-	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
-		t.Fatalf("heartbeat: %d %q", status, body)
-	}
-	reset(t, e.db, a, time.Hour)
+	e, a, client := resetAfterV2Heartbeat(t, "127.0.0.7")
 	edit := func(body []byte, f func(map[string]any)) []byte {
 		var m map[string]any
 		if err := json.Unmarshal(body, &m); err != nil {
@@ -310,24 +291,8 @@ func TestForgedOrReplayedBootRefused(t *testing.T) {
 // heartbeat of a new boot still ends it as Recovered before then.
 func TestVersion1AfterVersion2ProvesNothing(t *testing.T) {
 	t.Parallel()
-	e, _ := bootEnv(t)
-	a := e.addMachine(true)
-	client := clientFrom("127.0.0.9")
-	if status, body := post(t, client, e.url, a.heartbeat(t, time.Now())); status != http.StatusNoContent {
-		t.Fatalf("version 2 heartbeat: %d %q", status, body)
-	}
-	if v := reset(t, e.db, a, time.Hour); !v.Verified || v.BootBefore == uuid.Nil {
-		t.Fatalf("reset of a version 2 agent's machine: %+v, want verifiable", v)
-	}
-	h, err := agentproto.NewHeartbeatV1(a.machine, time.Now().Add(time.Millisecond), a.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := agentproto.EncodeHeartbeat(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if status, resp := post(t, client, e.url, body); status != http.StatusNoContent {
+	e, a, client := resetAfterV2Heartbeat(t, "127.0.0.9")
+	if status, resp := post(t, client, e.url, a.heartbeatV1(t, time.Now().Add(time.Millisecond))); status != http.StatusNoContent {
 		t.Fatalf("version 1 heartbeat: %d %q, want 204 (the agent is alive)", status, resp)
 	}
 	if _, err := pendingReset(t, e.db, a.machine); err != nil {

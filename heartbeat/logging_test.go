@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
@@ -24,14 +23,7 @@ func TestServeLogsThroughItsContext(t *testing.T) {
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
 	e := newEnv(t, Options{})
-	ts := httptest.NewUnstartedServer(nil)
-	ts.StartTLS() // only for its certificate
-	ts.Close()
-	certFile, keyFile := writeCert(t, ts.TLS.Certificates[0])
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts, ln, certFile, keyFile := tlsListener(t)
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Serve(ctx, ln, certFile, keyFile) }()

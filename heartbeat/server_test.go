@@ -101,6 +101,19 @@ func firstBoot(machine uuid.UUID) uuid.UUID {
 func (a agent) heartbeatIn(t testing.TB, ts time.Time, boot uuid.UUID) []byte {
 	t.Helper()
 	h, err := agentproto.NewHeartbeat(a.machine, ts, boot, [agentproto.DigestSize]byte{1}, a.key)
+	return encoded(t, h, err)
+}
+
+// heartbeatV1 is a version 1 heartbeat of a at ts: no boot identity.
+func (a agent) heartbeatV1(t testing.TB, ts time.Time) []byte {
+	t.Helper()
+	h, err := agentproto.NewHeartbeatV1(a.machine, ts, a.key)
+	return encoded(t, h, err)
+}
+
+// encoded is heartbeat h's body; err is the error of making h.
+func encoded(t testing.TB, h agentproto.Heartbeat, err error) []byte {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,14 +570,7 @@ func TestSourceLimitersBounded(t *testing.T) {
 func TestServe(t *testing.T) {
 	e := newEnv(t, Options{})
 	a := e.addMachine(true)
-	ts := httptest.NewUnstartedServer(nil)
-	ts.StartTLS() // only for its certificate
-	ts.Close()
-	certFile, keyFile := writeCert(t, ts.TLS.Certificates[0])
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts, ln, certFile, keyFile := tlsListener(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Serve(ctx, ln, certFile, keyFile) }()
@@ -580,6 +586,22 @@ func TestServe(t *testing.T) {
 	if err := e.srv.Serve(context.Background(), ln, certFile, ""); err == nil {
 		t.Error("Serve accepted a certificate without a key")
 	}
+}
+
+// tlsListener returns a listener on a free local port, a certificate
+// and key (in files) for Serve to answer on it with, and a stopped
+// httptest server whose Client trusts that certificate.
+func tlsListener(t *testing.T) (ts *httptest.Server, ln net.Listener, certFile, keyFile string) {
+	t.Helper()
+	ts = httptest.NewUnstartedServer(nil)
+	ts.StartTLS() // only for its certificate
+	ts.Close()
+	certFile, keyFile = writeCert(t, ts.TLS.Certificates[0])
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts, ln, certFile, keyFile
 }
 
 func writeCert(t *testing.T, cert tls.Certificate) (certFile, keyFile string) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -181,25 +180,7 @@ func (e *env) run(def controlloop.Definition, provider providers.Provider, b bmd
 	if err != nil {
 		e.t.Fatalf("controlloop.NewRunner: %v", err)
 	}
-	e.goUntilCleanup(r.Run)
-}
-
-// goUntilCleanup runs fn until the test ends.
-func (e *env) goUntilCleanup(fn func(ctx context.Context) error) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				e.t.Errorf("stopping: %v", err)
-			}
-		})
-	}
-	e.t.Cleanup(stop)
-	return stop
+	bmdbtest.Background(e.t, "runner", r.Run)
 }
 
 func (e *env) history() []bmdb.HistoryEntry {
@@ -275,7 +256,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	// Constant backoffs: a machine that fails a few times in a row must not
 	// make the test wait for a long one.
 	fast := bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 1}
-	stopAgents := e.goUntilCleanup(fleet.Run)
+	stopAgents := bmdbtest.Background(e.t, "agent fleet", fleet.Run)
 	e.run(agentstart.Definition(), fleet, fast)
 	e.run(recoveryWith(t, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fleet, fast)
 
@@ -302,7 +283,7 @@ func TestAgentStartAndRecoveryWithSim(t *testing.T) {
 	// up.
 	t.Logf("phase 2: %s", time.Since(t0))
 	t0 = time.Now()
-	e.goUntilCleanup(fleet.Run)
+	bmdbtest.Background(e.t, "agent fleet", fleet.Run)
 	bmdbtest.WaitUntil(t, 30*time.Second, "every agent restarted and heartbeating", func() bool {
 		started, beating := e.agentState(machines)
 		return started == len(machines) && beating == len(machines)
@@ -431,7 +412,7 @@ func TestTwoReplicasShareTheFleet(t *testing.T) {
 		if err := fleet.Seed(ctx); err != nil {
 			t.Fatal(err)
 		}
-		e.goUntilCleanup(fleet.Run)
+		bmdbtest.Background(e.t, "agent fleet", fleet.Run)
 		e.run(agentstart.Definition(), fleet, fast)
 		e.run(recoveryWith(t, recovery.Config{StartTimeout: 2 * time.Second, HeartbeatTimeout: 1500 * time.Millisecond}), fleet, fast)
 		replicas = append(replicas, e)

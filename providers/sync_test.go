@@ -3,9 +3,7 @@ package providers_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -16,22 +14,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/providers"
 )
 
-// manyMachines is how many machines TestSyncRemovesManyMachines adds and
-// removes: SHEPHERD_SYNC_MACHINES overrides it, to time a fleet's worth
-// (10001) of removals.
-func manyMachines(t *testing.T) int {
-	t.Helper()
-	n := 2001
-	if s := os.Getenv("SHEPHERD_SYNC_MACHINES"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 2 {
-			t.Fatalf("SHEPHERD_SYNC_MACHINES=%q: want a count of at least 2", s)
-		}
-		n = v
-	}
-	return n
-}
-
 // A listing that no longer names a fleet's worth of machines removes them
 // all through SyncMachines, but for the one a process holds a lease on,
 // which is kept; every removed machine's history ends with Removed, and a
@@ -41,7 +23,7 @@ func TestSyncRemovesManyMachines(t *testing.T) {
 	db := bmdbtest.NewDB(t, bmdb.Options{})
 	process := bmdb.Process{Name: "Test"}
 	bmdbtest.Register(t, db, process, bmdb.ProvidedCandidates())
-	n := manyMachines(t)
+	n := bmdbtest.SyncMachines(t)
 	listed := make([]bmdb.Provided, n)
 	for i := range listed {
 		listed[i] = bmdb.Provided{ProviderID: fmt.Sprintf("m%05d", i), Address: fmt.Sprintf("10.0.%d.%d:22", i/250, i%250)}
@@ -82,13 +64,7 @@ func TestSyncRemovesManyMachines(t *testing.T) {
 	if left := bmdbtest.ProvidedBy(t, db, "test"); len(left) != 1 || left[leased].Machine != lease.Machine {
 		t.Fatalf("machines left: %v, want only the leased %s", left, leased)
 	}
-	removed := 0
-	for _, h := range bmdbtest.History(t, db) {
-		if h.Event == bmdb.EventRemoved {
-			removed++
-		}
-	}
-	if removed != n-1 {
+	if removed := bmdbtest.CountEvents(bmdbtest.History(t, db), bmdb.EventRemoved); removed != n-1 {
 		t.Errorf("%d Removed events, want %d", removed, n-1)
 	}
 

@@ -2,8 +2,6 @@ package shepherdcli
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -42,39 +40,6 @@ var preBaselineFlags = []string{
 	"-shutdown_grace=2s",
 }
 
-// buildPreBaseline builds the shepherd binary of preBaselineCommit from
-// git history (git archive, then go build in the module cache's
-// dependencies). It skips the test where the history is not there (a
-// shallow clone, a source tarball).
-func buildPreBaseline(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skipf("no git to read commit %s from: %v", preBaselineCommit, err)
-	}
-	if err := exec.Command("git", "cat-file", "-e", preBaselineCommit+"^{commit}").Run(); err != nil {
-		t.Skipf("commit %s is not in this checkout's history: %v", preBaselineCommit, err)
-	}
-	src := t.TempDir()
-	archive := exec.Command("sh", "-c", `cd "$(git rev-parse --show-toplevel)" && git archive "$1" | tar -x -C "$2"`, "sh", preBaselineCommit, src)
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("extracting commit %s: %v\n%s", preBaselineCommit, err, out)
-	}
-	start := time.Now()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("building commit %s needs the go command: %v", preBaselineCommit, err)
-	}
-	bin := filepath.Join(t.TempDir(), "shepherd-"+preBaselineCommit)
-	build := exec.Command(goTool, "build", "-o", bin, "./cmd/shepherd")
-	build.Dir = src
-	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building commit %s: %v\n%s", preBaselineCommit, err, out)
-	}
-	t.Logf("built shepherd of commit %s (schema version %d) in %s", preBaselineCommit, migrate.PreBaselineVersion, time.Since(start).Round(time.Millisecond))
-	return bin
-}
-
 // TestUpgradeToBaseline is the rolling upgrade from a binary built before
 // the baseline schema to this one. The old binary's 'migrate up' builds
 // the database (version 29) and its replica works on it; this binary's
@@ -85,22 +50,9 @@ func buildPreBaseline(t *testing.T) string {
 // leases overlap, and the history of the whole run is kept.
 func TestUpgradeToBaseline(t *testing.T) {
 	t.Parallel()
-	old := buildPreBaseline(t)
+	old := buildFromHistory(t, preBaselineCommit)
 	dsn := bmdbtest.NewEmptyDatabase(t)
 	flags := append(preBaselineFlags[:len(preBaselineFlags):len(preBaselineFlags)], "-bmdb_dsn="+dsn)
-	finished := func(d *replicatest.Run) float64 {
-		m, _ := d.Metrics()
-		return m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished") +
-			m.Value("shepherd_work_finished_total", "process", "recovery", "result", "finished")
-	}
-	waitWork := func(d *replicatest.Run, n float64, what string) {
-		t.Helper()
-		from := finished(d)
-		bmdbtest.WaitFor(t, 60*time.Second, fmt.Sprintf("%s to finish %g more works %s", d.Name, n, what), func() (bool, string) {
-			v := finished(d)
-			return v >= from+n, fmt.Sprintf("%g finished", v-from)
-		})
-	}
 	run := func(binary, want string, args ...string) {
 		t.Helper()
 		code, out := runBinary(t, binary, append(args, "-bmdb_dsn="+dsn)...)
@@ -112,7 +64,7 @@ func TestUpgradeToBaseline(t *testing.T) {
 
 	run(old, fmt.Sprintf("migrated schema from version 0 to %d", migrate.PreBaselineVersion), "migrate", "up")
 	before := replicatest.Start(t, old, "before-baseline", replicatest.EnvWithoutDSN(), flags...)
-	waitWork(before, 3, "before the upgrade")
+	waitWork(t, before, 3, "before the upgrade")
 
 	if !compatibleAfterBaseline(t) {
 		// A later migration of this tree is a contract step: the binary
@@ -125,13 +77,13 @@ func TestUpgradeToBaseline(t *testing.T) {
 		return
 	}
 	run(shepherdBinary, fmt.Sprintf("migrated schema from version %d to %d", migrate.PreBaselineVersion, bmdb.LatestVersion()), "migrate", "up")
-	waitWork(before, 3, "on the baseline schema")
+	waitWork(t, before, 3, "on the baseline schema")
 
 	before.StopClean(10 * time.Second)
 	restarted := replicatest.Start(t, old, "before-baseline-restarted", replicatest.EnvWithoutDSN(), flags...)
 	upgraded := replicatest.Start(t, shepherdBinary, "baseline", replicatest.EnvWithoutDSN(), flags...)
-	waitWork(restarted, 3, "after its restart on the baseline schema")
-	waitWork(upgraded, 3, "beside the binary before the baseline")
+	waitWork(t, restarted, 3, "after its restart on the baseline schema")
+	waitWork(t, upgraded, 3, "beside the binary before the baseline")
 
 	run(old, "every newer migration lets this binary run on it: nothing to do", "migrate", "up")
 	run(old, fmt.Sprintf("schema version %d (clean); this binary knows up to %d; this binary runs on it", bmdb.LatestVersion(), migrate.PreBaselineVersion), "migrate", "version")

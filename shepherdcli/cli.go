@@ -490,6 +490,21 @@ func (c *cli) machine(ctx context.Context, arg string) (uuid.UUID, error) {
 	return uuid.Nil, usagef("%q names %d machines of different providers: %s; give the UUID", arg, len(found), strings.Join(matches, ", "))
 }
 
+// machineAndProcess resolves the MACHINE PROCESS arguments of the
+// commands that act on one machine for one process (run-now, cancel,
+// retry).
+func (c *cli) machineAndProcess(ctx context.Context, args []string) (uuid.UUID, cliProcess, error) {
+	id, err := c.machine(ctx, args[0])
+	if err != nil {
+		return uuid.Nil, cliProcess{}, err
+	}
+	p, err := c.process(args[1])
+	if err != nil {
+		return uuid.Nil, cliProcess{}, err
+	}
+	return id, p, nil
+}
+
 // emitJSON writes v as indented JSON whose strings hold no control
 // characters: text from the BMDB (a cause from a BMC, a reason an older
 // binary stored) may hold escape sequences, which encoding/json writes as
@@ -827,11 +842,7 @@ func (c *cli) backoffClear(ctx context.Context, args []string) error {
 }
 
 func (c *cli) retry(ctx context.Context, args []string) error {
-	id, err := c.machine(ctx, args[0])
-	if err != nil {
-		return err
-	}
-	p, err := c.process(args[1])
+	id, p, err := c.machineAndProcess(ctx, args)
 	if err != nil {
 		return err
 	}

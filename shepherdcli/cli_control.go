@@ -78,11 +78,7 @@ func (c *cli) runNow(ctx context.Context, args []string) error {
 	if !c.opts.ctl.withdraw && strings.TrimSpace(c.opts.reason) == "" {
 		return usagef("run-now needs -reason: it is recorded for whoever looks at this next")
 	}
-	id, err := c.machine(ctx, args[0])
-	if err != nil {
-		return err
-	}
-	p, err := c.process(args[1])
+	id, p, err := c.machineAndProcess(ctx, args)
 	if err != nil {
 		return err
 	}
@@ -177,11 +173,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	case !c.selector("").Empty() || c.opts.process != "":
 		return usagef("cancel: give MACHINE PROCESS or -process P with a selection, not both")
 	}
-	id, err := c.machine(ctx, args[0])
-	if err != nil {
-		return err
-	}
-	p, err := c.process(args[1])
+	id, p, err := c.machineAndProcess(ctx, args)
 	if err != nil {
 		return err
 	}

@@ -41,11 +41,7 @@ func TestRunNowCancelExplainTwoReplicas(t *testing.T) {
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
-	raw, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(raw.Close)
+	raw := rawPool(t, dsn)
 	flags := []string{
 		"-listen=127.0.0.1:0",
 		"-sim_machines=2",
@@ -363,4 +359,16 @@ func TestRunNowHealthyMachine(t *testing.T) {
 		t.Errorf("Recovery leased the machine %d times, want once (the forced run)", n)
 	}
 	auditLeases(t, bmdbtest.History(t, db))
+}
+
+// rawPool is a connection pool to dsn for the test's own queries, closed
+// when the test ends.
+func rawPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	raw, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(raw.Close)
+	return raw
 }

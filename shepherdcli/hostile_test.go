@@ -171,16 +171,7 @@ func TestHostileMachines(t *testing.T) {
 		return n == 3, fmt.Sprintf("%d of 3", n)
 	})
 	recordSilentAgents(t, db, machines)
-	bmdbtest.WaitFor(t, 90*time.Second, "Recovery to fail twice on every machine", func() (bool, string) {
-		var counts []int
-		done := true
-		for _, name := range []string{"nul", "huge", "slow"} {
-			n := countEvents(historyOf(t, db, machines[name]), "ShepherdRecovery", bmdb.EventFailed)
-			counts = append(counts, n)
-			done = done && n >= 2
-		}
-		return done, fmt.Sprintf("failures nul/huge/slow: %v", counts)
-	})
+	waitRecoveryFailures(t, d, db, machines, 2, "nul", "huge", "slow")
 	peak := procStatus(t, d.PID(), "VmHWM")
 	d.StopClean(30 * time.Second)
 
@@ -214,6 +205,26 @@ func TestHostileMachines(t *testing.T) {
 }
 
 // historyOf reads a machine's history.
+// waitRecoveryFailures waits until Recovery has failed at least n times
+// on each of the named machines, and fails t if the daemon d exits
+// meanwhile.
+func waitRecoveryFailures(t *testing.T, d *replicatest.Run, db *bmdb.DB, machines map[string]uuid.UUID, n int, names ...string) {
+	t.Helper()
+	bmdbtest.WaitFor(t, 90*time.Second, fmt.Sprintf("Recovery to fail %d times on each of %v", n, names), func() (bool, string) {
+		if d.Exited() {
+			t.Fatalf("the daemon exited (code %d) while Recovery talked to the hostile hosts:\n%s", d.ExitCode(), d.Tail(40))
+		}
+		var counts []int
+		done := true
+		for _, name := range names {
+			failed := countEvents(historyOf(t, db, machines[name]), "ShepherdRecovery", bmdb.EventFailed)
+			counts = append(counts, failed)
+			done = done && failed >= n
+		}
+		return done, fmt.Sprintf("failures %v: %v", names, counts)
+	})
+}
+
 func historyOf(t *testing.T, db *bmdb.DB, m uuid.UUID) []bmdb.HistoryEntry {
 	t.Helper()
 	h, err := db.History(context.Background(), m)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shepherd-fleet/shepherd/internal/connlimit/connlimittest"
+
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
@@ -149,50 +151,9 @@ func TestStatusTokenFileRefused(t *testing.T) {
 	}
 }
 
-// keepAlive opens a connection from the local address from (nil: any),
-// makes one request on it and leaves it open, idle: a keep-alive
-// connection as a browser or scraper holds it.
-func keepAlive(t *testing.T, addr string, from net.IP) net.Conn {
-	t.Helper()
-	d := net.Dialer{}
-	if from != nil {
-		d.LocalAddr = &net.TCPAddr{IP: from}
-	}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: shepherd\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("a keep-alive connection's request: %v", err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return c
-}
-
 // sourceConnLimit is the connections of one source the -listen server
 // keeps (package daemon's httpConnLimits).
 const sourceConnLimit = 64
-
-// closedByServer reports which of conns the server has closed: a read
-// gets end of file (or a reset) at once from those, and times out on the
-// others, which wait up to until.
-func closedByServer(conns []net.Conn, until time.Time) (closed, open int) {
-	var buf [1]byte
-	for _, c := range conns {
-		c.SetReadDeadline(until)
-		if _, err := c.Read(buf[:]); err != nil && os.IsTimeout(err) {
-			open++
-		} else {
-			closed++
-		}
-	}
-	return closed, open
-}
 
 // Hundreds of idle keep-alive connections from one source (and hundreds
 // more, silent, from another) do not keep /healthz and /readyz from being
@@ -217,7 +178,7 @@ func TestProbesAnswerThroughIdleKeepAlives(t *testing.T) {
 		}
 	}()
 	for range n {
-		idle = append(idle, keepAlive(t, addr, net.IPv4(127, 0, 0, 1)))
+		idle = append(idle, connlimittest.KeepAlive(t, addr, net.IPv4(127, 0, 0, 1)))
 	}
 	other := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	for range n {
@@ -254,7 +215,7 @@ func TestProbesAnswerThroughIdleKeepAlives(t *testing.T) {
 	}
 
 	// Every close the limits made is done before it is counted: waiting
-	// for the count makes the closes visible to closedByServer however
+	// for the count makes the closes visible to ClosedByServer however
 	// loaded the machine is.
 	bmdbtest.WaitFor(t, 30*time.Second, "the server to close the idle connections beyond the source's limit", func() (bool, string) {
 		m, _ := d.Metrics()
@@ -267,7 +228,7 @@ func TestProbesAnswerThroughIdleKeepAlives(t *testing.T) {
 	// than one look's 200 ms: look again until it has.
 	var closed, open int
 	bmdbtest.WaitFor(t, 30*time.Second, fmt.Sprintf("at most %d idle connections of one source open", sourceConnLimit), func() (bool, string) {
-		closed, open = closedByServer(idle, time.Now().Add(200*time.Millisecond))
+		closed, open = connlimittest.ClosedByServer(idle, time.Now().Add(200*time.Millisecond))
 		return open <= sourceConnLimit, fmt.Sprintf("%d open, %d closed by the server", open, closed)
 	})
 	t.Logf("of %d idle keep-alive connections from one source, %d open, %d closed by the server", n, open, closed)

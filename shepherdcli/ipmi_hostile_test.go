@@ -8,11 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmihostiletest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -57,14 +54,7 @@ func TestHostileIPMIResponder(t *testing.T) {
 	)
 	logClaimStateOnFailure(t, dsn)
 	recordSilentAgents(t, db, machines)
-	bmdbtest.WaitFor(t, 90*time.Second, "Recovery to fail on both machines", func() (bool, string) {
-		if d.Exited() {
-			t.Fatalf("the daemon exited (code %d) while Recovery talked to the hostile responders:\n%s", d.ExitCode(), d.Tail(40))
-		}
-		s := countEvents(historyOf(t, db, machines["short"]), "ShepherdRecovery", bmdb.EventFailed)
-		n := countEvents(historyOf(t, db, machines["noauth"]), "ShepherdRecovery", bmdb.EventFailed)
-		return s >= 1 && n >= 1, fmt.Sprintf("short failed %d, noauth failed %d", s, n)
-	})
+	waitRecoveryFailures(t, d, db, machines, 1, "short", "noauth")
 	if responders["short"].RAKP1s() == 0 {
 		t.Error("the short responder never saw RAKP 1: the test did not reach the packet it is about")
 	}

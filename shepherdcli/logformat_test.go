@@ -25,7 +25,7 @@ func TestJSONLogs(t *testing.T) {
 			if json.Unmarshal([]byte(line), &obj) != nil {
 				continue
 			}
-			if obj["msg"] == "work failed" {
+			if obj["msg"] == "Work failed" {
 				failed = obj
 				return true, ""
 			}

@@ -174,6 +174,25 @@ func TestMigrateDirtyAdviceRecovers(t *testing.T) {
 // before it never touch), declared compatible with them.
 const nextRelease = "v0.next-test"
 
+// finishedWorks is how many works of AgentStart and Recovery replica d
+// has finished.
+func finishedWorks(d *replicatest.Run) float64 {
+	m, _ := d.Metrics()
+	return m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished") +
+		m.Value("shepherd_work_finished_total", "process", "recovery", "result", "finished")
+}
+
+// waitWork waits until replica d has finished n more works, an upgrade
+// test's proof that it keeps working at each step.
+func waitWork(t *testing.T, d *replicatest.Run, n float64, what string) {
+	t.Helper()
+	from := finishedWorks(d)
+	bmdbtest.WaitFor(t, 60*time.Second, fmt.Sprintf("%s to finish %g more works %s", d.Name, n, what), func() (bool, string) {
+		v := finishedWorks(d)
+		return v >= from+n, fmt.Sprintf("%g finished", v-from)
+	})
+}
+
 // buildNextRelease builds the shepherd binary of this tree with one more
 // migration, version bmdb.LatestVersion()+1, laid over the embedded ones
 // with go build -overlay: a binary one schema version ahead of
@@ -248,37 +267,24 @@ func TestRollingUpgrade(t *testing.T) {
 	db := bmdbtest.Open(t, dsn)
 	latest := bmdb.LatestVersion()
 	flags := fastFleetFlags(50, "-bmdb_dsn="+dsn, "-sim_action_time=200ms")
-	finished := func(d *replicatest.Run) float64 {
-		m, _ := d.Metrics()
-		return m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "finished") +
-			m.Value("shepherd_work_finished_total", "process", "recovery", "result", "finished")
-	}
-	waitWork := func(d *replicatest.Run, n float64, what string) {
-		t.Helper()
-		from := finished(d)
-		bmdbtest.WaitFor(t, 60*time.Second, fmt.Sprintf("%s to finish %g more works %s", d.Name, n, what), func() (bool, string) {
-			v := finished(d)
-			return v >= from+n, fmt.Sprintf("%g finished", v-from)
-		})
-	}
 
 	old := replicatest.Start(t, shepherdBinary, "release-n", replicatest.EnvWithoutDSN(), flags...)
-	waitWork(old, 3, "before the upgrade")
+	waitWork(t, old, 3, "before the upgrade")
 
 	// The migrate Job of the rollout.
 	code, out := runBinary(t, next, "migrate", "up", "-bmdb_dsn="+dsn)
 	if want := fmt.Sprintf("migrated schema from version %d to %d", latest, latest+1); code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("next release's migrate up: exit %d, %q; want %q", code, out, want)
 	}
-	waitWork(old, 3, "on the newer schema")
+	waitWork(t, old, 3, "on the newer schema")
 
 	// The rollout restarts the replica; until its turn comes it runs the
 	// old binary again, beside one of the next release.
 	old.StopClean(10 * time.Second)
 	restarted := replicatest.Start(t, shepherdBinary, "release-n-restarted", replicatest.EnvWithoutDSN(), flags...)
 	upgraded := replicatest.Start(t, next, "release-next", replicatest.EnvWithoutDSN(), flags...)
-	waitWork(restarted, 3, "after its restart on the newer schema")
-	waitWork(upgraded, 3, "beside the old release")
+	waitWork(t, restarted, 3, "after its restart on the newer schema")
+	waitWork(t, upgraded, 3, "beside the old release")
 	if code, body, err := restarted.Get("/readyz"); err != nil || code != 200 {
 		t.Errorf("the restarted old replica's /readyz: %d %q %v, want 200", code, body, err)
 	}

@@ -165,11 +165,7 @@ func TestRunTimeoutThroughTheBinary(t *testing.T) {
 		}
 		return n == 2, fmt.Sprintf("%d timed out", n)
 	})
-	bmdbtest.WaitFor(t, 10*time.Second, "the timeouts in the metrics", func() (bool, string) {
-		m, _ := d.Metrics()
-		v := m.Value("shepherd_work_finished_total", "process", "agentstart", "result", "timeout")
-		return v == 2, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
-	})
+	waitTimeoutsCounted(t, d, "agentstart", 2)
 	bmdbtest.CheckExclusion(t, bmdbtest.History(t, db), map[string]string{"ShepherdAgentStart": "Shepherd", "ShepherdRecovery": "Shepherd"})
 }
 
@@ -202,11 +198,7 @@ func TestRecoveryRunTimeoutThroughTheBinary(t *testing.T) {
 		}
 		return n == 2, fmt.Sprintf("%d timed out", n)
 	})
-	bmdbtest.WaitFor(t, 10*time.Second, "the timeouts in the metrics", func() (bool, string) {
-		m, _ := d.Metrics()
-		v := m.Value("shepherd_work_finished_total", "process", "recovery", "result", "timeout")
-		return v == 2, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
-	})
+	waitTimeoutsCounted(t, d, "recovery", 2)
 }
 
 // A machine without a BMC keeps the behaviour from before power was read,
@@ -247,4 +239,15 @@ func TestRecoveryWithoutBMCThroughTheBinary(t *testing.T) {
 		t.Error("the BMC the inventory no longer names was reset")
 	}
 	d.StopClean(20 * time.Second)
+}
+
+// waitTimeoutsCounted waits until d's metrics count want runs of process
+// that timed out.
+func waitTimeoutsCounted(t *testing.T, d *replicatest.Run, process string, want float64) {
+	t.Helper()
+	bmdbtest.WaitFor(t, 10*time.Second, "the timeouts in the metrics", func() (bool, string) {
+		m, _ := d.Metrics()
+		v := m.Value("shepherd_work_finished_total", "process", process, "result", "timeout")
+		return v == want, fmt.Sprintf("shepherd_work_finished_total{result=timeout} = %g", v)
+	})
 }

@@ -356,6 +356,21 @@ func TestRealFleetHostKeyChanged(t *testing.T) {
 	d.StopClean(20 * time.Second)
 }
 
+// staticFlags are the flags of a daemon with the static provider whose
+// inventory, SSH key and agent binary are those files (staticProviderFiles),
+// listening on free local ports, with extra.
+func staticFlags(inventory, keyFile, agent string, extra ...string) []string {
+	return append([]string{
+		"-listen=127.0.0.1:0",
+		"-provider=static",
+		"-inventory=" + inventory,
+		"-ssh_key_file=" + keyFile,
+		"-agent_binary=" + agent,
+		"-agent_listen=127.0.0.1:0",
+		"-shutdown_grace=2s",
+	}, extra...)
+}
+
 // staticProviderFiles writes what the static provider's flags name into
 // a directory of the test: an SSH key (-ssh_key_file) and an agent binary
 // (-agent_binary), a shell script with body.
@@ -388,15 +403,7 @@ func TestStaticReload(t *testing.T) {
 	proxy.Cut()
 	// Only Recovery runs, which has nothing to do: no machine is reached.
 	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-processes=recovery",
-		"-inventory="+inventory,
-		"-ssh_key_file="+keyFile,
-		"-agent_binary="+agent,
-		"-agent_listen=127.0.0.1:0",
-		"-shutdown_grace=2s",
-	)
+		staticFlags(inventory, keyFile, agent, "-processes=recovery")...)
 	bmdbtest.WaitFor(t, 20*time.Second, "the schema check to be retried", func() (bool, string) {
 		n := d.LogCount("checking the BMDB schema")
 		return n >= 2, fmt.Sprintf("%d attempts logged", n)

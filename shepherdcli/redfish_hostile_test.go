@@ -3,16 +3,11 @@ package shepherdcli
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
-	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 	"github.com/shepherd-fleet/shepherd/internal/sshdtest"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -27,18 +22,10 @@ import (
 func TestRecoveryThroughHostileRedfish(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	var reached atomic.Int64
-	var sawAuth atomic.Bool
-	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached.Add(1)
-		if r.Header.Get("Authorization") != "" {
-			sawAuth.Store(true)
-		}
-	}))
-	defer other.Close()
+	other := redfishtest.StartOtherHost(t)
 	bmcs := map[string]*redfishtest.Server{
 		"endless": redfishtest.Start(t, redfishtest.Options{EndlessSystems: 1_000_000}),
-		"foreign": redfishtest.Start(t, redfishtest.Options{ResetTarget: "@" + strings.TrimPrefix(other.URL, "http://") + "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"}),
+		"foreign": redfishtest.Start(t, redfishtest.Options{ResetTarget: "@" + other.Host + "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"}),
 	}
 	wantCause := map[string]string{
 		"endless": "redfish: BMC conversation exceeded",
@@ -64,16 +51,7 @@ func TestRecoveryThroughHostileRedfish(t *testing.T) {
 	)
 	logClaimStateOnFailure(t, dsn)
 	recordSilentAgents(t, db, machines)
-	bmdbtest.WaitFor(t, 90*time.Second, "Recovery to fail three times on every machine", func() (bool, string) {
-		var counts []int
-		done := true
-		for _, name := range []string{"endless", "foreign"} {
-			n := countEvents(historyOf(t, db, machines[name]), "ShepherdRecovery", bmdb.EventFailed)
-			counts = append(counts, n)
-			done = done && n >= 3
-		}
-		return done, fmt.Sprintf("failures endless/foreign: %v", counts)
-	})
+	waitRecoveryFailures(t, d, db, machines, 3, "endless", "foreign")
 	peak := procStatus(t, d.PID(), "VmHWM")
 	d.StopClean(30 * time.Second)
 
@@ -87,9 +65,7 @@ func TestRecoveryThroughHostileRedfish(t *testing.T) {
 			t.Errorf("%s: the BMC accepted %d resets", name, len(r))
 		}
 	}
-	if n := reached.Load(); n != 0 || sawAuth.Load() {
-		t.Errorf("the other host received %d requests (credentials: %v)", n, sawAuth.Load())
-	}
+	other.CheckUntouched(t)
 	if n, err := db.LeaseCount(context.Background(), recovery.Process); err != nil || n != 0 {
 		t.Errorf("%d Recovery leases held after the daemon stopped (%v)", n, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -28,11 +27,7 @@ func TestRunNowTakesTheNextFreeWorker(t *testing.T) {
 	ctx := context.Background()
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
-	raw, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(raw.Close)
+	raw := rawPool(t, dsn)
 	env := replicatest.EnvWithoutDSN(envDSN + "=" + dsn)
 	const workers, queued = 4, 20
 	d := replicatest.Start(t, shepherdBinary, "shepherd", env,

@@ -2,9 +2,7 @@ package shepherdcli
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,22 +13,6 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
-// inventoryMachines is how many machines TestStaticRemovesManyMachines
-// lists: SHEPHERD_SYNC_MACHINES overrides it, to time a fleet's worth
-// (10001) of removals through the binary.
-func inventoryMachines(t *testing.T) int {
-	t.Helper()
-	n := 2001
-	if s := os.Getenv("SHEPHERD_SYNC_MACHINES"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 2 {
-			t.Fatalf("SHEPHERD_SYNC_MACHINES=%q: want a count of at least 2", s)
-		}
-		n = v
-	}
-	return n
-}
-
 // The binary's static provider removes a fleet's worth of machines that
 // its inventory no longer lists at one reload (SIGHUP), each with its
 // Removed event; the time the removals took is logged. They were once one
@@ -38,7 +20,7 @@ func inventoryMachines(t *testing.T) int {
 // machine and nothing else loads the database.
 func TestStaticRemovesManyMachines(t *testing.T) {
 	t.Parallel()
-	n := inventoryMachines(t)
+	n := bmdbtest.SyncMachines(t)
 	dir, keyFile, agent := staticProviderFiles(t, "#!/bin/sh\nexit 1\n")
 	inventory := filepath.Join(dir, "inventory.yaml")
 	head := "defaults:\n  ssh:\n    user: root\nmachines:\n"
@@ -55,15 +37,7 @@ func TestStaticRemovesManyMachines(t *testing.T) {
 		t.Fatalf("pause agentstart: exit %d\n%s%s", code, out, errOut)
 	}
 	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-processes=agentstart",
-		"-inventory="+inventory,
-		"-ssh_key_file="+keyFile,
-		"-agent_binary="+agent,
-		"-agent_listen=127.0.0.1:0",
-		"-shutdown_grace=2s",
-	)
+		staticFlags(inventory, keyFile, agent, "-processes=agentstart")...)
 	// The metrics count the inventory once loaded; the log says when it
 	// is in the BMDB.
 	bmdbtest.WaitFor(t, 5*time.Minute, "the inventory synced", func() (bool, string) {
@@ -81,13 +55,7 @@ func TestStaticRemovesManyMachines(t *testing.T) {
 	if got := staticMachines(t, db); len(got) != 1 {
 		t.Errorf("%d machines left, want m00000 alone", len(got))
 	}
-	removed := 0
-	for _, h := range bmdbtest.History(t, db) {
-		if h.Event == bmdb.EventRemoved {
-			removed++
-		}
-	}
-	if removed != n-1 {
+	if removed := bmdbtest.CountEvents(bmdbtest.History(t, db), bmdb.EventRemoved); removed != n-1 {
 		t.Errorf("%d Removed events, want %d", removed, n-1)
 	}
 	d.StopClean(20 * time.Second)

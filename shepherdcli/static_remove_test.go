@@ -100,18 +100,12 @@ func TestStaticRemovesMachines(t *testing.T) {
 	dsn := bmdbtest.NewDatabase(t)
 	db := bmdbtest.Open(t, dsn)
 	d := replicatest.Start(t, shepherdBinary, "shepherd", replicatest.EnvWithoutDSN(envDSN+"="+dsn),
-		"-listen=127.0.0.1:0",
-		"-provider=static",
-		"-processes=agentstart",
-		"-inventory="+inventory,
-		"-ssh_key_file="+keyFile,
-		"-agent_binary="+agent,
-		"-agent_listen=127.0.0.1:0",
-		"-agent_ssh_connect_timeout=5m",
-		"-agentstart_backoff_initial=1h",
-		"-agentstart_backoff_maximum=1h",
-		"-shutdown_grace=2s",
-	)
+		staticFlags(inventory, keyFile, agent,
+			"-processes=agentstart",
+			"-agent_ssh_connect_timeout=5m",
+			"-agentstart_backoff_initial=1h",
+			"-agentstart_backoff_maximum=1h",
+		)...)
 	var idle, busy uuid.UUID
 	bmdbtest.WaitFor(t, 60*time.Second, "idle's start failed and busy's lease held", func() (bool, string) {
 		got := staticMachines(t, db)

@@ -15,8 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shepherd-fleet/shepherd/bmdb/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
 )
 
@@ -53,7 +53,7 @@ func buildFromHistory(t *testing.T, commit string) string {
 	if out, err := exec.Command("tar", "-x", "-f", tarball, "-C", src).CombinedOutput(); err != nil {
 		t.Fatalf("unpacking commit %.12s: %v\n%s", commit, err, out)
 	}
-	bin := filepath.Join(t.TempDir(), "shepherd-"+commit[:12])
+	bin := filepath.Join(t.TempDir(), fmt.Sprintf("shepherd-%.12s", commit))
 	start := time.Now()
 	build := exec.Command("go", "build", "-o", bin, "./cmd/shepherd")
 	build.Dir = src

@@ -1,8 +1,6 @@
 package shepherdcli
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -33,7 +30,6 @@ import (
 // with the time it took.
 func TestVerifiedRebootThroughIPMI(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	dir := t.TempDir()
 	sshd := sshdtest.Start(t)
 	bmc := ipmisimtest.Start(t)
@@ -112,27 +108,8 @@ func TestVerifiedRebootThroughIPMI(t *testing.T) {
 		machine = p.Machine
 		return ok, "not there"
 	})
-	bootOf := func() uuid.UUID {
-		t.Helper()
-		var boot *uuid.UUID
-		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			boot = nil
-			err := tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, machine).Scan(&boot)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if boot == nil {
-			return uuid.Nil
-		}
-		return *boot
-	}
 	bmdbtest.WaitFor(t, 90*time.Second, "the real agent heartbeating with its boot identity", func() (bool, string) {
-		b := bootOf()
+		b := bmdbtest.BootOf(t, db, machine)
 		return b == firstBoot, fmt.Sprintf("boot %s", b)
 	})
 
@@ -157,36 +134,14 @@ func TestVerifiedRebootThroughIPMI(t *testing.T) {
 		n := countEvents(history, recovery.Process.Name, bmdb.EventRecovered)
 		return n == 1, fmt.Sprintf("%d Recovered", n)
 	})
-	if b := bootOf(); b != secondBoot {
+	if b := bmdbtest.BootOf(t, db, machine); b != secondBoot {
 		t.Errorf("boot identity %s after the machine came back, want %s", b, secondBoot)
 	}
-	var sequence []bmdb.Event
-	for _, e := range history {
-		if e.Process != recovery.Process.Name {
-			continue
+	checkVerifiedRecovery(t, history, "6s", func(cause string) {
+		if !strings.Contains(cause, "ipmi") {
+			t.Errorf("Finished cause %q does not say the reset went through IPMI", cause)
 		}
-		sequence = append(sequence, e.Event)
-		switch e.Event {
-		case bmdb.EventNotRecovered:
-			if !strings.Contains(e.Cause, "not back after 6s") {
-				t.Errorf("NotRecovered cause %q, want \"reset at T, not back after 6s\"", e.Cause)
-			}
-		case bmdb.EventRecovered:
-			t.Logf("Recovered: %s", e.Cause)
-			if !strings.Contains(e.Cause, "back after") {
-				t.Errorf("Recovered cause %q does not say how long it took", e.Cause)
-			}
-		case bmdb.EventFinished:
-			if !strings.Contains(e.Cause, "ipmi") {
-				t.Errorf("Finished cause %q does not say the reset went through IPMI", e.Cause)
-			}
-		}
-	}
-	t.Logf("Recovery's events: %v", sequence)
-	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
-	if !hasSubsequence(sequence, want) {
-		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
-	}
+	})
 	m, _ := d.Metrics()
 	if v := m.Value("shepherd_recovery_duration_seconds"); v != 1 {
 		t.Errorf("shepherd_recovery_duration_seconds has %g samples, want 1", v)

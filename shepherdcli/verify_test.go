@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
@@ -51,25 +50,6 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		"-shutdown_grace=2s",
 	)
 	var machines []uuid.UUID
-	bootOf := func(m uuid.UUID) uuid.UUID {
-		t.Helper()
-		var boot *uuid.UUID
-		err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
-			boot = nil
-			err := tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, m).Scan(&boot)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if boot == nil {
-			return uuid.Nil
-		}
-		return *boot
-	}
 	bmdbtest.WaitFor(t, 60*time.Second, "both simulated agents heartbeating with a boot identity", func() (bool, string) {
 		machines = machines[:0]
 		for _, p := range bmdbtest.ProvidedBy(t, db, "sim") {
@@ -79,14 +59,14 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 			return false, fmt.Sprintf("%d machines", len(machines))
 		}
 		for _, m := range machines {
-			if bootOf(m) == uuid.Nil {
+			if bmdbtest.BootOf(t, db, m) == uuid.Nil {
 				return false, m.String() + " has no boot identity recorded"
 			}
 		}
 		return true, ""
 	})
 	broken, healthy := machines[0], machines[1]
-	firstBoot := bootOf(broken)
+	firstBoot := bmdbtest.BootOf(t, db, broken)
 
 	// The broken machine's agent falls silent: its recorded key is no
 	// longer the one the simulated agent signs with.
@@ -105,34 +85,8 @@ func TestRecoveryVerifiedThroughTheBinary(t *testing.T) {
 		nr, rec := countEvents(history, recovery.Process.Name, bmdb.EventNotRecovered), countEvents(history, recovery.Process.Name, bmdb.EventRecovered)
 		return nr >= 1 && rec >= 1, fmt.Sprintf("%d NotRecovered, %d Recovered", nr, rec)
 	})
-	var sequence []bmdb.Event
-	for _, e := range history {
-		if e.Process != recovery.Process.Name {
-			continue
-		}
-		sequence = append(sequence, e.Event)
-		switch e.Event {
-		case bmdb.EventNotRecovered:
-			if !strings.Contains(e.Cause, "reset at ") || !strings.Contains(e.Cause, "not back after 4s") {
-				t.Errorf("NotRecovered cause %q, want \"reset at T, not back after 4s\"", e.Cause)
-			}
-		case bmdb.EventRecovered:
-			if !strings.Contains(e.Cause, "back after") {
-				t.Errorf("Recovered cause %q does not say how long it took", e.Cause)
-			}
-		case bmdb.EventFinished:
-			t.Logf("Recovery finished: %s", e.Cause)
-		}
-	}
-	t.Logf("Recovery's events: %v", sequence)
-	// The reset (Started, Finished); Recovery looks again (Started) and
-	// records why (NotRecovered) before it acts (Finished: powered on);
-	// then the machine is back (Recovered).
-	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
-	if !hasSubsequence(sequence, want) {
-		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
-	}
-	if got := bootOf(broken); got == uuid.Nil || got == firstBoot {
+	checkVerifiedRecovery(t, history, "4s", func(cause string) { t.Logf("Recovery finished: %s", cause) })
+	if got := bmdbtest.BootOf(t, db, broken); got == uuid.Nil || got == firstBoot {
 		t.Errorf("boot identity after recovery %s, before %s: want a new one", got, firstBoot)
 	}
 	err := db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
@@ -181,4 +135,38 @@ func hasSubsequence(got, want []bmdb.Event) bool {
 		}
 	}
 	return i == len(want)
+}
+
+// checkVerifiedRecovery checks Recovery's events in history: the reset
+// (Started, Finished); Recovery looks again (Started) and records why
+// (NotRecovered, "reset at T, not back after verifyTimeout") before it
+// acts (Finished: powered on); then the machine is back (Recovered, with
+// the time it took). finished is shown each Finished cause.
+func checkVerifiedRecovery(t *testing.T, history []bmdb.HistoryEntry, verifyTimeout string, finished func(cause string)) {
+	t.Helper()
+	var sequence []bmdb.Event
+	for _, e := range history {
+		if e.Process != recovery.Process.Name {
+			continue
+		}
+		sequence = append(sequence, e.Event)
+		switch e.Event {
+		case bmdb.EventNotRecovered:
+			if !strings.Contains(e.Cause, "reset at ") || !strings.Contains(e.Cause, "not back after "+verifyTimeout) {
+				t.Errorf("NotRecovered cause %q, want \"reset at T, not back after %s\"", e.Cause, verifyTimeout)
+			}
+		case bmdb.EventRecovered:
+			t.Logf("Recovered: %s", e.Cause)
+			if !strings.Contains(e.Cause, "back after") {
+				t.Errorf("Recovered cause %q does not say how long it took", e.Cause)
+			}
+		case bmdb.EventFinished:
+			finished(e.Cause)
+		}
+	}
+	t.Logf("Recovery's events: %v", sequence)
+	want := []bmdb.Event{bmdb.EventStarted, bmdb.EventFinished, bmdb.EventStarted, bmdb.EventNotRecovered, bmdb.EventFinished, bmdb.EventRecovered}
+	if !hasSubsequence(sequence, want) {
+		t.Errorf("Recovery's events %v, want the sequence %v", sequence, want)
+	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/pem"
@@ -155,22 +154,7 @@ func TestForeground(t *testing.T) {
 	f := newFleet(t)
 	dir := t.TempDir()
 	keyFile, pidFile := filepath.Join(dir, "state", "key"), filepath.Join(dir, "agent.pid")
-	cmd := exec.Command(bin, "-foreground", "-key_file", keyFile, "-pid_file", pidFile, "-log_file", "")
-	cmd.Stdin = bytes.NewReader(f.initLine())
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
-	if err != nil {
-		t.Fatalf("no answer: %v; stderr:\n%s", err, stderr.String())
-	}
+	a, line := startForegroundAgent(t, bin, f, "-key_file", keyFile, "-pid_file", pidFile, "-log_file", "")
 	// Heartbeats sent before Shepherd records the key are refused; the agent
 	// keeps going.
 	time.Sleep(300 * time.Millisecond)
@@ -187,20 +171,14 @@ func TestForeground(t *testing.T) {
 	if st.Mode().Perm() != 0o600 {
 		t.Errorf("key file mode %#o, want 0600", st.Mode().Perm())
 	}
-	if pid := readPID(t, pidFile); pid != cmd.Process.Pid {
-		t.Errorf("pid file holds %d, agent is %d", pid, cmd.Process.Pid)
+	if pid := readPID(t, pidFile); pid != a.cmd.Process.Pid {
+		t.Errorf("pid file holds %d, agent is %d", pid, a.cmd.Process.Pid)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("agent exit after SIGTERM: %v; stderr:\n%s", err, stderr.String())
-	}
+	log := a.stop(t)
 	if b, _ := os.ReadFile(pidFile); len(b) != 0 {
 		t.Errorf("pid file holds %q after a clean exit", b)
 	}
-	log := stderr.String()
 	t.Logf("agent log:\n%s", log)
 	for _, want := range []string{"heartbeat failed (1 in a row)", "unknown_machine", "heartbeat accepted again", "stopping"} {
 		if !strings.Contains(log, want) {

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"os"
@@ -15,60 +14,61 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 )
 
-// recordedBoot reads the boot identity of the machine's last recorded
-// heartbeat (uuid.Nil: none).
-func (f *fleet) recordedBoot() uuid.UUID {
-	f.t.Helper()
-	var boot *uuid.UUID
-	err := f.db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
-		boot = nil
-		return tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, f.machine).Scan(&boot)
-	})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	if boot == nil {
-		return uuid.Nil
-	}
-	return *boot
+// foregroundAgent is an agent run with -foreground, as a test watches it.
+type foregroundAgent struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
 }
 
-// runForeground runs the agent in the foreground with extra flags, records
-// it, waits for its heartbeats and stops it, returning its log.
+// startForegroundAgent starts the agent with -foreground and args, sends
+// it f's init line and returns it with its answer line; it is killed when
+// the test ends if still running.
+func startForegroundAgent(t *testing.T, bin string, f *fleet, args ...string) (*foregroundAgent, []byte) {
+	t.Helper()
+	a := &foregroundAgent{cmd: exec.Command(bin, append([]string{"-foreground"}, args...)...)}
+	a.cmd.Stdin = bytes.NewReader(f.initLine())
+	a.cmd.Stderr = &a.stderr
+	stdout, err := a.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.cmd.Process.Kill(); _ = a.cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("no answer: %v; stderr:\n%s", err, a.stderr.String())
+	}
+	return a, line
+}
+
+// stop stops the agent with SIGTERM, fails t unless it exits cleanly, and
+// returns its log.
+func (a *foregroundAgent) stop(t *testing.T) string {
+	t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Wait(); err != nil {
+		t.Fatalf("agent exit after SIGTERM: %v; stderr:\n%s", err, a.stderr.String())
+	}
+	return a.stderr.String()
+}
+
+// runForegroundAgent runs the agent in the foreground with extra flags,
+// records it, waits for its heartbeats and stops it, returning its log.
 func runForegroundAgent(t *testing.T, bin string, f *fleet, extra ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	args := append([]string{"-foreground", "-key_file", filepath.Join(dir, "key"), "-pid_file", filepath.Join(dir, "agent.pid"), "-log_file", ""}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stdin = bytes.NewReader(f.initLine())
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
-	if err != nil {
-		t.Fatalf("no answer: %v; stderr:\n%s", err, stderr.String())
-	}
+	a, line := startForegroundAgent(t, bin, f, append([]string{"-key_file", filepath.Join(dir, "key"), "-pid_file", filepath.Join(dir, "agent.pid"), "-log_file", ""}, extra...)...)
 	since := time.Now()
 	f.recordAgent(line)
 	f.waitHeartbeats(since)
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("agent exit after SIGTERM: %v; stderr:\n%s", err, stderr.String())
-	}
-	return stderr.String()
+	return a.stop(t)
 }
 
 // The agent's heartbeats carry the boot identity it reads (version 2), and
@@ -84,7 +84,7 @@ func TestBootIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := runForegroundAgent(t, bin, f, "-boot_id_file", bootFile)
-	if got := f.recordedBoot(); got != boot {
+	if got := bmdbtest.BootOf(t, f.db, f.machine); got != boot {
 		t.Errorf("recorded boot %s, want %s; log:\n%s", got, boot, log)
 	}
 	exe, err := os.ReadFile(bin)
@@ -96,7 +96,7 @@ func TestBootIdentity(t *testing.T) {
 	}
 
 	log = runForegroundAgent(t, bin, f, "-boot_id_file", filepath.Join(t.TempDir(), "missing"))
-	if got := f.recordedBoot(); got != uuid.Nil {
+	if got := bmdbtest.BootOf(t, f.db, f.machine); got != uuid.Nil {
 		t.Errorf("recorded boot %s from an agent without one", got)
 	}
 	if !strings.Contains(log, "heartbeats of protocol version 1") {

@@ -221,6 +221,15 @@ func costTable(cs []costResult) string {
 	num := func(v float64, digits int) string {
 		return strconv.FormatFloat(v, 'f', digits, 64)
 	}
+	// measured is num of v, or "n/a" where what v comes from was not
+	// measured (zero): a client without round-trip counts, a server
+	// without pg_stat_statements or /proc.
+	measured := func(v, from float64, digits int) string {
+		if from == 0 {
+			return "n/a"
+		}
+		return num(v, digits)
+	}
 	row("unit", func(c costResult) string { return c.Unit })
 	row("units/s in the window", func(c costResult) string {
 		if c.Seconds <= 0 {
@@ -229,37 +238,12 @@ func costTable(cs []costResult) string {
 		return num(float64(c.Units)/c.Seconds, 0)
 	})
 	row("transactions", func(c costResult) string { return num(c.Xacts, 3) })
-	row("round trips (client)", func(c costResult) string {
-		if c.RoundTrips == 0 {
-			return "n/a"
-		}
-		return num(c.RoundTrips, 3)
-	})
-	row("statements (pg_stat_statements)", func(c costResult) string {
-		if c.Statements == 0 {
-			return "n/a"
-		}
-		return num(c.Statements, 3)
-	})
-	row("executor time µs (pg_stat_statements)", func(c costResult) string {
-		if c.Statements == 0 {
-			return "n/a"
-		}
-		return num(c.ExecUs, 1)
-	})
+	row("round trips (client)", func(c costResult) string { return measured(c.RoundTrips, c.RoundTrips, 3) })
+	row("statements (pg_stat_statements)", func(c costResult) string { return measured(c.Statements, c.Statements, 3) })
+	row("executor time µs (pg_stat_statements)", func(c costResult) string { return measured(c.ExecUs, c.Statements, 1) })
 	row("WAL bytes", func(c costResult) string { return num(c.WALBytes, 0) })
-	row("server CPU µs (/proc)", func(c costResult) string {
-		if c.ServerCPUUs == 0 {
-			return "n/a"
-		}
-		return num(c.ServerCPUUs, 1)
-	})
-	row("client CPU µs (/proc)", func(c costResult) string {
-		if c.ClientCPUUs == 0 {
-			return "n/a"
-		}
-		return num(c.ClientCPUUs, 1)
-	})
+	row("server CPU µs (/proc)", func(c costResult) string { return measured(c.ServerCPUUs, c.ServerCPUUs, 1) })
+	row("client CPU µs (/proc)", func(c costResult) string { return measured(c.ClientCPUUs, c.ClientCPUUs, 1) })
 	var tables []string
 	for _, c := range cs {
 		for t := range c.Rows {

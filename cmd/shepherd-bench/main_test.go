@@ -58,17 +58,7 @@ func TestSmoke(t *testing.T) {
 		"-plot", filepath.Join(dir, "out", "throughput.png"),
 		"-cpuprofile", filepath.Join(dir, "cpu.pprof"), "-memprofile", filepath.Join(dir, "mem.pprof"),
 	}
-	if dsn := os.Getenv("SHEPHERD_TEST_DSN"); dsn != "" {
-		args = append(args, "-dsn", dsn)
-	} else {
-		args = append(args, "-fast", "-dir", filepath.Join(dir, "pg"))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
-	}
+	stdout := runWithServer(t, 5*time.Minute, dir, args...)
 
 	// Both profiles are pprof's gzipped protocol buffers.
 	for _, name := range []string{"cpu.pprof", "mem.pprof"} {
@@ -79,7 +69,7 @@ func TestSmoke(t *testing.T) {
 	}
 
 	byScenario := map[string][]map[string]any{}
-	sc := bufio.NewScanner(&stdout)
+	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		var line map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
@@ -185,6 +175,25 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// runWithServer runs the command with args on SHEPHERD_TEST_DSN's server
+// or, without it, on a fast throwaway server under dir, within timeout,
+// and returns its standard output; it fails t if the run fails.
+func runWithServer(t *testing.T, timeout time.Duration, dir string, args ...string) *bytes.Buffer {
+	t.Helper()
+	if dsn := os.Getenv("SHEPHERD_TEST_DSN"); dsn != "" {
+		args = append(args, "-dsn", dsn)
+	} else {
+		args = append(args, "-fast", "-dir", filepath.Join(dir, "pg"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	return &stdout
+}
+
 // TestHeartbeatScenario runs the heartbeat scenario alone with tiny
 // numbers: every heartbeat sent is accepted and recorded, and the figures
 // are there. It checks no figure against a target.
@@ -195,20 +204,10 @@ func TestHeartbeatScenario(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"-scenarios", "heartbeat", "-heartbeat_agents", "300", "-heartbeat_seconds", "1",
 		"-heartbeat_clients", "8", "-out_dir", filepath.Join(dir, "out")}
-	if dsn := os.Getenv("SHEPHERD_TEST_DSN"); dsn != "" {
-		args = append(args, "-dsn", dsn)
-	} else {
-		args = append(args, "-fast", "-dir", filepath.Join(dir, "pg"))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
-	}
+	stdout := runWithServer(t, 3*time.Minute, dir, args...)
 	var hb map[string]any
 	targets := 0
-	sc := bufio.NewScanner(&stdout)
+	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		var line map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {

@@ -81,3 +81,14 @@ func JoinEvents(events []bmdb.Event, sep string) string {
 	}
 	return strings.Join(s, sep)
 }
+
+// CountEvents is how many entries of h record event.
+func CountEvents(h []bmdb.HistoryEntry, event bmdb.Event) int {
+	n := 0
+	for _, e := range h {
+		if e.Event == event {
+			n++
+		}
+	}
+	return n
+}

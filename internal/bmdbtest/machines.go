@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	bmdbapi "github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
@@ -97,4 +98,27 @@ func ProvidedByIn(t testing.TB, db bmdbapi.DB, provider string) map[string]bmdb.
 		t.Fatalf("reading the machines of provider %s: %v", provider, err)
 	}
 	return got
+}
+
+// BootOf reads the boot identity recorded with machine's last heartbeat:
+// uuid.Nil when the heartbeat carried none (a version 1 body) or there is
+// no heartbeat yet, so that a test can wait for one with it.
+func BootOf(t testing.TB, db *DB, machine uuid.UUID) uuid.UUID {
+	t.Helper()
+	var boot *uuid.UUID
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		boot = nil
+		err := tx.QueryRow(ctx, `SELECT boot_id FROM machine_agent_heartbeat WHERE machine_id = $1`, machine).Scan(&boot)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("reading the boot identity of %s: %v", machine, err)
+	}
+	if boot == nil {
+		return uuid.Nil
+	}
+	return *boot
 }

@@ -27,6 +27,12 @@ type Options struct {
 	Username, Password string
 	// SystemID is the Id of the one system (default "1").
 	SystemID string
+	// SystemName is the system's Name (default "Test System").
+	SystemName string
+	// RedirectName makes a GET of the Systems collection's link followed
+	// by SystemName answer 307 to the system's path, as sushy-tools does
+	// for a system asked for by Name.
+	RedirectName bool
 	// AllowedResetTypes are advertised and accepted (default On, ForceOff,
 	// ForceRestart, GracefulRestart, PowerCycle).
 	AllowedResetTypes []string
@@ -61,6 +67,8 @@ type Request struct {
 	// Authorized reports whether the request carried the right Basic
 	// credentials.
 	Authorized bool
+	// Status is the HTTP status of the answer.
+	Status int
 }
 
 // Reset is one accepted reset action.
@@ -84,7 +92,17 @@ type Server struct {
 	requests []Request
 	resets   []Reset
 	power    string
+	busy     bool
 	notify   chan struct{}
+}
+
+// SetBusy makes every request but the service root's answer 409
+// Conflict (busy true), as a BMC in the middle of another operation, or
+// answer normally again.
+func (s *Server) SetBusy(busy bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busy = busy
 }
 
 // SetPowerState sets the system's PowerState ("On", "Off", or anything a
@@ -116,6 +134,9 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	if opts.AllowedResetTypes == nil {
 		opts.AllowedResetTypes = []string{"On", "ForceOff", "ForceRestart", "GracefulRestart", "PowerCycle"}
+	}
+	if opts.SystemName == "" {
+		opts.SystemName = "Test System"
 	}
 	if opts.PowerState == "" {
 		opts.PowerState = "On"
@@ -186,9 +207,26 @@ func (s *Server) BytesSent() int64 {
 type countingWriter struct {
 	http.ResponseWriter
 	s *Server
+	// req is the index of the request in s.requests, whose Status is
+	// set before the answer's header is sent.
+	req int
+}
+
+func (w countingWriter) WriteHeader(code int) {
+	w.setStatus(code)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w countingWriter) setStatus(code int) {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	if r := &w.s.requests[w.req]; r.Status == 0 {
+		r.Status = code
+	}
 }
 
 func (w countingWriter) Write(p []byte) (int, error) {
+	w.setStatus(http.StatusOK)
 	n, err := w.ResponseWriter.Write(p)
 	w.s.mu.Lock()
 	w.s.sent += int64(n)
@@ -220,8 +258,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	authorized := ok && user == s.opts.Username && pass == s.opts.Password
 	s.mu.Lock()
 	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Authorized: authorized})
+	w = countingWriter{w, s, len(s.requests) - 1}
+	busy := s.busy
 	s.mu.Unlock()
-	w = countingWriter{w, s}
 
 	// The service root is readable without credentials, as on real BMCs.
 	if r.URL.Path == "/redfish/v1/" || r.URL.Path == "/redfish/v1" {
@@ -238,6 +277,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if !authorized {
 		w.Header().Set("WWW-Authenticate", `Basic realm="redfishtest"`)
 		httpError(w, http.StatusUnauthorized)
+		return
+	}
+	if busy {
+		httpError(w, http.StatusConflict)
+		return
+	}
+	if s.opts.RedirectName && r.URL.Path == "/redfish/v1/Systems/"+s.opts.SystemName {
+		http.Redirect(w, r, s.systemPath(), http.StatusTemporaryRedirect)
 		return
 	}
 	switch r.URL.Path {
@@ -258,7 +305,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"@odata.id":   s.systemPath(),
 			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
 			"Id":          s.opts.SystemID,
-			"Name":        "Test System",
+			"Name":        s.opts.SystemName,
 			"PowerState":  s.PowerState(),
 			"Actions": map[string]any{
 				"#ComputerSystem.Reset": map[string]any{
@@ -268,43 +315,50 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			},
 		})
 	case s.systemPath() + "/Actions/ComputerSystem.Reset":
-		if r.Method != http.MethodPost {
-			httpError(w, http.StatusMethodNotAllowed)
-			return
-		}
-		var body struct{ ResetType string }
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-			httpError(w, http.StatusBadRequest)
-			return
-		}
-		allowed := false
-		for _, t := range s.opts.AllowedResetTypes {
-			allowed = allowed || t == body.ResetType
-		}
-		if !allowed {
-			httpError(w, http.StatusBadRequest)
-			return
-		}
-		if s.opts.OnReset != nil {
-			s.opts.OnReset(body.ResetType)
-		}
-		s.mu.Lock()
-		s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
-		switch body.ResetType {
-		case "On":
-			s.power = "On"
-		case "ForceOff":
-			s.power = "Off"
-		}
-		s.mu.Unlock()
-		select {
-		case s.notify <- struct{}{}:
-		default:
-		}
-		w.WriteHeader(http.StatusNoContent)
+		s.serveReset(w, r)
 	default:
 		httpError(w, http.StatusNotFound)
 	}
+}
+
+// serveReset answers the system's Reset action: an allowed ResetType is
+// recorded (and On and ForceOff change the power state), any other is
+// answered 400.
+func (s *Server) serveReset(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		httpError(w, http.StatusMethodNotAllowed)
+		return
+	}
+	var body struct{ ResetType string }
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		httpError(w, http.StatusBadRequest)
+		return
+	}
+	allowed := false
+	for _, t := range s.opts.AllowedResetTypes {
+		allowed = allowed || t == body.ResetType
+	}
+	if !allowed {
+		httpError(w, http.StatusBadRequest)
+		return
+	}
+	if s.opts.OnReset != nil {
+		s.opts.OnReset(body.ResetType)
+	}
+	s.mu.Lock()
+	s.resets = append(s.resets, Reset{SystemID: s.opts.SystemID, ResetType: body.ResetType, At: time.Now()})
+	switch body.ResetType {
+	case "On":
+		s.power = "On"
+	case "ForceOff":
+		s.power = "Off"
+	}
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) resetTarget() string {

@@ -240,15 +240,6 @@ func f(ctx context.Context) {
 	}
 }
 
-// lowerCaseLogs are files whose log messages may still start with a
-// lower-case letter, with the reason. Remove an entry when its file is
-// converted; the test says when one no longer matches.
-var lowerCaseLogs = map[string]string{
-	"controlloop/runner.go":  "the claim path's split (issue 49) rewrites it; convert its messages once that lands",
-	"controlloop/claimer.go": "split from runner.go by the claim path's split; convert with it",
-	"controlloop/ender.go":   "split from runner.go by the claim path's split; convert with it",
-}
-
 // TestLogMessagesStartWithACapital fails when a log message of non-test
 // code starts with a lower-case letter. One convention for the whole
 // repository, Kubernetes' for structured logs (which klog and most of
@@ -257,17 +248,12 @@ var lowerCaseLogs = map[string]string{
 // wrote a line, and a search for a message finds it.
 func TestLogMessagesStartWithACapital(t *testing.T) {
 	root := moduleRoot(t)
-	used := map[string]bool{}
 	messages := 0
 	err := walkSource(root, root, func(path, rel string) {
 		for _, m := range logMessages(t, path) {
 			messages++
 			r, _ := utf8.DecodeRuneInString(m.text)
 			if !unicode.IsLower(r) && !strings.HasSuffix(m.text, ".") {
-				continue
-			}
-			if _, ok := lowerCaseLogs[rel]; ok {
-				used[rel] = true
 				continue
 			}
 			t.Errorf("%s:%d: log message %q: start it with a capital letter, and end it without a period", rel, m.line, m.text)
@@ -278,11 +264,6 @@ func TestLogMessagesStartWithACapital(t *testing.T) {
 	}
 	if messages < 100 {
 		t.Fatalf("found %d log messages: the check no longer finds the calls", messages)
-	}
-	for key := range lowerCaseLogs {
-		if !used[key] {
-			t.Logf("lowerCaseLogs[%q] no longer matches a lower-case message: remove the entry", key)
-		}
 	}
 }
 

@@ -49,7 +49,7 @@ func TestHostileBMCRefused(t *testing.T) {
 				t.Fatal("Reset through a hostile BMC succeeded")
 			}
 			endpoint := net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
-			want := "ipmi resetting (power_cycle) at " + endpoint + ": logging in: " + tc.wantCause
+			want := "BMC error: ipmi resetting (power_cycle) at " + endpoint + ": logging in: " + tc.wantCause
 			if err.Error() != want {
 				t.Errorf("error:\n%s\nwant:\n%s", err, want)
 			}
@@ -77,7 +77,7 @@ func TestLibraryPanicContained(t *testing.T) {
 		t.Fatal("Reset through a hostile BMC succeeded")
 	}
 	endpoint := net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
-	want := "ipmi resetting (power_cycle) at " + endpoint + ": logging in: " + errLibraryFailed.Error() + ": runtime error: slice bounds out of range"
+	want := "BMC error: ipmi resetting (power_cycle) at " + endpoint + ": logging in: " + errLibraryFailed.Error() + ": runtime error: slice bounds out of range"
 	if !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("error:\n%s\nwant it to start with:\n%s", err, want)
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/providers/bmccred"
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 	"github.com/shepherd-fleet/shepherd/untrusted"
 )
 
@@ -123,13 +124,9 @@ func New(cfg Config) *Client { return &Client{cfg: cfg} }
 // BMC accepted the command. A BMC that does not answer costs at most the
 // configured timeout (or ctx's deadline, if sooner).
 func (c *Client) Reset(ctx context.Context, t Target) error {
-	control := chassis.ChassisControlPowerCycle
-	switch t.ResetType {
-	case "", ResetPowerCycle:
-	case ResetHard:
-		control = chassis.ChassisControlHardReset
-	default:
-		return fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	control, err := resetControl(t.ResetType)
+	if err != nil {
+		return err
 	}
 	return c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
 		_, err := cl.ChassisControl(ctx, control)
@@ -156,13 +153,9 @@ func (c *Client) PowerOn(ctx context.Context, t Target) error {
 // false nothing was done, and err says why); wasOn what it said. It
 // returns once the BMC accepted the command.
 func (c *Client) Recover(ctx context.Context, t Target) (read, wasOn bool, err error) {
-	control := chassis.ChassisControlPowerCycle
-	switch t.ResetType {
-	case "", ResetPowerCycle:
-	case ResetHard:
-		control = chassis.ChassisControlHardReset
-	default:
-		return false, false, fmt.Errorf("ipmi reset type %q: want one of %s", t.ResetType, strings.Join(ResetTypes, ", "))
+	control, err := resetControl(t.ResetType)
+	if err != nil {
+		return false, false, err
 	}
 	err = c.do(ctx, t, "resetting ("+resetName(t.ResetType)+")", func(ctx context.Context, cl *client.Client) error {
 		st, err := cl.GetChassisStatus(ctx)
@@ -192,6 +185,19 @@ func (c *Client) PowerStatus(ctx context.Context, t Target) (on bool, err error)
 	return on, err
 }
 
+// resetControl is the chassis control that resets a machine the way
+// resetType (Target.ResetType) names.
+func resetControl(resetType string) (chassis.ChassisControl, error) {
+	switch resetType {
+	case "", ResetPowerCycle:
+		return chassis.ChassisControlPowerCycle, nil
+	case ResetHard:
+		return chassis.ChassisControlHardReset, nil
+	default:
+		return 0, bmcerr.New(bmcerr.Configuration, fmt.Errorf("ipmi reset type %q: want one of %s", resetType, strings.Join(ResetTypes, ", ")))
+	}
+}
+
 func resetName(t string) string {
 	if t == "" {
 		return ResetPowerCycle
@@ -201,7 +207,7 @@ func resetName(t string) string {
 
 // do runs action in a session of its own with t's BMC, bounded by the
 // configured timeout; errors name the method and the BMC, with the BMC's
-// text cleaned and bounded.
+// text cleaned and bounded, and carry their class (see classOf).
 func (c *Client) do(ctx context.Context, t Target, what string, action func(context.Context, *client.Client) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -209,11 +215,13 @@ func (c *Client) do(ctx context.Context, t Target, what string, action func(cont
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
-		return fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0))
+		// The class is read from the library's error before its text,
+		// which is the BMC's in part, is cleaned into the cause.
+		return bmcerr.New(classOf(err), fmt.Errorf("ipmi %s at %s: %s", what, t.Endpoint(), untrusted.Line(err.Error(), 0)))
 	}
 	creds, err := bmccred.Read(t.CredentialsFile)
 	if err != nil {
-		return fmt.Errorf("ipmi at %s: %w", t.Endpoint(), err)
+		return bmcerr.New(bmcerr.Configuration, fmt.Errorf("ipmi at %s: %w", t.Endpoint(), err))
 	}
 	suite := t.CipherSuite
 	if suite == 0 {

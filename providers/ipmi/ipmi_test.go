@@ -14,13 +14,19 @@ func simTarget(t *testing.T, sim *ipmisimtest.Sim, pass string) Target {
 	return Target{Address: sim.Host, Port: sim.Port, CredentialsFile: sim.WriteCredentials(t, t.TempDir(), pass)}
 }
 
+// startSim starts a BMC (ipmi_sim) and returns it with a client of the
+// default configuration and the target that reaches it.
+func startSim(t *testing.T) (*ipmisimtest.Sim, *Client, Target) {
+	t.Helper()
+	sim := ipmisimtest.Start(t)
+	return sim, New(DefaultConfig()), simTarget(t, sim, "")
+}
+
 // A power cycle through a real IPMI BMC (ipmi_sim), seen on its side: the
 // chassis powers off and on again.
 func TestPowerCycleSeenByTheBMC(t *testing.T) {
 	t.Parallel()
-	sim := ipmisimtest.Start(t)
-	c := New(DefaultConfig())
-	target := simTarget(t, sim, "")
+	sim, c, target := startSim(t)
 	ctx := context.Background()
 	if on, err := c.PowerStatus(ctx, target); err != nil || !on {
 		t.Fatalf("PowerStatus = %v, %v; want on", on, err)
@@ -125,9 +131,7 @@ func TestBMCKilledMidSession(t *testing.T) {
 // and not a cycle.
 func TestPowerOnAChassisThatIsOff(t *testing.T) {
 	t.Parallel()
-	sim := ipmisimtest.Start(t)
-	c := New(DefaultConfig())
-	target := simTarget(t, sim, "")
+	sim, c, target := startSim(t)
 	ctx := context.Background()
 	sim.SetPower(t, false)
 	if on, err := c.PowerStatus(ctx, target); err != nil || on {
@@ -150,9 +154,7 @@ func TestPowerOnAChassisThatIsOff(t *testing.T) {
 // cycled.
 func TestRecoverReadsThenActs(t *testing.T) {
 	t.Parallel()
-	sim := ipmisimtest.Start(t)
-	c := New(DefaultConfig())
-	target := simTarget(t, sim, "")
+	sim, c, target := startSim(t)
 	ctx := context.Background()
 	sim.SetPower(t, false)
 	if read, on, err := c.Recover(ctx, target); err != nil || !read || on {

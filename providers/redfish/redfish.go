@@ -35,8 +35,10 @@ import (
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
+	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/providers/bmccred"
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 )
 
 // DefaultResetType is the reset a reboot asks for when the inventory names
@@ -194,8 +196,15 @@ func (c *Client) reset(ctx context.Context, t Target, resetType string) error {
 	return c.withSystem(ctx, t, func(system *schemas.ComputerSystem, endpoint string, conv *conversation) error {
 		// A BMC that answers 202 hands back a task monitor; the reset is
 		// then under way, which is all Reset promises.
+		if refused, err := checkOffered(system, resetType); err != nil {
+			err = fmt.Errorf("resetting system %s at %s: %w", short(system.ID), endpoint, conv.cause(ctx, err))
+			if refused {
+				return bmcerr.New(bmcerr.Configuration, err)
+			}
+			return classify(err)
+		}
 		if _, err := system.Reset(schemas.ResetType(resetType)); err != nil {
-			return fmt.Errorf("resetting system %s at %s (%s): %w", short(system.ID), endpoint, resetType, conv.cause(ctx, err))
+			return classify(fmt.Errorf("resetting system %s at %s (%s): %w", short(system.ID), endpoint, resetType, conv.cause(ctx, err)))
 		}
 		return nil
 	})
@@ -207,22 +216,10 @@ func (c *Client) reset(ctx context.Context, t Target, resetType string) error {
 func (c *Client) withSystem(ctx context.Context, t Target, action func(system *schemas.ComputerSystem, endpoint string, conv *conversation) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	endpoint, err := ParseEndpoint(t.Endpoint)
+	endpoint, creds, tlsConfig, err := prepare(t)
 	if err != nil {
-		return fmt.Errorf("redfish endpoint: %w", err)
-	}
-	if strings.HasPrefix(endpoint, "http://") && !t.AllowHTTP {
-		return fmt.Errorf("redfish endpoint %s: %w", endpoint, ErrCleartext)
-	}
-	creds, err := bmccred.Read(t.CredentialsFile)
-	if err != nil {
-		return err
-	}
-	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
-	if t.CAFile != "" {
-		if tlsConfig.RootCAs, err = LoadCAFile(t.CAFile); err != nil {
-			return fmt.Errorf("redfish: %w", err)
-		}
+		// The inventory or a file it names cannot be used as it is.
+		return bmcerr.New(bmcerr.Configuration, err)
 	}
 	transport := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
@@ -236,6 +233,7 @@ func (c *Client) withSystem(ctx context.Context, t Target, action func(system *s
 		return fmt.Errorf("redfish endpoint: %w", err)
 	}
 	conv := newConversation(transport, endpointURL)
+	logger := klog.FromContext(ctx)
 
 	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
 		Endpoint:  endpoint,
@@ -245,31 +243,61 @@ func (c *Client) withSystem(ctx context.Context, t Target, action func(system *s
 		// ctx bounds the whole action; the client's own timeout, a little
 		// longer, only backs it up for calls that do not carry ctx, so that
 		// an expired action reports the deadline, not a transport timeout.
-		HTTPClient: &http.Client{Transport: conv, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: checkRedirect},
+		HTTPClient: &http.Client{Transport: conv, Timeout: c.cfg.Timeout + time.Second, CheckRedirect: conv.checkRedirect},
 	})
 	if err != nil {
-		return fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, conv.cause(ctx, err))
+		return classify(fmt.Errorf("connecting to Redfish service at %s: %w", endpoint, conv.cause(ctx, err)))
 	}
-	system, err := findSystem(api, t.SystemID)
+	system, err := findSystem(api, conv, t.SystemID)
 	if err != nil {
 		//lint:ignore ST1005 Redfish is a proper noun.
-		return fmt.Errorf("Redfish service at %s: %w", endpoint, conv.cause(ctx, err))
+		return classify(fmt.Errorf("Redfish service at %s: %w", endpoint, conv.cause(ctx, err)))
+	}
+	if t.SystemID != "" && system.ID != t.SystemID {
+		// Found by Name, or where the BMC redirected: the Id is what the
+		// BMC's own pages and logs call the system.
+		logger.V(1).Info("Redfish system_id resolved", "endpoint", endpoint, "system_id", t.SystemID, "id", short(system.ID))
 	}
 	return action(system, endpoint, conv)
+}
+
+// prepare checks t's endpoint and reads the files it names: the
+// credentials and the CA.
+func prepare(t Target) (endpoint string, creds bmccred.Credentials, tlsConfig *tls.Config, err error) {
+	endpoint, err = ParseEndpoint(t.Endpoint)
+	if err != nil {
+		return "", creds, nil, fmt.Errorf("redfish endpoint: %w", err)
+	}
+	if strings.HasPrefix(endpoint, "http://") && !t.AllowHTTP {
+		return "", creds, nil, fmt.Errorf("redfish endpoint %s: %w", endpoint, ErrCleartext)
+	}
+	if creds, err = bmccred.Read(t.CredentialsFile); err != nil {
+		return "", creds, nil, err
+	}
+	tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		if tlsConfig.RootCAs, err = LoadCAFile(t.CAFile); err != nil {
+			return "", creds, nil, fmt.Errorf("redfish: %w", err)
+		}
+	}
+	return endpoint, creds, tlsConfig, nil
 }
 
 // maxSystems bounds the members of a Systems collection: a BMC manages one
 // system, or a chassis' few.
 const maxSystems = 256
 
-// findSystem fetches the system with id (its Id, @odata.id or the last
-// element of the latter), or the only one when id is empty. It does not
-// use gofish's walk of the Systems collection, which fetches every member
-// at once, each in its own goroutine, and keeps each one whole: it reads
-// the collection's links only, and fetches the one system it needs. Given
-// an id, it first fetches the system directly, at the collection's link
-// followed by the id, and walks the collection only when that fails.
-func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, error) {
+// findSystem fetches the system with id (its Id, @odata.id, the last
+// element of the latter, or its Name when exactly one system has it), or
+// the only one when id is empty. It does not use gofish's walk of the
+// Systems collection, which fetches every member at once, each in its own
+// goroutine, and keeps each one whole: it reads the collection's links
+// only, and fetches the one system it needs. Given an id, it first fetches
+// the system directly, at the collection's link followed by the id, and
+// walks the collection only when the BMC answers that it has no such
+// system: an answer that refuses the credentials or says the BMC is busy
+// ends the search, so that a wrong password costs one failed request.
+func findSystem(api *gofish.APIClient, conv *conversation, id string) (*schemas.ComputerSystem, error) {
 	var root struct {
 		Systems struct {
 			ODataID string `json:"@odata.id"`
@@ -280,23 +308,13 @@ func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, erro
 	}
 	link := root.Systems.ODataID
 	if link == "" {
-		return nil, errors.New("its service root links no Systems collection")
+		return nil, bmcerr.New(bmcerr.NotFound, errors.New("its service root links no Systems collection"))
 	}
 	if id != "" {
-		direct := id
-		if !strings.HasPrefix(id, "/") {
-			direct = strings.TrimSuffix(link, "/") + "/" + url.PathEscape(id)
+		system, done, err := directSystem(api, conv, link, id)
+		if done {
+			return system, err
 		}
-		system, err := schemas.GetComputerSystem(api, direct)
-		var status *schemas.Error
-		switch {
-		case err == nil && (system.ID == id || matchesLink(system.ODataID, id)):
-			return system, nil
-		case err != nil && !errors.As(err, &status):
-			return nil, fmt.Errorf("reading system %q: %w", id, err)
-		}
-		// An answer such as 404: the system's Id is not the last element
-		// of its link. Look for it in the collection.
 	}
 	members, err := listMembers(api, link)
 	if err != nil {
@@ -304,9 +322,9 @@ func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, erro
 	}
 	switch {
 	case len(members) == 0:
-		return nil, errors.New("it manages no system")
+		return nil, bmcerr.New(bmcerr.NotFound, errors.New("it manages no system"))
 	case id == "" && len(members) > 1:
-		return nil, fmt.Errorf("it manages %d systems (%s): set redfish.system_id in the inventory", len(members), names(members, func(m string) string { return path.Base(strings.TrimSuffix(m, "/")) }))
+		return nil, bmcerr.New(bmcerr.Configuration, fmt.Errorf("it manages %d systems (%s): set redfish.system_id in the inventory", len(members), names(members, func(m string) string { return path.Base(strings.TrimSuffix(m, "/")) })))
 	case id == "":
 		return getSystem(api, members[0])
 	}
@@ -315,9 +333,40 @@ func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, erro
 			return getSystem(api, m)
 		}
 	}
-	// The Id is not in the links: fetch the systems one by one, within the
-	// conversation's bounds.
-	var systems []*schemas.ComputerSystem
+	return walkSystems(api, members, id)
+}
+
+// directSystem fetches the system at the collection's link followed by
+// id (or at id, a path). done reports whether the search ends with its
+// answer: the system, when it is the one asked for (its Id or link is id)
+// or the one the BMC redirected the request to within its own endpoint
+// (as a BMC does for a system named by its Name: 307 to its UUID's path);
+// or an error that is not "no such system".
+func directSystem(api *gofish.APIClient, conv *conversation, link, id string) (_ *schemas.ComputerSystem, done bool, _ error) {
+	direct := id
+	if !strings.HasPrefix(id, "/") {
+		direct = strings.TrimSuffix(link, "/") + "/" + url.PathEscape(id)
+	}
+	conv.redirect.Store(nil)
+	system, err := schemas.GetComputerSystem(api, direct)
+	var status *schemas.Error
+	switch {
+	case err == nil && (system.ID == id || matchesLink(system.ODataID, id)):
+		return system, true, nil
+	case err == nil && system.ID != "" && conv.redirectedTo(system.ODataID):
+		return system, true, nil
+	case err != nil && (!errors.As(err, &status) || final(err)):
+		return nil, true, fmt.Errorf("reading system %q: %w", id, err)
+	}
+	// An answer such as 404: the system's Id is not the last element of
+	// its link. Look for it in the collection.
+	return nil, false, nil
+}
+
+// walkSystems fetches the members one by one, within the conversation's
+// bounds, for the one whose Id is id, or else the only one whose Name is.
+func walkSystems(api *gofish.APIClient, members []string, id string) (*schemas.ComputerSystem, error) {
+	var systems, named []*schemas.ComputerSystem
 	for _, m := range members {
 		system, err := getSystem(api, m)
 		if err != nil {
@@ -326,9 +375,19 @@ func findSystem(api *gofish.APIClient, id string) (*schemas.ComputerSystem, erro
 		if system.ID == id {
 			return system, nil
 		}
+		if system.Name == id {
+			named = append(named, system)
+		}
 		systems = append(systems, system)
 	}
-	return nil, fmt.Errorf("no system %q (systems: %s)", id, names(systems, func(s *schemas.ComputerSystem) string { return s.ID }))
+	id2 := func(s *schemas.ComputerSystem) string { return s.ID }
+	switch len(named) {
+	case 1:
+		return named[0], nil
+	case 0:
+		return nil, bmcerr.New(bmcerr.NotFound, fmt.Errorf("no system %q (systems: %s)", id, names(systems, id2)))
+	}
+	return nil, bmcerr.New(bmcerr.Configuration, fmt.Errorf("%d systems are named %q (%s): set redfish.system_id to one's Id", len(named), id, names(named, id2)))
 }
 
 // matchesLink reports whether a system's @odata.id link is id, or ends in

@@ -49,6 +49,8 @@ type conversation struct {
 	bytes    atomic.Int64
 	// exceeded holds the error of the first bound exceeded, if any.
 	exceeded atomic.Pointer[error]
+	// redirect is the path the last redirect within the endpoint led to.
+	redirect atomic.Pointer[string]
 }
 
 func newConversation(next http.RoundTripper, endpoint *url.URL) *conversation {
@@ -158,8 +160,9 @@ func (b *boundedBody) Close() error { return b.body.Close() }
 
 // checkRedirect refuses a redirect that changes scheme or host: the
 // request carries the BMC's credentials (HTTP Basic), and Go forwards them
-// on a redirect within one host, even from https to http.
-func checkRedirect(req *http.Request, via []*http.Request) error {
+// on a redirect within one host, even from https to http. It records
+// where a redirect within the endpoint led (see redirectedTo).
+func (c *conversation) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 5 {
 		return errors.New("stopped after 5 redirects")
 	}
@@ -167,5 +170,14 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
 		return fmt.Errorf("refusing a redirect from %s://%s to %s://%s: the BMC's credentials go only where the inventory says", first.Scheme, first.Host, req.URL.Scheme, req.URL.Host)
 	}
+	p := req.URL.Path
+	c.redirect.Store(&p)
 	return nil
+}
+
+// redirectedTo reports whether the last redirect the BMC answered within
+// its endpoint led to the path link.
+func (c *conversation) redirectedTo(link string) bool {
+	p := c.redirect.Load()
+	return p != nil && link != "" && strings.TrimSuffix(*p, "/") == strings.TrimSuffix(link, "/")
 }

@@ -56,15 +56,7 @@ func TestAgentsServeAnotherProvider(t *testing.T) {
 		t.Fatalf("StartAgent on the inventory's machine: %v", err)
 	}
 	setAgent(t, db, m.Machine, key)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer bmdbtest.Background(t, "Run", p.Run)()
 	bmdbtest.WaitUntil(t, 30*time.Second, "a heartbeat of the inventory machine's agent", func() bool { return hasHeartbeat(t, db, m.Machine) })
 	if st, err := p.PowerState(ctx, m); err != nil || st.Power != providers.PowerOn {
 		t.Errorf("PowerState: %+v, %v; want on", st, err)

@@ -164,15 +164,7 @@ func TestFaultsReachAgentsAndBMCs(t *testing.T) {
 		}
 		setAgent(t, db, m.Machine, key)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer bmdbtest.Background(t, "Run", p.Run)()
 	var blipBoot uuid.UUID
 	bmdbtest.WaitUntil(t, 10*time.Second, "the agents heartbeating", func() bool {
 		blipBoot, _ = bootOf(t, db, blipping.Machine)

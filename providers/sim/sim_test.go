@@ -270,15 +270,7 @@ func TestHeartbeatsFollowRecordedAgent(t *testing.T) {
 	setAgent(t, db, replaced, keys[1])
 	setAgent(t, db, recovered, keys[2])
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer bmdbtest.Background(t, "Run", p.Run)()
 
 	bmdbtest.WaitUntil(t, 10*time.Second, "heartbeats of the recorded agents", func() bool {
 		return hasHeartbeat(t, db, recorded) && hasHeartbeat(t, db, replaced) && hasHeartbeat(t, db, recovered)

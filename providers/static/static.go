@@ -42,6 +42,7 @@ import (
 	"github.com/shepherd-fleet/shepherd/internal/metric"
 	"github.com/shepherd-fleet/shepherd/internal/sleep"
 	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/sshagent"
@@ -370,11 +371,7 @@ func (p *Provider) Reboot(ctx context.Context, m bmdb.Provided) error {
 			err = fmt.Errorf("via ssh: %w", err)
 		}
 	}
-	result := "success"
-	if err != nil {
-		result = "failure"
-	}
-	p.metrics.resets.WithLabelValues(method, result).Inc()
+	p.metrics.attempted(method, err)
 	return err
 }
 
@@ -397,7 +394,7 @@ func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.P
 	case PowerIPMI:
 		on, err := p.ipmi.PowerStatus(ctx, *e.IPMI)
 		if err != nil {
-			p.metrics.resets.WithLabelValues(e.Power, "failure").Inc()
+			p.metrics.attempted(e.Power, err)
 			return providers.PowerState{}, err
 		}
 		if on {
@@ -407,7 +404,7 @@ func (p *Provider) PowerState(ctx context.Context, m bmdb.Provided) (providers.P
 	case PowerRedfish:
 		state, err := p.redfish.PowerState(ctx, *e.Redfish)
 		if err != nil {
-			p.metrics.resets.WithLabelValues(e.Power, "failure").Inc()
+			p.metrics.attempted(e.Power, err)
 			return providers.PowerState{}, fmt.Errorf("via redfish at %s: %w", e.Redfish.Endpoint, err)
 		}
 		switch state {
@@ -439,11 +436,7 @@ func (p *Provider) RecoverPower(ctx context.Context, m bmdb.Provided) (providers
 	switch e.Power {
 	case PowerIPMI:
 		read, on, err := p.ipmi.Recover(ctx, *e.IPMI)
-		result := "success"
-		if err != nil {
-			result = "failure"
-		}
-		p.metrics.resets.WithLabelValues(e.Power, result).Inc()
+		p.metrics.attempted(e.Power, err)
 		switch {
 		case !read:
 			return providers.PowerState{}, err
@@ -485,11 +478,7 @@ func (p *Provider) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	default:
 		return fmt.Errorf("%s (power: ssh): %w", e.ID, providers.ErrPowerUnsupported)
 	}
-	result := "success"
-	if err != nil {
-		result = "failure"
-	}
-	p.metrics.resets.WithLabelValues(e.Power, result).Inc()
+	p.metrics.attempted(e.Power, err)
 	return err
 }
 
@@ -526,6 +515,7 @@ type metrics struct {
 	reloads    *prometheus.CounterVec
 	lastReload prometheus.Gauge
 	resets     *prometheus.CounterVec
+	bmcErrors  *prometheus.CounterVec
 }
 
 // newMetrics makes the inventory's metrics and registers them with reg
@@ -542,6 +532,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Inventory loads (start and SIGHUP), by result: success, error (the previous inventory stays in force).", "result"),
 		resets: metric.CounterVec(reg, "shepherd_provider_resets_total",
 			"Reboots the static provider attempted (a reset of a machine that is on, a power-on of one that is off), by method (redfish, ipmi, ssh) and result (success, failure; a power read that failed, which stops the reboot, counts as a failure).", "method", "result"),
+		bmcErrors: metric.CounterVec(reg, "shepherd_bmc_errors_total",
+			"Failed power reads and actions through a BMC, by provider (redfish, ipmi) and class (unreachable, credentials, tls, not_found, configuration, busy, other; see docs/real-fleet.md).", "provider", "class"),
 		lastReload: metric.Gauge(reg, "shepherd_inventory_last_reload_successful",
 			"1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force)."),
 	}
@@ -551,8 +543,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.resets.WithLabelValues(method, "success")
 		m.resets.WithLabelValues(method, "failure")
 	}
+	for _, method := range []string{PowerRedfish, PowerIPMI} {
+		for _, class := range bmcerr.Classes {
+			m.bmcErrors.WithLabelValues(method, string(class))
+		}
+	}
 
 	return m
+}
+
+// attempted counts a reset, power-on or power read through method that
+// ended with err (nil: success) in shepherd_provider_resets_total, and a
+// BMC's failure in shepherd_bmc_errors_total by its class.
+func (m *metrics) attempted(method string, err error) {
+	if err == nil {
+		m.resets.WithLabelValues(method, "success").Inc()
+		return
+	}
+	m.resets.WithLabelValues(method, "failure").Inc()
+	if method == PowerRedfish || method == PowerIPMI {
+		m.bmcErrors.WithLabelValues(method, string(bmcerr.Of(err))).Inc()
+	}
 }
 
 func (m *metrics) reloaded(ok bool) {

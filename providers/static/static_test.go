@@ -220,15 +220,7 @@ func TestSyncKeepsLeasedUntilLeaseEnds(t *testing.T) {
 	if got := value(t, p.metrics.removed); got != 1 {
 		t.Errorf("shepherd_inventory_removed_machines = %g while c is leased, want 1", got)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer bmdbtest.Background(t, "Run", p.Run)()
 	if err := lease.Finish(ctx, nil); err != nil {
 		t.Fatalf("Finish: %v", err)
 	}

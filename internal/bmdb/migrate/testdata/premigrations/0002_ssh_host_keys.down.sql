@@ -1,1 +1,0 @@
-DROP TABLE machine_ssh_host_key;

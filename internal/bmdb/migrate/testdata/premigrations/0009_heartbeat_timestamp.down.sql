@@ -1,1 +1,0 @@
-ALTER TABLE machine_agent_heartbeat DROP COLUMN agent_timestamp;

@@ -1,1 +1,0 @@
-ALTER TABLE machine_provided DROP COLUMN power;

@@ -1,1 +1,0 @@
-ALTER TABLE process_registry DROP COLUMN due_built;

@@ -1,1 +1,0 @@
-DROP TABLE migration_declarations;

@@ -1,1 +1,0 @@
-CREATE INDEX work_session_idx ON work (session_id);
