@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/controlloop"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/processes/agentstart"
 	"github.com/shepherd-fleet/shepherd/processes/recovery"
@@ -226,7 +227,7 @@ func TestInChromium(t *testing.T) {
 
 	// The search takes provider ids too: one match opens the machine, an
 	// id that two providers use lists both, an unknown one says so.
-	names, err := f.DB.ProviderIDs(context.Background(), []uuid.UUID{f.Failed})
+	names, err := operator.New(f.DB).ProviderIDs(context.Background(), []uuid.UUID{f.Failed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +289,7 @@ func TestInChromium(t *testing.T) {
 	if !strings.Contains(run(t, ctx, "reading Recovery", chromedp.Evaluate[string](recoveryHeading)), "paused") {
 		t.Fatalf("Recovery is not shown paused before the change")
 	}
-	if _, err := f.DB.ResumeProcess(context.Background(), recovery.Process.Name); err != nil {
+	if _, err := operator.New(f.DB).ResumeProcess(context.Background(), recovery.Process.Name); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
