@@ -1,0 +1,269 @@
+package shepherdcli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
+	"github.com/shepherd-fleet/shepherd/providers/ipmi"
+	"github.com/shepherd-fleet/shepherd/providers/redfish"
+	"github.com/shepherd-fleet/shepherd/providers/static"
+	"github.com/shepherd-fleet/shepherd/untrusted"
+)
+
+// bmcCheckUsage documents shepherd bmc check.
+const bmcCheckUsage = `shepherd bmc check -provider static -inventory FILE MACHINE... | -location PATH | -all [-o json]
+    talks once to the BMC of each machine of the static inventory (as the
+    daemon reads it): reads its power state, the reset types it offers and
+    its firmware version, and checks the credentials, TLS and the configured
+    reset type. It never acts: no power action is sent. MACHINE is a
+    provider id of the inventory; -location selects the machines whose
+    location is PATH or under it (whole path components); -all every
+    machine. At most 8 BMCs at a time, each bounded by -redfish_timeout or
+    -ipmi_timeout. Machines without a BMC (power: ssh) are listed and
+    skipped.
+
+Exit status: 0 every check passed; 1 a check failed (RESULT names the
+error class); 2 bad command line (unknown machine, no inventory).
+`
+
+// bmcCheckParallel is how many BMCs bmc check talks to at once: enough
+// for a rack in a few timeouts, few enough not to look like a burst to a
+// chassis manager shared by several machines.
+const bmcCheckParallel = 8
+
+// bmcCheckRow is one machine's check, the table's row and the JSON's
+// element.
+type bmcCheckRow struct {
+	ProviderID string `json:"provider_id"`
+	Location   string `json:"location,omitempty"`
+	Method     string `json:"method"`
+	BMC        string `json:"bmc,omitempty"`
+	Power      string `json:"power,omitempty"`
+	ResetType  string `json:"reset_type,omitempty"`
+	// ResetOK is false when the BMC does not offer ResetType.
+	ResetOK  bool     `json:"reset_type_offered"`
+	Offered  []string `json:"offered_reset_types,omitempty"`
+	Firmware string   `json:"firmware,omitempty"`
+	// Result is "ok", "skipped" (no BMC) or the error class.
+	Result string `json:"result"`
+	Error  string `json:"error,omitempty"`
+}
+
+// runBMC runs shepherd bmc SUBCOMMAND and returns the exit status.
+func (d *CLI) runBMC(args []string, stdout, stderr io.Writer) int {
+	prog := d.prog()
+	fs := flag.NewFlagSet(prog+" bmc check", flag.ContinueOnError)
+	provider := fs.String("provider", "", "the provider whose inventory to read: static (the only one with BMCs to check)")
+	cfg := static.DefaultConfig()
+	fs.StringVar(&cfg.InventoryFile, "inventory", "", "the static provider's inventory file, as the daemon's -inventory")
+	cfg.Redfish.RegisterFlags(fs)
+	cfg.IPMI.RegisterFlags(fs)
+	location := fs.String("location", "", "check the machines at this location or under it (whole path components)")
+	all := fs.Bool("all", false, "check every machine of the inventory")
+	output := fs.String("o", "text", "output format: text (aligned columns) or json")
+	positional, help, err := parseCLIArgs(fs, args)
+	if help {
+		fmt.Fprintf(stdout, "Usage: %s\nFlags:\n", renamed(prog, bmcCheckUsage))
+		printDefaults(fs, prog, stdout)
+		return exitOK
+	}
+	if err != nil {
+		return reportUsage(stderr, prog, err)
+	}
+	machines, err := bmcCheckSelection(positional, *provider, cfg, *location, *all, *output)
+	if err != nil {
+		return reportUsage(stderr, prog, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows := checkBMCs(ctx, cfg, machines)
+	if err := printBMCChecks(stdout, rows, *output == "json"); err != nil {
+		fmt.Fprintf(stderr, "%s bmc check: %v\n", prog, err)
+		return exitFailure
+	}
+	for _, r := range rows {
+		if r.Result != "ok" && r.Result != "skipped" {
+			return exitFailure
+		}
+	}
+	return exitOK
+}
+
+// bmcCheckSelection checks bmc check's command line and returns the
+// inventory's machines it selects, in inventory order; every error is a
+// usage error.
+func bmcCheckSelection(args []string, provider string, cfg static.Config, location string, all bool, output string) ([]static.Machine, error) {
+	switch {
+	case len(args) == 0 || args[0] != "check":
+		return nil, usagef("usage: shepherd bmc check -provider static -inventory FILE MACHINE... | -location PATH | -all (see shepherd bmc -h)")
+	case provider != static.Name:
+		return nil, usagef("bmc check: -provider %q: want -provider static (BMCs are in its inventory)", provider)
+	case cfg.InventoryFile == "":
+		return nil, usagef("bmc check: -inventory: required with -provider static")
+	case output != "text" && output != "json":
+		return nil, usagef("-o %q: want text or json", output)
+	}
+	if err := cfg.Redfish.Check(); err != nil {
+		return nil, usageError{err.Error()}
+	}
+	if err := cfg.IPMI.Check(); err != nil {
+		return nil, usageError{err.Error()}
+	}
+	names := args[1:]
+	given := 0
+	for _, b := range []bool{len(names) > 0, location != "", all} {
+		if b {
+			given++
+		}
+	}
+	if given != 1 {
+		return nil, usagef("bmc check: give machines, -location PATH or -all (one of them)")
+	}
+	inv, err := static.Load(cfg.InventoryFile)
+	if err != nil {
+		return nil, usagef("-inventory: %v", err)
+	}
+	return selectInventory(inv, names, location, all)
+}
+
+// selectInventory returns the machines of inv named (by provider id), at
+// location (whole path components) or all of them.
+func selectInventory(inv *static.Inventory, names []string, location string, all bool) ([]static.Machine, error) {
+	var out []static.Machine
+	switch {
+	case all:
+		return inv.Machines, nil
+	case location != "":
+		loc := strings.TrimRight(location, "/")
+		if loc == "" {
+			return nil, usagef("-location %q: it names no path component (give e.g. dc1 or dc1/rack07)", location)
+		}
+		for _, m := range inv.Machines {
+			if m.Location == loc || strings.HasPrefix(m.Location, loc+"/") {
+				out = append(out, m)
+			}
+		}
+		if len(out) == 0 {
+			return nil, usagef("-location %s: no machine of %s is there", untrusted.Line(location, 200), inv.File)
+		}
+		return out, nil
+	}
+	var unknown []string
+	for _, n := range names {
+		m, ok := inv.Machine(n)
+		if !ok {
+			unknown = append(unknown, untrusted.Line(n, 200))
+			continue
+		}
+		if !slices.ContainsFunc(out, func(o static.Machine) bool { return o.ID == m.ID }) {
+			out = append(out, *m)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, usagef("unknown machine %s: not in the inventory %s (give its provider id)", strings.Join(unknown, ", "), inv.File)
+	}
+	return out, nil
+}
+
+// checkBMCs checks each machine's BMC, bmcCheckParallel at a time, and
+// returns the rows in the machines' order.
+func checkBMCs(ctx context.Context, cfg static.Config, machines []static.Machine) []bmcCheckRow {
+	rf, ip := redfish.New(cfg.Redfish), ipmi.New(cfg.IPMI)
+	rows := make([]bmcCheckRow, len(machines))
+	sem := make(chan struct{}, bmcCheckParallel)
+	var wg sync.WaitGroup
+	for i, m := range machines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			rows[i] = checkBMC(ctx, rf, ip, m)
+		}()
+	}
+	wg.Wait()
+	return rows
+}
+
+// checkBMC checks one machine's BMC.
+func checkBMC(ctx context.Context, rf *redfish.Client, ip *ipmi.Client, m static.Machine) bmcCheckRow {
+	row := bmcCheckRow{ProviderID: m.ID, Location: m.Location, Method: m.Power, ResetOK: true}
+	var err error
+	switch m.Power {
+	case static.PowerRedfish:
+		row.BMC = m.Redfish.Endpoint
+		var in redfish.Inspection
+		in, err = rf.Inspect(ctx, *m.Redfish)
+		row.Power, row.ResetType, row.Offered, row.Firmware = in.PowerState, in.ResetType, in.Offered, in.Firmware
+		if in.ResetType == "" {
+			row.ResetType = m.Redfish.ResetType
+		}
+	case static.PowerIPMI:
+		row.BMC = "ipmi://" + m.IPMI.Endpoint()
+		var in ipmi.Inspection
+		in, err = ip.Inspect(ctx, *m.IPMI)
+		row.ResetType, row.Offered, row.Firmware = in.ResetType, in.Offered, in.Firmware
+		if err == nil {
+			row.Power = map[bool]string{true: "On", false: "Off"}[in.On]
+		}
+	default:
+		row.Result = "skipped"
+		row.Error = "no BMC (power: ssh)"
+		return row
+	}
+	if err == nil {
+		row.Result = "ok"
+		return row
+	}
+	row.Result = string(bmcerr.Of(err))
+	row.Error = untrusted.Line(err.Error(), 500)
+	if bmcerr.Of(err) == bmcerr.Configuration && len(row.Offered) > 0 && !slices.Contains(row.Offered, row.ResetType) {
+		row.ResetOK = false
+	}
+	return row
+}
+
+// printBMCChecks writes rows as a table, or as JSON.
+func printBMCChecks(w io.Writer, rows []bmcCheckRow, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MACHINE\tLOCATION\tBMC\tPOWER\tRESET TYPE\tFIRMWARE\tRESULT")
+	for _, r := range rows {
+		reset := r.ResetType
+		switch {
+		case r.ResetType == "":
+		case !r.ResetOK:
+			reset += " (not offered: offers " + strings.Join(r.Offered, ", ") + ")"
+		case r.Result == "ok":
+			reset += " (OK)"
+		}
+		result := r.Result
+		if r.Error != "" {
+			result += ": " + r.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ProviderID, dash(r.Location), dash(r.BMC), dash(r.Power), dash(reset), dash(r.Firmware), result)
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
