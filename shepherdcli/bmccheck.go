@@ -227,7 +227,7 @@ func checkBMC(ctx context.Context, rf *redfish.Client, ip *ipmi.Client, m static
 		return row
 	}
 	row.Result = string(bmcerr.Of(err))
-	row.Error = untrusted.Line(err.Error(), 500)
+	row.Error = untrusted.Line(strings.TrimSpace(err.Error()), 500)
 	if bmcerr.Of(err) == bmcerr.Configuration && len(row.Offered) > 0 && !slices.Contains(row.Offered, row.ResetType) {
 		row.ResetOK = false
 	}

@@ -91,6 +91,7 @@ func TestBMCCheck(t *testing.T) {
 
 	// The table names what the BMC offers instead, and the classes.
 	code, out, _ = check("-location", "dc1")
+	t.Logf("bmc check -location dc1:\n%s", out)
 	if code != 1 || !strings.Contains(out, "PowerCycle (not offered: offers On, ForceOff, ForceRestart)") ||
 		!strings.Contains(out, "credentials: BMC refused the credentials") {
 		t.Errorf("bmc check -location dc1: exit %d, want 1 naming the offers and the credentials refused:\n%s", code, out)
