@@ -3,6 +3,7 @@ package shepherdcli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,7 +14,11 @@ import (
 	"sync"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
@@ -27,7 +32,9 @@ const bmcCheckUsage = `shepherd bmc check -provider static -inventory FILE MACHI
     daemon reads it): reads its power state, the reset types it offers and
     its firmware version, and checks the credentials, TLS and the configured
     reset type. It never acts: no power action is sent. MACHINE is a
-    provider id of the inventory; -location selects the machines whose
+    provider id of the inventory, or a machine's UUID, which needs the BMDB
+    (-bmdb_dsn, -bmdb_dsn_file or $SHEPHERD_BMDB_DSN; with it, every row
+    shows the machine's UUID); -location selects the machines whose
     location is PATH or under it (whole path components); -all every
     machine. At most 8 BMCs at a time, each bounded by -redfish_timeout or
     -ipmi_timeout. Machines without a BMC (power: ssh) are listed and
@@ -45,6 +52,8 @@ const bmcCheckParallel = 8
 // bmcCheckRow is one machine's check, the table's row and the JSON's
 // element.
 type bmcCheckRow struct {
+	// Machine is the machine's UUID, when the BMDB was given.
+	Machine    string `json:"machine,omitempty"`
 	ProviderID string `json:"provider_id"`
 	Location   string `json:"location,omitempty"`
 	Method     string `json:"method"`
@@ -72,6 +81,8 @@ func (d *CLI) runBMC(args []string, stdout, stderr io.Writer) int {
 	location := fs.String("location", "", "check the machines at this location or under it (whole path components)")
 	all := fs.Bool("all", false, "check every machine of the inventory")
 	output := fs.String("o", "text", "output format: text (aligned columns) or json")
+	var dsnf dsnFlags
+	dsnf.register(fs)
 	positional, help, err := parseCLIArgs(fs, args)
 	if help {
 		fmt.Fprintf(stdout, "Usage: %s\nFlags:\n", renamed(prog, bmcCheckUsage))
@@ -81,13 +92,27 @@ func (d *CLI) runBMC(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportUsage(stderr, prog, err)
 	}
-	machines, err := bmcCheckSelection(positional, *provider, cfg, *location, *all, *output)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ids, err := newBMCCheckDB(dsnf)
 	if err != nil {
 		return reportUsage(stderr, prog, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	defer ids.close()
+	machines, err := bmcCheckSelection(ctx, positional, *provider, cfg, *location, *all, *output, ids)
+	var usage usageError
+	switch {
+	case errors.As(err, &usage):
+		return reportUsage(stderr, prog, err)
+	case err != nil:
+		fmt.Fprintf(stderr, "%s bmc check: %v\n", prog, err)
+		return exitFailure
+	}
 	rows := checkBMCs(ctx, cfg, machines)
+	if err := ids.fill(ctx, rows); err != nil {
+		fmt.Fprintf(stderr, "%s bmc check: %v\n", prog, err)
+		return exitFailure
+	}
 	if err := printBMCChecks(stdout, rows, *output == "json"); err != nil {
 		fmt.Fprintf(stderr, "%s bmc check: %v\n", prog, err)
 		return exitFailure
@@ -103,7 +128,7 @@ func (d *CLI) runBMC(args []string, stdout, stderr io.Writer) int {
 // bmcCheckSelection checks bmc check's command line and returns the
 // inventory's machines it selects, in inventory order; every error is a
 // usage error.
-func bmcCheckSelection(args []string, provider string, cfg static.Config, location string, all bool, output string) ([]static.Machine, error) {
+func bmcCheckSelection(ctx context.Context, args []string, provider string, cfg static.Config, location string, all bool, output string, ids *bmcCheckDB) ([]static.Machine, error) {
 	switch {
 	case len(args) == 0 || args[0] != "check":
 		return nil, usagef("usage: shepherd bmc check -provider static -inventory FILE MACHINE... | -location PATH | -all (see shepherd bmc -h)")
@@ -133,6 +158,9 @@ func bmcCheckSelection(args []string, provider string, cfg static.Config, locati
 	inv, err := static.Load(cfg.InventoryFile)
 	if err != nil {
 		return nil, usagef("-inventory: %v", err)
+	}
+	if names, err = ids.providerIDs(ctx, inv, names); err != nil {
+		return nil, err
 	}
 	return selectInventory(inv, names, location, all)
 }
@@ -242,7 +270,7 @@ func printBMCChecks(w io.Writer, rows []bmcCheckRow, asJSON bool) error {
 		return enc.Encode(rows)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MACHINE\tLOCATION\tBMC\tPOWER\tRESET TYPE\tFIRMWARE\tRESULT")
+	fmt.Fprintln(tw, "MACHINE\tPROVIDER ID\tLOCATION\tBMC\tPOWER\tRESET TYPE\tFIRMWARE\tRESULT")
 	for _, r := range rows {
 		reset := r.ResetType
 		switch {
@@ -256,7 +284,7 @@ func printBMCChecks(w io.Writer, rows []bmcCheckRow, asJSON bool) error {
 		if r.Error != "" {
 			result += ": " + r.Error
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ProviderID, dash(r.Location), dash(r.BMC), dash(r.Power), dash(reset), dash(r.Firmware), result)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(r.Machine), r.ProviderID, dash(r.Location), dash(r.BMC), dash(r.Power), dash(reset), dash(r.Firmware), result)
 	}
 	return tw.Flush()
 }
@@ -266,4 +294,110 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// bmcCheckDB maps machines' UUIDs to the static provider's ids through
+// the BMDB, when one was given (dsn not ""). It connects on first use,
+// after the command line was checked.
+type bmcCheckDB struct {
+	dsn string
+	db  *bmdb.DB
+}
+
+// bmcCheckDBTimeout bounds bmc check's database work: a few lookups.
+const bmcCheckDBTimeout = 30 * time.Second
+
+// newBMCCheckDB returns the BMDB dsnf names, unopened; its dsn is "" when
+// it names none: bmc check needs one only for machines named by UUID, and
+// never falls back to a demo's.
+func newBMCCheckDB(dsnf dsnFlags) (*bmcCheckDB, error) {
+	dsn, err := dsnf.resolve()
+	return &bmcCheckDB{dsn: dsn}, err
+}
+
+// open connects, once.
+func (m *bmcCheckDB) open(ctx context.Context) (*bmdb.DB, error) {
+	if m.db == nil {
+		db, err := bmdb.Open(ctx, m.dsn, bmdb.Options{MaxConns: 2, QuietConnections: true})
+		if err != nil {
+			return nil, err
+		}
+		m.db = db
+	}
+	return m.db, nil
+}
+
+func (m *bmcCheckDB) close() {
+	if m.db != nil {
+		m.db.Close()
+	}
+}
+
+// providerIDs returns names with each UUID that is not an inventory id
+// replaced by its machine's provider id, read from the BMDB. A UUID
+// without the BMDB, or of no machine of the static provider, is a usage
+// error.
+func (m *bmcCheckDB) providerIDs(ctx context.Context, inv *static.Inventory, names []string) ([]string, error) {
+	out := slices.Clone(names)
+	for i, n := range names {
+		id, err := uuid.Parse(n)
+		if _, listed := inv.Machine(n); listed || err != nil {
+			continue
+		}
+		if m.dsn == "" {
+			return nil, usagef("machine %s: a UUID needs the BMDB (-bmdb_dsn, -bmdb_dsn_file or $%s), or give its provider id", id, envDSN)
+		}
+		p, err := m.provided(ctx, id)
+		switch {
+		case errors.Is(err, bmdb.ErrNotFound):
+			return nil, usagef("unknown machine %s: not in the BMDB", id)
+		case err != nil:
+			return nil, err
+		case p.Provider != static.Name:
+			return nil, usagef("machine %s is provided by %s, not static: bmc check reads the static inventory", id, untrusted.Line(p.Provider, 64))
+		}
+		out[i] = p.ProviderID
+	}
+	return out, nil
+}
+
+// provided reads machine's provided tag.
+func (m *bmcCheckDB) provided(ctx context.Context, machine uuid.UUID) (bmdb.Provided, error) {
+	ctx, cancel := context.WithTimeout(ctx, bmcCheckDBTimeout)
+	defer cancel()
+	db, err := m.open(ctx)
+	if err != nil {
+		return bmdb.Provided{}, err
+	}
+	var p bmdb.Provided
+	err = db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
+		p, err = tx.Provided(ctx, machine)
+		return err
+	})
+	return p, err
+}
+
+// fill sets each row's Machine from the BMDB, when one was given.
+func (m *bmcCheckDB) fill(ctx context.Context, rows []bmcCheckRow) error {
+	if m.dsn == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, bmcCheckDBTimeout)
+	defer cancel()
+	db, err := m.open(ctx)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		found, err := db.MachinesByProviderID(ctx, rows[i].ProviderID)
+		if err != nil {
+			return err
+		}
+		for _, p := range found {
+			if p.Provider == static.Name {
+				rows[i].Machine = p.Machine.String()
+			}
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package shepherdcli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,6 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
+	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/ipmisimtest"
 	"github.com/shepherd-fleet/shepherd/internal/redfishtest"
 )
@@ -91,7 +96,6 @@ func TestBMCCheck(t *testing.T) {
 
 	// The table names what the BMC offers instead, and the classes.
 	code, out, _ = check("-location", "dc1")
-	t.Logf("bmc check -location dc1:\n%s", out)
 	if code != 1 || !strings.Contains(out, "PowerCycle (not offered: offers On, ForceOff, ForceRestart)") ||
 		!strings.Contains(out, "credentials: BMC refused the credentials") {
 		t.Errorf("bmc check -location dc1: exit %d, want 1 naming the offers and the credentials refused:\n%s", code, out)
@@ -137,5 +141,29 @@ func TestBMCCheck(t *testing.T) {
 	}
 	if code, _, errOut := check("no-such-machine"); !strings.Contains(errOut, "unknown machine no-such-machine") {
 		t.Errorf("bmc check of an unknown machine: exit %d, %q", code, errOut)
+	}
+
+	// By UUID, through the BMDB; every row then shows its machine's UUID.
+	id := uuid.New()
+	if code, _, errOut := check(id.String()); code != 2 || !strings.Contains(errOut, "needs the BMDB") {
+		t.Errorf("bmc check UUID without a BMDB: exit %d, %q; want 2", code, errOut)
+	}
+	dsn := bmdbtest.NewDatabase(t)
+	db := bmdbtest.Open(t, dsn)
+	var good uuid.UUID
+	err := db.Transact(context.Background(), func(ctx context.Context, tx *bmdb.Tx) error {
+		var err error
+		good, err = tx.AddMachine(ctx, bmdb.Provided{Provider: "static", ProviderID: "rf-good", Address: "127.0.0.1:2200", Power: "redfish"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = check("-bmdb_dsn", dsn, good.String(), "ipmi-good")
+	if code != 0 || !strings.Contains(out, good.String()+"  rf-good") {
+		t.Errorf("bmc check by UUID: exit %d, want 0 and a row of %s rf-good:\n%s%s", code, good, out, errOut)
+	}
+	if code, _, errOut := check("-bmdb_dsn", dsn, id.String()); code != 2 || !strings.Contains(errOut, "unknown machine "+id.String()) {
+		t.Errorf("bmc check of an unknown UUID: exit %d, %q; want 2", code, errOut)
 	}
 }
