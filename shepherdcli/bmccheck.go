@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
-	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/static"
@@ -44,29 +42,12 @@ Exit status: 0 every check passed; 1 a check failed (RESULT names the
 error class); 2 bad command line (unknown machine, no inventory).
 `
 
-// bmcCheckParallel is how many BMCs bmc check talks to at once: enough
-// for a rack in a few timeouts, few enough not to look like a burst to a
-// chassis manager shared by several machines.
-const bmcCheckParallel = 8
-
 // bmcCheckRow is one machine's check, the table's row and the JSON's
 // element.
 type bmcCheckRow struct {
 	// Machine is the machine's UUID, when the BMDB was given.
-	Machine    string `json:"machine,omitempty"`
-	ProviderID string `json:"provider_id"`
-	Location   string `json:"location,omitempty"`
-	Method     string `json:"method"`
-	BMC        string `json:"bmc,omitempty"`
-	Power      string `json:"power,omitempty"`
-	ResetType  string `json:"reset_type,omitempty"`
-	// ResetOK is false when the BMC does not offer ResetType.
-	ResetOK  bool     `json:"reset_type_offered"`
-	Offered  []string `json:"offered_reset_types,omitempty"`
-	Firmware string   `json:"firmware,omitempty"`
-	// Result is "ok", "skipped" (no BMC) or the error class.
-	Result string `json:"result"`
-	Error  string `json:"error,omitempty"`
+	Machine string `json:"machine,omitempty"`
+	static.BMCCheck
 }
 
 // runBMC runs shepherd bmc SUBCOMMAND and returns the exit status.
@@ -118,7 +99,7 @@ func (d *CLI) runBMC(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	for _, r := range rows {
-		if r.Result != "ok" && r.Result != "skipped" {
+		if r.Failed() {
 			return exitFailure
 		}
 	}
@@ -204,62 +185,15 @@ func selectInventory(inv *static.Inventory, names []string, location string, all
 	return out, nil
 }
 
-// checkBMCs checks each machine's BMC, bmcCheckParallel at a time, and
-// returns the rows in the machines' order.
+// checkBMCs checks each machine's BMC (static.CheckBMCs) and returns
+// the rows in the machines' order.
 func checkBMCs(ctx context.Context, cfg static.Config, machines []static.Machine) []bmcCheckRow {
-	rf, ip := redfish.New(cfg.Redfish), ipmi.New(cfg.IPMI)
-	rows := make([]bmcCheckRow, len(machines))
-	sem := make(chan struct{}, bmcCheckParallel)
-	var wg sync.WaitGroup
-	for i, m := range machines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			rows[i] = checkBMC(ctx, rf, ip, m)
-		}()
+	checks := static.CheckBMCs(ctx, redfish.New(cfg.Redfish), ipmi.New(cfg.IPMI), machines)
+	rows := make([]bmcCheckRow, len(checks))
+	for i, c := range checks {
+		rows[i].BMCCheck = c
 	}
-	wg.Wait()
 	return rows
-}
-
-// checkBMC checks one machine's BMC.
-func checkBMC(ctx context.Context, rf *redfish.Client, ip *ipmi.Client, m static.Machine) bmcCheckRow {
-	row := bmcCheckRow{ProviderID: m.ID, Location: m.Location, Method: m.Power, ResetOK: true}
-	var err error
-	switch m.Power {
-	case static.PowerRedfish:
-		row.BMC = m.Redfish.Endpoint
-		var in redfish.Inspection
-		in, err = rf.Inspect(ctx, *m.Redfish)
-		row.Power, row.ResetType, row.Offered, row.Firmware = in.PowerState, in.ResetType, in.Offered, in.Firmware
-		if in.ResetType == "" {
-			row.ResetType = m.Redfish.ResetType
-		}
-	case static.PowerIPMI:
-		row.BMC = "ipmi://" + m.IPMI.Endpoint()
-		var in ipmi.Inspection
-		in, err = ip.Inspect(ctx, *m.IPMI)
-		row.ResetType, row.Offered, row.Firmware = in.ResetType, in.Offered, in.Firmware
-		if err == nil {
-			row.Power = map[bool]string{true: "On", false: "Off"}[in.On]
-		}
-	default:
-		row.Result = "skipped"
-		row.Error = "no BMC (power: ssh)"
-		return row
-	}
-	if err == nil {
-		row.Result = "ok"
-		return row
-	}
-	row.Result = string(bmcerr.Of(err))
-	row.Error = untrusted.Line(strings.TrimSpace(err.Error()), 500)
-	if bmcerr.Of(err) == bmcerr.Configuration && len(row.Offered) > 0 && !slices.Contains(row.Offered, row.ResetType) {
-		row.ResetOK = false
-	}
-	return row
 }
 
 // printBMCChecks writes rows as a table, or as JSON.
