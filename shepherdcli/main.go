@@ -132,6 +132,9 @@ func (d *CLI) run(args []string, stdout, stderr io.Writer) int {
 			return d.runDaemon(args[1:], stdout, stderr)
 		case "migrate":
 			return d.runMigrate(args[1:], stdout, stderr)
+		case "bmc":
+			quietLogs()
+			return d.runBMC(args[1:], stdout, stderr)
 		case "help":
 			fmt.Fprint(stdout, renamed(d.prog(), topUsage))
 			return exitOK
@@ -150,6 +153,8 @@ const topUsage = `Usage:
                                                manage the BMDB schema
   shepherd machines|history|backoff|retry|pause|resume|sessions|tags [flags] ...
                                                operator commands (shepherd machines -h)
+  shepherd bmc check -provider static -inventory F MACHINE...|-location P|-all
+                                               check the BMCs of the inventory, acting on none
 
 Run 'shepherd -h' or 'shepherd migrate -h' for the flags.
 `

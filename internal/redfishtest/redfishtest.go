@@ -94,6 +94,7 @@ type Server struct {
 	power    string
 	busy     bool
 	notify   chan struct{}
+	firmware firmware
 }
 
 // SetBusy makes every request but the service root's answer 409
@@ -301,7 +302,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"Members@odata.count": 1,
 		})
 	case s.systemPath():
-		serveGet(w, r, map[string]any{
+		serveGet(w, r, s.withFirmware(map[string]any{
 			"@odata.id":   s.systemPath(),
 			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
 			"Id":          s.opts.SystemID,
@@ -313,7 +314,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 					"ResetType@Redfish.AllowableValues": s.opts.AllowedResetTypes,
 				},
 			},
-		})
+		}))
+	case managerPath:
+		s.serveManager(w, r)
 	case s.systemPath() + "/Actions/ComputerSystem.Reset":
 		s.serveReset(w, r)
 	default:

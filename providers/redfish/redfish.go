@@ -432,7 +432,7 @@ func listMembers(api *gofish.APIClient, link string) ([]string, error) {
 }
 
 // getJSON decodes the answer to a GET of link into v.
-func getJSON(api *gofish.APIClient, link string, v any) error {
+func getJSON(api schemas.Client, link string, v any) error {
 	resp, err := api.Get(link)
 	defer schemas.DeferredCleanupHTTPResponse(resp)
 	if err != nil {

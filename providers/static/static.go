@@ -74,6 +74,9 @@ type Config struct {
 	// RemoveRetry is how often Run tries again to remove the unlisted
 	// machines a lease kept (0: DefaultRemoveRetry).
 	RemoveRetry time.Duration
+	// CheckBMCs makes Run check every BMC of the inventory (CheckBMC)
+	// when it is loaded or reloaded, before any machine needs one.
+	CheckBMCs bool
 }
 
 // DefaultRemoveRetry is how often Run tries again to remove a machine that
@@ -91,6 +94,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InventoryFile, "inventory", c.InventoryFile, "static provider: YAML or JSON file listing the machines (reloaded on SIGHUP)")
 	fs.BoolVar(&c.KeepUnlisted, "inventory_keep_unlisted", c.KeepUnlisted, "static provider: keep the machines the inventory no longer lists (their actions fail until listed again) instead of removing them from the BMDB")
+	fs.BoolVar(&c.CheckBMCs, "inventory_check_bmcs", c.CheckBMCs, "static provider: when the inventory loads or reloads, check every machine's BMC in the background (as shepherd bmc check, acting on none), log the problems and count them in shepherd_inventory_bmc_check_failures")
 	c.SSH.RegisterFlags(fs)
 	c.Redfish.RegisterFlags(fs)
 	c.IPMI.RegisterFlags(fs)
@@ -130,6 +134,9 @@ type Provider struct {
 	// because they were leased (guarded by reloadMu): Run retries while
 	// it is not zero.
 	kept int
+	// checkBMCs asks Run to check the BMCs of the inventory in force
+	// (-inventory_check_bmcs); a request made while one waits is the same.
+	checkBMCs chan struct{}
 }
 
 var _ providers.Provider = (*Provider)(nil)
@@ -170,6 +177,8 @@ func Open(cfg Config, db bmdb.DB, reg prometheus.Registerer) (*Provider, error) 
 		ipmi:    ipmi.New(cfg.IPMI),
 		metrics: newMetrics(reg),
 		inv:     inv,
+
+		checkBMCs: make(chan struct{}, 1),
 	}
 	p.metrics.machines.Set(float64(len(inv.Machines)))
 	return p, nil
@@ -254,6 +263,12 @@ func (p *Provider) sync(ctx context.Context, inv *Inventory, countFailure bool) 
 	p.mu.Unlock()
 	p.metrics.reloaded(true)
 	p.metrics.machines.Set(float64(len(inv.Machines)))
+	if p.cfg.CheckBMCs {
+		select {
+		case p.checkBMCs <- struct{}{}:
+		default:
+		}
+	}
 	logger.Info("Inventory synced", "file", inv.File, "machines", len(inv.Machines), "added", len(res.Added), "updated", len(res.Updated), "removed", len(res.Removed))
 	if len(res.Added) > 0 {
 		logger.V(1).Info("Inventory: machines added", "file", inv.File, "machines", res.Added)
@@ -297,8 +312,24 @@ func (p *Provider) removeRetry() time.Duration {
 // Run removes, until ctx is done, the unlisted machines that a sync kept
 // because they were leased: every RemoveRetry while any is left, it syncs
 // the inventory in force again. A failed try is logged and tried again.
-// It returns nil when ctx is done.
+// It returns nil when ctx is done. With -inventory_check_bmcs it also
+// checks the BMCs after each load, in a goroutine of its own, so that a
+// slow BMC delays no removal.
 func (p *Provider) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.checkBMCs:
+				p.checkInventoryBMCs(ctx)
+			}
+		}
+	}()
 	for sleep.For(ctx, p.removeRetry()) {
 		p.reloadMu.Lock()
 		if p.kept > 0 {
@@ -516,6 +547,8 @@ type metrics struct {
 	lastReload prometheus.Gauge
 	resets     *prometheus.CounterVec
 	bmcErrors  *prometheus.CounterVec
+	// bmcCheckFailures is set by -inventory_check_bmcs.
+	bmcCheckFailures *prometheus.GaugeVec
 }
 
 // newMetrics makes the inventory's metrics and registers them with reg
@@ -534,6 +567,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Reboots the static provider attempted (a reset of a machine that is on, a power-on of one that is off), by method (redfish, ipmi, ssh) and result (success, failure; a power read that failed, which stops the reboot, counts as a failure).", "method", "result"),
 		bmcErrors: metric.CounterVec(reg, "shepherd_bmc_errors_total",
 			"Failed power reads and actions through a BMC, by provider (redfish, ipmi) and class (unreachable, credentials, tls, not_found, configuration, busy, other; see docs/real-fleet.md).", "provider", "class"),
+		bmcCheckFailures: metric.GaugeVec(reg, "shepherd_inventory_bmc_check_failures",
+			"Machines whose BMC failed the last check of the inventory (-inventory_check_bmcs), by class: a reset of them would fail the same way.", "class"),
 		lastReload: metric.Gauge(reg, "shepherd_inventory_last_reload_successful",
 			"1 if the last inventory load succeeded, 0 if it was rejected (an edited file is not in force)."),
 	}
@@ -547,6 +582,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		for _, class := range bmcerr.Classes {
 			m.bmcErrors.WithLabelValues(method, string(class))
 		}
+	}
+	for _, class := range bmcerr.Classes {
+		m.bmcCheckFailures.WithLabelValues(string(class))
 	}
 
 	return m
