@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
+	"github.com/shepherd-fleet/shepherd/internal/bmdb/operator"
 	"github.com/shepherd-fleet/shepherd/providers/ipmi"
 	"github.com/shepherd-fleet/shepherd/providers/redfish"
 	"github.com/shepherd-fleet/shepherd/providers/static"
@@ -323,7 +324,7 @@ func (m *bmcCheckDB) fill(ctx context.Context, rows []bmcCheckRow) error {
 		return err
 	}
 	for i := range rows {
-		found, err := db.MachinesByProviderID(ctx, rows[i].ProviderID)
+		found, err := operator.New(db).MachinesByProviderID(ctx, rows[i].ProviderID)
 		if err != nil {
 			return err
 		}
