@@ -142,6 +142,7 @@ type cliOptions struct {
 	all     bool
 	hold    holdOptions    // hold, release and selections (cli_holds.go)
 	ctl     controlOptions // run-now, cancel (cli_control.go)
+	flaky   flakyOptions   // sim fault bmc ... flaky (simfault.go)
 }
 
 var cliCommands = map[string]cliCommand{

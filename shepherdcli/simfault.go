@@ -36,6 +36,9 @@ type simFaultKind struct {
 	end    string
 	// timed is the injected state that takes a DURATION (a blip).
 	timed string
+	// params is the injected state that takes the flaky flags (-drop,
+	// -wrong, -sessions, -freeze_after).
+	params string
 }
 
 // simFaultKinds are the faults by kind, as the command line names them.
@@ -45,19 +48,28 @@ var simFaultKinds = map[string]simFaultKind{
 	sim.FaultSite:    {inject: map[string]string{"down": sim.FaultDown}, end: "up"},
 	sim.FaultMachine: {target: "MACHINE", resolve: (*cli).simMachine,
 		inject: map[string]string{"hang": sim.FaultHang, "blip": sim.FaultBlip}, end: "clear", timed: "blip"},
+	sim.FaultBMC: {target: "MACHINE|RACK", resolve: (*cli).simBMC,
+		inject: map[string]string{"flaky": sim.FaultFlaky}, end: "clear", params: sim.FaultFlaky},
 }
+
+// flakyOptions are the flags of a flaky BMC.
+type flakyOptions = sim.FlakyBMC
 
 // maxBlip bounds a blip's DURATION: a longer silence is a hang.
 const maxBlip = 24 * time.Hour
 
 func simFlags(fs *flag.FlagSet, o *cliOptions) {
 	fs.StringVar(&o.reason, "reason", "", "why (optional): recorded with the fault")
+	fs.Float64Var(&o.flaky.Drop, sim.ParamDrop, 0, "bmc ... flaky: probability (0..1) that a power read or action is lost (unreachable)")
+	fs.Float64Var(&o.flaky.Wrong, sim.ParamWrong, 0, "bmc ... flaky: probability (0..1) that a power read answers the wrong state")
+	fs.IntVar(&o.flaky.Sessions, sim.ParamSessions, 0, "bmc ... flaky: at most this many conversations at once with the BMC, more answer busy (0: no limit)")
+	fs.IntVar(&o.flaky.FreezeAfter, sim.ParamFreezeAfter, 0, "bmc ... flaky: after this many commands the BMC answers nothing until cleared (0: never)")
 	asFlag(fs, o)
 }
 
 // simUsageError is a bad sim command line, with the usage appended.
 func simUsageError(format string, args ...any) error {
-	return usagef("%s (usage: shepherd sim fault KIND [TARGET] STATE [DURATION]; docs/simulator.md)", fmt.Sprintf(format, args...))
+	return usagef("%s (usage: shepherd sim fault KIND [TARGET] STATE [DURATION] [-drop P -wrong P -sessions N -freeze_after N]; docs/simulator.md)", fmt.Sprintf(format, args...))
 }
 
 // sim runs 'sim fault ...'.
@@ -79,7 +91,7 @@ func (c *cli) sim(ctx context.Context, args []string) error {
 	}
 	kind, ok := simFaultKinds[args[0]]
 	if !ok {
-		return simUsageError("KIND %q: want network, power, site, machine, clear or list", args[0])
+		return simUsageError("KIND %q: want network, power, site, machine, bmc, clear or list", args[0])
 	}
 	name := args[0]
 	args = args[1:]
@@ -101,6 +113,10 @@ func (c *cli) sim(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	f := bmdb.SimFault{Kind: name, State: kind.inject[state]}
+	if f.Params, err = kind.flakyParams(name, state, c.opts.flaky); err != nil {
+		return err
+	}
 	if err := c.simFleet(ctx); err != nil {
 		return err
 	}
@@ -113,7 +129,26 @@ func (c *cli) sim(ctx context.Context, args []string) error {
 	if state == kind.end {
 		return c.simFaultEnd(ctx, name, target)
 	}
-	return c.simFaultInject(ctx, bmdb.SimFault{Kind: name, Target: target, State: kind.inject[state]}, d, machines)
+	f.Target = target
+	return c.simFaultInject(ctx, f, d, machines)
+}
+
+// flakyParams checks the flaky flags: only for the state that takes them,
+// at least one given, each in its range. It returns them as stored.
+func (k simFaultKind) flakyParams(name, state string, fl sim.FlakyBMC) (map[string]any, error) {
+	if state != k.params || k.params == "" {
+		if fl != (sim.FlakyBMC{}) {
+			return nil, simUsageError("sim fault %s %s: -drop, -wrong, -sessions and -freeze_after are for sim fault bmc MACHINE|RACK flaky", name, state)
+		}
+		return nil, nil
+	}
+	if err := fl.Check(); err != nil {
+		return nil, simUsageError("sim fault %s %s: %v", name, state, err)
+	}
+	if fl == (sim.FlakyBMC{}) {
+		return nil, simUsageError("sim fault %s %s: give at least one of -drop P, -wrong P, -sessions N, -freeze_after N", name, state)
+	}
+	return fl.Params(), nil
 }
 
 // states lists the kind's states for usage errors.
@@ -222,6 +257,22 @@ func (c *cli) simPDU(ctx context.Context, arg string) (string, string, error) {
 	return sim.PDUName(n), machines, err
 }
 
+// simBMC resolves the target of a flaky BMC: a rack's name (its
+// machines' BMCs) or a machine.
+func (c *cli) simBMC(ctx context.Context, arg string) (string, string, error) {
+	if n, ok := sim.ParseRack(arg); ok {
+		first, last := sim.RackMachines(n, (n+1)*sim.RackSize)
+		machines, err := c.simRange(ctx, "RACK", arg, first, last)
+		return sim.RackName(n), machines, err
+	}
+	id, machines, err := c.simMachine(ctx, arg)
+	var usage usageError
+	if errors.As(err, &usage) {
+		return "", "", usagef("sim fault bmc: MACHINE|RACK %q: no such simulated machine, and not a rack's name (%s)", untrusted.Line(arg, 80), sim.RackName(1))
+	}
+	return id, machines, err
+}
+
 func (c *cli) simMachine(ctx context.Context, arg string) (string, string, error) {
 	id, err := c.machine(ctx, arg)
 	if errors.Is(err, bmdb.ErrNotFound) {
@@ -247,18 +298,19 @@ func (c *cli) simMachine(ctx context.Context, arg string) (string, string, error
 
 // simFaultJSON is a fault in -o json.
 type simFaultJSON struct {
-	Kind      string     `json:"kind"`
-	Target    string     `json:"target"`
-	State     string     `json:"state"`
-	Until     *time.Time `json:"until,omitempty"`
-	Since     time.Time  `json:"since"`
-	Reason    string     `json:"reason"`
-	Actor     string     `json:"actor"`
-	ActorRole string     `json:"actor_role"`
+	Kind      string         `json:"kind"`
+	Target    string         `json:"target"`
+	State     string         `json:"state"`
+	Params    map[string]any `json:"params,omitempty"`
+	Until     *time.Time     `json:"until,omitempty"`
+	Since     time.Time      `json:"since"`
+	Reason    string         `json:"reason"`
+	Actor     string         `json:"actor"`
+	ActorRole string         `json:"actor_role"`
 }
 
 func toSimFaultJSON(f bmdb.SimFault) simFaultJSON {
-	j := simFaultJSON{Kind: f.Kind, Target: f.Target, State: f.State, Since: f.Since, Reason: f.Reason, Actor: f.Actor.Name, ActorRole: f.Actor.Role}
+	j := simFaultJSON{Kind: f.Kind, Target: f.Target, State: f.State, Params: f.Params, Since: f.Since, Reason: f.Reason, Actor: f.Actor.Name, ActorRole: f.Actor.Role}
 	if !f.Until.IsZero() {
 		j.Until = &f.Until
 	}
@@ -271,11 +323,23 @@ func describeSimFault(f bmdb.SimFault) string {
 	if f.Target != "" {
 		s += " " + f.Target
 	}
-	s += " " + f.State
+	s += " " + simFaultState(f)
 	if !f.Until.IsZero() {
 		s += " until " + when(f.Until)
 	}
 	return untrusted.Line(s, 0)
+}
+
+// simFaultState is a fault's state with its parameters, as the flags
+// name them: "flaky -drop 0.3 -sessions 8".
+func simFaultState(f bmdb.SimFault) string {
+	s := f.State
+	for _, k := range slices.Sorted(maps.Keys(f.Params)) {
+		if v := fmt.Sprint(f.Params[k]); v != "0" {
+			s += " -" + k + " " + v
+		}
+	}
+	return s
 }
 
 func (c *cli) simFaultInject(ctx context.Context, f bmdb.SimFault, d time.Duration, machines string) error {
@@ -361,7 +425,7 @@ func (c *cli) simFaultList(ctx context.Context) error {
 		if !f.Until.IsZero() {
 			until = when(f.Until)
 		}
-		rows = append(rows, []string{f.Kind, f.Target, f.State, when(f.Since), until, f.Actor.Name, f.Reason})
+		rows = append(rows, []string{f.Kind, f.Target, simFaultState(f), when(f.Since), until, f.Actor.Name, f.Reason})
 	}
 	return c.table([]string{"KIND", "TARGET", "STATE", "SINCE", "UNTIL", "ACTOR", "REASON"}, rows)
 }

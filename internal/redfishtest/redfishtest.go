@@ -95,6 +95,7 @@ type Server struct {
 	busy     bool
 	notify   chan struct{}
 	firmware firmware
+	flaky    flakyState // SetFlaky (flaky.go)
 }
 
 // SetBusy makes every request but the service root's answer 409
@@ -144,9 +145,9 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	s := &Server{opts: opts, power: opts.PowerState, notify: make(chan struct{}, 1)}
 	if opts.TLS {
-		s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
+		s.srv = httptest.NewTLSServer(http.HandlerFunc(s.handle))
 	} else {
-		s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+		s.srv = httptest.NewServer(http.HandlerFunc(s.handle))
 	}
 	s.URL = s.srv.URL
 	t.Cleanup(s.srv.Close)
@@ -307,7 +308,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			"@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
 			"Id":          s.opts.SystemID,
 			"Name":        s.opts.SystemName,
-			"PowerState":  s.PowerState(),
+			"PowerState":  s.answeredPowerState(),
 			"Actions": map[string]any{
 				"#ComputerSystem.Reset": map[string]any{
 					"target":                            s.resetTarget(),

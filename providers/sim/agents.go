@@ -162,6 +162,10 @@ type Agents struct {
 	// powerActions counts the power actions received
 	// (shepherd_sim_power_actions_total).
 	powerActions *prometheus.CounterVec
+	// bmcs are the simulated BMCs' conversations and flaky command
+	// counts, by provider id (flaky.go); bmcMetrics counts what they did.
+	bmcs       map[string]*bmcState
+	bmcMetrics *bmcMetrics
 }
 
 var (
@@ -189,6 +193,8 @@ func newAgents(db bmdb.DB, cfg AgentConfig) *Agents {
 		faults: newFaults(nil),
 
 		powerActions: newPowerActions(),
+		bmcs:         map[string]*bmcState{},
+		bmcMetrics:   newBMCMetrics(),
 	}
 }
 
@@ -236,12 +242,15 @@ func (a *Agents) StartAgent(ctx context.Context, m bmdb.Provided) ([]byte, error
 // StayOffRate the machine is left off. A machine that is off stays off, as
 // with a BMC that ignores a power cycle of a chassis that is off. The
 // reboot is counted (shepherd_sim_power_actions_total), fails when a fault
-// makes the BMC unreachable, and ends the machine's hang or blip.
+// makes the BMC unreachable or busy (faults.go, flaky.go), and ends the
+// machine's hang or blip.
 func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
-	if err := a.powerAction(m, actionReboot); err != nil {
+	end, err := a.powerAction(m, actionReboot)
+	defer end()
+	if err != nil {
 		return err
 	}
 	if err := a.act(ctx); err != nil {
@@ -262,20 +271,23 @@ func (a *Agents) Reboot(ctx context.Context, m bmdb.Provided) error {
 
 // PowerState implements providers.PowerReader: after a simulated delay (a
 // BMC's answer), off if this replica saw the machine left off, else on;
-// an error when a fault makes the BMC unreachable.
+// an error when a fault makes the BMC unreachable or busy, and the
+// opposite state when a flaky BMC answers wrong (flaky.go).
 func (a *Agents) PowerState(ctx context.Context, m bmdb.Provided) (providers.PowerState, error) {
 	if err := a.check(m); err != nil {
+		return providers.PowerState{}, err
+	}
+	end, err := a.converse(m)
+	defer end()
+	if err != nil {
 		return providers.PowerState{}, err
 	}
 	if err := a.act(ctx); err != nil {
 		return providers.PowerState{}, fmt.Errorf("sim: reading the power of %s: %w", m.ProviderID, err)
 	}
-	if err := a.reachBMC(m); err != nil {
-		return providers.PowerState{}, err
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.off[m.Machine] {
+	if a.off[m.Machine] != a.wrongPower(m.ProviderID) {
 		return providers.PowerState{Power: providers.PowerOff, Cause: "simulated"}, nil
 	}
 	return providers.PowerState{Power: providers.PowerOn, Cause: "simulated"}, nil
@@ -288,7 +300,9 @@ func (a *Agents) PowerOn(ctx context.Context, m bmdb.Provided) error {
 	if err := a.check(m); err != nil {
 		return err
 	}
-	if err := a.powerAction(m, actionPowerOn); err != nil {
+	end, err := a.powerAction(m, actionPowerOn)
+	defer end()
+	if err != nil {
 		return err
 	}
 	if err := a.act(ctx); err != nil {

@@ -62,12 +62,17 @@ type faults struct {
 	racks    map[int]bool      // racks whose network is down
 	pdus     map[int]bool      // PDUs that are off
 	machines map[string]string // provider id: FaultHang or FaultBlip
+	// flaky and flakyRacks are the flaky BMCs (flaky.go), by machine
+	// (provider id) and by rack.
+	flaky      map[string]FlakyBMC
+	flakyRacks map[int]FlakyBMC
 }
 
 // newFaults returns the faults fs describe; kinds this binary does not
 // know (written by a newer one) are left out.
 func newFaults(fs []internalbmdb.SimFault) faults {
-	f := faults{racks: map[int]bool{}, pdus: map[int]bool{}, machines: map[string]string{}}
+	f := faults{racks: map[int]bool{}, pdus: map[int]bool{}, machines: map[string]string{},
+		flaky: map[string]FlakyBMC{}, flakyRacks: map[int]FlakyBMC{}}
 	for _, x := range fs {
 		switch {
 		case x.Kind == FaultSite && x.State == FaultDown:
@@ -82,13 +87,24 @@ func newFaults(fs []internalbmdb.SimFault) faults {
 			}
 		case x.Kind == FaultMachine && (x.State == FaultHang || x.State == FaultBlip):
 			f.machines[x.Target] = x.State
+		case x.Kind == FaultBMC && x.State == FaultFlaky:
+			fl, ok := flakyFromParams(x.Params)
+			if !ok {
+				continue
+			}
+			if n, isRack := ParseRack(x.Target); isRack {
+				f.flakyRacks[n] = fl
+			} else {
+				f.flaky[x.Target] = fl
+			}
 		}
 	}
 	return f
 }
 
 func (f faults) equal(g faults) bool {
-	return f.site == g.site && maps.Equal(f.racks, g.racks) && maps.Equal(f.pdus, g.pdus) && maps.Equal(f.machines, g.machines)
+	return f.site == g.site && maps.Equal(f.racks, g.racks) && maps.Equal(f.pdus, g.pdus) && maps.Equal(f.machines, g.machines) &&
+		maps.Equal(f.flaky, g.flaky) && maps.Equal(f.flakyRacks, g.flakyRacks)
 }
 
 // String lists the faults for the log.
@@ -106,14 +122,20 @@ func (f faults) String() string {
 	for _, m := range slices.Sorted(maps.Keys(f.machines)) {
 		parts = append(parts, "machine "+m+" "+f.machines[m])
 	}
+	for _, n := range slices.Sorted(maps.Keys(f.flakyRacks)) {
+		parts = append(parts, fmt.Sprintf("bmc %s flaky %+v", RackName(n), f.flakyRacks[n]))
+	}
+	for _, m := range slices.Sorted(maps.Keys(f.flaky)) {
+		parts = append(parts, fmt.Sprintf("bmc %s flaky %+v", m, f.flaky[m]))
+	}
 	if len(parts) == 0 {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
 }
 
-// none reports whether no fault is in force: the heartbeat round's fast
-// path.
+// none reports whether no fault that silences agents is in force (a flaky
+// BMC does not): the heartbeat round's fast path.
 func (f faults) none() bool {
 	return !f.site && len(f.racks) == 0 && len(f.pdus) == 0 && len(f.machines) == 0
 }
@@ -173,33 +195,21 @@ func newPowerActions() *prometheus.CounterVec {
 	return c
 }
 
-// RegisterMetrics registers the simulated BMCs' metric
-// (shepherd_sim_power_actions_total) with reg.
+// RegisterMetrics registers the simulated BMCs' metrics
+// (shepherd_sim_power_actions_total, shepherd_sim_bmc_faults_total,
+// shepherd_sim_bmc_max_conversations) with reg.
 func (a *Agents) RegisterMetrics(reg prometheus.Registerer) error {
 	if err := reg.Register(a.powerActions); err != nil {
 		return fmt.Errorf("sim: registering shepherd_sim_power_actions_total: %w", err)
 	}
-	return nil
+	return a.bmcMetrics.register(reg)
 }
 
 // powerAction counts a power action the simulated BMC of m received and
-// returns an error wrapping errUnreachable when a fault makes that BMC
-// unreachable.
-func (a *Agents) powerAction(m bmdb.Provided, action string) error {
+// opens its conversation (converse): the caller closes it with end.
+func (a *Agents) powerAction(m bmdb.Provided, action string) (end func(), err error) {
 	a.powerActions.WithLabelValues(action).Inc()
-	return a.reachBMC(m)
-}
-
-// reachBMC returns an error wrapping errUnreachable when a fault makes the
-// BMC of m unreachable.
-func (a *Agents) reachBMC(m bmdb.Provided) error {
-	a.mu.Lock()
-	why := a.faults.unreachable(m.ProviderID)
-	a.mu.Unlock()
-	if why != "" {
-		return fmt.Errorf("sim: BMC of %s unreachable (simulated fault: %s): %w", m.ProviderID, why, errUnreachable)
-	}
-	return nil
+	return a.converse(m)
 }
 
 // endMachineFault ends the hang or blip of m, if this replica sees one:
@@ -298,6 +308,13 @@ func (a *Agents) readFaults(ctx context.Context) error {
 	for id, ag := range a.agents {
 		if len(f.pdus) > 0 && ag.inTopology && f.pdus[ag.domains.pdu] {
 			delete(a.boots, id)
+		}
+	}
+	// A flaky BMC whose fault ended forgets the commands it counted: the
+	// next flaky fault freezes it after its own count.
+	for id, st := range a.bmcs {
+		if _, ok := f.flakyFor(id); !ok {
+			st.flaky, st.commands = FlakyBMC{}, 0
 		}
 	}
 	if changed {
