@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"k8s.io/klog/v2"
 
 	"github.com/shepherd-fleet/shepherd/bmdb"
 	"github.com/shepherd-fleet/shepherd/controlloop"
 	"github.com/shepherd-fleet/shepherd/providers"
+	"github.com/shepherd-fleet/shepherd/providers/bmcerr"
 )
 
 // Seen is what a run of Recovery read of a machine's power and what it did
@@ -117,8 +119,21 @@ func (r *Recovery) unread(ctx context.Context, m bmdb.Provided, err error) (Seen
 	if ctx.Err() != nil {
 		return Seen{}, fmt.Errorf("reading the power of %s/%s: %w", m.Provider, m.ProviderID, err)
 	}
-	seen := Seen{Power: providers.PowerUnknown, Cause: "BMC unreachable: " + err.Error()}
+	seen := Seen{Power: providers.PowerUnknown, Cause: readFailure(err)}
 	return seen, fmt.Errorf("power state unknown, not acted on: reading it failed: %w", err)
+}
+
+// readFailure is the recorded cause of a failed power read: the error as
+// the provider classified it (credentials refused, TLS not verified,
+// unreachable, ...), opened by its class's wording when the provider's
+// text does not carry it, so that a wrong password is not recorded as an
+// unreachable BMC.
+func readFailure(err error) string {
+	text := err.Error()
+	if w := bmcerr.Of(err).Wording(); !strings.Contains(text, w) {
+		return w + ": " + text
+	}
+	return text
 }
 
 // unknown is the failure of a run that read a state that is neither on
