@@ -134,6 +134,15 @@ func TestOlderBinaryKeptToGates(t *testing.T) {
 		t.Errorf("hold with a schema-16 replica live: stderr %q, want the warning", stderr)
 	}
 	heldAt := count(`SELECT max(id) FROM work_history WHERE event = 'Held'`)
+	// The hold binds claims from the next on: a claim of the older replica
+	// whose transaction began before the hold committed may still lease a
+	// machine it holds, as any claim concurrent with a hold may. A claim
+	// that began after this instant (its Started row's timestamp is its
+	// transaction's start) must not.
+	var heldBy time.Time
+	if err := raw.QueryRow(ctx, `SELECT now()`).Scan(&heldBy); err != nil {
+		t.Fatal(err)
+	}
 
 	// The older replica keeps claiming: it leases the free machine again
 	// and again, and no held one.
@@ -141,7 +150,7 @@ func TestOlderBinaryKeptToGates(t *testing.T) {
 		n := count(`SELECT count(*) FROM work_history WHERE event = 'Started' AND id > $1 AND machine_id = $2`, heldAt, free)
 		return n >= 2, fmt.Sprintf("%d leases", n)
 	})
-	if n := count(`SELECT count(*) FROM work_history WHERE event = 'Started' AND id > $1 AND machine_id <> $2`, heldAt, free); n != 0 && true {
+	if n := count(`SELECT count(*) FROM work_history WHERE event = 'Started' AND "timestamp" > $1 AND machine_id <> $2`, heldBy, free); n != 0 {
 		t.Errorf("the schema-16 replica leased held machines %d times after the hold", n)
 	}
 	replica.StopClean(10 * time.Second)
