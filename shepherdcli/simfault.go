@@ -343,9 +343,9 @@ func simFaultState(f bmdb.SimFault) string {
 }
 
 func (c *cli) simFaultInject(ctx context.Context, f bmdb.SimFault, d time.Duration, machines string) error {
-	// Cut below the table's bound of 1000 bytes, leaving room for the
-	// mark that says how much was cut.
-	f.Reason = untrusted.Line(strings.TrimSpace(c.opts.reason), 900)
+	// checkOperatorText refused a reason the table could not hold or a
+	// reader could not show safely.
+	f.Reason = strings.TrimSpace(c.opts.reason)
 	var set bmdb.SimFault
 	err := c.db.Transact(ctx, func(ctx context.Context, tx *bmdb.Tx) error {
 		var err error

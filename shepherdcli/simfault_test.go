@@ -42,6 +42,37 @@ type simBeat struct {
 	boot uuid.UUID
 }
 
+// simFaultFleet is a simulated fleet run by replicas of the binary, once
+// every machine heartbeats.
+type simFaultFleet struct {
+	dsn   string
+	conn  *pgx.Conn // the test's own reads
+	runs  []*replicatest.Run
+	beats map[string]simBeat // the heartbeats once all arrived
+}
+
+// startSimFaultFleet starts one replica per name over a simulated fleet of
+// machines in a database of its own, Recovery acting after
+// heartbeatTimeout, and waits until every machine heartbeats.
+func startSimFaultFleet(t *testing.T, machines int, heartbeatTimeout string, names ...string) simFaultFleet {
+	t.Helper()
+	f := simFaultFleet{dsn: bmdbtest.NewDatabase(t)}
+	conn, err := pgx.Connect(context.Background(), f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	f.conn = conn
+	for _, name := range names {
+		f.runs = append(f.runs, replicatest.Start(t, shepherdBinary, name, replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, f.dsn, heartbeatTimeout)...))
+	}
+	bmdbtest.WaitFor(t, 90*time.Second, "every simulated machine heartbeating", func() (bool, string) {
+		f.beats, _ = simBeats(t, conn)
+		return len(f.beats) == machines, fmt.Sprintf("%d of %d", len(f.beats), machines)
+	})
+	return f
+}
+
 // simBeats reads the last heartbeat of every simulated machine that has
 // one, by provider id, and the database's time.
 func simBeats(t *testing.T, conn *pgx.Conn) (map[string]simBeat, time.Time) {
@@ -131,22 +162,9 @@ func simFaultsListed(t *testing.T, dsn string) []simFaultJSON {
 func TestSimFaultNetworkAndPower(t *testing.T) {
 	t.Parallel()
 	const machines = 120
-	dsn := bmdbtest.NewDatabase(t)
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
 	// Recovery stays away (1h): the test is about what the simulator does.
-	runs := []*replicatest.Run{
-		replicatest.Start(t, shepherdBinary, "simfault-a", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "1h")...),
-		replicatest.Start(t, shepherdBinary, "simfault-b", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "1h")...),
-	}
-	var before map[string]simBeat
-	bmdbtest.WaitFor(t, 90*time.Second, "every simulated machine heartbeating", func() (bool, string) {
-		before, _ = simBeats(t, conn)
-		return len(before) == machines, fmt.Sprintf("%d of %d", len(before), machines)
-	})
+	f := startSimFaultFleet(t, machines, "1h", "simfault-a", "simfault-b")
+	dsn, conn, runs, before := f.dsn, f.conn, f.runs, f.beats
 
 	// The network of sim-rack-01 (machines 40-79).
 	out := simCLI(t, dsn, exitOK, "sim", "fault", "network", "sim-rack-01", "down", "-reason", "ToR swap test")
@@ -233,19 +251,9 @@ func TestSimFaultNetworkAndPower(t *testing.T) {
 func TestSimFaultHangRecovered(t *testing.T) {
 	t.Parallel()
 	const machines = 40
-	dsn := bmdbtest.NewDatabase(t)
+	f := startSimFaultFleet(t, machines, "8s", "simhang")
+	dsn, conn, run, before := f.dsn, f.conn, f.runs[0], f.beats
 	db := bmdbtest.Open(t, dsn)
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	run := replicatest.Start(t, shepherdBinary, "simhang", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "8s")...)
-	var before map[string]simBeat
-	bmdbtest.WaitFor(t, 90*time.Second, "every simulated machine heartbeating", func() (bool, string) {
-		before, _ = simBeats(t, conn)
-		return len(before) == machines, fmt.Sprintf("%d of %d", len(before), machines)
-	})
 	hung := sim.ProviderID(5)
 	id := machineOf(t, db, hung)
 	simCLI(t, dsn, exitOK, "sim", "fault", "machine", hung, "hang")

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shepherd-fleet/shepherd/internal/bmdb"
 	"github.com/shepherd-fleet/shepherd/internal/bmdbtest"
 	"github.com/shepherd-fleet/shepherd/internal/replicatest"
@@ -41,18 +39,9 @@ func simPower(t *testing.T, dsn, providerID string) (state, cause string) {
 func TestSimFaultFlakyBMC(t *testing.T) {
 	t.Parallel()
 	const machines = 40
-	dsn := bmdbtest.NewDatabase(t)
+	f := startSimFaultFleet(t, machines, "8s", "simflaky")
+	dsn, run := f.dsn, f.runs[0]
 	db := bmdbtest.Open(t, dsn)
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	run := replicatest.Start(t, shepherdBinary, "simflaky", replicatest.EnvWithoutDSN(), simFaultFleetFlags(machines, dsn, "8s")...)
-	bmdbtest.WaitFor(t, 90*time.Second, "every simulated machine heartbeating", func() (bool, string) {
-		beats, _ := simBeats(t, conn)
-		return len(beats) == machines, fmt.Sprintf("%d of %d", len(beats), machines)
-	})
 	dropping, wrong := sim.ProviderID(5), sim.ProviderID(6)
 	out := simCLI(t, dsn, exitOK, "sim", "fault", "bmc", dropping, "flaky", "-drop", "1", "-reason", "flaky test")
 	if !strings.Contains(out, "Injected bmc "+dropping+" flaky -drop 1") {
